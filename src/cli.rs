@@ -1,0 +1,147 @@
+//! The command line: `serve`, `migrate`, `users add`, `users token`.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::config::Config;
+use crate::domain::Role;
+use crate::startup::{open_store, Application};
+use crate::store::{users, DatabaseUrl};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "onejob",
+    version,
+    about = "One user intent, exactly one durable Job."
+)]
+pub struct Cli {
+    /// TOML configuration file (default: the built-in configuration).
+    #[arg(long, env = "ONEJOB_CONFIG", global = true)]
+    pub config: Option<PathBuf>,
+    /// `postgres://…` or a SQLite file path (default: `[database] url`, else `onejob.db`).
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    pub database_url: Option<String>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the HTTP server and the worker.
+    Serve {
+        /// Address to listen on (default: `[server] bind`, else 127.0.0.1:8080).
+        #[arg(long, env = "ONEJOB_BIND")]
+        bind: Option<String>,
+    },
+    /// Apply pending database migrations and exit.
+    Migrate,
+    /// Manage users and their API tokens.
+    Users {
+        #[command(subcommand)]
+        command: UsersCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum UsersCommand {
+    /// Create a user; prints its first API token alone on the last line.
+    Add {
+        name: String,
+        #[arg(long, value_enum, default_value_t = RoleArg::User)]
+        role: RoleArg,
+    },
+    /// Issue a further API token for a user; prints it alone.
+    Token { name: String },
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum RoleArg {
+    User,
+    Support,
+    Admin,
+}
+
+impl From<RoleArg> for Role {
+    fn from(r: RoleArg) -> Self {
+        match r {
+            RoleArg::User => Role::User,
+            RoleArg::Support => Role::Support,
+            RoleArg::Admin => Role::Admin,
+        }
+    }
+}
+
+pub type CliResult = Result<(), Box<dyn std::error::Error>>;
+
+pub async fn run(cli: Cli) -> CliResult {
+    let config = Config::load(cli.config.as_deref())?;
+    let url = DatabaseUrl::parse(cli.database_url.as_deref().unwrap_or(&config.database.url))?;
+    match cli.command {
+        Command::Serve { bind } => serve(config, url, bind).await,
+        Command::Migrate => {
+            blocking(move || {
+                let store = open_store(&url, &config)?;
+                drop(store);
+                eprintln!("migrations are up to date on {}", url.redacted());
+                Ok(())
+            })
+            .await
+        }
+        Command::Users { command } => blocking(move || users_command(&config, &url, command)).await,
+    }
+}
+
+/// Diesel is blocking: keep it off the async runtime's threads even in the CLI.
+async fn blocking<F>(f: F) -> CliResult
+where
+    F: FnOnce() -> Result<(), Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
+{
+    tokio::task::spawn_blocking(f)
+        .await?
+        .map_err(|e| e as Box<dyn std::error::Error>)
+}
+
+fn users_command(
+    config: &Config,
+    url: &DatabaseUrl,
+    command: UsersCommand,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let store = open_store(url, config)?;
+    let mut conn = store.conn()?;
+    match command {
+        UsersCommand::Add { name, role } => {
+            let (user, token) = users::add_user(&mut conn, &name, role.into())?;
+            eprintln!(
+                "created user {} with role {}; its API token (shown once):",
+                user.name, user.role
+            );
+            println!("{}", token.0);
+        }
+        UsersCommand::Token { name } => {
+            let token = users::issue_token(&mut conn, &name)?;
+            println!("{}", token.0);
+        }
+    }
+    Ok(())
+}
+
+async fn serve(config: Config, url: DatabaseUrl, bind: Option<String>) -> CliResult {
+    let bind = bind.unwrap_or_else(|| config.server.bind.clone());
+    let store = {
+        let (url, config) = (url.clone(), config.clone());
+        tokio::task::spawn_blocking(move || open_store(&url, &config)).await??
+    };
+    let listener = TcpListener::bind(&bind).map_err(|e| format!("cannot listen on {bind}: {e}"))?;
+    tracing::info!(
+        address = %listener.local_addr()?,
+        database = %url.redacted(),
+        backend = store.backend().as_str(),
+        "onejob is serving"
+    );
+    let app = Application::build(config, store, listener)?;
+    app.run_until_stopped().await?;
+    tracing::info!("stopped");
+    Ok(())
+}

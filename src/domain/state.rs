@@ -1,0 +1,372 @@
+//! The attempt and job state machine of DESIGN.md §3, as pure functions.
+//!
+//! The store uses [`AttemptEvent::from_states`] as the guard of each conditional
+//! `UPDATE`, so the transitions allowed here are the transitions the database
+//! will perform.
+
+use std::fmt;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AttemptState {
+    Queued,
+    Running,
+    Succeeded,
+    Failed,
+    Unknown,
+    Abandoned,
+}
+
+impl AttemptState {
+    pub const ALL: [AttemptState; 6] = [
+        Self::Queued,
+        Self::Running,
+        Self::Succeeded,
+        Self::Failed,
+        Self::Unknown,
+        Self::Abandoned,
+    ];
+    /// States that block a new attempt on the same job.
+    pub const LIVE: [AttemptState; 3] = [Self::Queued, Self::Running, Self::Unknown];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Running => "running",
+            Self::Succeeded => "succeeded",
+            Self::Failed => "failed",
+            Self::Unknown => "unknown",
+            Self::Abandoned => "abandoned",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.as_str() == text)
+    }
+
+    pub fn is_live(self) -> bool {
+        Self::LIVE.contains(&self)
+    }
+}
+
+impl fmt::Display for AttemptState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Whether a succeeded attempt's result became the job's result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptOutcome {
+    Won,
+    Lost,
+}
+
+impl AttemptOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Won => "won",
+            Self::Lost => "lost",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "won" => Some(Self::Won),
+            "lost" => Some(Self::Lost),
+            _ => None,
+        }
+    }
+}
+
+/// Something that happens to an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptEvent {
+    /// A worker took the queued attempt and is about to send it.
+    Claimed,
+    /// The job became terminal before this queued attempt was ever sent.
+    Skipped,
+    /// The provider answered with a usable result (it may still lose the CAS).
+    ProviderSucceeded,
+    /// The provider surely did not do the work, or answered unusably.
+    ProviderFailed,
+    /// The soft timeout passed with no answer: the provider may still be working.
+    SoftTimeout,
+    /// The process that was running the attempt stopped renewing its lease.
+    LeaseExpired,
+    /// Support staff gave up waiting on an unknown attempt.
+    Abandoned,
+}
+
+impl AttemptEvent {
+    /// The states this event may be applied to.
+    pub fn from_states(self) -> &'static [AttemptState] {
+        use AttemptState::*;
+        match self {
+            Self::Claimed | Self::Skipped => &[Queued],
+            // Late news for an unknown or abandoned attempt is still news (§3, §4).
+            Self::ProviderSucceeded | Self::ProviderFailed => &[Running, Unknown, Abandoned],
+            Self::SoftTimeout | Self::LeaseExpired => &[Running],
+            Self::Abandoned => &[Unknown],
+        }
+    }
+
+    pub fn target(self) -> AttemptState {
+        match self {
+            Self::Claimed => AttemptState::Running,
+            Self::Skipped | Self::ProviderFailed => AttemptState::Failed,
+            Self::ProviderSucceeded => AttemptState::Succeeded,
+            Self::SoftTimeout | Self::LeaseExpired => AttemptState::Unknown,
+            Self::Abandoned => AttemptState::Abandoned,
+        }
+    }
+
+    /// The state after this event, or why it cannot happen.
+    pub fn apply(self, from: AttemptState) -> Result<AttemptState, TransitionError> {
+        if self.from_states().contains(&from) {
+            Ok(self.target())
+        } else {
+            Err(TransitionError { from, event: self })
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("an attempt in state `{from}` cannot take the event {event:?}")]
+pub struct TransitionError {
+    pub from: AttemptState,
+    pub event: AttemptEvent,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum JobStatus {
+    Pending,
+    Running,
+    Unknown,
+    Succeeded,
+    Failed,
+}
+
+impl JobStatus {
+    pub const ALL: [JobStatus; 5] = [
+        Self::Pending,
+        Self::Running,
+        Self::Unknown,
+        Self::Succeeded,
+        Self::Failed,
+    ];
+    pub const TERMINAL: [JobStatus; 2] = [Self::Succeeded, Self::Failed];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Running => "running",
+            Self::Unknown => "unknown",
+            Self::Succeeded => "succeeded",
+            Self::Failed => "failed",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.as_str() == text)
+    }
+
+    pub fn is_terminal(self) -> bool {
+        Self::TERMINAL.contains(&self)
+    }
+
+    /// The status of a non-terminal job, derived from its live attempt (if any):
+    /// queued (not yet sent) or none → pending, running → running, unknown → unknown.
+    pub fn for_live_attempt(live: Option<AttemptState>) -> Self {
+        match live {
+            Some(AttemptState::Running) => Self::Running,
+            Some(AttemptState::Unknown) => Self::Unknown,
+            _ => Self::Pending,
+        }
+    }
+}
+
+impl fmt::Display for JobStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a new attempt may not start now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NewAttemptRefusal {
+    /// The job already succeeded or failed.
+    JobFinished(JobStatus),
+    /// An attempt is queued, running or unknown.
+    AttemptInFlight(AttemptState),
+}
+
+/// Whether a new attempt may start on a job in `status` whose live attempt (if
+/// any) is in `live`. The database's partial unique index enforces the same rule.
+pub fn may_start_attempt(
+    status: JobStatus,
+    live: Option<AttemptState>,
+) -> Result<(), NewAttemptRefusal> {
+    if status.is_terminal() {
+        return Err(NewAttemptRefusal::JobFinished(status));
+    }
+    match live {
+        Some(state) => Err(NewAttemptRefusal::AttemptInFlight(state)),
+        None => Ok(()),
+    }
+}
+
+/// The order in which a job tries providers: the provider the user named first
+/// (if any), then the task's chain in its configured order.
+pub fn failover_order<'a>(chain: &'a [String], requested: Option<&'a str>) -> Vec<&'a str> {
+    let mut order: Vec<&str> = Vec::with_capacity(chain.len() + 1);
+    if let Some(first) = requested {
+        order.push(first);
+    }
+    for name in chain {
+        if !order.contains(&name.as_str()) {
+            order.push(name);
+        }
+    }
+    order
+}
+
+/// The next provider to try: the first in the failover order that this job has
+/// not tried yet, or `None` when the chain is exhausted.
+pub fn next_provider<'a>(order: &[&'a str], tried: &[String]) -> Option<&'a str> {
+    order
+        .iter()
+        .copied()
+        .find(|name| !tried.iter().any(|t| t == name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use AttemptEvent as E;
+    use AttemptState as S;
+
+    #[test]
+    fn the_happy_path_is_queued_running_succeeded() {
+        let running = E::Claimed.apply(S::Queued).unwrap();
+        assert_eq!(running, S::Running);
+        assert_eq!(E::ProviderSucceeded.apply(running), Ok(S::Succeeded));
+    }
+
+    #[test]
+    fn a_timeout_makes_an_attempt_unknown_never_failed() {
+        assert_eq!(E::SoftTimeout.apply(S::Running), Ok(S::Unknown));
+        assert_eq!(E::LeaseExpired.apply(S::Running), Ok(S::Unknown));
+    }
+
+    #[test]
+    fn unknown_takes_late_news_or_an_operator_abandon() {
+        assert_eq!(E::ProviderSucceeded.apply(S::Unknown), Ok(S::Succeeded));
+        assert_eq!(E::ProviderFailed.apply(S::Unknown), Ok(S::Failed));
+        assert_eq!(E::Abandoned.apply(S::Unknown), Ok(S::Abandoned));
+    }
+
+    #[test]
+    fn a_late_result_of_an_abandoned_attempt_is_still_applied() {
+        assert_eq!(E::ProviderSucceeded.apply(S::Abandoned), Ok(S::Succeeded));
+    }
+
+    #[test]
+    fn only_unknown_attempts_can_be_abandoned() {
+        for state in [S::Queued, S::Running, S::Succeeded, S::Failed, S::Abandoned] {
+            assert!(E::Abandoned.apply(state).is_err(), "{state}");
+        }
+    }
+
+    #[test]
+    fn unknown_never_expires_by_itself() {
+        assert!(E::SoftTimeout.apply(S::Unknown).is_err());
+        assert!(E::LeaseExpired.apply(S::Unknown).is_err());
+    }
+
+    #[test]
+    fn finished_attempts_take_no_further_events() {
+        for event in [
+            E::Claimed,
+            E::Skipped,
+            E::ProviderSucceeded,
+            E::ProviderFailed,
+            E::SoftTimeout,
+            E::LeaseExpired,
+            E::Abandoned,
+        ] {
+            assert!(event.apply(S::Succeeded).is_err(), "{event:?}");
+            assert!(event.apply(S::Failed).is_err(), "{event:?}");
+        }
+    }
+
+    #[test]
+    fn a_running_attempt_is_never_claimed_again() {
+        assert!(E::Claimed.apply(S::Running).is_err());
+        assert!(E::Claimed.apply(S::Unknown).is_err());
+    }
+
+    #[test]
+    fn live_states_are_queued_running_and_unknown() {
+        let live: Vec<_> = S::ALL.into_iter().filter(|s| s.is_live()).collect();
+        assert_eq!(live, vec![S::Queued, S::Running, S::Unknown]);
+    }
+
+    #[test]
+    fn states_round_trip_through_text() {
+        for s in S::ALL {
+            assert_eq!(S::parse(s.as_str()), Some(s));
+        }
+        for s in JobStatus::ALL {
+            assert_eq!(JobStatus::parse(s.as_str()), Some(s));
+        }
+        assert_eq!(S::parse("done"), None);
+    }
+
+    #[test]
+    fn job_status_follows_the_live_attempt() {
+        assert_eq!(JobStatus::for_live_attempt(None), JobStatus::Pending);
+        assert_eq!(
+            JobStatus::for_live_attempt(Some(S::Queued)),
+            JobStatus::Pending
+        );
+        assert_eq!(
+            JobStatus::for_live_attempt(Some(S::Running)),
+            JobStatus::Running
+        );
+        assert_eq!(
+            JobStatus::for_live_attempt(Some(S::Unknown)),
+            JobStatus::Unknown
+        );
+    }
+
+    #[test]
+    fn a_new_attempt_is_refused_while_one_is_live_or_the_job_is_finished() {
+        assert_eq!(may_start_attempt(JobStatus::Pending, None), Ok(()));
+        assert_eq!(
+            may_start_attempt(JobStatus::Unknown, Some(S::Unknown)),
+            Err(NewAttemptRefusal::AttemptInFlight(S::Unknown))
+        );
+        assert_eq!(
+            may_start_attempt(JobStatus::Succeeded, None),
+            Err(NewAttemptRefusal::JobFinished(JobStatus::Succeeded))
+        );
+    }
+
+    #[test]
+    fn failover_order_puts_the_requested_provider_first_without_repeats() {
+        let chain = vec!["a".to_owned(), "b".to_owned(), "c".to_owned()];
+        assert_eq!(failover_order(&chain, None), vec!["a", "b", "c"]);
+        assert_eq!(failover_order(&chain, Some("b")), vec!["b", "a", "c"]);
+    }
+
+    #[test]
+    fn next_provider_skips_tried_ones_and_ends_when_exhausted() {
+        let order = ["a", "b"];
+        assert_eq!(next_provider(&order, &[]), Some("a"));
+        assert_eq!(next_provider(&order, &["a".to_owned()]), Some("b"));
+        assert_eq!(
+            next_provider(&order, &["a".to_owned(), "b".to_owned()]),
+            None
+        );
+    }
+}

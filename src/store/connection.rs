@@ -1,0 +1,240 @@
+//! Connections: one diesel `MultiConnection` over SQLite and PostgreSQL, a pool
+//! manager that sets SQLite's pragmas on every connection, and the write
+//! transaction helper.
+
+use diesel::connection::{AnsiTransactionManager, SimpleConnection, TransactionManager};
+use diesel::prelude::*;
+
+use crate::config::{DatabaseConfig, SqliteSynchronous};
+
+#[derive(diesel::MultiConnection)]
+pub enum DbConnection {
+    Postgresql(diesel::PgConnection),
+    Sqlite(diesel::SqliteConnection),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+impl Backend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Sqlite => "sqlite",
+            Self::Postgres => "postgres",
+        }
+    }
+}
+
+/// `postgres://…` / `postgresql://…`, or a SQLite file path (optionally `sqlite://path`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DatabaseUrl(String);
+
+impl DatabaseUrl {
+    pub fn parse(raw: &str) -> Result<Self, ConnectError> {
+        let raw = raw.trim();
+        if raw.is_empty() {
+            return Err(ConnectError::EmptyUrl);
+        }
+        Ok(Self(raw.to_owned()))
+    }
+
+    pub fn backend(&self) -> Backend {
+        if self.0.starts_with("postgres://") || self.0.starts_with("postgresql://") {
+            Backend::Postgres
+        } else {
+            Backend::Sqlite
+        }
+    }
+
+    /// The SQLite file path, without an optional `sqlite://` prefix.
+    fn sqlite_path(&self) -> &str {
+        self.0.strip_prefix("sqlite://").unwrap_or(&self.0)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The URL with any password replaced, fit for logs.
+    pub fn redacted(&self) -> String {
+        match (self.backend(), self.0.find("://"), self.0.rfind('@')) {
+            (Backend::Postgres, Some(scheme_end), Some(at)) if at > scheme_end => {
+                let userinfo = &self.0[scheme_end + 3..at];
+                let user = userinfo.split(':').next().unwrap_or("");
+                if userinfo.contains(':') {
+                    format!("{}{user}:***{}", &self.0[..scheme_end + 3], &self.0[at..])
+                } else {
+                    self.0.clone()
+                }
+            }
+            _ => self.0.clone(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("DATABASE_URL is empty")]
+    EmptyUrl,
+    #[error("cannot connect to {url}: {source}")]
+    Connection {
+        url: String,
+        source: diesel::ConnectionError,
+    },
+    #[error("cannot prepare the SQLite connection to {url}: {source}")]
+    Pragmas {
+        url: String,
+        source: diesel::result::Error,
+    },
+}
+
+/// An r2d2 manager that establishes the concrete connection itself (keeping the
+/// driver's real error message) and applies SQLite's pragmas to each connection.
+#[derive(Debug, Clone)]
+pub struct DbConnectionManager {
+    url: DatabaseUrl,
+    busy_timeout_ms: u64,
+    synchronous: SqliteSynchronous,
+}
+
+impl DbConnectionManager {
+    pub fn new(url: DatabaseUrl, config: &DatabaseConfig) -> Self {
+        Self {
+            url,
+            busy_timeout_ms: config.sqlite_busy_timeout_ms,
+            synchronous: config.sqlite_synchronous,
+        }
+    }
+
+    pub fn establish(&self) -> Result<DbConnection, ConnectError> {
+        let connection_error = |source| ConnectError::Connection {
+            url: self.url.redacted(),
+            source,
+        };
+        match self.url.backend() {
+            Backend::Postgres => {
+                let conn =
+                    diesel::PgConnection::establish(self.url.as_str()).map_err(connection_error)?;
+                Ok(DbConnection::Postgresql(conn))
+            }
+            Backend::Sqlite => {
+                let mut conn = diesel::SqliteConnection::establish(self.url.sqlite_path())
+                    .map_err(connection_error)?;
+                let synchronous = match self.synchronous {
+                    SqliteSynchronous::Full => "FULL",
+                    SqliteSynchronous::Normal => "NORMAL",
+                };
+                // busy_timeout first: switching to WAL itself needs the lock.
+                conn.batch_execute(&format!(
+                    "PRAGMA busy_timeout = {}; PRAGMA journal_mode = WAL; \
+                     PRAGMA synchronous = {synchronous}; PRAGMA foreign_keys = ON;",
+                    self.busy_timeout_ms
+                ))
+                .map_err(|source| ConnectError::Pragmas {
+                    url: self.url.redacted(),
+                    source,
+                })?;
+                Ok(DbConnection::Sqlite(conn))
+            }
+        }
+    }
+}
+
+impl r2d2::ManageConnection for DbConnectionManager {
+    type Connection = DbConnection;
+    type Error = ConnectError;
+
+    fn connect(&self) -> Result<DbConnection, ConnectError> {
+        self.establish()
+    }
+
+    fn is_valid(&self, conn: &mut DbConnection) -> Result<(), ConnectError> {
+        conn.batch_execute("SELECT 1")
+            .map_err(|source| ConnectError::Pragmas {
+                url: self.url.redacted(),
+                source,
+            })
+    }
+
+    fn has_broken(&self, conn: &mut DbConnection) -> bool {
+        use diesel::r2d2::R2D2Connection;
+        conn.is_broken()
+    }
+}
+
+/// Runs `f` in a write transaction. On SQLite that is `BEGIN IMMEDIATE`, which
+/// takes the write lock up front: a deferred transaction that reads and then
+/// writes can fail with "database is locked" instead of waiting its turn.
+pub fn write_transaction<T, E, F>(conn: &mut DbConnection, f: F) -> Result<T, E>
+where
+    F: FnOnce(&mut DbConnection) -> Result<T, E>,
+    E: From<diesel::result::Error>,
+{
+    match conn {
+        DbConnection::Postgresql(_) => conn.transaction(f),
+        DbConnection::Sqlite(sqlite) => {
+            AnsiTransactionManager::begin_transaction_sql(sqlite, "BEGIN IMMEDIATE")?;
+            type Manager = <DbConnection as Connection>::TransactionManager;
+            match f(conn) {
+                Ok(value) => match Manager::commit_transaction(conn) {
+                    Ok(()) => Ok(value),
+                    Err(commit_error) => {
+                        // A failed COMMIT leaves the transaction open; close it so the
+                        // pooled connection stays usable, and report the failure.
+                        let _ = Manager::rollback_transaction(conn);
+                        Err(commit_error.into())
+                    }
+                },
+                Err(error) => {
+                    Manager::rollback_transaction(conn)?;
+                    Err(error)
+                }
+            }
+        }
+    }
+}
+
+/// True when a diesel error is a unique-constraint violation.
+pub fn is_unique_violation(error: &diesel::result::Error) -> bool {
+    matches!(
+        error,
+        diesel::result::Error::DatabaseError(diesel::result::DatabaseErrorKind::UniqueViolation, _)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_is_chosen_by_the_url_scheme() {
+        assert_eq!(
+            DatabaseUrl::parse("postgres://h/db").unwrap().backend(),
+            Backend::Postgres
+        );
+        assert_eq!(
+            DatabaseUrl::parse("postgresql://h/db").unwrap().backend(),
+            Backend::Postgres
+        );
+        assert_eq!(
+            DatabaseUrl::parse("onejob.db").unwrap().backend(),
+            Backend::Sqlite
+        );
+        assert_eq!(
+            DatabaseUrl::parse("sqlite:///tmp/x.db")
+                .unwrap()
+                .sqlite_path(),
+            "/tmp/x.db"
+        );
+    }
+
+    #[test]
+    fn passwords_are_redacted_for_logs() {
+        let url = DatabaseUrl::parse("postgres://app:s3cret@db:5432/onejob").unwrap();
+        assert_eq!(url.redacted(), "postgres://app:***@db:5432/onejob");
+        assert!(!url.redacted().contains("s3cret"));
+    }
+}

@@ -1,0 +1,104 @@
+//! The store: diesel over SQLite (embedded default) or PostgreSQL (scale-out),
+//! behind one `MultiConnection`. Every query runs on a blocking thread through
+//! [`Store::run`], never on an async worker.
+
+pub mod admin;
+pub mod attempts;
+pub mod connection;
+pub mod jobs;
+pub mod migrations;
+pub mod models;
+pub mod schema;
+pub mod users;
+
+use std::time::Duration;
+
+use diesel::r2d2::Pool;
+
+pub use connection::{Backend, DatabaseUrl, DbConnection, DbConnectionManager};
+
+use crate::config::DatabaseConfig;
+
+/// Errors from the storage layer, mapped to HTTP statuses in one place
+/// (`web::error`).
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// No pooled connection became free in time: the caller should retry later.
+    #[error("the database is busy: no connection became free in time")]
+    PoolExhausted(#[source] r2d2::Error),
+    #[error("not found")]
+    NotFound,
+    #[error("database error: {0}")]
+    Database(#[from] diesel::result::Error),
+    #[error("stored data is inconsistent: {0}")]
+    Corrupt(String),
+    #[error("a blocking database task was cancelled")]
+    Cancelled,
+}
+
+impl StoreError {
+    pub fn corrupt(what: impl Into<String>) -> Self {
+        Self::Corrupt(what.into())
+    }
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// A cloneable handle on the connection pool.
+#[derive(Clone)]
+pub struct Store {
+    pool: Pool<DbConnectionManager>,
+    backend: Backend,
+}
+
+impl Store {
+    /// Builds the pool and checks that one connection can be made, so that a bad
+    /// `DATABASE_URL` fails at start with the driver's own message.
+    pub fn connect(
+        url: &DatabaseUrl,
+        config: &DatabaseConfig,
+    ) -> Result<Self, connection::ConnectError> {
+        let manager = DbConnectionManager::new(url.clone(), config);
+        // Prove the URL works before building the pool, keeping the real error text.
+        drop(manager.establish()?);
+        let pool = Pool::builder()
+            .max_size(config.pool_size)
+            .connection_timeout(Duration::from_millis(config.pool_timeout_ms))
+            .test_on_check_out(false)
+            .build_unchecked(manager);
+        Ok(Self {
+            pool,
+            backend: url.backend(),
+        })
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// A pooled connection, for blocking code such as the CLI and tests.
+    pub fn conn(&self) -> StoreResult<diesel::r2d2::PooledConnection<DbConnectionManager>> {
+        self.pool.get().map_err(StoreError::PoolExhausted)
+    }
+
+    /// Runs `f` with a pooled connection on tokio's blocking pool.
+    pub async fn run<T, F>(&self, f: F) -> StoreResult<T>
+    where
+        F: FnOnce(&mut DbConnection) -> StoreResult<T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let pool = self.pool.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut conn = pool.get().map_err(StoreError::PoolExhausted)?;
+            f(&mut conn)
+        })
+        .await
+        .map_err(|_| StoreError::Cancelled)?
+    }
+}
+
+/// Milliseconds since the Unix epoch: how every time is stored (sortable, and
+/// finer than SQLite's one-second `CURRENT_TIMESTAMP`).
+pub fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}

@@ -1,0 +1,98 @@
+//! Diesel table definitions, kept in step with both `migrations/` folders by hand
+//! (the same column names and types on SQLite and PostgreSQL).
+
+diesel::table! {
+    users (id) {
+        id -> Text,
+        name -> Text,
+        role -> Text,
+        created_at -> BigInt,
+    }
+}
+
+diesel::table! {
+    api_tokens (id) {
+        id -> Text,
+        user_id -> Text,
+        token_sha256 -> Text,
+        created_at -> BigInt,
+    }
+}
+
+diesel::table! {
+    jobs (id) {
+        id -> Text,
+        owner_id -> Text,
+        idempotency_key -> Text,
+        task -> Text,
+        provider -> Text,
+        requested_provider -> Nullable<Text>,
+        input -> Text,
+        params -> Text,
+        fingerprint -> Text,
+        status -> Text,
+        version -> BigInt,
+        result -> Nullable<Text>,
+        completed_by -> Nullable<Text>,
+        failure_reason -> Nullable<Text>,
+        created_at -> BigInt,
+        updated_at -> BigInt,
+    }
+}
+
+diesel::table! {
+    attempts (id) {
+        id -> Text,
+        job_id -> Text,
+        number -> Integer,
+        provider -> Text,
+        state -> Text,
+        outcome -> Nullable<Text>,
+        version_read -> Nullable<BigInt>,
+        lease_owner -> Nullable<Text>,
+        lease_expires_at -> Nullable<BigInt>,
+        created_at -> BigInt,
+        started_at -> Nullable<BigInt>,
+        timeout_at -> Nullable<BigInt>,
+        finished_at -> Nullable<BigInt>,
+        error -> Nullable<Text>,
+    }
+}
+
+diesel::table! {
+    race_log (id) {
+        id -> Text,
+        job_id -> Text,
+        losing_attempt_id -> Text,
+        winning_attempt_id -> Nullable<Text>,
+        reason -> Text,
+        version_read -> BigInt,
+        version_found -> BigInt,
+        provider -> Text,
+        payload_sha256 -> Text,
+        loser_started_at -> Nullable<BigInt>,
+        lost_at -> BigInt,
+    }
+}
+
+diesel::table! {
+    audit_log (id) {
+        id -> Text,
+        actor_id -> Text,
+        action -> Text,
+        job_id -> Nullable<Text>,
+        attempt_id -> Nullable<Text>,
+        reason -> Text,
+        at -> BigInt,
+    }
+}
+
+diesel::joinable!(api_tokens -> users (user_id));
+diesel::joinable!(attempts -> jobs (job_id));
+diesel::joinable!(race_log -> jobs (job_id));
+
+diesel::allow_tables_to_appear_in_same_query!(
+    users, api_tokens, jobs, attempts, race_log, audit_log
+);
+diesel::joinable!(jobs -> users (owner_id));
+diesel::joinable!(audit_log -> users (actor_id));

@@ -1,0 +1,157 @@
+//! Support and admin endpoints: abandon an unknown attempt, the unknown queue,
+//! the race log.
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use serde::Deserialize;
+use utoipa::IntoParams;
+
+use super::auth::Caller;
+use super::body::{json_body, EmptyBody};
+use super::error::{ApiError, ProblemType};
+use super::views::{AbandonRequest, AttemptView, Problem, RaceView, UnknownAttemptView};
+use super::AppState;
+use crate::domain::AttemptId;
+use crate::store::attempts::{self as attempt_store, AbandonError};
+use crate::store::{admin as admin_store, now_ms};
+
+/// Longest accepted abandon reason.
+const MAX_REASON_LEN: usize = 2000;
+
+impl Default for AbandonRequest {
+    fn default() -> Self {
+        Self {
+            reason: String::new(),
+        }
+    }
+}
+
+/// Abandon an attempt whose outcome is unknown (support/admin). The job may
+/// then take a new attempt; a late result still goes through the CAS.
+#[utoipa::path(
+    post, path = "/api/v1/attempts/{id}/abandon", tag = "support",
+    params(("id" = String, Path, description = "Attempt id")),
+    request_body = AbandonRequest,
+    responses(
+        (status = 200, description = "Abandoned; written to the audit log", body = AttemptView),
+        (status = 401, body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Not support or admin", body = Problem, content_type = "application/problem+json"),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The attempt is not unknown (`attempt-not-unknown`)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Missing or empty reason", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn abandon_attempt(
+    state: web::Data<AppState>,
+    caller: Caller,
+    req: HttpRequest,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    caller.require_staff()?;
+    let body: AbandonRequest = json_body(
+        &req,
+        payload,
+        state.config.server.body_limit_bytes,
+        EmptyBody::Refuse,
+    )
+    .await?;
+    let reason = body.reason.trim().to_owned();
+    if reason.is_empty() {
+        return Err(ApiError::new(
+            ProblemType::InvalidBody,
+            "`reason` is required and must not be empty",
+        )
+        .with("field", "reason"));
+    }
+    if reason.chars().count() > MAX_REASON_LEN {
+        return Err(ApiError::new(
+            ProblemType::InvalidBody,
+            format!("`reason` is longer than {MAX_REASON_LEN} characters"),
+        )
+        .with("field", "reason"));
+    }
+    let attempt_id = AttemptId::parse(&path)
+        .ok_or_else(ApiError::not_found)?
+        .to_string();
+    let actor = caller.0.id.clone();
+    let result = state
+        .store
+        .run(move |conn| Ok(attempt_store::abandon(conn, &attempt_id, &actor, &reason)))
+        .await?;
+    let attempt = result.map_err(|e| match e {
+        AbandonError::NotFound => ApiError::not_found(),
+        AbandonError::NotUnknown(s) => ApiError::new(
+            ProblemType::AttemptNotUnknown,
+            format!("the attempt is {s}; only an unknown attempt can be abandoned"),
+        )
+        .with("attempt_state", s.as_str()),
+        AbandonError::Store(e) => e.into(),
+    })?;
+    tracing::info!(attempt_id = %attempt.id, job_id = %attempt.job_id, actor = %caller.0.name, "attempt abandoned");
+    Ok(HttpResponse::Ok().json(AttemptView::from(&attempt)))
+}
+
+/// Attempts stuck in `unknown`, oldest first (support/admin).
+#[utoipa::path(
+    get, path = "/api/v1/admin/unknown", tag = "support",
+    responses(
+        (status = 200, body = Vec<UnknownAttemptView>),
+        (status = 401, body = Problem, content_type = "application/problem+json"),
+        (status = 403, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn unknown_attempts(
+    state: web::Data<AppState>,
+    caller: Caller,
+) -> Result<HttpResponse, ApiError> {
+    caller.require_staff()?;
+    let rows = state.store.run(admin_store::unknown_attempts).await?;
+    let now = now_ms();
+    Ok(HttpResponse::Ok().json(
+        rows.iter()
+            .map(|u| UnknownAttemptView::new(u, now))
+            .collect::<Vec<_>>(),
+    ))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct RaceQuery {
+    /// How many rows, 1-1000 (default 100), newest first.
+    pub limit: Option<i64>,
+}
+
+/// Discarded late results (admin).
+#[utoipa::path(
+    get, path = "/api/v1/admin/races", tag = "admin",
+    params(RaceQuery),
+    responses(
+        (status = 200, body = Vec<RaceView>),
+        (status = 401, body = Problem, content_type = "application/problem+json"),
+        (status = 403, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn races(
+    state: web::Data<AppState>,
+    caller: Caller,
+    req: HttpRequest,
+) -> Result<HttpResponse, ApiError> {
+    caller.require_admin()?;
+    let query = web::Query::<RaceQuery>::from_query(req.query_string())
+        .map_err(|e| ApiError::new(ProblemType::InvalidQuery, e.to_string()))?;
+    let limit = query.limit.unwrap_or(100);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::new(
+            ProblemType::InvalidQuery,
+            "`limit` must be between 1 and 1000",
+        ));
+    }
+    let rows = state
+        .store
+        .run(move |conn| admin_store::races(conn, limit))
+        .await?;
+    Ok(HttpResponse::Ok().json(rows.iter().map(RaceView::from).collect::<Vec<_>>()))
+}

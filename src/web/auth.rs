@@ -1,0 +1,98 @@
+//! Bearer-token authentication for `/api/v1`. The middleware runs before any
+//! extractor, so an unauthenticated request gets 401 whatever its body; the
+//! [`Caller`] extractor then hands the user to handlers.
+
+use std::future::{ready, Ready};
+
+use actix_web::body::MessageBody;
+use actix_web::dev::{Payload, ServiceRequest, ServiceResponse};
+use actix_web::http::header;
+use actix_web::middleware::Next;
+use actix_web::{web, FromRequest, HttpMessage, HttpRequest};
+
+use super::error::{ApiError, ProblemType};
+use super::AppState;
+use crate::store::users::{self, User};
+
+/// The authenticated user making the request.
+#[derive(Debug, Clone)]
+pub struct Caller(pub User);
+
+impl Caller {
+    pub fn require_staff(&self) -> Result<(), ApiError> {
+        if self.0.role.is_staff() {
+            Ok(())
+        } else {
+            Err(ApiError::forbidden(
+                "this action needs the support or admin role",
+            ))
+        }
+    }
+
+    pub fn require_admin(&self) -> Result<(), ApiError> {
+        if self.0.role.is_admin() {
+            Ok(())
+        } else {
+            Err(ApiError::forbidden("this action needs the admin role"))
+        }
+    }
+}
+
+impl FromRequest for Caller {
+    type Error = ApiError;
+    type Future = Ready<Result<Self, ApiError>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        ready(
+            req.extensions()
+                .get::<User>()
+                .cloned()
+                .map(Caller)
+                .ok_or_else(|| {
+                    ApiError::new(ProblemType::Unauthorized, "no valid bearer token was sent")
+                }),
+        )
+    }
+}
+
+/// Extracts the token from `Authorization: Bearer <token>`.
+fn bearer_token(req: &ServiceRequest) -> Result<String, ApiError> {
+    let unauthorized = |detail: &str| ApiError::new(ProblemType::Unauthorized, detail);
+    let value = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .ok_or_else(|| unauthorized("send `Authorization: Bearer <token>`"))?;
+    let value = value
+        .to_str()
+        .map_err(|_| unauthorized("the Authorization header is not valid text"))?;
+    let (scheme, token) = value
+        .split_once(' ')
+        .ok_or_else(|| unauthorized("the Authorization header must be `Bearer <token>`"))?;
+    let token = token.trim();
+    if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
+        return Err(unauthorized(
+            "the Authorization header must be `Bearer <token>`",
+        ));
+    }
+    Ok(token.to_owned())
+}
+
+/// Middleware: resolves the bearer token to a user or answers 401.
+pub async fn require_bearer(
+    req: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    let token = bearer_token(&req)?;
+    let state = req
+        .app_data::<web::Data<AppState>>()
+        .cloned()
+        .ok_or_else(ApiError::internal)?;
+    let user = state
+        .store
+        .run(move |conn| users::user_for_token(conn, &token))
+        .await
+        .map_err(ApiError::from)?
+        .ok_or_else(|| ApiError::new(ProblemType::Unauthorized, "the bearer token is not valid"))?;
+    req.extensions_mut().insert(user);
+    next.call(req).await
+}

@@ -1,0 +1,76 @@
+//! Reading JSON bodies with one set of rules and problem+json errors: a size
+//! limit (413), `application/json` required (415), well-formed JSON (400), the
+//! documented shape (422).
+
+use actix_web::{web, HttpMessage, HttpRequest};
+use futures_util::StreamExt;
+use serde::de::DeserializeOwned;
+
+use super::error::{ApiError, ProblemType};
+
+/// Whether an empty body is acceptable (it then parses as `T::default()`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum EmptyBody {
+    Refuse,
+    AsDefault,
+}
+
+pub async fn json_body<T: DeserializeOwned + Default>(
+    req: &HttpRequest,
+    mut payload: web::Payload,
+    limit: usize,
+    empty: EmptyBody,
+) -> Result<T, ApiError> {
+    let too_large = || {
+        ApiError::new(
+            ProblemType::PayloadTooLarge,
+            format!("the body exceeds the limit of {limit} bytes"),
+        )
+    };
+    let declared = req
+        .headers()
+        .get(actix_web::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|len| len > limit) {
+        return Err(too_large());
+    }
+    let mut body = web::BytesMut::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| {
+            ApiError::new(
+                ProblemType::MalformedJson,
+                format!("the body could not be read: {e}"),
+            )
+        })?;
+        if body.len() + chunk.len() > limit {
+            return Err(too_large());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    if body.is_empty() && empty == EmptyBody::AsDefault {
+        return Ok(T::default());
+    }
+    let is_json = match req.mime_type() {
+        Ok(Some(mime)) => {
+            mime.essence_str() == "application/json" || mime.suffix().is_some_and(|s| s == "json")
+        }
+        _ => false,
+    };
+    if !is_json {
+        return Err(ApiError::new(
+            ProblemType::UnsupportedMediaType,
+            "send the body with `Content-Type: application/json`",
+        ));
+    }
+    serde_json::from_slice(&body).map_err(|e| {
+        use serde_json::error::Category;
+        match e.classify() {
+            Category::Data => ApiError::new(ProblemType::InvalidBody, e.to_string()),
+            Category::Syntax | Category::Eof | Category::Io => ApiError::new(
+                ProblemType::MalformedJson,
+                format!("the body is not valid JSON: {e}"),
+            ),
+        }
+    })
+}

@@ -1,0 +1,257 @@
+//! The one application error type of the HTTP layer. Every error leaves as
+//! RFC 9457 `application/problem+json` with a stable `type`; storage errors are
+//! mapped here, in one place (not found → 404, pool exhausted → 503).
+
+use actix_web::http::{header, StatusCode};
+use actix_web::{HttpResponse, ResponseError};
+use serde_json::{json, Map, Value};
+
+use crate::store::StoreError;
+
+/// The stable problem types. The `type` URI is `/problems/<slug>`, which
+/// the server also answers with a short description.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProblemType {
+    Unauthorized,
+    Forbidden,
+    NotFound,
+    MissingIdempotencyKey,
+    InvalidIdempotencyKey,
+    IdempotencyKeyReused,
+    AttemptInFlight,
+    JobFinished,
+    AttemptNotUnknown,
+    ChainExhausted,
+    MalformedJson,
+    InvalidBody,
+    UnknownTask,
+    UnknownProvider,
+    InvalidInput,
+    InvalidQuery,
+    UnsupportedMediaType,
+    PayloadTooLarge,
+    ServiceUnavailable,
+    Internal,
+}
+
+impl ProblemType {
+    pub const ALL: [ProblemType; 20] = [
+        Self::Unauthorized,
+        Self::Forbidden,
+        Self::NotFound,
+        Self::MissingIdempotencyKey,
+        Self::InvalidIdempotencyKey,
+        Self::IdempotencyKeyReused,
+        Self::AttemptInFlight,
+        Self::JobFinished,
+        Self::AttemptNotUnknown,
+        Self::ChainExhausted,
+        Self::MalformedJson,
+        Self::InvalidBody,
+        Self::UnknownTask,
+        Self::UnknownProvider,
+        Self::InvalidInput,
+        Self::InvalidQuery,
+        Self::UnsupportedMediaType,
+        Self::PayloadTooLarge,
+        Self::ServiceUnavailable,
+        Self::Internal,
+    ];
+
+    /// (slug, status, title, what it means)
+    pub fn describe(self) -> (&'static str, StatusCode, &'static str, &'static str) {
+        use StatusCode as S;
+        match self {
+            Self::Unauthorized => ("unauthorized", S::UNAUTHORIZED, "Authentication required",
+                "Send `Authorization: Bearer <token>` with a token from `onejob users add` or `onejob users token`."),
+            Self::Forbidden => ("forbidden", S::FORBIDDEN, "Not allowed for your role",
+                "This action needs the support or admin role."),
+            Self::NotFound => ("not-found", S::NOT_FOUND, "Not found",
+                "No such resource is visible to you. Other owners' jobs are reported as not found."),
+            Self::MissingIdempotencyKey => ("missing-idempotency-key", S::BAD_REQUEST, "Idempotency-Key header required",
+                "Every request that creates a job carries an `Idempotency-Key` header: 1-255 printable ASCII characters."),
+            Self::InvalidIdempotencyKey => ("invalid-idempotency-key", S::BAD_REQUEST, "Invalid Idempotency-Key",
+                "The key must be 1-255 printable ASCII characters; the quoted-string form \"...\" is accepted."),
+            Self::IdempotencyKeyReused => ("idempotency-key-reused", S::CONFLICT, "Idempotency key reused with a different payload",
+                "This key already created a job with a different task, input, params or provider. Use a new key for a new job."),
+            Self::AttemptInFlight => ("attempt-in-flight", S::CONFLICT, "An attempt is still in flight",
+                "The job has an attempt that is queued, running or unknown. Wait for it, or have support abandon an unknown attempt."),
+            Self::JobFinished => ("job-finished", S::CONFLICT, "The job is finished",
+                "The job already succeeded or failed; it takes no more attempts."),
+            Self::AttemptNotUnknown => ("attempt-not-unknown", S::CONFLICT, "Only an unknown attempt can be abandoned",
+                "Abandoning is for attempts whose outcome is unknown."),
+            Self::ChainExhausted => ("chain-exhausted", S::CONFLICT, "No untried provider left",
+                "Every provider of the task's chain has been tried on this job; name a provider explicitly."),
+            Self::MalformedJson => ("malformed-json", S::BAD_REQUEST, "Malformed JSON",
+                "The request body is not well-formed JSON."),
+            Self::InvalidBody => ("invalid-body", S::UNPROCESSABLE_ENTITY, "Invalid request body",
+                "The JSON does not have the documented shape."),
+            Self::UnknownTask => ("unknown-task", S::UNPROCESSABLE_ENTITY, "Unknown task",
+                "No task of that name is configured."),
+            Self::UnknownProvider => ("unknown-provider", S::UNPROCESSABLE_ENTITY, "Provider not in the task's chain",
+                "The provider must be one of the task's configured providers."),
+            Self::InvalidInput => ("invalid-input", S::UNPROCESSABLE_ENTITY, "Input does not fit the task",
+                "The input must be a JSON object with the task's required fields."),
+            Self::InvalidQuery => ("invalid-query", S::BAD_REQUEST, "Invalid query parameters",
+                "A query parameter is malformed or out of range."),
+            Self::UnsupportedMediaType => ("unsupported-media-type", S::UNSUPPORTED_MEDIA_TYPE, "Unsupported media type",
+                "Send the body as `Content-Type: application/json`."),
+            Self::PayloadTooLarge => ("payload-too-large", S::PAYLOAD_TOO_LARGE, "Request body too large",
+                "The body is larger than the configured limit (`server.body_limit_bytes`)."),
+            Self::ServiceUnavailable => ("service-unavailable", S::SERVICE_UNAVAILABLE, "Temporarily unavailable",
+                "The database could not serve the request in time. Retry with the same idempotency key."),
+            Self::Internal => ("internal", S::INTERNAL_SERVER_ERROR, "Internal error",
+                "Something failed on the server. Retrying with the same idempotency key is safe."),
+        }
+    }
+
+    pub fn slug(self) -> &'static str {
+        self.describe().0
+    }
+
+    pub fn status(self) -> StatusCode {
+        self.describe().1
+    }
+
+    pub fn type_uri(self) -> String {
+        format!("/problems/{}", self.slug())
+    }
+
+    pub fn from_slug(slug: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.slug() == slug)
+    }
+}
+
+#[derive(Debug)]
+pub struct ApiError {
+    pub problem: ProblemType,
+    pub detail: String,
+    pub extensions: Map<String, Value>,
+}
+
+impl ApiError {
+    pub fn new(problem: ProblemType, detail: impl Into<String>) -> Self {
+        Self {
+            problem,
+            detail: detail.into(),
+            extensions: Map::new(),
+        }
+    }
+
+    /// Adds a member to the problem document (e.g. the blocking attempt).
+    pub fn with(mut self, key: &str, value: impl Into<Value>) -> Self {
+        self.extensions.insert(key.to_owned(), value.into());
+        self
+    }
+
+    pub fn not_found() -> Self {
+        Self::new(ProblemType::NotFound, "no such resource")
+    }
+
+    pub fn forbidden(detail: impl Into<String>) -> Self {
+        Self::new(ProblemType::Forbidden, detail)
+    }
+
+    pub fn internal() -> Self {
+        Self::new(
+            ProblemType::Internal,
+            "an internal error occurred; it has been logged",
+        )
+    }
+
+    /// The problem document as JSON.
+    pub fn body(&self) -> Value {
+        let (_, status, title, _) = self.problem.describe();
+        let mut doc = Map::new();
+        doc.insert("type".into(), json!(self.problem.type_uri()));
+        doc.insert("title".into(), json!(title));
+        doc.insert("status".into(), json!(status.as_u16()));
+        doc.insert("detail".into(), json!(self.detail));
+        for (k, v) in &self.extensions {
+            doc.insert(k.clone(), v.clone());
+        }
+        Value::Object(doc)
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.problem.slug(), self.detail)
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        self.problem.status()
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let mut response = HttpResponse::build(self.status_code());
+        response.content_type("application/problem+json");
+        match self.problem {
+            ProblemType::Unauthorized => {
+                response.insert_header((header::WWW_AUTHENTICATE, "Bearer realm=\"onejob\""));
+            }
+            ProblemType::ServiceUnavailable => {
+                response.insert_header((header::RETRY_AFTER, "1"));
+            }
+            _ => {}
+        }
+        response.body(self.body().to_string())
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::NotFound => Self::not_found(),
+            StoreError::PoolExhausted(source) => {
+                tracing::warn!(error = %source, "no database connection free in time: answering 503");
+                Self::new(
+                    ProblemType::ServiceUnavailable,
+                    "the database is busy; retry shortly",
+                )
+            }
+            other => {
+                tracing::error!(error = %other, "storage error");
+                Self::internal()
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_problem_type_has_a_unique_slug() {
+        let mut slugs: Vec<_> = ProblemType::ALL.iter().map(|p| p.slug()).collect();
+        slugs.sort();
+        slugs.dedup();
+        assert_eq!(slugs.len(), ProblemType::ALL.len());
+        for p in ProblemType::ALL {
+            assert_eq!(ProblemType::from_slug(p.slug()), Some(p));
+        }
+    }
+
+    #[test]
+    fn the_problem_document_carries_type_status_and_extensions() {
+        let body = ApiError::new(ProblemType::AttemptInFlight, "busy")
+            .with("attempt_id", "a1")
+            .body();
+        assert_eq!(body["type"], "/problems/attempt-in-flight");
+        assert_eq!(body["status"], 409);
+        assert_eq!(body["attempt_id"], "a1");
+    }
+
+    #[test]
+    fn pool_exhaustion_is_503_and_not_found_is_404() {
+        assert_eq!(
+            ApiError::from(StoreError::NotFound).problem.status(),
+            StatusCode::NOT_FOUND
+        );
+        let corrupt = ApiError::from(StoreError::corrupt("x"));
+        assert_eq!(corrupt.problem.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    }
+}

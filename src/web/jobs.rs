@@ -1,0 +1,393 @@
+//! `/api/v1/jobs`: create (idempotent), read, list, and start a new attempt.
+
+use actix_web::http::header;
+use actix_web::{web, HttpRequest, HttpResponse};
+use serde::Deserialize;
+use serde_json::Value;
+use utoipa::IntoParams;
+
+use super::auth::Caller;
+use super::body::{json_body, EmptyBody};
+use super::error::{ApiError, ProblemType};
+use super::views::{
+    AttemptView, CreateJobRequest, JobPage, JobSummary, JobView, Problem, StartAttemptRequest,
+};
+use super::AppState;
+use crate::config::TaskConfig;
+use crate::domain::{Fingerprint, IdempotencyKey, IdempotencyKeyError, JobId, JobIntent};
+use crate::store::attempts::{self as attempt_store, StartAttemptError};
+use crate::store::jobs::{self as job_store, CreateOutcome, NewJob};
+use crate::store::models::Job;
+use crate::store::users::User;
+
+impl Default for CreateJobRequest {
+    fn default() -> Self {
+        Self {
+            task: String::new(),
+            input: Value::Null,
+            provider: None,
+            params: None,
+        }
+    }
+}
+
+fn idempotency_key(req: &HttpRequest) -> Result<IdempotencyKey, ApiError> {
+    let raw = req.headers().get("Idempotency-Key").ok_or_else(|| {
+        ApiError::new(
+            ProblemType::MissingIdempotencyKey,
+            IdempotencyKeyError::Missing.to_string(),
+        )
+    })?;
+    IdempotencyKey::parse_bytes(raw.as_bytes())
+        .map_err(|e| ApiError::new(ProblemType::InvalidIdempotencyKey, e.to_string()))
+}
+
+/// Checks the input against the task's rules: a JSON object whose required
+/// fields are non-empty strings.
+fn check_input(task: &TaskConfig, input: &Value) -> Result<(), ApiError> {
+    let object = input
+        .as_object()
+        .ok_or_else(|| ApiError::new(ProblemType::InvalidInput, "`input` must be a JSON object"))?;
+    for field in &task.input_fields {
+        match object.get(field) {
+            Some(Value::String(s)) if !s.trim().is_empty() => {}
+            _ => {
+                return Err(ApiError::new(
+                    ProblemType::InvalidInput,
+                    format!(
+                        "task {:?} needs `input.{field}` as a non-empty string",
+                        task.name
+                    ),
+                )
+                .with("field", format!("input.{field}")))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A job is visible to its owner and to support staff; to anyone else it does
+/// not exist (404, never 403, so ids leak nothing).
+pub fn visible_to(job: &Job, user: &User) -> bool {
+    job.owner_id == user.id || user.role.is_staff()
+}
+
+fn location(job_id: &str) -> String {
+    format!("/api/v1/jobs/{job_id}")
+}
+
+/// Create a job under an idempotency key.
+#[utoipa::path(
+    post, path = "/api/v1/jobs", tag = "jobs",
+    request_body = CreateJobRequest,
+    params(("Idempotency-Key" = String, Header, description = "1-255 printable ASCII characters; the same key and payload return the same job")),
+    responses(
+        (status = 201, description = "Created; `Location` names the job", body = JobView),
+        (status = 200, description = "Replay of an earlier request with the same key and payload; header `Idempotent-Replayed: true`", body = JobView),
+        (status = 400, description = "Missing or malformed Idempotency-Key, or malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No valid bearer token", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The key was used with a different payload (`idempotency-key-reused`)", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Not application/json", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid body, unknown task or provider, bad input; the key is not reserved", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database busy; retry with the same key", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn create_job(
+    state: web::Data<AppState>,
+    caller: Caller,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let key = idempotency_key(&req)?;
+    let body: CreateJobRequest = json_body(
+        &req,
+        payload,
+        state.config.server.body_limit_bytes,
+        EmptyBody::Refuse,
+    )
+    .await?;
+    let task = state.config.task(&body.task).ok_or_else(|| {
+        ApiError::new(
+            ProblemType::UnknownTask,
+            format!("no task named {:?} is configured", body.task),
+        )
+        .with(
+            "tasks",
+            state
+                .config
+                .tasks
+                .iter()
+                .map(|t| t.name.clone())
+                .collect::<Vec<_>>(),
+        )
+    })?;
+    if let Some(provider) = &body.provider {
+        if !task.providers.contains(provider) {
+            return Err(ApiError::new(
+                ProblemType::UnknownProvider,
+                format!(
+                    "provider {provider:?} is not in the chain of task {:?}",
+                    task.name
+                ),
+            )
+            .with("providers", task.providers.clone()));
+        }
+    }
+    check_input(task, &body.input)?;
+    let params = body
+        .params
+        .unwrap_or_else(|| Value::Object(Default::default()));
+    if !params.is_object() {
+        return Err(ApiError::new(
+            ProblemType::InvalidBody,
+            "`params` must be a JSON object",
+        ));
+    }
+    let fingerprint = Fingerprint::of(&JobIntent {
+        task: &task.name,
+        input: &body.input,
+        params: &params,
+        provider: body.provider.as_deref(),
+    });
+    let new_job = NewJob {
+        owner_id: caller.0.id.clone(),
+        key,
+        task: task.name.clone(),
+        provider: body
+            .provider
+            .clone()
+            .unwrap_or_else(|| task.providers[0].clone()),
+        requested_provider: body.provider.clone(),
+        input: body.input,
+        params,
+        fingerprint: fingerprint.as_str().to_owned(),
+    };
+    let outcome = state
+        .store
+        .run(move |conn| job_store::create_job(conn, &new_job))
+        .await?;
+    let (job, created) = match outcome {
+        CreateOutcome::Created(job) => (job, true),
+        CreateOutcome::Replayed(job) => (job, false),
+        CreateOutcome::KeyReused { existing_job_id } => {
+            return Err(ApiError::new(
+                ProblemType::IdempotencyKeyReused,
+                "this idempotency key already created a job with a different payload; use a new key for a new job",
+            )
+            .with("job_id", existing_job_id.clone())
+            .with("job", location(&existing_job_id)));
+        }
+    };
+    if created {
+        state.wake_worker();
+        tracing::info!(job_id = %job.id, "job created");
+    }
+    let job_id = job.id.clone();
+    let attempts = state
+        .store
+        .run(move |conn| job_store::attempts_of(conn, &job_id))
+        .await?;
+    let view = JobView::new(&job, &attempts);
+    let mut response = if created {
+        HttpResponse::Created()
+    } else {
+        HttpResponse::Ok()
+    };
+    response.insert_header((header::LOCATION, location(&job.id)));
+    if !created {
+        response.insert_header(("Idempotent-Replayed", "true"));
+    }
+    Ok(response.json(view))
+}
+
+async fn load_visible_job(
+    state: &AppState,
+    caller: &Caller,
+    raw_id: &str,
+) -> Result<(Job, Vec<crate::store::models::Attempt>), ApiError> {
+    let job_id = JobId::parse(raw_id)
+        .ok_or_else(ApiError::not_found)?
+        .to_string();
+    let (job, attempts) = state
+        .store
+        .run(move |conn| {
+            let job = job_store::get_job(conn, &job_id)?;
+            let attempts = job_store::attempts_of(conn, &job_id)?;
+            Ok((job, attempts))
+        })
+        .await?;
+    if !visible_to(&job, &caller.0) {
+        return Err(ApiError::not_found());
+    }
+    Ok((job, attempts))
+}
+
+/// A job with its attempts.
+#[utoipa::path(
+    get, path = "/api/v1/jobs/{id}", tag = "jobs",
+    params(("id" = String, Path, description = "Job id")),
+    responses(
+        (status = 200, body = JobView),
+        (status = 401, body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such job, or another owner's", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn get_job(
+    state: web::Data<AppState>,
+    caller: Caller,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let (job, attempts) = load_visible_job(&state, &caller, &path).await?;
+    Ok(HttpResponse::Ok().json(JobView::new(&job, &attempts)))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// Page size, 1-100 (default 20).
+    pub limit: Option<i64>,
+    /// Return jobs older than this job id (from `next`).
+    pub before: Option<String>,
+}
+
+/// The caller's jobs, newest first.
+#[utoipa::path(
+    get, path = "/api/v1/jobs", tag = "jobs",
+    params(ListQuery),
+    responses(
+        (status = 200, body = JobPage),
+        (status = 400, body = Problem, content_type = "application/problem+json"),
+        (status = 401, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn list_jobs(
+    state: web::Data<AppState>,
+    caller: Caller,
+    req: HttpRequest,
+) -> Result<HttpResponse, ApiError> {
+    let query = web::Query::<ListQuery>::from_query(req.query_string())
+        .map_err(|e| ApiError::new(ProblemType::InvalidQuery, e.to_string()))?
+        .into_inner();
+    let limit = query.limit.unwrap_or(20);
+    if !(1..=100).contains(&limit) {
+        return Err(ApiError::new(
+            ProblemType::InvalidQuery,
+            "`limit` must be between 1 and 100",
+        ));
+    }
+    let before = match query.before {
+        Some(raw) => Some(
+            JobId::parse(&raw)
+                .ok_or_else(|| {
+                    ApiError::new(ProblemType::InvalidQuery, "`before` must be a job id")
+                })?
+                .to_string(),
+        ),
+        None => None,
+    };
+    let owner = caller.0.id.clone();
+    let mut jobs = state
+        .store
+        .run(move |conn| job_store::list_jobs(conn, &owner, before.as_deref(), limit + 1))
+        .await?;
+    let more = jobs.len() as i64 > limit;
+    jobs.truncate(limit as usize);
+    let next = match (more, jobs.last()) {
+        (true, Some(last)) => Some(format!("/api/v1/jobs?limit={limit}&before={}", last.id)),
+        _ => None,
+    };
+    Ok(HttpResponse::Ok().json(JobPage {
+        jobs: jobs.iter().map(JobSummary::from).collect(),
+        next,
+    }))
+}
+
+/// Start a new attempt (a retry or a fallback) on a job.
+#[utoipa::path(
+    post, path = "/api/v1/jobs/{id}/attempts", tag = "jobs",
+    params(("id" = String, Path, description = "Job id")),
+    request_body(content = StartAttemptRequest, description = "Optional; an empty body picks the next untried provider"),
+    responses(
+        (status = 201, description = "Queued", body = AttemptView),
+        (status = 401, body = Problem, content_type = "application/problem+json"),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`attempt-in-flight` (names the blocking attempt), `job-finished`, or `chain-exhausted`", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Provider not in the task's chain", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn start_attempt(
+    state: web::Data<AppState>,
+    caller: Caller,
+    req: HttpRequest,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let body: StartAttemptRequest = json_body(
+        &req,
+        payload,
+        state.config.server.body_limit_bytes,
+        EmptyBody::AsDefault,
+    )
+    .await?;
+    let (job, _) = load_visible_job(&state, &caller, &path).await?;
+    let chain = state
+        .config
+        .task(&job.task)
+        .map(|t| t.providers.clone())
+        .unwrap_or_default();
+    if let Some(provider) = &body.provider {
+        if !chain.contains(provider) {
+            return Err(ApiError::new(
+                ProblemType::UnknownProvider,
+                format!(
+                    "provider {provider:?} is not in the chain of task {:?}",
+                    job.task
+                ),
+            )
+            .with("providers", chain));
+        }
+    }
+    let order = state
+        .config
+        .failover_order(&job.task, job.requested_provider.as_deref());
+    let job_id = job.id.clone();
+    let result = state
+        .store
+        .run(move |conn| {
+            Ok(attempt_store::start_attempt(
+                conn,
+                &job_id,
+                body.provider.as_deref(),
+                &order,
+            ))
+        })
+        .await?;
+    let attempt = result.map_err(|e| match e {
+        StartAttemptError::JobNotFound => ApiError::not_found(),
+        StartAttemptError::JobFinished(status) => {
+            ApiError::new(ProblemType::JobFinished, format!("the job is {status}; it takes no more attempts"))
+                .with("status", status.as_str())
+        }
+        StartAttemptError::InFlight { attempt_id, state } => ApiError::new(
+            ProblemType::AttemptInFlight,
+            format!("attempt {attempt_id} is {state}; a new attempt may start once it finishes or support abandons it"),
+        )
+        .with("attempt_id", attempt_id)
+        .with("attempt_state", state.as_str()),
+        StartAttemptError::ChainExhausted => ApiError::new(
+            ProblemType::ChainExhausted,
+            "every provider of the task's chain has been tried on this job; name one explicitly",
+        ),
+        StartAttemptError::Store(e) => e.into(),
+    })?;
+    state.wake_worker();
+    tracing::info!(job_id = %job.id, attempt_id = %attempt.id, provider = %attempt.provider, "attempt queued");
+    Ok(HttpResponse::Created()
+        .insert_header((header::LOCATION, location(&job.id)))
+        .json(AttemptView::from(&attempt)))
+}

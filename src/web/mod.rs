@@ -1,0 +1,93 @@
+//! The HTTP layer (actix-web): routes, the JSON API under `/api/v1`, pages.
+//! Handlers validate input, call the store on the blocking pool, and map every
+//! error to problem+json through [`error::ApiError`].
+
+pub mod admin;
+pub mod auth;
+pub mod body;
+pub mod error;
+pub mod health;
+pub mod jobs;
+pub mod openapi;
+pub mod pages;
+pub mod views;
+
+use std::sync::Arc;
+
+use actix_web::body::MessageBody;
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::header::{HeaderName, HeaderValue};
+use actix_web::middleware::{from_fn, Next};
+use actix_web::{web, HttpMessage};
+use tokio::sync::Notify;
+
+use crate::config::Config;
+use crate::providers::Providers;
+use crate::store::Store;
+use error::ApiError;
+
+/// What every handler can reach.
+pub struct AppState {
+    pub store: Store,
+    pub config: Arc<Config>,
+    pub providers: Providers,
+    /// Wakes an idle worker when an attempt is queued.
+    pub worker_wake: Arc<Notify>,
+}
+
+impl AppState {
+    pub fn wake_worker(&self) {
+        self.worker_wake.notify_one();
+    }
+}
+
+/// Registers every route.
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.route("/", web::get().to(pages::home))
+        .route("/static/style.css", web::get().to(pages::stylesheet))
+        .route("/problems/{slug}", web::get().to(pages::problem))
+        .route("/healthz", web::get().to(health::healthz))
+        .route("/readyz", web::get().to(health::readyz))
+        .route("/api/v1/openapi.json", web::get().to(openapi::openapi_json))
+        .service(
+            web::scope("/api/v1")
+                .wrap(from_fn(auth::require_bearer))
+                .route("/jobs", web::post().to(jobs::create_job))
+                .route("/jobs", web::get().to(jobs::list_jobs))
+                .route("/jobs/{id}", web::get().to(jobs::get_job))
+                .route("/jobs/{id}/attempts", web::post().to(jobs::start_attempt))
+                .route(
+                    "/attempts/{id}/abandon",
+                    web::post().to(admin::abandon_attempt),
+                )
+                .route("/admin/unknown", web::get().to(admin::unknown_attempts))
+                .route("/admin/races", web::get().to(admin::races))
+                .default_service(web::to(not_found)),
+        )
+        .default_service(web::to(not_found));
+}
+
+async fn not_found() -> Result<actix_web::HttpResponse, ApiError> {
+    Err(ApiError::not_found())
+}
+
+/// Echoes the request id that `tracing-actix-web` gave the request's span as
+/// `X-Request-Id`, so a client report can be matched to the server's logs.
+pub async fn echo_request_id(
+    req: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    let request_id = req
+        .extensions()
+        .get::<tracing_actix_web::RequestId>()
+        .copied();
+    let mut response = next.call(req).await?;
+    if let Some(id) = request_id {
+        if let Ok(value) = HeaderValue::from_str(&id.to_string()) {
+            response
+                .headers_mut()
+                .insert(HeaderName::from_static("x-request-id"), value);
+        }
+    }
+    Ok(response)
+}

@@ -1,0 +1,75 @@
+//! The OpenAPI 3 document, generated from the handlers' annotations.
+
+use actix_web::HttpResponse;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+use super::views::*;
+use super::{admin, health, jobs};
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "An API token from `onejob users add` or `onejob users token`",
+                    ))
+                    .build(),
+            ),
+        );
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "onejob",
+        description = "One user intent, exactly one durable Job. Errors are RFC 9457 \
+                       application/problem+json with a stable `type`."
+    ),
+    paths(
+        jobs::create_job,
+        jobs::list_jobs,
+        jobs::get_job,
+        jobs::start_attempt,
+        admin::abandon_attempt,
+        admin::unknown_attempts,
+        admin::races,
+        openapi_json,
+        health::healthz,
+        health::readyz,
+    ),
+    components(schemas(
+        CreateJobRequest,
+        StartAttemptRequest,
+        AbandonRequest,
+        JobView,
+        AttemptView,
+        JobSummary,
+        JobPage,
+        UnknownAttemptView,
+        RaceView,
+        Problem,
+        Health,
+    )),
+    modifiers(&BearerAuth),
+    tags(
+        (name = "jobs", description = "Create and follow jobs"),
+        (name = "support", description = "Resolve attempts stuck in unknown"),
+        (name = "admin", description = "Review races"),
+        (name = "health", description = "Liveness and readiness"),
+    )
+)]
+pub struct ApiDoc;
+
+/// This document.
+#[utoipa::path(get, path = "/api/v1/openapi.json", tag = "health", responses((status = 200, description = "OpenAPI 3 document")))]
+pub async fn openapi_json() -> HttpResponse {
+    HttpResponse::Ok().json(ApiDoc::openapi())
+}

@@ -1,0 +1,253 @@
+//! The JSON shapes of the API, shared by handlers and the OpenAPI document.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
+
+use crate::store::admin::UnknownAttempt;
+use crate::store::models::{Attempt, Job, RaceRow};
+
+/// An RFC 3339 timestamp (UTC, milliseconds) from stored Unix milliseconds.
+pub fn rfc3339(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+        .unwrap_or_default()
+}
+
+fn rfc3339_opt(ms: Option<i64>) -> Option<String> {
+    ms.map(rfc3339)
+}
+
+/// Body of `POST /api/v1/jobs`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateJobRequest {
+    /// A configured task name, e.g. `summarize`.
+    pub task: String,
+    /// The task's input: a JSON object with the task's required fields.
+    #[schema(value_type = Object)]
+    pub input: Value,
+    /// A provider of the task's chain to try first; default: the chain's primary.
+    pub provider: Option<String>,
+    /// Free-form parameters passed to the provider.
+    #[schema(value_type = Option<Object>)]
+    pub params: Option<Value>,
+}
+
+/// Body of `POST /api/v1/jobs/{id}/attempts` (may be empty).
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StartAttemptRequest {
+    /// A provider of the task's chain; default: the next untried one.
+    pub provider: Option<String>,
+}
+
+/// Body of `POST /api/v1/attempts/{id}/abandon`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AbandonRequest {
+    /// Why the attempt is abandoned (required, written to the audit log).
+    pub reason: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AttemptView {
+    pub id: String,
+    pub job_id: String,
+    pub number: i32,
+    pub provider: String,
+    /// queued | running | succeeded | failed | unknown | abandoned
+    pub state: String,
+    /// "won" | "lost" | null
+    pub outcome: Option<String>,
+    /// The job version this attempt read when it started.
+    pub version_read: Option<i64>,
+    pub created_at: String,
+    pub started_at: Option<String>,
+    /// When the soft timeout falls (or fell).
+    pub timeout_at: Option<String>,
+    pub finished_at: Option<String>,
+    pub error: Option<String>,
+}
+
+impl From<&Attempt> for AttemptView {
+    fn from(a: &Attempt) -> Self {
+        Self {
+            id: a.id.clone(),
+            job_id: a.job_id.clone(),
+            number: a.number,
+            provider: a.provider.clone(),
+            state: a.state.as_str().to_owned(),
+            outcome: a.outcome.map(|o| o.as_str().to_owned()),
+            version_read: a.version_read,
+            created_at: rfc3339(a.created_at),
+            started_at: rfc3339_opt(a.started_at),
+            timeout_at: rfc3339_opt(a.timeout_at),
+            finished_at: rfc3339_opt(a.finished_at),
+            error: a.error.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct JobView {
+    pub id: String,
+    /// pending | running | unknown | succeeded | failed
+    pub status: String,
+    /// Changes only when the job's outcome changes.
+    pub version: i64,
+    pub idempotency_key: String,
+    pub task: String,
+    /// The provider of the first attempt.
+    pub provider: String,
+    #[schema(value_type = Object)]
+    pub input: Value,
+    #[schema(value_type = Object)]
+    pub params: Value,
+    #[schema(value_type = Option<Object>)]
+    pub result: Option<Value>,
+    /// The attempt whose result won.
+    pub completed_by: Option<String>,
+    pub failure_reason: Option<String>,
+    pub created_at: String,
+    pub updated_at: String,
+    pub attempts: Vec<AttemptView>,
+}
+
+impl JobView {
+    pub fn new(job: &Job, attempts: &[Attempt]) -> Self {
+        Self {
+            id: job.id.clone(),
+            status: job.status.as_str().to_owned(),
+            version: job.version,
+            idempotency_key: job.idempotency_key.clone(),
+            task: job.task.clone(),
+            provider: job.provider.clone(),
+            input: job.input.clone(),
+            params: job.params.clone(),
+            result: job.result.clone(),
+            completed_by: job.completed_by.clone(),
+            failure_reason: job.failure_reason.clone(),
+            created_at: rfc3339(job.created_at),
+            updated_at: rfc3339(job.updated_at),
+            attempts: attempts.iter().map(AttemptView::from).collect(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct JobSummary {
+    pub id: String,
+    pub status: String,
+    pub version: i64,
+    pub idempotency_key: String,
+    pub task: String,
+    pub provider: String,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+impl From<&Job> for JobSummary {
+    fn from(job: &Job) -> Self {
+        Self {
+            id: job.id.clone(),
+            status: job.status.as_str().to_owned(),
+            version: job.version,
+            idempotency_key: job.idempotency_key.clone(),
+            task: job.task.clone(),
+            provider: job.provider.clone(),
+            created_at: rfc3339(job.created_at),
+            updated_at: rfc3339(job.updated_at),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct JobPage {
+    /// Newest first.
+    pub jobs: Vec<JobSummary>,
+    /// The URL of the next (older) page, if there is one.
+    pub next: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct UnknownAttemptView {
+    pub attempt_id: String,
+    pub job_id: String,
+    pub owner: String,
+    pub task: String,
+    pub provider: String,
+    pub number: i32,
+    pub started_at: Option<String>,
+    pub timeout_at: Option<String>,
+    /// Milliseconds since the attempt was sent.
+    pub age_ms: i64,
+    pub error: Option<String>,
+}
+
+impl UnknownAttemptView {
+    pub fn new(u: &UnknownAttempt, now: i64) -> Self {
+        Self {
+            attempt_id: u.attempt_id.clone(),
+            job_id: u.job_id.clone(),
+            owner: u.owner.clone(),
+            task: u.task.clone(),
+            provider: u.provider.clone(),
+            number: u.number,
+            started_at: rfc3339_opt(u.started_at),
+            timeout_at: rfc3339_opt(u.timeout_at),
+            age_ms: u.started_at.map_or(0, |s| (now - s).max(0)),
+            error: u.error.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RaceView {
+    pub id: String,
+    pub job_id: String,
+    pub losing_attempt_id: String,
+    pub winning_attempt_id: Option<String>,
+    pub reason: String,
+    pub version_read: i64,
+    pub version_found: i64,
+    pub provider: String,
+    /// SHA-256 of the discarded payload's canonical JSON.
+    pub payload_sha256: String,
+    pub loser_started_at: Option<String>,
+    pub lost_at: String,
+}
+
+impl From<&RaceRow> for RaceView {
+    fn from(r: &RaceRow) -> Self {
+        Self {
+            id: r.id.clone(),
+            job_id: r.job_id.clone(),
+            losing_attempt_id: r.losing_attempt_id.clone(),
+            winning_attempt_id: r.winning_attempt_id.clone(),
+            reason: r.reason.clone(),
+            version_read: r.version_read,
+            version_found: r.version_found,
+            provider: r.provider.clone(),
+            payload_sha256: r.payload_sha256.clone(),
+            loser_started_at: rfc3339_opt(r.loser_started_at),
+            lost_at: rfc3339(r.lost_at),
+        }
+    }
+}
+
+/// An RFC 9457 problem document.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Problem {
+    /// A stable URI reference: `/problems/<slug>`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub title: String,
+    pub status: u16,
+    pub detail: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    pub status: String,
+}

@@ -1,0 +1,357 @@
+//! The worker: in-process tokio tasks that claim queued attempts with a lease,
+//! call the provider, and apply the outcome, each in one transaction.
+//!
+//! - success → the compare-and-swap (a loser goes to the race log);
+//! - definite failure → `failed`, then the next provider of the chain, or the job fails;
+//! - soft timeout → `unknown`; the call stays open for the late-result window and
+//!   whatever comes back still goes through the CAS;
+//! - a `running` attempt whose lease expired (its process died) → `unknown`,
+//!   never re-sent.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::{sleep, Instant};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::Config;
+use crate::providers::{Provider, ProviderOutcome, ProviderRequest, Providers};
+use crate::store::attempts::{self, Claim, Completion, FailureOutcome};
+use crate::store::{Store, StoreError};
+
+/// A running worker pool; dropping it does not stop it, [`WorkerHandle::shutdown`] does.
+pub struct WorkerHandle {
+    wake: Arc<Notify>,
+    shutdown: CancellationToken,
+    tracker: TaskTracker,
+}
+
+impl WorkerHandle {
+    /// A handle that lets request handlers wake an idle worker at once.
+    pub fn waker(&self) -> Arc<Notify> {
+        self.wake.clone()
+    }
+
+    /// Stops claiming, lets in-flight calls reach an answer or their soft timeout,
+    /// stops waiting for late results, and waits at most `grace` for all that.
+    pub async fn shutdown(self, grace: Duration) {
+        self.shutdown.cancel();
+        self.tracker.close();
+        if tokio::time::timeout(grace, self.tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "worker tasks still busy after the shutdown grace period; their running \
+                 attempts become unknown when their leases expire"
+            );
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Worker {
+    store: Store,
+    providers: Providers,
+    config: Arc<Config>,
+    /// This process's lease owner id.
+    lease_owner: String,
+    wake: Arc<Notify>,
+    shutdown: CancellationToken,
+    tracker: TaskTracker,
+}
+
+/// Starts `config.worker.concurrency` claim loops and the lease reaper.
+pub fn spawn(store: Store, providers: Providers, config: Arc<Config>) -> WorkerHandle {
+    let handle = WorkerHandle {
+        wake: Arc::new(Notify::new()),
+        shutdown: CancellationToken::new(),
+        tracker: TaskTracker::new(),
+    };
+    let worker = Worker {
+        store,
+        providers,
+        lease_owner: format!("worker-{}", uuid::Uuid::now_v7()),
+        wake: handle.wake.clone(),
+        shutdown: handle.shutdown.clone(),
+        tracker: handle.tracker.clone(),
+        config,
+    };
+    let concurrency = worker.config.worker.concurrency;
+    if concurrency > 0 {
+        tracing::info!(lease_owner = %worker.lease_owner, concurrency, "worker started");
+        for _ in 0..concurrency {
+            let w = worker.clone();
+            handle.tracker.spawn(async move { w.claim_loop().await });
+        }
+        let w = worker.clone();
+        handle.tracker.spawn(async move { w.reaper_loop().await });
+    }
+    handle
+}
+
+impl Worker {
+    fn lease_ms(&self) -> i64 {
+        self.config.worker.lease_ms as i64
+    }
+
+    async fn claim_loop(self) {
+        let poll = Duration::from_millis(self.config.worker.poll_interval_ms);
+        while !self.shutdown.is_cancelled() {
+            match self.claim().await {
+                Ok(Some(claim)) => self.run_attempt(claim).await,
+                Ok(None) => {
+                    tokio::select! {
+                        _ = self.wake.notified() => {}
+                        _ = sleep(poll) => {}
+                        _ = self.shutdown.cancelled() => {}
+                    }
+                }
+                Err(error) => {
+                    tracing::error!(%error, "claiming a queued attempt failed");
+                    tokio::select! {
+                        _ = sleep(poll * 4) => {}
+                        _ = self.shutdown.cancelled() => {}
+                    }
+                }
+            }
+        }
+    }
+
+    async fn claim(&self) -> Result<Option<Claim>, StoreError> {
+        let owner = self.lease_owner.clone();
+        let lease = self.lease_ms();
+        let providers = self.providers.clone();
+        self.store
+            .run(move |conn| {
+                let soft_timeout_ms = |name: &str| {
+                    providers
+                        .get(name)
+                        .map_or(0, |p| p.soft_timeout.as_millis() as i64)
+                };
+                attempts::claim_next(conn, &owner, lease, &soft_timeout_ms)
+            })
+            .await
+    }
+
+    /// Makes running attempts of dead processes `unknown`.
+    async fn reaper_loop(self) {
+        let every = Duration::from_millis((self.config.worker.lease_ms / 2).max(100));
+        loop {
+            tokio::select! {
+                _ = sleep(every) => {}
+                _ = self.shutdown.cancelled() => return,
+            }
+            match self.store.run(attempts::expire_leases).await {
+                Ok(expired) => {
+                    for attempt_id in expired {
+                        tracing::warn!(%attempt_id, "lease expired on a running attempt: now unknown, not re-sent");
+                    }
+                }
+                Err(error) => tracing::error!(%error, "expiring leases failed"),
+            }
+        }
+    }
+
+    #[tracing::instrument(skip_all, fields(job_id = %claim.job.id, attempt_id = %claim.attempt.id, provider = %claim.attempt.provider))]
+    async fn run_attempt(&self, claim: Claim) {
+        let Some(provider) = self.providers.get(&claim.attempt.provider) else {
+            let error = format!(
+                "provider {:?} is not configured; the attempt was not sent",
+                claim.attempt.provider
+            );
+            self.apply(&claim, ProviderOutcome::Failed(error)).await;
+            return;
+        };
+        let request = ProviderRequest {
+            attempt_id: claim.attempt.id.clone(),
+            attempt_number: claim.attempt.number,
+            job_id: claim.job.id.clone(),
+            task: claim.job.task.clone(),
+            input: claim.job.input.clone(),
+            params: claim.job.params.clone(),
+        };
+        tracing::info!("attempt sent");
+        let worker = self.clone();
+        let mut call = Box::pin(async move { provider.call(&request).await });
+        let soft_deadline = Instant::now()
+            + self
+                .providers
+                .get(&claim.attempt.provider)
+                .map_or(Duration::ZERO, |p| p.soft_timeout);
+        let mut heartbeat = tokio::time::interval(Duration::from_millis(
+            (self.config.worker.lease_ms / 3).max(50),
+        ));
+        heartbeat.tick().await;
+        let answered = loop {
+            tokio::select! {
+                outcome = &mut call => break Some(outcome),
+                _ = tokio::time::sleep_until(soft_deadline) => break None,
+                _ = heartbeat.tick() => self.renew_lease(&claim.attempt.id).await,
+            }
+        };
+        match answered {
+            Some(ProviderOutcome::Unknown(reason)) => {
+                self.mark_unknown(&claim.attempt.id, &reason).await;
+            }
+            Some(outcome) => self.apply(&claim, outcome).await,
+            None => {
+                let provider = self
+                    .providers
+                    .get(&claim.attempt.provider)
+                    .expect("provider checked above");
+                let reason = format!(
+                    "no answer within the soft timeout of {} ms",
+                    provider.soft_timeout.as_millis()
+                );
+                tracing::warn!("{reason}: attempt is now unknown");
+                self.mark_unknown(&claim.attempt.id, &reason).await;
+                // Keep the call open for late news, off this claim loop's slot.
+                self.tracker
+                    .spawn(async move { worker.await_late_result(claim, provider, call).await });
+            }
+        }
+    }
+
+    async fn await_late_result(
+        self,
+        claim: Claim,
+        provider: Arc<Provider>,
+        call: std::pin::Pin<Box<dyn std::future::Future<Output = ProviderOutcome> + Send>>,
+    ) {
+        tokio::select! {
+            outcome = call => match outcome {
+                ProviderOutcome::Unknown(reason) => tracing::warn!(attempt_id = %claim.attempt.id, %reason, "late call ended without an answer"),
+                outcome => {
+                    tracing::info!(attempt_id = %claim.attempt.id, "late answer arrived");
+                    self.apply(&claim, outcome).await;
+                }
+            },
+            _ = sleep(provider.late_result_window) => {
+                tracing::warn!(attempt_id = %claim.attempt.id, "late-result window closed; the attempt stays unknown until support resolves it");
+            }
+            _ = self.shutdown.cancelled() => {
+                tracing::info!(attempt_id = %claim.attempt.id, "stopped waiting for a late result at shutdown; the attempt stays unknown");
+            }
+        }
+    }
+
+    async fn renew_lease(&self, attempt_id: &str) {
+        let (id, owner, lease) = (
+            attempt_id.to_owned(),
+            self.lease_owner.clone(),
+            self.lease_ms(),
+        );
+        if let Err(error) = self
+            .store
+            .run(move |conn| attempts::renew_lease(conn, &id, &owner, lease))
+            .await
+        {
+            tracing::error!(%error, "renewing the lease failed");
+        }
+    }
+
+    async fn mark_unknown(&self, attempt_id: &str, reason: &str) {
+        let (id, reason) = (attempt_id.to_owned(), reason.to_owned());
+        self.with_retries("marking the attempt unknown", move |store| {
+            let (id, reason) = (id.clone(), reason.clone());
+            async move {
+                store
+                    .run(move |conn| attempts::mark_unknown(conn, &id, &reason))
+                    .await
+            }
+        })
+        .await;
+    }
+
+    /// Applies a provider's answer in one transaction.
+    async fn apply(&self, claim: &Claim, outcome: ProviderOutcome) {
+        let attempt_id = claim.attempt.id.clone();
+        match outcome {
+            ProviderOutcome::Succeeded(payload) => {
+                let result = self
+                    .with_retries("applying a result", move |store| {
+                        let (id, payload) = (attempt_id.clone(), payload.clone());
+                        async move {
+                            store
+                                .run(move |conn| attempts::complete_success(conn, &id, &payload))
+                                .await
+                        }
+                    })
+                    .await;
+                match result {
+                    Some(Completion::Won) => {
+                        tracing::info!("attempt won: its result is the job's result")
+                    }
+                    Some(Completion::Lost { winner }) => {
+                        tracing::warn!(winner = ?winner, "late result lost the race; discarded and written to the race log")
+                    }
+                    Some(Completion::Ignored(state)) => {
+                        tracing::warn!(%state, "result ignored: the attempt was already finished")
+                    }
+                    None => {}
+                }
+            }
+            ProviderOutcome::Failed(error) => {
+                let order = self
+                    .config
+                    .failover_order(&claim.job.task, claim.job.requested_provider.as_deref());
+                let result = self
+                    .with_retries("applying a failure", move |store| {
+                        let (id, error, order) = (attempt_id.clone(), error.clone(), order.clone());
+                        async move {
+                            store
+                                .run(move |conn| {
+                                    attempts::complete_failure(conn, &id, &error, &order)
+                                })
+                                .await
+                        }
+                    })
+                    .await;
+                match result {
+                    Some(FailureOutcome::FailedOver {
+                        attempt_id,
+                        provider,
+                    }) => {
+                        tracing::info!(next_attempt = %attempt_id, next_provider = %provider, "definite failure: failing over");
+                        self.wake.notify_one();
+                    }
+                    Some(FailureOutcome::JobFailed { reason }) => {
+                        tracing::warn!(%reason, "job failed")
+                    }
+                    Some(FailureOutcome::Recorded) => tracing::info!("failure recorded"),
+                    Some(FailureOutcome::Ignored(state)) => {
+                        tracing::warn!(%state, "failure ignored: the attempt was already finished")
+                    }
+                    None => {}
+                }
+            }
+            ProviderOutcome::Unknown(reason) => self.mark_unknown(&claim.attempt.id, &reason).await,
+        }
+    }
+
+    /// Retries a store write for a while: an answer must not be lost to a
+    /// momentarily busy database. If it still fails, the lease runs out and the
+    /// attempt becomes `unknown`, which is the truth.
+    async fn with_retries<T, F, Fut>(&self, what: &str, mut op: F) -> Option<T>
+    where
+        F: FnMut(Store) -> Fut,
+        Fut: std::future::Future<Output = Result<T, StoreError>>,
+    {
+        let mut delay = Duration::from_millis(100);
+        for attempt in 1..=8 {
+            match op(self.store.clone()).await {
+                Ok(value) => return Some(value),
+                Err(error) => {
+                    tracing::error!(%error, attempt, "{what} failed; retrying");
+                    sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+        tracing::error!("{what} failed for good; the attempt will surface as unknown");
+        None
+    }
+}
