@@ -88,7 +88,8 @@ impl Default for DatabaseConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct WorkerConfig {
-    /// Attempts this process runs at once; 0 disables the worker.
+    /// Attempts this process sends at once; 0 means this process only serves
+    /// HTTP (it still reaps expired leases).
     pub concurrency: usize,
     /// How often an idle worker looks for queued attempts written by other processes.
     pub poll_interval_ms: u64,
@@ -259,7 +260,7 @@ impl Config {
         if self.database.pool_timeout_ms == 0 {
             return invalid("database.pool_timeout_ms".into(), "must be greater than 0");
         }
-        if self.worker.lease_ms < 1_000 && self.worker.concurrency > 0 {
+        if self.worker.lease_ms < 1_000 {
             return invalid("worker.lease_ms".into(), "must be at least 1000");
         }
         if self.worker.poll_interval_ms == 0 {

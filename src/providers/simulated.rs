@@ -146,7 +146,8 @@ mod tests {
         let mut cfg = config(vec![]);
         cfg.fail = SimulatedFailure::TimeoutForever;
         let sim = SimulatedProvider::from_config(&cfg);
-        let call = sim.call("sim", &request(1, json!({})));
+        let req = request(1, json!({}));
+        let call = sim.call("sim", &req);
         assert!(tokio::time::timeout(Duration::from_millis(50), call)
             .await
             .is_err());

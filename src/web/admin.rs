@@ -117,6 +117,7 @@ pub async fn unknown_attempts(
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct RaceQuery {
     /// How many rows, 1-1000 (default 100), newest first.

@@ -4,7 +4,7 @@
 
 use std::future::{ready, Ready};
 
-use actix_web::body::MessageBody;
+use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{Payload, ServiceRequest, ServiceResponse};
 use actix_web::http::header;
 use actix_web::middleware::Next;
@@ -77,22 +77,31 @@ fn bearer_token(req: &ServiceRequest) -> Result<String, ApiError> {
     Ok(token.to_owned())
 }
 
-/// Middleware: resolves the bearer token to a user or answers 401.
+/// Middleware: resolves the bearer token to a user or answers 401. A refusal
+/// is answered here as a response (not an error), so outer middleware still
+/// decorates it (request id).
 pub async fn require_bearer(
     req: ServiceRequest,
     next: Next<impl MessageBody>,
-) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
-    let token = bearer_token(&req)?;
+) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, actix_web::Error> {
+    match authenticate(&req).await {
+        Ok(user) => {
+            req.extensions_mut().insert(user);
+            Ok(next.call(req).await?.map_into_left_body())
+        }
+        Err(refusal) => Ok(req.error_response(refusal).map_into_right_body()),
+    }
+}
+
+async fn authenticate(req: &ServiceRequest) -> Result<User, ApiError> {
+    let token = bearer_token(req)?;
     let state = req
         .app_data::<web::Data<AppState>>()
         .cloned()
         .ok_or_else(ApiError::internal)?;
-    let user = state
+    state
         .store
         .run(move |conn| users::user_for_token(conn, &token))
-        .await
-        .map_err(ApiError::from)?
-        .ok_or_else(|| ApiError::new(ProblemType::Unauthorized, "the bearer token is not valid"))?;
-    req.extensions_mut().insert(user);
-    next.call(req).await
+        .await?
+        .ok_or_else(|| ApiError::new(ProblemType::Unauthorized, "the bearer token is not valid"))
 }

@@ -245,6 +245,7 @@ pub async fn get_job(
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
     /// Page size, 1-100 (default 20).
@@ -371,7 +372,7 @@ pub async fn start_attempt(
         StartAttemptError::JobNotFound => ApiError::not_found(),
         StartAttemptError::JobFinished(status) => {
             ApiError::new(ProblemType::JobFinished, format!("the job is {status}; it takes no more attempts"))
-                .with("status", status.as_str())
+                .with("job_status", status.as_str())
         }
         StartAttemptError::InFlight { attempt_id, state } => ApiError::new(
             ProblemType::AttemptInFlight,

@@ -63,7 +63,8 @@ struct Worker {
     tracker: TaskTracker,
 }
 
-/// Starts `config.worker.concurrency` claim loops and the lease reaper.
+/// Starts `config.worker.concurrency` claim loops (0: this process sends
+/// nothing) and the lease reaper.
 pub fn spawn(store: Store, providers: Providers, config: Arc<Config>) -> WorkerHandle {
     let handle = WorkerHandle {
         wake: Arc::new(Notify::new()),
@@ -80,15 +81,16 @@ pub fn spawn(store: Store, providers: Providers, config: Arc<Config>) -> WorkerH
         config,
     };
     let concurrency = worker.config.worker.concurrency;
-    if concurrency > 0 {
-        tracing::info!(lease_owner = %worker.lease_owner, concurrency, "worker started");
-        for _ in 0..concurrency {
-            let w = worker.clone();
-            handle.tracker.spawn(async move { w.claim_loop().await });
-        }
+    tracing::info!(lease_owner = %worker.lease_owner, concurrency, "worker started");
+    for _ in 0..concurrency {
         let w = worker.clone();
-        handle.tracker.spawn(async move { w.reaper_loop().await });
+        handle.tracker.spawn(async move { w.claim_loop().await });
     }
+    // Every process reaps expired leases, even one that sends nothing itself:
+    // a dead worker's attempts must surface as unknown.
+    handle
+        .tracker
+        .spawn(async move { worker.reaper_loop().await });
     handle
 }
 

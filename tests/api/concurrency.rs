@@ -1,0 +1,224 @@
+//! Real concurrency: many writers at once, two completions racing for one job,
+//! and two server processes sharing one database.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use diesel::prelude::*;
+use onejob::store::attempts::{self as attempt_store, Completion};
+use onejob::store::jobs::{self as job_store, CreateOutcome, NewJob};
+use onejob::store::schema::{jobs, race_log};
+use onejob::store::DbConnection;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+use crate::helpers::{
+    spawn_app, start_instance, summarize, test_config, PreparedApp, TestBackend,
+    DEFAULT_TEST_PROVIDERS,
+};
+
+async fn sixteen_concurrent_writers_see_no_lock_errors_and_every_success_is_stored(
+    backend: TestBackend,
+) {
+    const WRITERS: usize = 16;
+    const JOBS_EACH: usize = 8;
+    let app = Arc::new(spawn_app(backend).await);
+    let barrier = Arc::new(tokio::sync::Barrier::new(WRITERS));
+    let mut writers = Vec::new();
+    for w in 0..WRITERS {
+        let (app, barrier) = (app.clone(), barrier.clone());
+        writers.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let mut outcomes = Vec::new();
+            for j in 0..JOBS_EACH {
+                let response = app
+                    .post_job(
+                        &app.alice.token,
+                        &format!("w{w}-j{j}"),
+                        &summarize(&format!("{w}/{j}")),
+                    )
+                    .await;
+                let status = response.status();
+                let text = response.text().await.unwrap();
+                outcomes.push((status, text));
+            }
+            outcomes
+        }));
+    }
+    let mut created_ids = Vec::new();
+    for writer in writers {
+        for (status, text) in writer.await.unwrap() {
+            assert!(
+                !text.to_lowercase().contains("locked"),
+                "a lock error reached the client: {text}"
+            );
+            assert_eq!(status, StatusCode::CREATED, "{text}");
+            let job: Value = serde_json::from_str(&text).unwrap();
+            created_ids.push(job["id"].as_str().unwrap().to_owned());
+        }
+    }
+    assert_eq!(created_ids.len(), WRITERS * JOBS_EACH);
+    let ids = created_ids.clone();
+    let stored: i64 = app
+        .with_conn(move |conn| {
+            jobs::table
+                .filter(jobs::id.eq_any(ids))
+                .count()
+                .get_result(conn)
+                .unwrap()
+        })
+        .await;
+    assert_eq!(
+        stored as usize,
+        created_ids.len(),
+        "every reported success is a stored row"
+    );
+    assert_eq!(
+        app.job_count(&app.alice.id).await as usize,
+        created_ids.len(),
+        "and nothing else was stored"
+    );
+}
+
+/// Builds a job whose abandoned attempt 1 and running attempt 2 both read
+/// version 0, ready to race.
+fn two_attempts_ready_to_race(
+    conn: &mut DbConnection,
+    owner: &str,
+    key: &str,
+) -> (String, String, String) {
+    let new = NewJob {
+        owner_id: owner.to_owned(),
+        key: onejob::domain::IdempotencyKey::parse(key).unwrap(),
+        task: "summarize".into(),
+        provider: "sim-slow".into(),
+        requested_provider: Some("sim-slow".into()),
+        input: json!({"text": key}),
+        params: json!({}),
+        fingerprint: "1".repeat(64),
+    };
+    let CreateOutcome::Created(job) = job_store::create_job(conn, &new).unwrap() else {
+        panic!("not created")
+    };
+    let first = attempt_store::claim_next(conn, "racer", 60_000, &|_| 100)
+        .unwrap()
+        .unwrap()
+        .attempt
+        .id;
+    assert!(attempt_store::mark_unknown(conn, &first, "soft timeout").unwrap());
+    attempt_store::abandon(conn, &first, owner, "race test").unwrap();
+    attempt_store::start_attempt(conn, &job.id, Some("sim-fast"), &[]).unwrap();
+    let second = attempt_store::claim_next(conn, "racer", 60_000, &|_| 100)
+        .unwrap()
+        .unwrap()
+        .attempt
+        .id;
+    (job.id, first, second)
+}
+
+async fn two_completions_racing_for_one_job_have_exactly_one_winner(backend: TestBackend) {
+    let prepared = PreparedApp::new(backend, test_config(DEFAULT_TEST_PROVIDERS)).await;
+    let store = prepared.store.clone();
+    let owner = prepared.ada.id.clone();
+    tokio::task::spawn_blocking(move || {
+        for round in 0..15 {
+            let (job_id, first, second) = two_attempts_ready_to_race(
+                &mut store.conn().unwrap(),
+                &owner,
+                &format!("race-{round}"),
+            );
+            let barrier = Arc::new(Barrier::new(2));
+            let racers: Vec<_> = [first.clone(), second.clone()]
+                .into_iter()
+                .map(|attempt_id| {
+                    let (store, barrier) = (store.clone(), barrier.clone());
+                    std::thread::spawn(move || {
+                        let mut conn = store.conn().unwrap();
+                        let payload = json!({"from": attempt_id});
+                        barrier.wait();
+                        (
+                            attempt_id.clone(),
+                            attempt_store::complete_success(&mut conn, &attempt_id, &payload)
+                                .unwrap(),
+                        )
+                    })
+                })
+                .collect();
+            let results: Vec<(String, Completion)> =
+                racers.into_iter().map(|t| t.join().unwrap()).collect();
+            let winners: Vec<_> = results.iter().filter(|r| r.1 == Completion::Won).collect();
+            assert_eq!(winners.len(), 1, "round {round}: {results:?}");
+            let winner = winners[0].0.clone();
+            let mut conn = store.conn().unwrap();
+            let job = job_store::get_job(&mut conn, &job_id).unwrap();
+            assert_eq!(job.completed_by.as_deref(), Some(winner.as_str()));
+            assert_eq!(job.result, Some(json!({"from": winner})));
+            assert_eq!(job.version, 1);
+            let logged: i64 = race_log::table
+                .filter(race_log::job_id.eq(&job_id))
+                .count()
+                .get_result(&mut conn)
+                .unwrap();
+            assert_eq!(logged, 1, "the loser is in the race log");
+        }
+    })
+    .await
+    .unwrap();
+}
+
+async fn two_server_processes_on_one_database_never_send_an_attempt_twice(backend: TestBackend) {
+    const JOBS: usize = 30;
+    let app = spawn_app(backend).await;
+    // A second "process": its own pool, lease owner, worker and HTTP server.
+    let second_store = {
+        let (url, config) = (app.db.url.clone(), test_config(DEFAULT_TEST_PROVIDERS));
+        tokio::task::spawn_blocking(move || onejob::startup::open_store(&url, &config))
+            .await
+            .unwrap()
+            .unwrap()
+    };
+    let (second_address, second_providers, second_server) =
+        start_instance(test_config(DEFAULT_TEST_PROVIDERS), second_store);
+
+    let mut ids = Vec::new();
+    for i in 0..JOBS {
+        let base = if i % 2 == 0 {
+            app.address.clone()
+        } else {
+            second_address.clone()
+        };
+        let response = app
+            .client
+            .post(format!("{base}/api/v1/jobs"))
+            .bearer_auth(&app.alice.token)
+            .header("Idempotency-Key", format!("multi-{i}"))
+            .json(&summarize(&format!("job {i}")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::CREATED);
+        let job: Value = response.json().await.unwrap();
+        ids.push(job["id"].as_str().unwrap().to_owned());
+    }
+    for id in &ids {
+        app.wait_for_status(id, "succeeded", Duration::from_secs(20))
+            .await;
+    }
+    let mut sent = app.sent("sim-fast");
+    sent.extend(second_providers.get("sim-fast").unwrap().sent_attempts());
+    let unique: HashSet<_> = sent.iter().collect();
+    assert_eq!(
+        sent.len(),
+        JOBS,
+        "each job's one attempt was sent exactly once across both processes"
+    );
+    assert_eq!(unique.len(), JOBS);
+    second_server.abort();
+}
+
+on_both_backends!(
+    sixteen_concurrent_writers_see_no_lock_errors_and_every_success_is_stored,
+    two_completions_racing_for_one_job_have_exactly_one_winner,
+    two_server_processes_on_one_database_never_send_an_attempt_twice,
+);

@@ -1,0 +1,284 @@
+//! One key, one job: double clicks, replays, conflicts, and owners.
+
+use std::sync::Arc;
+
+use reqwest::StatusCode;
+use serde_json::Value;
+use tokio::sync::Barrier;
+
+use crate::helpers::{assert_problem, spawn_app, summarize, TestApp, TestBackend};
+
+/// Fires `n` POSTs with one key at the same instant; returns (status, job id) pairs.
+async fn simultaneous_posts(
+    app: &Arc<TestApp>,
+    n: usize,
+    key: &str,
+) -> Vec<(StatusCode, String, Option<String>)> {
+    let barrier = Arc::new(Barrier::new(n));
+    let mut tasks = Vec::new();
+    for _ in 0..n {
+        let (app, barrier, key) = (app.clone(), barrier.clone(), key.to_owned());
+        tasks.push(tokio::spawn(async move {
+            let request = app
+                .client
+                .post(app.url("/api/v1/jobs"))
+                .bearer_auth(&app.alice.token)
+                .header("Idempotency-Key", &key)
+                .json(&summarize("double click"));
+            barrier.wait().await;
+            let response = request.send().await.unwrap();
+            let status = response.status();
+            let replayed = response
+                .headers()
+                .get("Idempotent-Replayed")
+                .map(|v| v.to_str().unwrap().to_owned());
+            let body: Value = response.json().await.unwrap();
+            (
+                status,
+                body["id"].as_str().unwrap_or_default().to_owned(),
+                replayed,
+            )
+        }));
+    }
+    let mut results = Vec::new();
+    for task in tasks {
+        results.push(task.await.unwrap());
+    }
+    results
+}
+
+async fn simultaneous_posts_make_one_job(backend: TestBackend, n: usize) {
+    let app = Arc::new(spawn_app(backend).await);
+    let results = simultaneous_posts(&app, n, "double-click-key").await;
+    let created: Vec<_> = results
+        .iter()
+        .filter(|r| r.0 == StatusCode::CREATED)
+        .collect();
+    let replayed: Vec<_> = results.iter().filter(|r| r.0 == StatusCode::OK).collect();
+    assert_eq!(created.len(), 1, "exactly one 201: {results:?}");
+    assert_eq!(
+        replayed.len(),
+        n - 1,
+        "every other request is a 200 replay: {results:?}"
+    );
+    assert!(
+        created[0].2.is_none(),
+        "the creating response is not marked replayed"
+    );
+    assert!(
+        replayed.iter().all(|r| r.2.as_deref() == Some("true")),
+        "replays carry Idempotent-Replayed: true"
+    );
+    let job_id = &created[0].1;
+    assert!(
+        results.iter().all(|r| &r.1 == job_id),
+        "every response names the same job"
+    );
+    assert_eq!(app.job_count(&app.alice.id).await, 1, "exactly one row");
+    let job = app.get_job(&app.alice.token, job_id).await;
+    assert_eq!(
+        job["attempts"].as_array().unwrap().len(),
+        1,
+        "and one attempt"
+    );
+}
+
+async fn two_simultaneous_posts_with_one_key_make_one_job(backend: TestBackend) {
+    simultaneous_posts_make_one_job(backend, 2).await;
+}
+
+async fn fifty_simultaneous_posts_with_one_key_make_one_job(backend: TestBackend) {
+    simultaneous_posts_make_one_job(backend, 50).await;
+}
+
+async fn replay_returns_the_same_job_with_location_and_replayed_header(backend: TestBackend) {
+    let app = spawn_app(backend).await;
+    let first = app
+        .post_job(&app.alice.token, "replay-1", &summarize("hello"))
+        .await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let location = first.headers()["location"].to_str().unwrap().to_owned();
+    let first: Value = first.json().await.unwrap();
+    assert_eq!(
+        location,
+        format!("/api/v1/jobs/{}", first["id"].as_str().unwrap())
+    );
+
+    let again = app
+        .post_job(&app.alice.token, "replay-1", &summarize("hello"))
+        .await;
+    assert_eq!(again.status(), StatusCode::OK);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.headers()["location"].to_str().unwrap(), location);
+    let again: Value = again.json().await.unwrap();
+    assert_eq!(again["id"], first["id"]);
+}
+
+async fn same_key_with_different_input_is_409_and_the_first_job_is_unchanged(backend: TestBackend) {
+    let app = spawn_app(backend).await;
+    let job_id = app
+        .create_job(&app.alice.token, "k-409", &summarize("original"))
+        .await;
+    let before = app
+        .wait_for_status(&job_id, "succeeded", std::time::Duration::from_secs(10))
+        .await;
+
+    let response = app
+        .post_job(&app.alice.token, "k-409", &summarize("changed"))
+        .await;
+    let problem = assert_problem(response, StatusCode::CONFLICT, "idempotency-key-reused").await;
+    assert_eq!(problem["job_id"], job_id.as_str());
+
+    let after = app.get_job(&app.alice.token, &job_id).await;
+    assert_eq!(after, before, "the first job is untouched");
+    assert_eq!(after["input"]["text"], "original");
+    assert_eq!(app.job_count(&app.alice.id).await, 1);
+}
+
+async fn a_different_provider_or_params_under_the_same_key_is_also_409(backend: TestBackend) {
+    let app = spawn_app(backend).await;
+    app.create_job(&app.alice.token, "k-p", &summarize("same"))
+        .await;
+    let mut with_provider = summarize("same");
+    with_provider["provider"] = "sim-slow".into();
+    let response = app.post_job(&app.alice.token, "k-p", &with_provider).await;
+    assert_problem(response, StatusCode::CONFLICT, "idempotency-key-reused").await;
+    let mut with_params = summarize("same");
+    with_params["params"] = serde_json::json!({"temperature": 0.2});
+    let response = app.post_job(&app.alice.token, "k-p", &with_params).await;
+    assert_problem(response, StatusCode::CONFLICT, "idempotency-key-reused").await;
+}
+
+async fn key_order_and_whitespace_changes_are_not_a_conflict(backend: TestBackend) {
+    let app = spawn_app(backend).await;
+    let send = |body: &'static str| {
+        app.client
+            .post(app.url("/api/v1/jobs"))
+            .bearer_auth(&app.alice.token)
+            .header("Idempotency-Key", "order-key")
+            .header("Content-Type", "application/json")
+            .body(body)
+            .send()
+    };
+    let first = send(
+        r#"{"task":"summarize","input":{"text":"hi","lang":"en"},"params":{"a":1,"b":[1,2]}}"#,
+    )
+    .await
+    .unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let first: Value = first.json().await.unwrap();
+    let second = send("{\n  \"params\" : { \"b\" : [1, 2], \"a\" : 1 },\n  \"input\" : {\"lang\":\"en\",   \"text\":\"hi\"},\n  \"task\":\"summarize\"\n}")
+        .await
+        .unwrap();
+    assert_eq!(second.status(), StatusCode::OK);
+    let second: Value = second.json().await.unwrap();
+    assert_eq!(second["id"], first["id"]);
+    assert_eq!(app.job_count(&app.alice.id).await, 1);
+}
+
+async fn quoted_key_form_is_the_same_key_unquoted(backend: TestBackend) {
+    let app = spawn_app(backend).await;
+    let first = app
+        .post_job(&app.alice.token, "quoted", &summarize("q"))
+        .await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let second = app
+        .post_job(&app.alice.token, "\"quoted\"", &summarize("q"))
+        .await;
+    assert_eq!(second.status(), StatusCode::OK);
+    let job: Value = second.json().await.unwrap();
+    assert_eq!(job["idempotency_key"], "quoted");
+}
+
+async fn the_same_key_from_two_owners_makes_two_jobs(backend: TestBackend) {
+    let app = spawn_app(backend).await;
+    let alices = app
+        .create_job(&app.alice.token, "shared-key", &summarize("a"))
+        .await;
+    let bobs = app
+        .create_job(&app.bob.token, "shared-key", &summarize("b"))
+        .await;
+    assert_ne!(alices, bobs);
+    assert_eq!(app.job_count(&app.alice.id).await, 1);
+    assert_eq!(app.job_count(&app.bob.id).await, 1);
+}
+
+async fn another_owners_job_is_404(backend: TestBackend) {
+    let app = spawn_app(backend).await;
+    let job_id = app
+        .create_job(&app.alice.token, "private", &summarize("mine"))
+        .await;
+    let response = app
+        .get(&app.bob.token, &format!("/api/v1/jobs/{job_id}"))
+        .await;
+    assert_problem(response, StatusCode::NOT_FOUND, "not-found").await;
+    let response = app.start_attempt(&app.bob.token, &job_id, None).await;
+    assert_problem(response, StatusCode::NOT_FOUND, "not-found").await;
+    // Staff may look.
+    let response = app
+        .get(&app.sue.token, &format!("/api/v1/jobs/{job_id}"))
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+}
+
+async fn job_list_is_the_callers_own_newest_first_and_paginated(backend: TestBackend) {
+    let app = spawn_app(backend).await;
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        ids.push(
+            app.create_job(
+                &app.alice.token,
+                &format!("list-{i}"),
+                &summarize(&format!("t{i}")),
+            )
+            .await,
+        );
+    }
+    app.create_job(&app.bob.token, "bobs", &summarize("not alice's"))
+        .await;
+    let page1: Value = app
+        .get(&app.alice.token, "/api/v1/jobs?limit=2")
+        .await
+        .json()
+        .await
+        .unwrap();
+    let got: Vec<&str> = page1["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(got, vec![ids[4].as_str(), ids[3].as_str()]);
+    let next = page1["next"].as_str().unwrap().to_owned();
+    let page2: Value = app.get(&app.alice.token, &next).await.json().await.unwrap();
+    let got: Vec<&str> = page2["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(got, vec![ids[2].as_str(), ids[1].as_str()]);
+    let page3: Value = app
+        .get(&app.alice.token, page2["next"].as_str().unwrap())
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(page3["jobs"].as_array().unwrap().len(), 1);
+    assert!(page3["next"].is_null());
+    let response = app.get(&app.alice.token, "/api/v1/jobs?limit=0").await;
+    assert_problem(response, StatusCode::BAD_REQUEST, "invalid-query").await;
+}
+
+on_both_backends!(
+    two_simultaneous_posts_with_one_key_make_one_job,
+    fifty_simultaneous_posts_with_one_key_make_one_job,
+    replay_returns_the_same_job_with_location_and_replayed_header,
+    same_key_with_different_input_is_409_and_the_first_job_is_unchanged,
+    a_different_provider_or_params_under_the_same_key_is_also_409,
+    key_order_and_whitespace_changes_are_not_a_conflict,
+    quoted_key_form_is_the_same_key_unquoted,
+    the_same_key_from_two_owners_makes_two_jobs,
+    another_owners_job_is_404,
+    job_list_is_the_callers_own_newest_first_and_paginated,
+);

@@ -1,0 +1,16 @@
+//! onejob's integration tests: the real server on a free port of 127.0.0.1,
+//! against a fresh database per test, the same suite on SQLite and PostgreSQL.
+//!
+//! Each scenario is an `async fn(TestBackend)`; `on_both_backends!` turns it
+//! into `<module>::sqlite::<name>` and `<module>::postgres::<name>`.
+
+#[macro_use]
+mod helpers;
+
+mod admin;
+mod attempts;
+mod bad_input;
+mod concurrency;
+mod constraints;
+mod health;
+mod idempotency;
