@@ -9,7 +9,7 @@ use super::{DbConnection, StoreResult};
 use crate::domain::AttemptState;
 
 /// An attempt stuck in `unknown`, with what is known about it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Queryable)]
 pub struct UnknownAttempt {
     pub attempt_id: String,
     pub job_id: String,
@@ -24,17 +24,7 @@ pub struct UnknownAttempt {
 
 /// Every attempt in `unknown`, oldest first.
 pub fn unknown_attempts(conn: &mut DbConnection) -> StoreResult<Vec<UnknownAttempt>> {
-    let rows: Vec<(
-        String,
-        String,
-        String,
-        String,
-        String,
-        i32,
-        Option<i64>,
-        Option<i64>,
-        Option<String>,
-    )> = attempts::table
+    Ok(attempts::table
         .inner_join(jobs::table.inner_join(users::table))
         .filter(attempts::state.eq(AttemptState::Unknown.as_str()))
         .order((attempts::started_at.asc(), attempts::id.asc()))
@@ -49,25 +39,7 @@ pub fn unknown_attempts(conn: &mut DbConnection) -> StoreResult<Vec<UnknownAttem
             attempts::timeout_at,
             attempts::error,
         ))
-        .load(conn)?;
-    Ok(rows
-        .into_iter()
-        .map(
-            |(attempt_id, job_id, owner, task, provider, number, started_at, timeout_at, error)| {
-                UnknownAttempt {
-                    attempt_id,
-                    job_id,
-                    owner,
-                    task,
-                    provider,
-                    number,
-                    started_at,
-                    timeout_at,
-                    error,
-                }
-            },
-        )
-        .collect())
+        .load(conn)?)
 }
 
 /// Race-log rows, newest first.

@@ -17,14 +17,6 @@ use crate::store::{admin as admin_store, now_ms};
 /// Longest accepted abandon reason.
 const MAX_REASON_LEN: usize = 2000;
 
-impl Default for AbandonRequest {
-    fn default() -> Self {
-        Self {
-            reason: String::new(),
-        }
-    }
-}
-
 /// Abandon an attempt whose outcome is unknown (support/admin). The job may
 /// then take a new attempt; a late result still goes through the CAS.
 #[utoipa::path(

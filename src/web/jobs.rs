@@ -20,17 +20,6 @@ use crate::store::jobs::{self as job_store, CreateOutcome, NewJob};
 use crate::store::models::Job;
 use crate::store::users::User;
 
-impl Default for CreateJobRequest {
-    fn default() -> Self {
-        Self {
-            task: String::new(),
-            input: Value::Null,
-            provider: None,
-            params: None,
-        }
-    }
-}
-
 fn idempotency_key(req: &HttpRequest) -> Result<IdempotencyKey, ApiError> {
     let raw = req.headers().get("Idempotency-Key").ok_or_else(|| {
         ApiError::new(

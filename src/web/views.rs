@@ -19,7 +19,7 @@ fn rfc3339_opt(ms: Option<i64>) -> Option<String> {
 }
 
 /// Body of `POST /api/v1/jobs`.
-#[derive(Debug, Deserialize, ToSchema)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateJobRequest {
     /// A configured task name, e.g. `summarize`.
@@ -43,7 +43,7 @@ pub struct StartAttemptRequest {
 }
 
 /// Body of `POST /api/v1/attempts/{id}/abandon`.
-#[derive(Debug, Deserialize, ToSchema)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AbandonRequest {
     /// Why the attempt is abandoned (required, written to the audit log).
