@@ -18,7 +18,7 @@ use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::middleware::{from_fn, Next};
-use actix_web::{web, HttpMessage};
+use actix_web::{guard, web, HttpMessage};
 use tokio::sync::Notify;
 
 use crate::config::Config;
@@ -41,27 +41,32 @@ impl AppState {
     }
 }
 
+/// A route for GET that also answers HEAD (actix's GET routes do not).
+fn read() -> actix_web::Route {
+    web::route().guard(guard::Any(guard::Get()).or(guard::Head()))
+}
+
 /// Registers every route.
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route("/", web::get().to(pages::home))
-        .route("/static/style.css", web::get().to(pages::stylesheet))
-        .route("/problems/{slug}", web::get().to(pages::problem))
-        .route("/healthz", web::get().to(health::healthz))
-        .route("/readyz", web::get().to(health::readyz))
-        .route("/api/v1/openapi.json", web::get().to(openapi::openapi_json))
+    cfg.route("/", read().to(pages::home))
+        .route("/static/style.css", read().to(pages::stylesheet))
+        .route("/problems/{slug}", read().to(pages::problem))
+        .route("/healthz", read().to(health::healthz))
+        .route("/readyz", read().to(health::readyz))
+        .route("/api/v1/openapi.json", read().to(openapi::openapi_json))
         .service(
             web::scope("/api/v1")
                 .wrap(from_fn(auth::require_bearer))
                 .route("/jobs", web::post().to(jobs::create_job))
-                .route("/jobs", web::get().to(jobs::list_jobs))
-                .route("/jobs/{id}", web::get().to(jobs::get_job))
+                .route("/jobs", read().to(jobs::list_jobs))
+                .route("/jobs/{id}", read().to(jobs::get_job))
                 .route("/jobs/{id}/attempts", web::post().to(jobs::start_attempt))
                 .route(
                     "/attempts/{id}/abandon",
                     web::post().to(admin::abandon_attempt),
                 )
-                .route("/admin/unknown", web::get().to(admin::unknown_attempts))
-                .route("/admin/races", web::get().to(admin::races))
+                .route("/admin/unknown", read().to(admin::unknown_attempts))
+                .route("/admin/races", read().to(admin::races))
                 .default_service(web::to(not_found)),
         )
         .default_service(web::to(not_found));

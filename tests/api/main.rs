@@ -14,3 +14,4 @@ mod concurrency;
 mod constraints;
 mod health;
 mod idempotency;
+mod storage;

@@ -1,0 +1,120 @@
+//! Storage traps measured when this stack was first tried: SQLite pragmas,
+//! PostgreSQL's own error text, HEAD on GET routes.
+
+use diesel::prelude::*;
+use diesel::sql_types::{BigInt, Text};
+use onejob::config::Config;
+use onejob::store::{DatabaseUrl, DbConnection, Store};
+use reqwest::StatusCode;
+
+use crate::helpers::{spawn_app, test_config, PreparedApp, TestBackend, DEFAULT_TEST_PROVIDERS};
+
+#[derive(QueryableByName)]
+struct Number {
+    #[diesel(sql_type = BigInt)]
+    value: i64,
+}
+
+#[derive(QueryableByName)]
+struct Word {
+    #[diesel(sql_type = Text)]
+    value: String,
+}
+
+fn pragma_number(conn: &mut DbConnection, pragma: &str) -> i64 {
+    // The busy_timeout pragma's result column is called `timeout`.
+    let column = if pragma == "busy_timeout" {
+        "timeout"
+    } else {
+        pragma
+    };
+    diesel::sql_query(format!("SELECT {column} AS value FROM pragma_{pragma}()"))
+        .get_result::<Number>(conn)
+        .unwrap()
+        .value
+}
+
+#[tokio::test]
+async fn every_pooled_sqlite_connection_uses_wal_full_sync_foreign_keys_and_a_busy_timeout() {
+    let prepared = PreparedApp::new(TestBackend::Sqlite, test_config(DEFAULT_TEST_PROVIDERS)).await;
+    let store = prepared.store.clone();
+    tokio::task::spawn_blocking(move || {
+        // Check several pooled connections, not just the first.
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            let mut conn = store.conn().unwrap();
+            let mode = diesel::sql_query("SELECT journal_mode AS value FROM pragma_journal_mode()")
+                .get_result::<Word>(&mut *conn)
+                .unwrap()
+                .value;
+            assert_eq!(mode, "wal");
+            assert_eq!(
+                pragma_number(&mut conn, "synchronous"),
+                2,
+                "synchronous=FULL"
+            );
+            assert_eq!(pragma_number(&mut conn, "foreign_keys"), 1);
+            assert_eq!(pragma_number(&mut conn, "busy_timeout"), 5000);
+            held.push(conn);
+        }
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn sqlite_synchronous_normal_is_an_explicit_opt_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = DatabaseUrl::parse(dir.path().join("normal.db").to_str().unwrap()).unwrap();
+    let mut config: Config = test_config(DEFAULT_TEST_PROVIDERS);
+    config.database.sqlite_synchronous = onejob::config::SqliteSynchronous::Normal;
+    let store = Store::connect(&url, &config.database).unwrap();
+    let synchronous = tokio::task::spawn_blocking(move || {
+        pragma_number(&mut store.conn().unwrap(), "synchronous")
+    })
+    .await
+    .unwrap();
+    assert_eq!(synchronous, 1, "synchronous=NORMAL");
+}
+
+#[tokio::test]
+async fn an_unreachable_postgres_is_reported_with_the_drivers_own_message() {
+    let url = DatabaseUrl::parse("postgres://postgres@127.0.0.1:1/onejob").unwrap();
+    let config = test_config(DEFAULT_TEST_PROVIDERS);
+    let error = match Store::connect(&url, &config.database) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("connected to a closed port"),
+    };
+    assert!(
+        error.contains("127.0.0.1:1") || error.contains("port 1"),
+        "{error}"
+    );
+    assert!(
+        error.to_lowercase().contains("refused"),
+        "the libpq reason is kept: {error}"
+    );
+    assert!(
+        !error.contains("Invalid connection url for multiconnection"),
+        "{error}"
+    );
+}
+
+async fn get_routes_also_answer_head(backend: TestBackend) {
+    let app = spawn_app(backend).await;
+    let response = app.client.head(app.url("/healthz")).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let response = app
+        .client
+        .head(app.url("/api/v1/jobs"))
+        .bearer_auth(&app.alice.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(
+        response.text().await.unwrap().is_empty(),
+        "HEAD has no body"
+    );
+}
+
+on_both_backends!(get_routes_also_answer_head);
