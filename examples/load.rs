@@ -42,21 +42,29 @@ async fn main() {
     let args = Args::parse();
     let dir = tempfile::tempdir().unwrap();
     let url = DatabaseUrl::parse(
-        &args.database_url.clone().unwrap_or_else(|| dir.path().join("bench.db").display().to_string()),
+        &args
+            .database_url
+            .clone()
+            .unwrap_or_else(|| dir.path().join("bench.db").display().to_string()),
     )
     .unwrap();
     let mut config = Config::load(None).unwrap();
     config.database.pool_size = 16;
     let store = {
         let (url, config) = (url.clone(), config.clone());
-        tokio::task::spawn_blocking(move || open_store(&url, &config)).await.unwrap().unwrap()
+        tokio::task::spawn_blocking(move || open_store(&url, &config))
+            .await
+            .unwrap()
+            .unwrap()
     };
     let name = format!("bench-{}", uuid::Uuid::now_v7().simple());
     let (user, token) = {
         let store = store.clone();
-        tokio::task::spawn_blocking(move || users::add_user(&mut store.conn().unwrap(), &name, Role::User).unwrap())
-            .await
-            .unwrap()
+        tokio::task::spawn_blocking(move || {
+            users::add_user(&mut store.conn().unwrap(), &name, Role::User).unwrap()
+        })
+        .await
+        .unwrap()
     };
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let app = Application::build(config, store.clone(), listener).unwrap();
@@ -69,7 +77,8 @@ async fn main() {
     let started = Instant::now();
     let mut tasks = Vec::with_capacity(args.jobs);
     for i in 0..args.jobs {
-        let (client, token, gate, base) = (client.clone(), token.clone(), gate.clone(), base.clone());
+        let (client, token, gate, base) =
+            (client.clone(), token.clone(), gate.clone(), base.clone());
         tasks.push(tokio::spawn(async move {
             let _permit = gate.acquire_owned().await.unwrap();
             let mut timings = Vec::with_capacity(2);
@@ -83,7 +92,12 @@ async fn main() {
                     .send()
                     .await
                     .unwrap();
-                assert_eq!(response.status().as_u16(), expected, "{}", response.text().await.unwrap());
+                assert_eq!(
+                    response.status().as_u16(),
+                    expected,
+                    "{}",
+                    response.text().await.unwrap()
+                );
                 timings.push(t.elapsed());
             }
             timings
@@ -97,15 +111,27 @@ async fn main() {
     latencies.sort();
     let owner = user.id.clone();
     let stored: i64 = tokio::task::spawn_blocking(move || {
-        jobs::table.filter(jobs::owner_id.eq(owner)).count().get_result(&mut store.conn().unwrap()).unwrap()
+        jobs::table
+            .filter(jobs::owner_id.eq(owner))
+            .count()
+            .get_result(&mut store.conn().unwrap())
+            .unwrap()
     })
     .await
     .unwrap();
     println!("backend          {}", url.backend().as_str());
-    println!("requests         {} ({} creates + {} replays)", latencies.len(), args.jobs, args.jobs);
+    println!(
+        "requests         {} ({} creates + {} replays)",
+        latencies.len(),
+        args.jobs,
+        args.jobs
+    );
     println!("concurrency      {}", args.concurrency);
     println!("elapsed          {:.2?}", elapsed);
-    println!("throughput       {:.0} requests/s", latencies.len() as f64 / elapsed.as_secs_f64());
+    println!(
+        "throughput       {:.0} requests/s",
+        latencies.len() as f64 / elapsed.as_secs_f64()
+    );
     println!(
         "latency          p50 {:.1?}  p95 {:.1?}  p99 {:.1?}  max {:.1?}",
         percentile(&latencies, 0.50),
@@ -114,5 +140,8 @@ async fn main() {
         latencies.last().unwrap()
     );
     println!("jobs stored      {stored} (expected {})", args.jobs);
-    assert_eq!(stored as usize, args.jobs, "every acknowledged creation is stored, once");
+    assert_eq!(
+        stored as usize, args.jobs,
+        "every acknowledged creation is stored, once"
+    );
 }

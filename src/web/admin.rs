@@ -6,7 +6,7 @@ use serde::Deserialize;
 use utoipa::IntoParams;
 
 use super::auth::Caller;
-use super::body::{json_body, EmptyBody};
+use super::body::{json_body, parse_query, EmptyBody};
 use super::error::{ApiError, ProblemType};
 use super::views::{AbandonRequest, AttemptView, Problem, RaceView, UnknownAttemptView};
 use super::AppState;
@@ -133,8 +133,7 @@ pub async fn races(
     req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
     caller.require_admin()?;
-    let query = web::Query::<RaceQuery>::from_query(req.query_string())
-        .map_err(|e| ApiError::new(ProblemType::InvalidQuery, e.to_string()))?;
+    let query: RaceQuery = parse_query(&req)?;
     let limit = query.limit.unwrap_or(100);
     if !(1..=1000).contains(&limit) {
         return Err(ApiError::new(

@@ -1,4 +1,4 @@
-//! Reading JSON bodies with one set of rules and problem+json errors: a size
+//! Reading request input. JSON bodies follow one set of rules and problem+json errors: a size
 //! limit (413), `application/json` required (415), well-formed JSON (400), the
 //! documented shape (422).
 
@@ -73,4 +73,11 @@ pub async fn json_body<T: DeserializeOwned + Default>(
             ),
         }
     })
+}
+
+/// Parses a query string, answering 400 `invalid-query` when it does not fit.
+pub fn parse_query<T: serde::de::DeserializeOwned>(req: &HttpRequest) -> Result<T, ApiError> {
+    web::Query::<T>::from_query(req.query_string())
+        .map(web::Query::into_inner)
+        .map_err(|e| ApiError::new(ProblemType::InvalidQuery, e.to_string()))
 }

@@ -7,7 +7,7 @@ use serde_json::Value;
 use utoipa::IntoParams;
 
 use super::auth::Caller;
-use super::body::{json_body, EmptyBody};
+use super::body::{json_body, parse_query, EmptyBody};
 use super::error::{ApiError, ProblemType};
 use super::views::{
     AttemptView, CreateJobRequest, JobPage, JobSummary, JobView, Problem, StartAttemptRequest,
@@ -53,6 +53,22 @@ fn check_input(task: &TaskConfig, input: &Value) -> Result<(), ApiError> {
         }
     }
     Ok(())
+}
+
+/// A provider named by a client must belong to the task's chain.
+fn require_in_chain(
+    task: &str,
+    chain: &[String],
+    provider: Option<&String>,
+) -> Result<(), ApiError> {
+    match provider {
+        Some(p) if !chain.contains(p) => Err(ApiError::new(
+            ProblemType::UnknownProvider,
+            format!("provider {p:?} is not in the chain of task {task:?}"),
+        )
+        .with("providers", chain.to_vec())),
+        _ => Ok(()),
+    }
 }
 
 /// A job is visible to its owner and to support staff; to anyone else it does
@@ -112,18 +128,7 @@ pub async fn create_job(
                 .collect::<Vec<_>>(),
         )
     })?;
-    if let Some(provider) = &body.provider {
-        if !task.providers.contains(provider) {
-            return Err(ApiError::new(
-                ProblemType::UnknownProvider,
-                format!(
-                    "provider {provider:?} is not in the chain of task {:?}",
-                    task.name
-                ),
-            )
-            .with("providers", task.providers.clone()));
-        }
-    }
+    require_in_chain(&task.name, &task.providers, body.provider.as_ref())?;
     check_input(task, &body.input)?;
     let params = body
         .params
@@ -259,9 +264,7 @@ pub async fn list_jobs(
     caller: Caller,
     req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
-    let query = web::Query::<ListQuery>::from_query(req.query_string())
-        .map_err(|e| ApiError::new(ProblemType::InvalidQuery, e.to_string()))?
-        .into_inner();
+    let query: ListQuery = parse_query(&req)?;
     let limit = query.limit.unwrap_or(20);
     if !(1..=100).contains(&limit) {
         return Err(ApiError::new(
@@ -330,18 +333,7 @@ pub async fn start_attempt(
         .task(&job.task)
         .map(|t| t.providers.clone())
         .unwrap_or_default();
-    if let Some(provider) = &body.provider {
-        if !chain.contains(provider) {
-            return Err(ApiError::new(
-                ProblemType::UnknownProvider,
-                format!(
-                    "provider {provider:?} is not in the chain of task {:?}",
-                    job.task
-                ),
-            )
-            .with("providers", chain));
-        }
-    }
+    require_in_chain(&job.task, &chain, body.provider.as_ref())?;
     let order = state
         .config
         .failover_order(&job.task, job.requested_provider.as_deref());
