@@ -9,6 +9,7 @@ pub mod jobs;
 pub mod migrations;
 pub mod models;
 pub mod schema;
+pub mod sessions;
 pub mod users;
 
 use std::time::Duration;

@@ -7,6 +7,25 @@ diesel::table! {
         name -> Text,
         role -> Text,
         created_at -> BigInt,
+        password_hash -> Nullable<Text>,
+    }
+}
+
+diesel::table! {
+    sessions (id) {
+        id -> Text,
+        token_sha256 -> Text,
+        user_id -> Text,
+        created_at -> BigInt,
+        expires_at -> BigInt,
+    }
+}
+
+diesel::table! {
+    login_failures (id) {
+        id -> Text,
+        user_name -> Text,
+        at -> BigInt,
     }
 }
 
@@ -91,8 +110,17 @@ diesel::joinable!(api_tokens -> users (user_id));
 diesel::joinable!(attempts -> jobs (job_id));
 diesel::joinable!(race_log -> jobs (job_id));
 
+diesel::joinable!(sessions -> users (user_id));
+
 diesel::allow_tables_to_appear_in_same_query!(
-    users, api_tokens, jobs, attempts, race_log, audit_log
+    users,
+    api_tokens,
+    jobs,
+    attempts,
+    race_log,
+    audit_log,
+    sessions,
+    login_failures
 );
 diesel::joinable!(jobs -> users (owner_id));
 diesel::joinable!(audit_log -> users (actor_id));

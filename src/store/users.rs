@@ -54,7 +54,7 @@ pub fn token_digest(token: &str) -> String {
     sha256_hex(token.as_bytes())
 }
 
-fn user_from_row((id, name, role): (String, String, String)) -> StoreResult<User> {
+pub(crate) fn user_from_row((id, name, role): (String, String, String)) -> StoreResult<User> {
     let role =
         Role::parse(&role).ok_or_else(|| StoreError::corrupt(format!("user role {role:?}")))?;
     Ok(User { id, name, role })

@@ -8,14 +8,12 @@ use utoipa::IntoParams;
 use super::auth::Caller;
 use super::body::{json_body, parse_query, EmptyBody};
 use super::error::{ApiError, ProblemType};
+use super::intake::{abandon_problem, operator_reason};
 use super::views::{AbandonRequest, AttemptView, Problem, RaceView, UnknownAttemptView};
 use super::AppState;
 use crate::domain::AttemptId;
-use crate::store::attempts::{self as attempt_store, AbandonError};
+use crate::store::attempts::{self as attempt_store};
 use crate::store::{admin as admin_store, now_ms};
-
-/// Longest accepted abandon reason.
-const MAX_REASON_LEN: usize = 2000;
 
 /// Abandon an attempt whose outcome is unknown (support/admin). The job may
 /// then take a new attempt; a late result still goes through the CAS.
@@ -48,21 +46,7 @@ pub async fn abandon_attempt(
         EmptyBody::Refuse,
     )
     .await?;
-    let reason = body.reason.trim().to_owned();
-    if reason.is_empty() {
-        return Err(ApiError::new(
-            ProblemType::InvalidBody,
-            "`reason` is required and must not be empty",
-        )
-        .with("field", "reason"));
-    }
-    if reason.chars().count() > MAX_REASON_LEN {
-        return Err(ApiError::new(
-            ProblemType::InvalidBody,
-            format!("`reason` is longer than {MAX_REASON_LEN} characters"),
-        )
-        .with("field", "reason"));
-    }
+    let reason = operator_reason(&body.reason)?;
     let attempt_id = AttemptId::parse(&path)
         .ok_or_else(ApiError::not_found)?
         .to_string();
@@ -71,15 +55,7 @@ pub async fn abandon_attempt(
         .store
         .run(move |conn| Ok(attempt_store::abandon(conn, &attempt_id, &actor, &reason)))
         .await?;
-    let attempt = result.map_err(|e| match e {
-        AbandonError::NotFound => ApiError::not_found(),
-        AbandonError::NotUnknown(s) => ApiError::new(
-            ProblemType::AttemptNotUnknown,
-            format!("the attempt is {s}; only an unknown attempt can be abandoned"),
-        )
-        .with("attempt_state", s.as_str()),
-        AbandonError::Store(e) => e.into(),
-    })?;
+    let attempt = result.map_err(abandon_problem)?;
     tracing::info!(attempt_id = %attempt.id, job_id = %attempt.job_id, actor = %caller.0.name, "attempt abandoned");
     Ok(HttpResponse::Ok().json(AttemptView::from(&attempt)))
 }

@@ -3,20 +3,19 @@
 use actix_web::http::header;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Deserialize;
-use serde_json::Value;
 use utoipa::IntoParams;
 
 use super::auth::Caller;
 use super::body::{json_body, parse_query, EmptyBody};
 use super::error::{ApiError, ProblemType};
+use super::intake::{prepare_job, require_in_chain, start_attempt_problem};
 use super::views::{
     AttemptView, CreateJobRequest, JobPage, JobSummary, JobView, Problem, StartAttemptRequest,
 };
 use super::AppState;
-use crate::config::TaskConfig;
-use crate::domain::{Fingerprint, IdempotencyKey, IdempotencyKeyError, JobId, JobIntent};
-use crate::store::attempts::{self as attempt_store, StartAttemptError};
-use crate::store::jobs::{self as job_store, CreateOutcome, NewJob};
+use crate::domain::{IdempotencyKey, IdempotencyKeyError, JobId};
+use crate::store::attempts::{self as attempt_store};
+use crate::store::jobs::{self as job_store, CreateOutcome};
 use crate::store::models::Job;
 use crate::store::users::User;
 
@@ -29,46 +28,6 @@ fn idempotency_key(req: &HttpRequest) -> Result<IdempotencyKey, ApiError> {
     })?;
     IdempotencyKey::parse_bytes(raw.as_bytes())
         .map_err(|e| ApiError::new(ProblemType::InvalidIdempotencyKey, e.to_string()))
-}
-
-/// Checks the input against the task's rules: a JSON object whose required
-/// fields are non-empty strings.
-fn check_input(task: &TaskConfig, input: &Value) -> Result<(), ApiError> {
-    let object = input
-        .as_object()
-        .ok_or_else(|| ApiError::new(ProblemType::InvalidInput, "`input` must be a JSON object"))?;
-    for field in &task.input_fields {
-        match object.get(field) {
-            Some(Value::String(s)) if !s.trim().is_empty() => {}
-            _ => {
-                return Err(ApiError::new(
-                    ProblemType::InvalidInput,
-                    format!(
-                        "task {:?} needs `input.{field}` as a non-empty string",
-                        task.name
-                    ),
-                )
-                .with("field", format!("input.{field}")))
-            }
-        }
-    }
-    Ok(())
-}
-
-/// A provider named by a client must belong to the task's chain.
-fn require_in_chain(
-    task: &str,
-    chain: &[String],
-    provider: Option<&String>,
-) -> Result<(), ApiError> {
-    match provider {
-        Some(p) if !chain.contains(p) => Err(ApiError::new(
-            ProblemType::UnknownProvider,
-            format!("provider {p:?} is not in the chain of task {task:?}"),
-        )
-        .with("providers", chain.to_vec())),
-        _ => Ok(()),
-    }
 }
 
 /// A job is visible to its owner and to support staff; to anyone else it does
@@ -113,51 +72,7 @@ pub async fn create_job(
         EmptyBody::Refuse,
     )
     .await?;
-    let task = state.config.task(&body.task).ok_or_else(|| {
-        ApiError::new(
-            ProblemType::UnknownTask,
-            format!("no task named {:?} is configured", body.task),
-        )
-        .with(
-            "tasks",
-            state
-                .config
-                .tasks
-                .iter()
-                .map(|t| t.name.clone())
-                .collect::<Vec<_>>(),
-        )
-    })?;
-    require_in_chain(&task.name, &task.providers, body.provider.as_ref())?;
-    check_input(task, &body.input)?;
-    let params = body
-        .params
-        .unwrap_or_else(|| Value::Object(Default::default()));
-    if !params.is_object() {
-        return Err(ApiError::new(
-            ProblemType::InvalidBody,
-            "`params` must be a JSON object",
-        ));
-    }
-    let fingerprint = Fingerprint::of(&JobIntent {
-        task: &task.name,
-        input: &body.input,
-        params: &params,
-        provider: body.provider.as_deref(),
-    });
-    let new_job = NewJob {
-        owner_id: caller.0.id.clone(),
-        key,
-        task: task.name.clone(),
-        provider: body
-            .provider
-            .clone()
-            .unwrap_or_else(|| task.providers[0].clone()),
-        requested_provider: body.provider.clone(),
-        input: body.input,
-        params,
-        fingerprint: fingerprint.as_str().to_owned(),
-    };
+    let new_job = prepare_job(&state.config, &caller.0.id, key, body)?;
     let outcome = state
         .store
         .run(move |conn| job_store::create_job(conn, &new_job))
@@ -349,24 +264,7 @@ pub async fn start_attempt(
             ))
         })
         .await?;
-    let attempt = result.map_err(|e| match e {
-        StartAttemptError::JobNotFound => ApiError::not_found(),
-        StartAttemptError::JobFinished(status) => {
-            ApiError::new(ProblemType::JobFinished, format!("the job is {status}; it takes no more attempts"))
-                .with("job_status", status.as_str())
-        }
-        StartAttemptError::InFlight { attempt_id, state } => ApiError::new(
-            ProblemType::AttemptInFlight,
-            format!("attempt {attempt_id} is {state}; a new attempt may start once it finishes or support abandons it"),
-        )
-        .with("attempt_id", attempt_id)
-        .with("attempt_state", state.as_str()),
-        StartAttemptError::ChainExhausted => ApiError::new(
-            ProblemType::ChainExhausted,
-            "every provider of the task's chain has been tried on this job; name one explicitly",
-        ),
-        StartAttemptError::Store(e) => e.into(),
-    })?;
+    let attempt = result.map_err(start_attempt_problem)?;
     state.wake_worker();
     tracing::info!(job_id = %job.id, attempt_id = %attempt.id, provider = %attempt.provider, "attempt queued");
     Ok(HttpResponse::Created()

@@ -7,6 +7,7 @@ pub mod auth;
 pub mod body;
 pub mod error;
 pub mod health;
+pub mod intake;
 pub mod jobs;
 pub mod openapi;
 pub mod pages;

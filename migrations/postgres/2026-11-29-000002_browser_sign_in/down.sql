@@ -1,0 +1,3 @@
+DROP TABLE login_failures;
+DROP TABLE sessions;
+ALTER TABLE users DROP COLUMN password_hash;
