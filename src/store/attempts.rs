@@ -51,6 +51,32 @@ pub fn live_attempt(conn: &mut DbConnection, job_id: &str) -> StoreResult<Option
         .transpose()
 }
 
+/// On PostgreSQL, locks the job row until the transaction ends. Every write
+/// transaction that touches a job or its attempts takes this lock first, so
+/// they queue on the job in one order (no deadlocks) and each reads what the
+/// previous one committed. SQLite needs nothing: `BEGIN IMMEDIATE` already
+/// makes writers take turns.
+fn lock_job(conn: &mut DbConnection, job_id: &str) -> QueryResult<()> {
+    if let DbConnection::Postgresql(pg) = conn {
+        jobs::table
+            .find(job_id)
+            .select(jobs::id)
+            .for_update()
+            .first::<String>(pg)
+            .optional()?;
+    }
+    Ok(())
+}
+
+/// Locks the attempt's job, then reads the attempt as it is under that lock.
+fn lock_attempt_and_job(conn: &mut DbConnection, attempt_id: &str) -> StoreResult<Option<Attempt>> {
+    let Some(attempt) = find_attempt(conn, attempt_id)? else {
+        return Ok(None);
+    };
+    lock_job(conn, &attempt.job_id)?;
+    find_attempt(conn, attempt_id)
+}
+
 /// Moves an attempt along `event` if it is in one of the event's from-states.
 /// Returns whether the row changed.
 fn transition(
@@ -107,8 +133,12 @@ pub fn claim_next(
     soft_timeout_ms: &(dyn Fn(&str) -> i64 + Sync),
 ) -> StoreResult<Option<Claim>> {
     write_transaction(conn, |conn| {
+        // Only attempts of unfinished jobs; on PostgreSQL the attempt and its job
+        // are locked without waiting (a row another process holds is skipped).
         let queued = attempts::table
+            .inner_join(jobs::table)
             .filter(attempts::state.eq(AttemptState::Queued.as_str()))
+            .filter(jobs::status.ne_all(terminal_status_names()))
             .order((attempts::created_at.asc(), attempts::id.asc()))
             .select((attempts::id, attempts::job_id, attempts::provider))
             .limit(1);
@@ -173,7 +203,7 @@ pub fn renew_lease(
 pub fn mark_unknown(conn: &mut DbConnection, attempt_id: &str, reason: &str) -> StoreResult<bool> {
     write_transaction(conn, |conn| {
         let now = now_ms();
-        let Some(attempt) = find_attempt(conn, attempt_id)? else {
+        let Some(attempt) = lock_attempt_and_job(conn, attempt_id)? else {
             return Ok(false);
         };
         if !transition(
@@ -205,6 +235,7 @@ pub fn expire_leases(conn: &mut DbConnection) -> StoreResult<Vec<String>> {
         for (attempt_id, job_id) in expired {
             let reason = "lease expired: the process running this attempt stopped; \
                           the provider may have received the request";
+            lock_job(conn, &job_id)?;
             // Guard on the lease too: a renewal that won the race keeps it running.
             let updated = diesel::update(
                 attempts::table
@@ -251,7 +282,7 @@ pub fn complete_success(
 ) -> StoreResult<Completion> {
     write_transaction(conn, |conn| {
         let now = now_ms();
-        let attempt = get_attempt(conn, attempt_id)?;
+        let attempt = lock_attempt_and_job(conn, attempt_id)?.ok_or(StoreError::NotFound)?;
         if AttemptEvent::ProviderSucceeded
             .apply(attempt.state)
             .is_err()
@@ -379,7 +410,7 @@ pub fn complete_failure(
 ) -> StoreResult<FailureOutcome> {
     write_transaction(conn, |conn| {
         let now = now_ms();
-        let attempt = get_attempt(conn, attempt_id)?;
+        let attempt = lock_attempt_and_job(conn, attempt_id)?.ok_or(StoreError::NotFound)?;
         if AttemptEvent::ProviderFailed.apply(attempt.state).is_err() {
             return Ok(FailureOutcome::Ignored(attempt.state));
         }
@@ -451,7 +482,7 @@ pub(crate) fn fail_job(
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum StartAttemptError {
+pub enum JobActionError {
     #[error("job not found")]
     JobNotFound,
     #[error("the job is {0}; it takes no more attempts")]
@@ -467,7 +498,7 @@ pub enum StartAttemptError {
     Store(#[from] StoreError),
 }
 
-impl From<diesel::result::Error> for StartAttemptError {
+impl From<diesel::result::Error> for JobActionError {
     fn from(e: diesel::result::Error) -> Self {
         Self::Store(e.into())
     }
@@ -476,27 +507,27 @@ impl From<diesel::result::Error> for StartAttemptError {
 /// Queues a new attempt on `provider`, or on the next untried provider of `order`.
 /// The partial unique index is the final word: if another request slipped a live
 /// attempt in first, the insert fails and the caller is told which one blocks.
+/// `actor`, when given, is support staff acting on someone's job: the action
+/// goes to the audit log.
 pub fn start_attempt(
     conn: &mut DbConnection,
     job_id: &str,
     provider: Option<&str>,
     order: &[String],
-) -> Result<Attempt, StartAttemptError> {
+    actor: Option<&str>,
+) -> Result<Attempt, JobActionError> {
     let result = write_transaction(conn, |conn| {
         let now = now_ms();
-        let job = super::jobs::find_job(conn, job_id)?.ok_or(StartAttemptError::JobNotFound)?;
+        lock_job(conn, job_id)?;
+        let job = super::jobs::find_job(conn, job_id)?.ok_or(JobActionError::JobNotFound)?;
         let live = live_attempt(conn, job_id)?;
         if let Err(refusal) = may_start_attempt(job.status, live.as_ref().map(|a| a.state)) {
             return Err(match (refusal, live) {
-                (NewAttemptRefusal::AttemptInFlight(state), Some(a)) => {
-                    StartAttemptError::InFlight {
-                        attempt_id: a.id,
-                        state,
-                    }
-                }
-                (NewAttemptRefusal::JobFinished(status), _) => {
-                    StartAttemptError::JobFinished(status)
-                }
+                (NewAttemptRefusal::AttemptInFlight(state), Some(a)) => JobActionError::InFlight {
+                    attempt_id: a.id,
+                    state,
+                },
+                (NewAttemptRefusal::JobFinished(status), _) => JobActionError::JobFinished(status),
                 (NewAttemptRefusal::AttemptInFlight(_), None) => {
                     unreachable!("refused for a live attempt")
                 }
@@ -511,26 +542,72 @@ pub fn start_attempt(
             None => {
                 let order: Vec<&str> = order.iter().map(String::as_str).collect();
                 next_provider(&order, &tried)
-                    .ok_or(StartAttemptError::ChainExhausted)?
+                    .ok_or(JobActionError::ChainExhausted)?
                     .to_owned()
             }
         };
         let row = insert_queued_attempt(conn, job_id, tried.len() as i32 + 1, &provider, now)?;
         refresh_job_status(conn, job_id, now)?;
+        if let Some(actor) = actor {
+            let reason = format!("started attempt {} on {provider}", row.number);
+            super::admin::record_audit(
+                conn,
+                actor,
+                "start_attempt",
+                Some(job_id),
+                Some(&row.id),
+                &reason,
+                now,
+            )?;
+        }
         Ok(Attempt::try_from(row)?)
     });
     match result {
-        Err(StartAttemptError::Store(StoreError::Database(e))) if is_unique_violation(&e) => {
+        Err(JobActionError::Store(StoreError::Database(e))) if is_unique_violation(&e) => {
             match live_attempt(conn, job_id)? {
-                Some(a) => Err(StartAttemptError::InFlight {
+                Some(a) => Err(JobActionError::InFlight {
                     attempt_id: a.id,
                     state: a.state,
                 }),
-                None => Err(StartAttemptError::Store(StoreError::Database(e))),
+                None => Err(JobActionError::Store(StoreError::Database(e))),
             }
         }
         other => other,
     }
+}
+
+/// Support staff finalize a job as failed after resolving its unknown attempt.
+/// Refused while an attempt is live (abandon it first) or once the job is
+/// finished; a version-guarded update, audited.
+pub fn fail_job_by_operator(
+    conn: &mut DbConnection,
+    job_id: &str,
+    actor: &str,
+    reason: &str,
+) -> Result<Job, JobActionError> {
+    write_transaction(conn, |conn| {
+        let now = now_ms();
+        lock_job(conn, job_id)?;
+        let job = super::jobs::find_job(conn, job_id)?.ok_or(JobActionError::JobNotFound)?;
+        if let Some(live) = live_attempt(conn, job_id)? {
+            return Err(JobActionError::InFlight {
+                attempt_id: live.id,
+                state: live.state,
+            });
+        }
+        if job.status.is_terminal()
+            || !fail_job(
+                conn,
+                &job,
+                &format!("marked failed by support: {reason}"),
+                now,
+            )?
+        {
+            return Err(JobActionError::JobFinished(get_job(conn, job_id)?.status));
+        }
+        super::admin::record_audit(conn, actor, "fail_job", Some(job_id), None, reason, now)?;
+        Ok(get_job(conn, job_id)?)
+    })
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -560,7 +637,7 @@ pub fn abandon(
 ) -> Result<Attempt, AbandonError> {
     write_transaction(conn, |conn| {
         let now = now_ms();
-        let attempt = find_attempt(conn, attempt_id)?.ok_or(AbandonError::NotFound)?;
+        let attempt = lock_attempt_and_job(conn, attempt_id)?.ok_or(AbandonError::NotFound)?;
         if !transition(
             conn,
             attempt_id,

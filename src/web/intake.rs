@@ -7,7 +7,7 @@ use super::error::{ApiError, ProblemType};
 use super::views::CreateJobRequest;
 use crate::config::{Config, TaskConfig};
 use crate::domain::{Fingerprint, IdempotencyKey, JobIntent};
-use crate::store::attempts::{AbandonError, StartAttemptError};
+use crate::store::attempts::{AbandonError, JobActionError};
 use crate::store::jobs::NewJob;
 
 /// Checks the input against the task's rules: a JSON object whose required
@@ -105,14 +105,14 @@ pub fn prepare_job(
 }
 
 /// Why a new attempt was refused, as a problem.
-pub fn start_attempt_problem(error: StartAttemptError) -> ApiError {
+pub fn job_action_problem(error: JobActionError) -> ApiError {
     match error {
-        StartAttemptError::JobNotFound => ApiError::not_found(),
-        StartAttemptError::JobFinished(status) => {
+        JobActionError::JobNotFound => ApiError::not_found(),
+        JobActionError::JobFinished(status) => {
             ApiError::new(ProblemType::JobFinished, format!("the job is {status}; it takes no more attempts"))
                 .with("job_status", status.as_str())
         }
-        StartAttemptError::InFlight { attempt_id, state } => ApiError::new(
+        JobActionError::InFlight { attempt_id, state } => ApiError::new(
             ProblemType::AttemptInFlight,
             format!(
                 "attempt {attempt_id} is {state}; a new attempt may start once it finishes or support abandons it"
@@ -120,11 +120,11 @@ pub fn start_attempt_problem(error: StartAttemptError) -> ApiError {
         )
         .with("attempt_id", attempt_id)
         .with("attempt_state", state.as_str()),
-        StartAttemptError::ChainExhausted => ApiError::new(
+        JobActionError::ChainExhausted => ApiError::new(
             ProblemType::ChainExhausted,
             "every provider of the task's chain has been tried on this job; name one explicitly",
         ),
-        StartAttemptError::Store(e) => e.into(),
+        JobActionError::Store(e) => e.into(),
     }
 }
 

@@ -8,7 +8,7 @@ use utoipa::IntoParams;
 use super::auth::Caller;
 use super::body::{json_body, parse_query, EmptyBody};
 use super::error::{ApiError, ProblemType};
-use super::intake::{prepare_job, require_in_chain, start_attempt_problem};
+use super::intake::{job_action_problem, prepare_job, require_in_chain};
 use super::views::{
     AttemptView, CreateJobRequest, JobPage, JobSummary, JobView, Problem, StartAttemptRequest,
 };
@@ -252,6 +252,8 @@ pub async fn start_attempt(
     let order = state
         .config
         .failover_order(&job.task, job.requested_provider.as_deref());
+    // Staff acting on another owner's job are audited.
+    let actor = (job.owner_id != caller.0.id).then(|| caller.0.id.clone());
     let job_id = job.id.clone();
     let result = state
         .store
@@ -261,10 +263,11 @@ pub async fn start_attempt(
                 &job_id,
                 body.provider.as_deref(),
                 &order,
+                actor.as_deref(),
             ))
         })
         .await?;
-    let attempt = result.map_err(start_attempt_problem)?;
+    let attempt = result.map_err(job_action_problem)?;
     state.wake_worker();
     tracing::info!(job_id = %job.id, attempt_id = %attempt.id, provider = %attempt.provider, "attempt queued");
     Ok(HttpResponse::Created()

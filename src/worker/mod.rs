@@ -246,12 +246,17 @@ impl Worker {
             self.lease_owner.clone(),
             self.lease_ms(),
         );
-        if let Err(error) = self
+        match self
             .store
             .run(move |conn| attempts::renew_lease(conn, &id, &owner, lease))
             .await
         {
-            tracing::error!(%error, "renewing the lease failed");
+            Ok(true) => {}
+            Ok(false) => tracing::warn!(
+                "lease lost: the attempt is no longer running under this process (it may have been \
+                 marked unknown); its answer will still go through the compare-and-swap"
+            ),
+            Err(error) => tracing::error!(%error, "renewing the lease failed"),
         }
     }
 
@@ -334,26 +339,29 @@ impl Worker {
         }
     }
 
-    /// Retries a store write for a while: an answer must not be lost to a
-    /// momentarily busy database. If it still fails, the lease runs out and the
-    /// attempt becomes `unknown`, which is the truth.
+    /// Retries a store write until it succeeds: an answer must not be lost to
+    /// a database that is busy or briefly away. Gives up only at shutdown; the
+    /// attempt then surfaces as `unknown` (its lease expires), which is the truth.
     async fn with_retries<T, F, Fut>(&self, what: &str, mut op: F) -> Option<T>
     where
         F: FnMut(Store) -> Fut,
         Fut: std::future::Future<Output = Result<T, StoreError>>,
     {
         let mut delay = Duration::from_millis(100);
-        for attempt in 1..=8 {
+        for attempt in 1.. {
             match op(self.store.clone()).await {
                 Ok(value) => return Some(value),
                 Err(error) => {
-                    tracing::error!(%error, attempt, "{what} failed; retrying");
-                    sleep(delay).await;
+                    tracing::error!(%error, attempt, "{what} failed; retrying in {delay:?}");
+                    tokio::select! {
+                        _ = sleep(delay) => {}
+                        _ = self.shutdown.cancelled() => break,
+                    }
                     delay = (delay * 2).min(Duration::from_secs(5));
                 }
             }
         }
-        tracing::error!("{what} failed for good; the attempt will surface as unknown");
+        tracing::error!("{what} abandoned at shutdown; the attempt will surface as unknown");
         None
     }
 }

@@ -108,7 +108,7 @@ fn two_attempts_ready_to_race(
         .id;
     assert!(attempt_store::mark_unknown(conn, &first, "soft timeout").unwrap());
     attempt_store::abandon(conn, &first, owner, "race test").unwrap();
-    attempt_store::start_attempt(conn, &job.id, Some("sim-fast"), &[]).unwrap();
+    attempt_store::start_attempt(conn, &job.id, Some("sim-fast"), &[], None).unwrap();
     let second = attempt_store::claim_next(conn, "racer", 60_000, &|_| 100)
         .unwrap()
         .unwrap()
@@ -161,6 +161,90 @@ async fn two_completions_racing_for_one_job_have_exactly_one_winner(backend: Tes
                 .get_result(&mut conn)
                 .unwrap();
             assert_eq!(logged, 1, "the loser is in the race log");
+        }
+    })
+    .await
+    .unwrap();
+}
+
+/// A job whose attempt 1 is abandoned (its late answer still to come).
+fn job_with_an_abandoned_attempt(
+    conn: &mut DbConnection,
+    owner: &str,
+    key: &str,
+) -> (String, String) {
+    let new = NewJob {
+        owner_id: owner.to_owned(),
+        key: onejob::domain::IdempotencyKey::parse(key).unwrap(),
+        task: "summarize".into(),
+        provider: "sim-slow".into(),
+        requested_provider: None,
+        input: json!({"text": key}),
+        params: json!({}),
+        fingerprint: "2".repeat(64),
+    };
+    let CreateOutcome::Created(job) = job_store::create_job(conn, &new).unwrap() else {
+        panic!("not created")
+    };
+    let first = attempt_store::claim_next(conn, "racer", 60_000, &|_| 100)
+        .unwrap()
+        .unwrap()
+        .attempt
+        .id;
+    assert!(attempt_store::mark_unknown(conn, &first, "soft timeout").unwrap());
+    attempt_store::abandon(conn, &first, owner, "race test").unwrap();
+    (job.id, first)
+}
+
+async fn a_new_attempt_racing_a_winning_late_result_is_never_sent(backend: TestBackend) {
+    let prepared = PreparedApp::new(backend, test_config(DEFAULT_TEST_PROVIDERS)).await;
+    let store = prepared.store.clone();
+    let owner = prepared.ada.id.clone();
+    tokio::task::spawn_blocking(move || {
+        let order = vec!["sim-slow".to_owned(), "sim-fast".to_owned()];
+        for round in 0..15 {
+            let (job_id, first) = job_with_an_abandoned_attempt(
+                &mut store.conn().unwrap(),
+                &owner,
+                &format!("late-{round}"),
+            );
+            let barrier = Arc::new(Barrier::new(2));
+            let late = {
+                let (store, barrier, first) = (store.clone(), barrier.clone(), first.clone());
+                std::thread::spawn(move || {
+                    let mut conn = store.conn().unwrap();
+                    barrier.wait();
+                    attempt_store::complete_success(&mut conn, &first, &json!({"late": true}))
+                        .unwrap()
+                })
+            };
+            let retry = {
+                let (store, barrier, job_id, order) = (
+                    store.clone(),
+                    barrier.clone(),
+                    job_id.clone(),
+                    order.clone(),
+                );
+                std::thread::spawn(move || {
+                    let mut conn = store.conn().unwrap();
+                    barrier.wait();
+                    attempt_store::start_attempt(&mut conn, &job_id, None, &order, None).is_ok()
+                })
+            };
+            assert_eq!(late.join().unwrap(), Completion::Won, "round {round}");
+            let _ = retry.join().unwrap();
+            let mut conn = store.conn().unwrap();
+            let attempts = job_store::attempts_of(&mut conn, &job_id).unwrap();
+            assert!(
+                attempts.iter().all(|a| !a.state.is_live()),
+                "round {round}: a finished job keeps no live attempt: {attempts:?}"
+            );
+            assert!(
+                attempt_store::claim_next(&mut conn, "racer", 60_000, &|_| 100)
+                    .unwrap()
+                    .is_none(),
+                "round {round}: nothing is left to send"
+            );
         }
     })
     .await
@@ -220,5 +304,6 @@ async fn two_server_processes_on_one_database_never_send_an_attempt_twice(backen
 on_both_backends!(
     sixteen_concurrent_writers_see_no_lock_errors_and_every_success_is_stored,
     two_completions_racing_for_one_job_have_exactly_one_winner,
+    a_new_attempt_racing_a_winning_late_result_is_never_sent,
     two_server_processes_on_one_database_never_send_an_attempt_twice,
 );
