@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use crate::config::Config;
 use crate::domain::Role;
 use crate::startup::{open_store, Application};
-use crate::store::{users, DatabaseUrl};
+use crate::store::{sessions, users, DatabaseUrl};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -54,6 +54,8 @@ pub enum UsersCommand {
     },
     /// Issue a further API token for a user; prints it alone.
     Token { name: String },
+    /// Give a user a new random password for browser sign-in; prints it alone.
+    Password { name: String },
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -123,6 +125,12 @@ fn users_command(
             let token = users::issue_token(&mut conn, &name)?;
             println!("{}", token.0);
         }
+        UsersCommand::Password { name } => {
+            let password = sessions::generate_password();
+            sessions::set_password(&mut conn, &name, &password)?;
+            eprintln!("new password for {name} (shown once):");
+            println!("{password}");
+        }
     }
     Ok(())
 }
@@ -134,6 +142,19 @@ async fn serve(config: Config, url: DatabaseUrl, bind: Option<String>) -> CliRes
         tokio::task::spawn_blocking(move || open_store(&url, &config)).await??
     };
     let listener = TcpListener::bind(&bind).map_err(|e| format!("cannot listen on {bind}: {e}"))?;
+    let first_admin = {
+        let store = store.clone();
+        store.run(sessions::ensure_first_admin).await?
+    };
+    if let Some(password) = first_admin {
+        // Printed once, never logged or stored in clear.
+        eprintln!(
+            "\n  onejob created the first user.\n    name:     admin\n    password: {password}\n  \
+             Sign in at http://{}/login — this password is not shown again \
+             (`onejob users password admin` sets a new one).\n",
+            listener.local_addr()?
+        );
+    }
     tracing::info!(
         address = %listener.local_addr()?,
         database = %url.redacted(),

@@ -38,6 +38,8 @@ pub struct ServerConfig {
     pub http_workers: usize,
     /// How long a graceful shutdown waits for in-flight requests and calls.
     pub shutdown_grace_ms: u64,
+    /// How long a browser sign-in lasts.
+    pub session_hours: u64,
 }
 
 impl Default for ServerConfig {
@@ -47,6 +49,7 @@ impl Default for ServerConfig {
             body_limit_bytes: 64 * 1024,
             http_workers: 0,
             shutdown_grace_ms: 10_000,
+            session_hours: 12,
         }
     }
 }
@@ -253,6 +256,9 @@ impl Config {
         let invalid = |key: String, message: &str| Err((key, message.to_owned()));
         if self.server.body_limit_bytes == 0 {
             return invalid("server.body_limit_bytes".into(), "must be greater than 0");
+        }
+        if self.server.session_hours == 0 {
+            return invalid("server.session_hours".into(), "must be at least 1");
         }
         if self.database.pool_size == 0 {
             return invalid("database.pool_size".into(), "must be at least 1");

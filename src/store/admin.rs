@@ -102,3 +102,113 @@ pub fn audit_entries(conn: &mut DbConnection, limit: i64) -> StoreResult<Vec<Aud
         ))
         .load(conn)?)
 }
+
+/// The numbers on the console's front page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsoleCounts {
+    pub unknown_now: i64,
+    /// When the oldest unknown attempt was sent.
+    pub oldest_unknown_started_at: Option<i64>,
+    pub races_last_24h: i64,
+}
+
+pub fn console_counts(conn: &mut DbConnection, now: i64) -> StoreResult<ConsoleCounts> {
+    let unknown = attempts::table.filter(attempts::state.eq(AttemptState::Unknown.as_str()));
+    let unknown_now: i64 = unknown.count().get_result(conn)?;
+    let oldest_unknown_started_at: Option<i64> = unknown
+        .select(diesel::dsl::min(attempts::started_at))
+        .first(conn)?;
+    let races_last_24h: i64 = race_log::table
+        .filter(race_log::lost_at.ge(now - 24 * 3600 * 1000))
+        .count()
+        .get_result(conn)?;
+    Ok(ConsoleCounts {
+        unknown_now,
+        oldest_unknown_started_at,
+        races_last_24h,
+    })
+}
+
+/// One attempt's identity, for the race log's winner and loser columns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttemptBrief {
+    pub id: String,
+    pub number: i32,
+    pub provider: String,
+    pub finished_at: Option<i64>,
+}
+
+/// A race-log row with both sides of the race.
+#[derive(Debug, Clone)]
+pub struct RaceDetail {
+    pub race: RaceRow,
+    pub loser: Option<AttemptBrief>,
+    pub winner: Option<AttemptBrief>,
+}
+
+impl RaceDetail {
+    /// How long after the winner's answer the loser's arrived, in ms.
+    pub fn gap_ms(&self) -> Option<i64> {
+        let winner_at = self.winner.as_ref()?.finished_at?;
+        Some(self.race.lost_at - winner_at)
+    }
+}
+
+/// Race-log rows for the console, newest first, optionally for one provider
+/// (as winner or loser) and since a time.
+pub fn race_details(
+    conn: &mut DbConnection,
+    provider: Option<&str>,
+    since: Option<i64>,
+    limit: i64,
+) -> StoreResult<Vec<RaceDetail>> {
+    let mut query = race_log::table
+        .order((race_log::lost_at.desc(), race_log::id.desc()))
+        .limit(limit)
+        .select(RaceRow::as_select())
+        .into_boxed();
+    if let Some(since) = since {
+        query = query.filter(race_log::lost_at.ge(since));
+    }
+    let rows = query.load(conn)?;
+    let ids: Vec<String> = rows
+        .iter()
+        .flat_map(|r| {
+            [
+                Some(r.losing_attempt_id.clone()),
+                r.winning_attempt_id.clone(),
+            ]
+        })
+        .flatten()
+        .collect();
+    let briefs: Vec<AttemptBrief> = attempts::table
+        .filter(attempts::id.eq_any(&ids))
+        .select((
+            attempts::id,
+            attempts::number,
+            attempts::provider,
+            attempts::finished_at,
+        ))
+        .load::<(String, i32, String, Option<i64>)>(conn)?
+        .into_iter()
+        .map(|(id, number, provider, finished_at)| AttemptBrief {
+            id,
+            number,
+            provider,
+            finished_at,
+        })
+        .collect();
+    let find = |id: &str| briefs.iter().find(|b| b.id == id).cloned();
+    Ok(rows
+        .into_iter()
+        .map(|race| RaceDetail {
+            loser: find(&race.losing_attempt_id),
+            winner: race.winning_attempt_id.as_deref().and_then(find),
+            race,
+        })
+        .filter(|d| match provider {
+            None => true,
+            Some(p) => d.race.provider == p || d.winner.as_ref().is_some_and(|w| w.provider == p),
+        })
+        .collect())
+}

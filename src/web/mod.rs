@@ -49,32 +49,71 @@ fn read() -> actix_web::Route {
 
 /// Registers every route.
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route("/", read().to(pages::home))
-        .route("/static/style.css", read().to(pages::stylesheet))
-        .route("/problems/{slug}", read().to(pages::problem))
-        .route("/healthz", read().to(health::healthz))
-        .route("/readyz", read().to(health::readyz))
-        .route("/api/v1/openapi.json", read().to(openapi::openapi_json))
-        .service(
-            web::scope("/api/v1")
-                .wrap(from_fn(auth::require_bearer))
-                .route("/jobs", web::post().to(jobs::create_job))
-                .route("/jobs", read().to(jobs::list_jobs))
-                .route("/jobs/{id}", read().to(jobs::get_job))
-                .route("/jobs/{id}/attempts", web::post().to(jobs::start_attempt))
-                .route(
-                    "/attempts/{id}/abandon",
-                    web::post().to(admin::abandon_attempt),
-                )
-                .route("/admin/unknown", read().to(admin::unknown_attempts))
-                .route("/admin/races", read().to(admin::races))
-                .default_service(web::to(not_found)),
-        )
-        .default_service(web::to(not_found));
+    use pages::{admin as console, jobs as job_pages, session};
+    cfg.app_data(
+        web::FormConfig::default()
+            .limit(64 * 1024)
+            .error_handler(|error, _| {
+                pages::PageError::bad_request(format!("The form could not be read: {error}")).into()
+            }),
+    )
+    .app_data(web::QueryConfig::default().error_handler(|error, _| {
+        pages::PageError::bad_request(format!("The link's parameters could not be read: {error}"))
+            .into()
+    }))
+    .route("/", read().to(pages::home))
+    .route("/static/style.css", read().to(pages::stylesheet))
+    .route(pages::HTMX_PATH, read().to(pages::htmx))
+    .route("/problems/{slug}", read().to(pages::problem))
+    .route("/healthz", read().to(health::healthz))
+    .route("/readyz", read().to(health::readyz))
+    .route("/login", read().to(session::sign_in_form))
+    .route("/login", web::post().to(session::sign_in))
+    .route("/logout", web::post().to(session::sign_out))
+    .route("/jobs/new", read().to(job_pages::new_job_form))
+    .route("/jobs", read().to(job_pages::my_jobs))
+    .route("/jobs", web::post().to(job_pages::submit_job))
+    .route("/jobs/{id}", read().to(job_pages::job_page))
+    .route(
+        "/jobs/{id}/attempts",
+        web::post().to(job_pages::start_attempt),
+    )
+    .route("/jobs/{id}/fail", web::post().to(job_pages::fail_job))
+    .route("/admin", read().to(console::console))
+    .route("/admin/unknown", read().to(console::unknown_queue))
+    .route(
+        "/admin/attempts/{id}/abandon",
+        web::post().to(console::abandon),
+    )
+    .route("/admin/races", read().to(console::races))
+    .route("/admin/audit", read().to(console::audit))
+    .route("/api/v1/openapi.json", read().to(openapi::openapi_json))
+    .service(
+        web::scope("/api/v1")
+            .wrap(from_fn(auth::require_bearer))
+            .route("/jobs", web::post().to(jobs::create_job))
+            .route("/jobs", read().to(jobs::list_jobs))
+            .route("/jobs/{id}", read().to(jobs::get_job))
+            .route("/jobs/{id}/attempts", web::post().to(jobs::start_attempt))
+            .route(
+                "/attempts/{id}/abandon",
+                web::post().to(admin::abandon_attempt),
+            )
+            .route("/admin/unknown", read().to(admin::unknown_attempts))
+            .route("/admin/races", read().to(admin::races))
+            .default_service(web::to(not_found)),
+    )
+    .default_service(web::to(not_found));
 }
 
-async fn not_found() -> Result<actix_web::HttpResponse, ApiError> {
-    Err(ApiError::not_found())
+/// Unknown paths: problem+json under `/api/`, a readable page elsewhere.
+async fn not_found(req: actix_web::HttpRequest) -> actix_web::HttpResponse {
+    use actix_web::ResponseError;
+    if req.path().starts_with("/api/") {
+        ApiError::not_found().error_response()
+    } else {
+        pages::PageError::not_found().error_response()
+    }
 }
 
 /// Echoes the request id that `tracing-actix-web` gave the request's span as

@@ -21,7 +21,7 @@ fn attempt_id(job: &Value, index: usize) -> String {
     attempt(job, index)["id"].as_str().unwrap().to_owned()
 }
 
-const HANGING_PRIMARY: &str = r#"
+pub const HANGING_PRIMARY: &str = r#"
 [[providers]]
 name = "sim-hang"
 kind = "simulated"

@@ -444,3 +444,80 @@ pub async fn assert_problem(response: Response, status: StatusCode, slug: &str) 
     assert_eq!(body["status"], status.as_u16());
     body
 }
+
+impl TestApp {
+    /// Gives a test user a browser password.
+    pub async fn set_password(&self, name: &str, password: &str) {
+        let (name, password) = (name.to_owned(), password.to_owned());
+        self.with_conn(move |conn| {
+            onejob::store::sessions::set_password(conn, &name, &password).unwrap()
+        })
+        .await;
+    }
+}
+
+/// A cookie-keeping HTTP client that behaves like a browser without JavaScript.
+pub struct FormClient {
+    pub http: reqwest::Client,
+    pub base: String,
+}
+
+impl FormClient {
+    pub fn new(app: &TestApp) -> Self {
+        let http = reqwest::Client::builder()
+            .cookie_store(true)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap();
+        Self {
+            http,
+            base: app.address.clone(),
+        }
+    }
+
+    pub async fn get(&self, path: &str) -> Response {
+        self.http
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn post_form(&self, path: &str, form: &[(&str, &str)]) -> Response {
+        self.http
+            .post(format!("{}{path}", self.base))
+            .form(form)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// Signs in through the sign-in form; returns the session's CSRF token.
+    pub async fn sign_in(&self, name: &str, password: &str) -> String {
+        let page = self.get("/login").await.text().await.unwrap();
+        let csrf = hidden_value(&page, "csrf");
+        let response = self
+            .post_form(
+                "/login",
+                &[("name", name), ("password", password), ("csrf", &csrf)],
+            )
+            .await;
+        assert_eq!(
+            response.status(),
+            StatusCode::SEE_OTHER,
+            "sign-in as {name}"
+        );
+        let form = self.get("/jobs/new").await.text().await.unwrap();
+        hidden_value(&form, "csrf")
+    }
+}
+
+/// The value of `<input type="hidden" name="NAME" value="…">` in a page.
+pub fn hidden_value(html: &str, name: &str) -> String {
+    let marker = format!("name=\"{name}\" value=\"");
+    let start = html
+        .find(&marker)
+        .unwrap_or_else(|| panic!("no hidden {name} in the page"))
+        + marker.len();
+    html[start..].split('"').next().unwrap().to_owned()
+}

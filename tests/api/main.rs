@@ -14,4 +14,5 @@ mod concurrency;
 mod constraints;
 mod health;
 mod idempotency;
+mod pages;
 mod storage;

@@ -1,0 +1,510 @@
+//! The submit page, the job page (live while the job is), and "My jobs".
+
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpRequest, HttpResponse};
+use askama::Template;
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::timeline::{self, Timeline};
+use super::{
+    duration, render, render_with, see_other, wants_partial, when, Nav, PageError, SignedIn,
+};
+use crate::config::TaskConfig;
+use crate::domain::{may_start_attempt, IdempotencyKey, JobId, NewAttemptRefusal};
+use crate::store::attempts as attempt_store;
+use crate::store::jobs::{self as job_store, CreateOutcome};
+use crate::store::models::{Attempt, Job};
+use crate::store::now_ms;
+use crate::web::intake::{job_action_problem, operator_reason, prepare_job};
+use crate::web::jobs::visible_to;
+use crate::web::views::CreateJobRequest;
+use crate::web::AppState;
+
+/// One input field of the submit form, with what was typed.
+struct Field {
+    name: String,
+    value: String,
+}
+
+#[derive(Template)]
+#[template(path = "submit.html")]
+struct SubmitPage<'a> {
+    nav: Nav,
+    tasks: Vec<&'a str>,
+    task: &'a TaskConfig,
+    idempotency_key: String,
+    provider: String,
+    fields: Vec<Field>,
+    input_json: String,
+    params_json: String,
+    error: Option<String>,
+}
+
+#[derive(Deserialize)]
+pub struct NewJobQuery {
+    task: Option<String>,
+}
+
+fn fresh_key() -> String {
+    uuid::Uuid::now_v7().to_string()
+}
+
+/// `GET /jobs/new`: a fresh form with a fresh idempotency key.
+pub async fn new_job_form(
+    state: web::Data<AppState>,
+    user: SignedIn,
+    query: web::Query<NewJobQuery>,
+) -> Result<HttpResponse, PageError> {
+    let task = match &query.task {
+        Some(name) => state.config.task(name).ok_or_else(PageError::not_found)?,
+        None => &state.config.tasks[0],
+    };
+    let fields = task
+        .input_fields
+        .iter()
+        .map(|f| Field {
+            name: f.clone(),
+            value: String::new(),
+        })
+        .collect();
+    Ok(render(&SubmitPage {
+        nav: user.nav(),
+        tasks: state.config.tasks.iter().map(|t| t.name.as_str()).collect(),
+        task,
+        idempotency_key: fresh_key(),
+        provider: String::new(),
+        fields,
+        input_json: "{}".into(),
+        params_json: String::new(),
+        error: None,
+    }))
+}
+
+#[derive(Template)]
+#[template(path = "key_reused.html")]
+struct KeyReusedPage<'a> {
+    nav: Nav,
+    job_id: &'a str,
+    task: &'a str,
+}
+
+/// The posted form, as name/value pairs: input fields are named `input.<field>`.
+struct SubmittedForm(Vec<(String, String)>);
+
+impl SubmittedForm {
+    fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// `POST /jobs`: a double click, Enter twice or a resubmitted POST all carry
+/// the same key, so all land on the one job.
+pub async fn submit_job(
+    state: web::Data<AppState>,
+    user: SignedIn,
+    form: web::Form<Vec<(String, String)>>,
+) -> Result<HttpResponse, PageError> {
+    let form = SubmittedForm(form.into_inner());
+    user.check_csrf(form.get("csrf"))?;
+    let raw_key = form.get("idempotency_key").unwrap_or_default();
+    let key = IdempotencyKey::parse(raw_key).map_err(|e| {
+        PageError::bad_request(format!(
+            "The form's submission key is not valid ({e}). Open a fresh form."
+        ))
+    })?;
+    let task = state
+        .config
+        .task(form.get("task").unwrap_or_default())
+        .ok_or_else(|| PageError::bad_request("That task does not exist. Open a fresh form."))?;
+    let provider = form
+        .get("provider")
+        .filter(|p| !p.is_empty())
+        .map(str::to_owned);
+    let fields: Vec<Field> = task
+        .input_fields
+        .iter()
+        .map(|f| Field {
+            name: f.clone(),
+            value: form
+                .get(&format!("input.{f}"))
+                .unwrap_or_default()
+                .to_owned(),
+        })
+        .collect();
+    let input_json = form.get("input_json").unwrap_or("{}").to_owned();
+    let params_json = form
+        .get("params_json")
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
+    let key_text = key.as_str().to_owned();
+    let redisplay = |error: String| {
+        render_with(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            &SubmitPage {
+                nav: user.nav(),
+                tasks: state.config.tasks.iter().map(|t| t.name.as_str()).collect(),
+                task,
+                // The key is not reserved by a refused submission: keep it.
+                idempotency_key: key_text.clone(),
+                provider: provider.clone().unwrap_or_default(),
+                fields: fields
+                    .iter()
+                    .map(|f| Field {
+                        name: f.name.clone(),
+                        value: f.value.clone(),
+                    })
+                    .collect(),
+                input_json: input_json.clone(),
+                params_json: params_json.clone(),
+                error: Some(error),
+            },
+        )
+    };
+    let input = if task.input_fields.is_empty() {
+        match serde_json::from_str::<Value>(&input_json) {
+            Ok(v) => v,
+            Err(e) => return Ok(redisplay(format!("The input is not valid JSON: {e}"))),
+        }
+    } else {
+        Value::Object(
+            fields
+                .iter()
+                .map(|f| (f.name.clone(), Value::String(f.value.clone())))
+                .collect(),
+        )
+    };
+    let params = if params_json.is_empty() {
+        None
+    } else {
+        match serde_json::from_str::<Value>(&params_json) {
+            Ok(v) => Some(v),
+            Err(e) => return Ok(redisplay(format!("The parameters are not valid JSON: {e}"))),
+        }
+    };
+    let request = CreateJobRequest {
+        task: task.name.clone(),
+        input,
+        provider: provider.clone(),
+        params,
+    };
+    let new_job = match prepare_job(&state.config, &user.user.id, key, request) {
+        Ok(job) => job,
+        Err(problem) => return Ok(redisplay(problem.detail)),
+    };
+    let outcome = state
+        .store
+        .run(move |conn| job_store::create_job(conn, &new_job))
+        .await?;
+    match outcome {
+        CreateOutcome::Created(job) => {
+            state.wake_worker();
+            tracing::info!(job_id = %job.id, "job created from the browser");
+            Ok(see_other(&format!("/jobs/{}", job.id)))
+        }
+        CreateOutcome::Replayed(job) => Ok(see_other(&format!("/jobs/{}", job.id))),
+        CreateOutcome::KeyReused { existing_job_id } => Ok(render_with(
+            StatusCode::CONFLICT,
+            &KeyReusedPage {
+                nav: user.nav(),
+                job_id: &existing_job_id,
+                task: &task.name,
+            },
+        )),
+    }
+}
+
+/// One row of the attempts table.
+struct AttemptRow {
+    number: i32,
+    provider: String,
+    state: &'static str,
+    outcome: &'static str,
+    sent: String,
+    answered: String,
+    took: String,
+    error: String,
+}
+
+impl AttemptRow {
+    fn new(a: &Attempt) -> Self {
+        Self {
+            number: a.number,
+            provider: a.provider.clone(),
+            state: a.state.as_str(),
+            outcome: a.outcome.map(|o| o.as_str()).unwrap_or(""),
+            sent: a.started_at.map(when).unwrap_or_else(|| "not yet".into()),
+            answered: a.finished_at.map(when).unwrap_or_default(),
+            took: match (a.started_at, a.finished_at) {
+                (Some(s), Some(f)) => duration(f - s),
+                _ => String::new(),
+            },
+            error: a.error.clone().unwrap_or_default(),
+        }
+    }
+}
+
+#[derive(Template)]
+#[template(path = "job.html")]
+struct JobPage {
+    nav: Nav,
+    live: JobLive,
+}
+
+/// The part of the job page that refreshes itself while the job is live.
+#[derive(Template)]
+#[template(path = "_job_live.html")]
+struct JobLive {
+    csrf: String,
+    id: String,
+    task: String,
+    status: &'static str,
+    is_live: bool,
+    created: String,
+    input: String,
+    result: String,
+    failure_reason: String,
+    attempts: Vec<AttemptRow>,
+    timeline: Timeline,
+    /// Why no new attempt may start now; empty when one may.
+    retry_refusal: String,
+    /// Staff tools: providers of the chain for "next attempt on …".
+    staff: bool,
+    chain: Vec<String>,
+    can_fail: bool,
+}
+
+fn pretty(value: &Value) -> String {
+    serde_json::to_string_pretty(value).unwrap_or_default()
+}
+
+fn job_live(state: &AppState, user: &SignedIn, job: &Job, attempts: &[Attempt]) -> JobLive {
+    let live = attempts.iter().find(|a| a.state.is_live());
+    let retry_refusal = match may_start_attempt(job.status, live.map(|a| a.state)) {
+        Ok(()) => String::new(),
+        Err(NewAttemptRefusal::JobFinished(status)) => {
+            format!("The job has {status}; it takes no more attempts.")
+        }
+        Err(NewAttemptRefusal::AttemptInFlight(state)) => {
+            let number = live.map(|a| a.number).unwrap_or_default();
+            match state {
+                crate::domain::AttemptState::Unknown => format!(
+                    "Attempt {number} timed out and its outcome is unknown: the provider may still be working. \
+                     A new attempt can start once it answers or support resolves it."
+                ),
+                other => format!("Attempt {number} is {other}; wait for it to finish."),
+            }
+        }
+    };
+    let staff = user.user.role.is_staff();
+    JobLive {
+        csrf: user.csrf.clone(),
+        id: job.id.clone(),
+        task: job.task.clone(),
+        status: job.status.as_str(),
+        is_live: !job.status.is_terminal() || live.is_some(),
+        created: when(job.created_at),
+        input: pretty(&job.input),
+        result: job.result.as_ref().map(pretty).unwrap_or_default(),
+        failure_reason: job.failure_reason.clone().unwrap_or_default(),
+        attempts: attempts.iter().map(AttemptRow::new).collect(),
+        timeline: timeline::layout(job.created_at, attempts, now_ms()),
+        can_fail: staff && live.is_none() && !job.status.is_terminal(),
+        staff,
+        chain: state
+            .config
+            .task(&job.task)
+            .map(|t| t.providers.clone())
+            .unwrap_or_default(),
+        retry_refusal,
+    }
+}
+
+async fn load_visible(
+    state: &AppState,
+    user: &SignedIn,
+    raw_id: &str,
+) -> Result<(Job, Vec<Attempt>), PageError> {
+    let job_id = JobId::parse(raw_id)
+        .ok_or_else(PageError::not_found)?
+        .to_string();
+    let found = state
+        .store
+        .run(move |conn| {
+            let Some(job) = job_store::find_job(conn, &job_id)? else {
+                return Ok(None);
+            };
+            let attempts = job_store::attempts_of(conn, &job_id)?;
+            Ok(Some((job, attempts)))
+        })
+        .await?;
+    match found {
+        Some((job, attempts)) if visible_to(&job, &user.user) => Ok((job, attempts)),
+        _ => Err(PageError::not_found()),
+    }
+}
+
+/// `GET /jobs/{id}`: the whole page, or (for htmx polling) the live part.
+pub async fn job_page(
+    state: web::Data<AppState>,
+    user: SignedIn,
+    req: HttpRequest,
+    path: web::Path<String>,
+) -> Result<HttpResponse, PageError> {
+    let (job, attempts) = load_visible(&state, &user, &path).await?;
+    let live = job_live(&state, &user, &job, &attempts);
+    if wants_partial(&req) {
+        return Ok(render(&live));
+    }
+    Ok(render(&JobPage {
+        nav: user.nav(),
+        live,
+    }))
+}
+
+#[derive(Deserialize)]
+pub struct AttemptForm {
+    csrf: Option<String>,
+    provider: Option<String>,
+}
+
+/// `POST /jobs/{id}/attempts`: the owner's "try again", or support's "next
+/// attempt on …" (audited).
+pub async fn start_attempt(
+    state: web::Data<AppState>,
+    user: SignedIn,
+    path: web::Path<String>,
+    form: web::Form<AttemptForm>,
+) -> Result<HttpResponse, PageError> {
+    user.check_csrf(form.csrf.as_deref())?;
+    let (job, _) = load_visible(&state, &user, &path).await?;
+    let provider = form.provider.clone().filter(|p| !p.is_empty());
+    let chain = state
+        .config
+        .task(&job.task)
+        .map(|t| t.providers.clone())
+        .unwrap_or_default();
+    if let Some(p) = &provider {
+        if !chain.contains(p) {
+            return Err(PageError::bad_request(format!(
+                "{p} is not a provider of this task's chain."
+            )));
+        }
+    }
+    let order = state
+        .config
+        .failover_order(&job.task, job.requested_provider.as_deref());
+    let actor = (job.owner_id != user.user.id).then(|| user.user.id.clone());
+    let job_id = job.id.clone();
+    let result = state
+        .store
+        .run(move |conn| {
+            Ok(attempt_store::start_attempt(
+                conn,
+                &job_id,
+                provider.as_deref(),
+                &order,
+                actor.as_deref(),
+            ))
+        })
+        .await?;
+    result.map_err(|e| PageError::from(job_action_problem(e)))?;
+    state.wake_worker();
+    Ok(see_other(&format!("/jobs/{}", job.id)))
+}
+
+#[derive(Deserialize)]
+pub struct ReasonForm {
+    csrf: Option<String>,
+    reason: Option<String>,
+}
+
+/// `POST /jobs/{id}/fail` (support, admin): finalize a job whose unknown
+/// attempt was abandoned, with a reason (audited).
+pub async fn fail_job(
+    state: web::Data<AppState>,
+    user: SignedIn,
+    path: web::Path<String>,
+    form: web::Form<ReasonForm>,
+) -> Result<HttpResponse, PageError> {
+    user.check_csrf(form.csrf.as_deref())?;
+    user.require_staff()?;
+    let reason = operator_reason(form.reason.as_deref().unwrap_or_default())?;
+    let (job, _) = load_visible(&state, &user, &path).await?;
+    let (job_id, actor) = (job.id.clone(), user.user.id.clone());
+    let result = state
+        .store
+        .run(move |conn| {
+            Ok(attempt_store::fail_job_by_operator(
+                conn, &job_id, &actor, &reason,
+            ))
+        })
+        .await?;
+    result.map_err(|e| PageError::from(job_action_problem(e)))?;
+    Ok(see_other(&format!("/jobs/{}", job.id)))
+}
+
+struct JobListRow {
+    id: String,
+    task: String,
+    status: &'static str,
+    created: String,
+}
+
+#[derive(Template)]
+#[template(path = "jobs.html")]
+struct JobsPage {
+    nav: Nav,
+    jobs: Vec<JobListRow>,
+    next: Option<String>,
+}
+
+#[derive(Deserialize)]
+pub struct JobsQuery {
+    before: Option<String>,
+}
+
+const JOBS_PER_PAGE: i64 = 20;
+
+/// `GET /jobs`: the user's jobs, newest first.
+pub async fn my_jobs(
+    state: web::Data<AppState>,
+    user: SignedIn,
+    query: web::Query<JobsQuery>,
+) -> Result<HttpResponse, PageError> {
+    let before = match &query.before {
+        Some(raw) => Some(
+            JobId::parse(raw)
+                .ok_or_else(|| PageError::bad_request("That page link is not valid."))?
+                .to_string(),
+        ),
+        None => None,
+    };
+    let owner = user.user.id.clone();
+    let mut jobs = state
+        .store
+        .run(move |conn| job_store::list_jobs(conn, &owner, before.as_deref(), JOBS_PER_PAGE + 1))
+        .await?;
+    let more = jobs.len() as i64 > JOBS_PER_PAGE;
+    jobs.truncate(JOBS_PER_PAGE as usize);
+    let next = more
+        .then(|| jobs.last().map(|j| format!("/jobs?before={}", j.id)))
+        .flatten();
+    Ok(render(&JobsPage {
+        nav: user.nav(),
+        jobs: jobs
+            .iter()
+            .map(|j| JobListRow {
+                id: j.id.clone(),
+                task: j.task.clone(),
+                status: j.status.as_str(),
+                created: when(j.created_at),
+            })
+            .collect(),
+        next,
+    }))
+}

@@ -1,0 +1,329 @@
+//! Sign-in, sign-out, the session extractor and CSRF protection.
+//!
+//! The session cookie holds a random token (HttpOnly, SameSite=Lax, Secure
+//! over TLS); the server keeps only its SHA-256, so sessions can be ended
+//! and shared by every process on one database. Each form carries a CSRF
+//! token derived from the session token, which another site can neither read
+//! nor compute. The sign-in form, before any session exists, uses a
+//! double-submit cookie instead.
+
+use actix_web::cookie::{time::Duration as CookieDuration, Cookie, SameSite};
+use actix_web::dev::Payload;
+use actix_web::http::StatusCode;
+use actix_web::{web, FromRequest, HttpRequest, HttpResponse};
+use askama::Template;
+use futures_util::future::LocalBoxFuture;
+use serde::Deserialize;
+
+use super::{render_with, see_other, Nav, PageError, HTMX_PATH};
+use crate::domain::fingerprint::sha256_hex;
+use crate::store::sessions::{self, SignIn};
+use crate::store::users::User;
+use crate::web::AppState;
+
+pub const SESSION_COOKIE: &str = "onejob_session";
+pub const SIGN_IN_CSRF_COOKIE: &str = "onejob_signin_csrf";
+
+/// The CSRF token that goes with a session token.
+pub fn csrf_for(session_token: &str) -> String {
+    sha256_hex(format!("onejob-csrf:{session_token}").as_bytes())
+}
+
+/// Compares two tokens in time independent of where they differ.
+fn same_token(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
+/// A signed-in browser user.
+#[derive(Debug, Clone)]
+pub struct SignedIn {
+    pub user: User,
+    pub csrf: String,
+}
+
+impl SignedIn {
+    pub fn nav(&self) -> Nav {
+        Nav {
+            user: Some(self.user.name.clone()),
+            is_staff: self.user.role.is_staff(),
+            is_admin: self.user.role.is_admin(),
+            csrf: self.csrf.clone(),
+            htmx: HTMX_PATH,
+        }
+    }
+
+    /// Refuses a state-changing form without this session's CSRF token.
+    pub fn check_csrf(&self, submitted: Option<&str>) -> Result<(), PageError> {
+        match submitted {
+            Some(token) if same_token(token, &self.csrf) => Ok(()),
+            _ => Err(PageError::forbidden(
+                "This form did not come from this session (it may have expired, or come from another site). \
+                 Reload the page and try again.",
+            )),
+        }
+    }
+
+    pub fn require_staff(&self) -> Result<(), PageError> {
+        if self.user.role.is_staff() {
+            Ok(())
+        } else {
+            Err(PageError::forbidden(
+                "The console is for support staff and admins.",
+            ))
+        }
+    }
+
+    pub fn require_admin(&self) -> Result<(), PageError> {
+        if self.user.role.is_admin() {
+            Ok(())
+        } else {
+            Err(PageError::forbidden("This page is for admins."))
+        }
+    }
+}
+
+impl FromRequest for SignedIn {
+    type Error = PageError;
+    type Future = LocalBoxFuture<'static, Result<Self, PageError>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        let token = req.cookie(SESSION_COOKIE).map(|c| c.value().to_owned());
+        let state = req.app_data::<web::Data<AppState>>().cloned();
+        // After signing in, come back here (for a GET; a POST goes to its referrer's page).
+        let next = if req.method() == actix_web::http::Method::GET {
+            req.uri()
+                .path_and_query()
+                .map(|p| p.as_str().to_owned())
+                .unwrap_or_else(|| "/".into())
+        } else {
+            "/".into()
+        };
+        Box::pin(async move {
+            let (Some(token), Some(state)) = (token, state) else {
+                return Err(PageError::SignInRequired { next });
+            };
+            let lookup = token.clone();
+            let user = state
+                .store
+                .run(move |conn| sessions::user_for_session(conn, &lookup))
+                .await?;
+            match user {
+                Some(user) => Ok(SignedIn {
+                    user,
+                    csrf: csrf_for(&token),
+                }),
+                None => Err(PageError::SignInRequired { next }),
+            }
+        })
+    }
+}
+
+fn secure(req: &HttpRequest) -> bool {
+    req.connection_info().scheme() == "https"
+}
+
+fn cookie<'a>(
+    req: &HttpRequest,
+    name: &'a str,
+    value: String,
+    max_age: CookieDuration,
+) -> Cookie<'a> {
+    Cookie::build(name, value)
+        .path("/")
+        .http_only(true)
+        .same_site(SameSite::Lax)
+        .secure(secure(req))
+        .max_age(max_age)
+        .finish()
+}
+
+/// Only local paths may be a sign-in's destination (no open redirect).
+fn safe_next(next: Option<&str>) -> String {
+    match next {
+        Some(n) if n.starts_with('/') && !n.starts_with("//") && !n.contains('\\') => n.to_owned(),
+        _ => "/jobs/new".to_owned(),
+    }
+}
+
+#[derive(Template)]
+#[template(path = "sign_in.html")]
+struct SignInPage<'a> {
+    nav: Nav,
+    csrf: &'a str,
+    next: &'a str,
+    name: &'a str,
+    error: Option<&'a str>,
+}
+
+#[derive(Deserialize)]
+pub struct NextQuery {
+    next: Option<String>,
+}
+
+fn sign_in_page(
+    req: &HttpRequest,
+    status: StatusCode,
+    next: &str,
+    name: &str,
+    error: Option<&str>,
+) -> HttpResponse {
+    let csrf = req
+        .cookie(SIGN_IN_CSRF_COOKIE)
+        .map(|c| c.value().to_owned())
+        .filter(|v| v.len() == 64)
+        .unwrap_or_else(sessions::random_secret);
+    let mut response = render_with(
+        status,
+        &SignInPage {
+            nav: Nav::anonymous(),
+            csrf: &csrf,
+            next,
+            name,
+            error,
+        },
+    );
+    let _ = response.add_cookie(&cookie(
+        req,
+        SIGN_IN_CSRF_COOKIE,
+        csrf.clone(),
+        CookieDuration::hours(2),
+    ));
+    response
+}
+
+pub async fn sign_in_form(req: HttpRequest, query: web::Query<NextQuery>) -> HttpResponse {
+    sign_in_page(
+        &req,
+        StatusCode::OK,
+        &safe_next(query.next.as_deref()),
+        "",
+        None,
+    )
+}
+
+#[derive(Deserialize)]
+pub struct SignInForm {
+    name: String,
+    password: String,
+    csrf: String,
+    next: Option<String>,
+}
+
+pub async fn sign_in(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    form: web::Form<SignInForm>,
+) -> Result<HttpResponse, PageError> {
+    let form = form.into_inner();
+    let next = safe_next(form.next.as_deref());
+    let expected = req
+        .cookie(SIGN_IN_CSRF_COOKIE)
+        .map(|c| c.value().to_owned());
+    if !expected.is_some_and(|e| same_token(&e, &form.csrf)) {
+        return Err(PageError::forbidden(
+            "This sign-in form did not come from this site, or it expired. Open the sign-in page again.",
+        ));
+    }
+    let (name, password) = (form.name.trim().to_owned(), form.password);
+    let lookup_name = name.clone();
+    let outcome = state
+        .store
+        .run(move |conn| sessions::sign_in(conn, &lookup_name, &password))
+        .await?;
+    match outcome {
+        SignIn::Ok(user) => {
+            let ttl_ms = state.config.server.session_hours as i64 * 3_600_000;
+            let user_id = user.id.clone();
+            let token = state
+                .store
+                .run(move |conn| sessions::create_session(conn, &user_id, ttl_ms))
+                .await?;
+            tracing::info!(user = %user.name, "signed in");
+            let mut response = see_other(&next);
+            let max_age = CookieDuration::hours(state.config.server.session_hours as i64);
+            let _ = response.add_cookie(&cookie(&req, SESSION_COOKIE, token, max_age));
+            Ok(response)
+        }
+        SignIn::BadCredentials => {
+            tracing::warn!(user = %name, "failed sign-in");
+            Ok(sign_in_page(
+                &req,
+                StatusCode::UNAUTHORIZED,
+                &next,
+                &name,
+                Some("Wrong name or password."),
+            ))
+        }
+        SignIn::Throttled { retry_after_s } => {
+            tracing::warn!(user = %name, "sign-in throttled");
+            let message = format!(
+                "Too many failed sign-ins for this name. Try again in {} minute(s).",
+                (retry_after_s + 59) / 60
+            );
+            let mut response = sign_in_page(
+                &req,
+                StatusCode::TOO_MANY_REQUESTS,
+                &next,
+                &name,
+                Some(&message),
+            );
+            response.headers_mut().insert(
+                actix_web::http::header::RETRY_AFTER,
+                actix_web::http::header::HeaderValue::from(retry_after_s),
+            );
+            Ok(response)
+        }
+    }
+}
+
+#[derive(Deserialize)]
+pub struct CsrfForm {
+    csrf: Option<String>,
+}
+
+pub async fn sign_out(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    user: SignedIn,
+    form: web::Form<CsrfForm>,
+) -> Result<HttpResponse, PageError> {
+    user.check_csrf(form.csrf.as_deref())?;
+    if let Some(token) = req.cookie(SESSION_COOKIE).map(|c| c.value().to_owned()) {
+        state
+            .store
+            .run(move |conn| sessions::end_session(conn, &token))
+            .await?;
+    }
+    let mut response = see_other("/login");
+    let mut gone = cookie(&req, SESSION_COOKIE, String::new(), CookieDuration::ZERO);
+    gone.make_removal();
+    let _ = response.add_cookie(&gone);
+    Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_local_paths_are_accepted_as_next() {
+        assert_eq!(safe_next(Some("/jobs/1")), "/jobs/1");
+        assert_eq!(safe_next(Some("//evil.example/x")), "/jobs/new");
+        assert_eq!(safe_next(Some("https://evil.example")), "/jobs/new");
+        assert_eq!(safe_next(Some("/\\evil.example")), "/jobs/new");
+        assert_eq!(safe_next(None), "/jobs/new");
+    }
+
+    #[test]
+    fn csrf_tokens_follow_the_session_and_compare_exactly() {
+        let a = csrf_for("session-a");
+        assert_eq!(a, csrf_for("session-a"));
+        assert_ne!(a, csrf_for("session-b"));
+        assert!(same_token(&a, &a.clone()));
+        assert!(!same_token(&a, &a[..63]));
+    }
+}

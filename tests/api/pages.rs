@@ -1,0 +1,476 @@
+//! The browser app over plain HTTP (no JavaScript): sign-in, forms, CSRF,
+//! escaping, roles and the htmx partial.
+
+use reqwest::StatusCode;
+
+use crate::helpers::{hidden_value, spawn_app, summarize, FormClient, TestBackend};
+
+async fn the_submit_form_without_javascript_makes_one_job_however_often_it_is_posted(
+    backend: TestBackend,
+) {
+    let app = spawn_app(backend).await;
+    app.set_password("alice", "alice-password").await;
+    let browser = FormClient::new(&app);
+    let csrf = browser.sign_in("alice", "alice-password").await;
+    let form = browser.get("/jobs/new").await.text().await.unwrap();
+    let key = hidden_value(&form, "idempotency_key");
+    let fields = [
+        ("csrf", csrf.as_str()),
+        ("idempotency_key", key.as_str()),
+        ("task", "summarize"),
+        ("provider", ""),
+        ("input.text", "hello"),
+    ];
+    let first = browser.post_form("/jobs", &fields).await;
+    assert_eq!(first.status(), StatusCode::SEE_OTHER);
+    let location = first.headers()["location"].to_str().unwrap().to_owned();
+    assert!(location.starts_with("/jobs/"));
+    // Enter twice, a reload that re-POSTs: the same job.
+    for _ in 0..2 {
+        let again = browser.post_form("/jobs", &fields).await;
+        assert_eq!(again.status(), StatusCode::SEE_OTHER);
+        assert_eq!(again.headers()["location"].to_str().unwrap(), location);
+    }
+    assert_eq!(app.job_count(&app.alice.id).await, 1);
+    // Changed content under the same key: explained, nothing created.
+    let changed = [
+        ("csrf", csrf.as_str()),
+        ("idempotency_key", key.as_str()),
+        ("task", "summarize"),
+        ("provider", ""),
+        ("input.text", "edited"),
+    ];
+    let response = browser.post_form("/jobs", &changed).await;
+    assert_eq!(response.status(), StatusCode::CONFLICT);
+    let page = response.text().await.unwrap();
+    assert!(
+        page.contains("already submitted, with different content"),
+        "{page}"
+    );
+    assert!(
+        page.contains(&format!("href=\"{location}\"")),
+        "links the existing job"
+    );
+    assert_eq!(app.job_count(&app.alice.id).await, 1);
+    // A fresh form carries a fresh key.
+    let fresh = browser.get("/jobs/new").await.text().await.unwrap();
+    assert_ne!(hidden_value(&fresh, "idempotency_key"), key);
+}
+
+async fn an_invalid_form_is_shown_again_with_the_same_key_and_nothing_stored(backend: TestBackend) {
+    let app = spawn_app(backend).await;
+    app.set_password("alice", "alice-password").await;
+    let browser = FormClient::new(&app);
+    let csrf = browser.sign_in("alice", "alice-password").await;
+    let key = hidden_value(
+        &browser.get("/jobs/new").await.text().await.unwrap(),
+        "idempotency_key",
+    );
+    let response = browser
+        .post_form(
+            "/jobs",
+            &[
+                ("csrf", &csrf),
+                ("idempotency_key", &key),
+                ("task", "summarize"),
+                ("provider", ""),
+                ("input.text", "  "),
+            ],
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let page = response.text().await.unwrap();
+    assert!(page.contains("non-empty string"), "says what is wrong");
+    assert_eq!(
+        hidden_value(&page, "idempotency_key"),
+        key,
+        "the key is kept, not reserved"
+    );
+    assert_eq!(app.job_count(&app.alice.id).await, 0);
+    let fixed = browser
+        .post_form(
+            "/jobs",
+            &[
+                ("csrf", &csrf),
+                ("idempotency_key", &key),
+                ("task", "summarize"),
+                ("provider", ""),
+                ("input.text", "fixed"),
+            ],
+        )
+        .await;
+    assert_eq!(fixed.status(), StatusCode::SEE_OTHER);
+}
+
+async fn a_cross_site_post_is_refused_and_changes_nothing(backend: TestBackend) {
+    let app = spawn_app(backend).await;
+    app.set_password("alice", "alice-password").await;
+    let browser = FormClient::new(&app);
+    let _csrf = browser.sign_in("alice", "alice-password").await;
+    let key = uuid::Uuid::now_v7().to_string();
+    // Another site can make the browser send the cookie, but not the token.
+    for token in [None, Some("0".repeat(64))] {
+        let mut form = vec![
+            ("idempotency_key", key.clone()),
+            ("task", "summarize".into()),
+            ("input.text", "forged".into()),
+        ];
+        if let Some(t) = &token {
+            form.push(("csrf", t.clone()));
+        }
+        let response = browser
+            .http
+            .post(format!("{}/jobs", browser.base))
+            .form(&form)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::FORBIDDEN);
+        assert!(response
+            .text()
+            .await
+            .unwrap()
+            .contains("did not come from this session"));
+    }
+    assert_eq!(app.job_count(&app.alice.id).await, 0);
+    // Signing in needs the sign-in page's own token too.
+    let other = FormClient::new(&app);
+    let response = other
+        .post_form(
+            "/login",
+            &[
+                ("name", "alice"),
+                ("password", "alice-password"),
+                ("csrf", "x"),
+            ],
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::FORBIDDEN);
+}
+
+async fn sign_in_refuses_wrong_passwords_and_throttles_repeated_failures(backend: TestBackend) {
+    let app = spawn_app(backend).await;
+    app.set_password("bob", "bob-password").await;
+    let browser = FormClient::new(&app);
+    let page = browser.get("/login").await.text().await.unwrap();
+    let csrf = hidden_value(&page, "csrf");
+    for _ in 0..5 {
+        let response = browser
+            .post_form(
+                "/login",
+                &[("name", "bob"), ("password", "nope"), ("csrf", &csrf)],
+            )
+            .await;
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+        assert!(response
+            .text()
+            .await
+            .unwrap()
+            .contains("Wrong name or password"));
+    }
+    let response = browser
+        .post_form(
+            "/login",
+            &[
+                ("name", "bob"),
+                ("password", "bob-password"),
+                ("csrf", &csrf),
+            ],
+        )
+        .await;
+    assert_eq!(
+        response.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "even the right password waits"
+    );
+    assert!(response.headers().contains_key("retry-after"));
+    // Another name is not affected.
+    app.set_password("alice", "alice-password").await;
+    let response = browser
+        .post_form(
+            "/login",
+            &[
+                ("name", "alice"),
+                ("password", "alice-password"),
+                ("csrf", &csrf),
+            ],
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+}
+
+async fn pages_need_a_session_and_sign_out_ends_it(backend: TestBackend) {
+    let app = spawn_app(backend).await;
+    app.set_password("alice", "alice-password").await;
+    let browser = FormClient::new(&app);
+    let response = browser.get("/jobs/new").await;
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    assert_eq!(response.headers()["location"], "/login?next=/jobs/new");
+    let csrf = browser.sign_in("alice", "alice-password").await;
+    assert_eq!(browser.get("/jobs").await.status(), StatusCode::OK);
+    let response = browser.post_form("/logout", &[("csrf", &csrf)]).await;
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    assert_eq!(
+        browser.get("/jobs").await.status(),
+        StatusCode::SEE_OTHER,
+        "signed out"
+    );
+}
+
+async fn the_session_cookie_is_http_only_and_same_site(backend: TestBackend) {
+    let app = spawn_app(backend).await;
+    app.set_password("alice", "alice-password").await;
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let login = client.get(app.url("/login")).send().await.unwrap();
+    let cookie = login.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    let csrf = hidden_value(&login.text().await.unwrap(), "csrf");
+    let response = client
+        .post(app.url("/login"))
+        .header("Cookie", cookie)
+        .form(&[
+            ("name", "alice"),
+            ("password", "alice-password"),
+            ("csrf", &csrf),
+        ])
+        .send()
+        .await
+        .unwrap();
+    let set_cookie = response.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(set_cookie.starts_with("onejob_session="));
+    assert!(
+        set_cookie.contains("HttpOnly") && set_cookie.contains("SameSite=Lax"),
+        "{set_cookie}"
+    );
+    assert!(
+        !set_cookie.contains("Secure"),
+        "plain HTTP here; Secure is set over TLS"
+    );
+}
+
+async fn html_in_a_jobs_input_renders_as_text(backend: TestBackend) {
+    let app = spawn_app(backend).await;
+    app.set_password("alice", "alice-password").await;
+    let script = "<script>alert('owned')</script>";
+    let job_id = app
+        .create_job(&app.alice.token, "xss", &summarize(script))
+        .await;
+    let browser = FormClient::new(&app);
+    browser.sign_in("alice", "alice-password").await;
+    let page = browser
+        .get(&format!("/jobs/{job_id}"))
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        !page.contains(script),
+        "the script is not in the page as markup"
+    );
+    assert!(
+        page.contains("&lt;script&gt;") || page.contains("&#60;script&#62;"),
+        "it is shown escaped"
+    );
+}
+
+async fn roles_are_enforced_on_the_console_and_other_owners_jobs_are_404(backend: TestBackend) {
+    let app = spawn_app(backend).await;
+    for (name, pw) in [("alice", "a-pw"), ("bob", "b-pw"), ("sue", "s-pw")] {
+        app.set_password(name, pw).await;
+    }
+    let job_id = app
+        .create_job(&app.alice.token, "mine", &summarize("alice's"))
+        .await;
+    let bob = FormClient::new(&app);
+    bob.sign_in("bob", "b-pw").await;
+    for path in ["/admin", "/admin/unknown", "/admin/races", "/admin/audit"] {
+        assert_eq!(
+            bob.get(path).await.status(),
+            StatusCode::FORBIDDEN,
+            "{path}"
+        );
+    }
+    assert_eq!(
+        bob.get(&format!("/jobs/{job_id}")).await.status(),
+        StatusCode::NOT_FOUND
+    );
+    let sue = FormClient::new(&app);
+    sue.sign_in("sue", "s-pw").await;
+    assert_eq!(sue.get("/admin").await.status(), StatusCode::OK);
+    assert_eq!(sue.get("/admin/unknown").await.status(), StatusCode::OK);
+    assert_eq!(
+        sue.get("/admin/races").await.status(),
+        StatusCode::FORBIDDEN,
+        "the race log is for admins"
+    );
+    assert_eq!(
+        sue.get(&format!("/jobs/{job_id}")).await.status(),
+        StatusCode::OK,
+        "support may look"
+    );
+}
+
+async fn htmx_polling_gets_the_live_partial_and_boosted_navigation_the_page(backend: TestBackend) {
+    let app = spawn_app(backend).await;
+    app.set_password("alice", "alice-password").await;
+    let job_id = app
+        .create_job(&app.alice.token, "partial", &summarize("p"))
+        .await;
+    let browser = FormClient::new(&app);
+    browser.sign_in("alice", "alice-password").await;
+    let url = format!("{}/jobs/{job_id}", browser.base);
+    let partial = browser
+        .http
+        .get(&url)
+        .header("HX-Request", "true")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        partial.trim_start().starts_with("<section id=\"job-live\""),
+        "{partial}"
+    );
+    assert!(!partial.contains("<html"));
+    let boosted = browser
+        .http
+        .get(&url)
+        .header("HX-Request", "true")
+        .header("HX-Boosted", "true")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(boosted.contains("<html"));
+    // Once the job is finished the live part stops asking to be polled.
+    app.wait_for_status(&job_id, "succeeded", std::time::Duration::from_secs(10))
+        .await;
+    let done = browser
+        .http
+        .get(&url)
+        .header("HX-Request", "true")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!done.contains("hx-trigger"), "{done}");
+}
+
+async fn static_assets_are_served_and_htmx_is_cached_for_good(backend: TestBackend) {
+    let app = spawn_app(backend).await;
+    let response = app
+        .client
+        .get(app.url("/static/htmx-2.0.11.min.js"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        response.headers()["cache-control"],
+        "public, max-age=31536000, immutable"
+    );
+    assert!(response.text().await.unwrap().contains("htmx"));
+    let missing = app
+        .client
+        .get(app.url("/no/such/page"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+    assert!(missing.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/html"));
+}
+
+async fn support_can_mark_a_resolved_job_failed_with_an_audited_reason(backend: TestBackend) {
+    let app = crate::helpers::spawn_app_with(
+        backend,
+        crate::helpers::test_config(crate::attempts::HANGING_PRIMARY),
+    )
+    .await;
+    app.set_password("sue", "s-pw").await;
+    let job_id = app
+        .create_job(&app.alice.token, "give-up", &summarize("x"))
+        .await;
+    let job = app
+        .wait_for_status(&job_id, "unknown", std::time::Duration::from_secs(10))
+        .await;
+    let attempt = job["attempts"][0]["id"].as_str().unwrap().to_owned();
+    let sue = FormClient::new(&app);
+    let csrf = sue.sign_in("sue", "s-pw").await;
+    // Not while the attempt is unknown.
+    let response = sue
+        .post_form(
+            &format!("/jobs/{job_id}/fail"),
+            &[("csrf", &csrf), ("reason", "customer cancelled")],
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::CONFLICT);
+    let response = sue
+        .post_form(
+            &format!("/admin/attempts/{attempt}/abandon"),
+            &[("csrf", &csrf), ("reason", "provider outage")],
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    assert_eq!(
+        response.headers()["location"].to_str().unwrap(),
+        format!("/jobs/{job_id}")
+    );
+    let response = sue
+        .post_form(
+            &format!("/jobs/{job_id}/fail"),
+            &[("csrf", &csrf), ("reason", "customer cancelled")],
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    let job = app.get_job(&app.alice.token, &job_id).await;
+    assert_eq!(job["status"], "failed");
+    assert!(job["failure_reason"]
+        .as_str()
+        .unwrap()
+        .contains("customer cancelled"));
+    let entries = app
+        .with_conn(|conn| onejob::store::admin::audit_entries(conn, 10).unwrap())
+        .await;
+    let actions: Vec<_> = entries
+        .iter()
+        .map(|e| (e.actor.as_str(), e.action.as_str()))
+        .collect();
+    assert_eq!(
+        actions,
+        vec![("sue", "fail_job"), ("sue", "abandon_attempt")]
+    );
+}
+
+on_both_backends!(
+    the_submit_form_without_javascript_makes_one_job_however_often_it_is_posted,
+    an_invalid_form_is_shown_again_with_the_same_key_and_nothing_stored,
+    a_cross_site_post_is_refused_and_changes_nothing,
+    sign_in_refuses_wrong_passwords_and_throttles_repeated_failures,
+    pages_need_a_session_and_sign_out_ends_it,
+    the_session_cookie_is_http_only_and_same_site,
+    html_in_a_jobs_input_renders_as_text,
+    roles_are_enforced_on_the_console_and_other_owners_jobs_are_404,
+    htmx_polling_gets_the_live_partial_and_boosted_navigation_the_page,
+    static_assets_are_served_and_htmx_is_cached_for_good,
+    support_can_mark_a_resolved_job_failed_with_an_audited_reason,
+);
