@@ -10,6 +10,7 @@ mod helpers;
 mod admin;
 mod attempts;
 mod bad_input;
+mod browser;
 mod concurrency;
 mod constraints;
 mod health;
