@@ -12,6 +12,7 @@ mod attempts;
 mod bad_input;
 mod browser;
 mod concurrency;
+mod fake_provider;
 mod constraints;
 mod health;
 mod idempotency;
