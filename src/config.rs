@@ -116,6 +116,25 @@ impl Default for WorkerConfig {
 pub enum ProviderKind {
     /// Offline and deterministic: answers JSON naming the provider and a digest of the input.
     Simulated,
+    /// OpenAI-compatible chat completions (`/v1/chat/completions`): OpenAI, vLLM,
+    /// llama.cpp server, Ollama, OpenRouter, …
+    Openai,
+    /// Anthropic messages (`/v1/messages`).
+    Anthropic,
+}
+
+impl ProviderKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Simulated => "simulated",
+            Self::Openai => "openai",
+            Self::Anthropic => "anthropic",
+        }
+    }
+
+    pub fn is_http(self) -> bool {
+        !matches!(self, Self::Simulated)
+    }
 }
 
 /// How a simulated provider misbehaves.
@@ -150,6 +169,44 @@ pub struct ProviderConfig {
     /// Simulated: behaviour for particular attempt numbers of a job.
     #[serde(default)]
     pub script: Vec<ScriptStep>,
+    /// HTTP kinds: the server root; `/v1/chat/completions` or `/v1/messages` is appended.
+    pub base_url: Option<String>,
+    /// HTTP kinds: the model name sent with each request.
+    pub model: Option<String>,
+    /// HTTP kinds: the environment variable holding the API key (never stored or shown).
+    pub api_key_env: Option<String>,
+    /// HTTP kinds: how long establishing a connection may take (a failure here is definite).
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    #[serde(default = "default_max_tokens")]
+    pub max_tokens: u32,
+    /// Sampling temperature for ordinary calls; qualification uses the task's.
+    pub temperature: Option<f64>,
+    /// The context budget in tokens (prompt + max_tokens must fit).
+    pub context_tokens: Option<u32>,
+}
+
+fn default_connect_timeout_ms() -> u64 {
+    5_000
+}
+fn default_max_tokens() -> u32 {
+    1_024
+}
+
+impl ProviderConfig {
+    /// The context budget: configured, else the kind's usual window.
+    pub fn context_budget(&self) -> u32 {
+        self.context_tokens.unwrap_or(match self.kind {
+            ProviderKind::Simulated => 1_000_000,
+            ProviderKind::Openai => 128_000,
+            ProviderKind::Anthropic => 200_000,
+        })
+    }
+
+    /// The model a qualification is bound to (`simulated` for the simulated kind).
+    pub fn model_name(&self) -> &str {
+        self.model.as_deref().unwrap_or("simulated")
+    }
 }
 
 fn default_timeout_ms() -> u64 {
@@ -177,9 +234,34 @@ pub struct TaskConfig {
     pub name: String,
     /// Primary first, then fallbacks.
     pub providers: Vec<String>,
-    /// Input fields that must be present as non-empty strings.
+    /// Input fields that must be present as non-empty strings (and the fields
+    /// of the browser form).
     #[serde(default)]
     pub input_fields: Vec<String>,
+    /// The prompt: a minijinja template over the input's fields, with strict
+    /// undefined variables. Required when the chain has an HTTP provider.
+    pub template: Option<String>,
+    /// A JSON Schema every input must satisfy.
+    pub input_schema: Option<serde_json::Value>,
+    /// A JSON Schema every answer must satisfy (else the attempt fails with
+    /// `invalid_output`); also sent as the structured-output format.
+    pub output_schema: Option<serde_json::Value>,
+    /// The low temperature used for qualification.
+    #[serde(default)]
+    pub temperature: f64,
+    /// Examples that qualification runs: an input and expectations on the answer.
+    #[serde(default)]
+    pub golden: Vec<GoldenExample>,
+}
+
+/// A golden example: `expect` maps JSON Pointers into the answer (e.g.
+/// `"/sentiment"`) to the value they must hold.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GoldenExample {
+    pub input: serde_json::Value,
+    #[serde(default)]
+    pub expect: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -289,6 +371,36 @@ impl Config {
                     "must be greater than 0",
                 );
             }
+            if provider.kind.is_http() {
+                match &provider.base_url {
+                    Some(url) if url.starts_with("http://") || url.starts_with("https://") => {}
+                    _ => {
+                        return invalid(
+                            format!("providers[{i}].base_url"),
+                            "an http:// or https:// URL is required",
+                        )
+                    }
+                }
+                if provider.model.as_deref().is_none_or(str::is_empty) {
+                    return invalid(format!("providers[{i}].model"), "a model name is required");
+                }
+            }
+            if let Some(var) = &provider.api_key_env {
+                if std::env::var(var).map_or(true, |v| v.is_empty()) {
+                    return invalid(
+                        format!("providers[{i}].api_key_env"),
+                        &format!("the environment variable {var} is not set"),
+                    );
+                }
+            }
+            if let Some(t) = provider.temperature {
+                if !(0.0..=2.0).contains(&t) {
+                    return invalid(
+                        format!("providers[{i}].temperature"),
+                        "must be between 0 and 2",
+                    );
+                }
+            }
             for (j, step) in provider.script.iter().enumerate() {
                 if step.attempt == 0 {
                     return invalid(
@@ -318,6 +430,8 @@ impl Config {
                     "name at least one provider",
                 );
             }
+            crate::tasks::check_task(task)
+                .map_err(|(key, message)| (format!("tasks[{i}].{key}"), message))?;
             let mut seen = HashSet::new();
             for (j, name) in task.providers.iter().enumerate() {
                 if self.provider(name).is_none() {
@@ -328,6 +442,13 @@ impl Config {
                 }
                 if !seen.insert(name) {
                     return invalid(format!("tasks[{i}].providers[{j}]"), "listed twice");
+                }
+                if self.provider(name).is_some_and(|p| p.kind.is_http()) && task.template.is_none()
+                {
+                    return invalid(
+                        format!("tasks[{i}].template"),
+                        &format!("provider {name:?} is an HTTP provider: the task needs a prompt template"),
+                    );
                 }
             }
         }

@@ -7,6 +7,7 @@ pub mod domain;
 pub mod providers;
 pub mod startup;
 pub mod store;
+pub mod tasks;
 pub mod telemetry;
 pub mod web;
 pub mod worker;

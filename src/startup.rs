@@ -13,6 +13,7 @@ use tracing_actix_web::TracingLogger;
 use crate::config::Config;
 use crate::providers::Providers;
 use crate::store::{migrations, DatabaseUrl, Store};
+use crate::tasks::Tasks;
 use crate::web::{self, AppState};
 use crate::worker::{self, WorkerHandle};
 use actix_web::web::Data;
@@ -59,11 +60,18 @@ impl Application {
     ) -> Result<Self, StartupError> {
         let config = Arc::new(config);
         let providers = Providers::from_config(&config);
-        let worker = worker::spawn(store.clone(), providers.clone(), config.clone());
+        let tasks = Tasks::from_config(&config);
+        let worker = worker::spawn(
+            store.clone(),
+            providers.clone(),
+            tasks.clone(),
+            config.clone(),
+        );
         let state = Data::new(AppState {
             store,
             config: config.clone(),
             providers,
+            tasks,
             worker_wake: worker.waker(),
         });
         let port = listener.local_addr()?.port();

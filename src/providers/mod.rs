@@ -1,6 +1,9 @@
 //! Providers: where attempts are sent. Each call ends in one of three outcomes,
-//! and only a definite failure allows automatic failover (DESIGN.md §5).
+//! and only a definite failure allows automatic failover (DESIGN.md §5); the
+//! table is in [`classify`].
 
+pub mod classify;
+pub mod http;
 pub mod simulated;
 
 use std::collections::HashMap;
@@ -10,34 +13,43 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::config::{Config, ProviderConfig, ProviderKind};
+use crate::tasks::TaskSpec;
+use http::{HttpCall, HttpProvider};
 use simulated::SimulatedProvider;
 
-/// What the worker sends: the job's intent under the attempt's own identity.
-#[derive(Debug, Clone)]
+/// What the worker (or a qualification run) sends: the job's intent under the
+/// attempt's own identity.
+#[derive(Clone)]
 pub struct ProviderRequest {
+    /// Sent as `Idempotency-Key` and `X-Request-Id`.
     pub attempt_id: String,
     pub attempt_number: i32,
     pub job_id: String,
-    pub task: String,
+    pub task: Arc<TaskSpec>,
     pub input: Value,
     pub params: Value,
+    /// Overrides the provider's temperature (qualification uses the task's).
+    pub temperature: Option<f64>,
 }
 
 /// How a provider call ended.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ProviderOutcome {
-    /// A usable answer.
+    /// A usable answer (JSON that satisfies the task's output schema).
     Succeeded(Value),
-    /// The provider surely did not do the work (or answered unusably).
+    /// The provider surely did not do the work, or answered unusably
+    /// (`invalid_output`); failover is allowed.
     Failed(String),
-    /// The request may have been acted on, but no answer came (connection lost
-    /// after sending, …). The attempt becomes `unknown`.
+    /// The request may have been acted on, but no usable answer came
+    /// (connection lost after sending, 5xx, truncated body). The attempt
+    /// becomes `unknown`.
     Unknown(String),
 }
 
 /// A configured provider with its timing rules.
 pub struct Provider {
     pub name: String,
+    pub config: ProviderConfig,
     /// Past this the attempt becomes `unknown`.
     pub soft_timeout: Duration,
     /// How much longer a timed-out call is kept open for a late answer.
@@ -47,6 +59,7 @@ pub struct Provider {
 
 enum ProviderClient {
     Simulated(SimulatedProvider),
+    Http(HttpProvider),
 }
 
 impl Provider {
@@ -55,28 +68,56 @@ impl Provider {
             ProviderKind::Simulated => {
                 ProviderClient::Simulated(SimulatedProvider::from_config(config))
             }
+            ProviderKind::Openai | ProviderKind::Anthropic => {
+                ProviderClient::Http(HttpProvider::from_config(config))
+            }
         };
         Self {
             name: config.name.clone(),
+            config: config.clone(),
             soft_timeout: Duration::from_millis(config.timeout_ms),
             late_result_window: Duration::from_millis(config.late_result_ms),
             client,
         }
     }
 
-    /// Sends the request and waits for the answer, however long it takes; the
-    /// worker applies the soft timeout and late-result window around this.
+    /// Sends the request and waits for the answer, however long it takes (the
+    /// worker applies the soft timeout and the late-result window around this),
+    /// then checks the answer against the task's output schema.
     pub async fn call(&self, request: &ProviderRequest) -> ProviderOutcome {
-        match &self.client {
+        let outcome = match &self.client {
             ProviderClient::Simulated(sim) => sim.call(&self.name, request).await,
+            ProviderClient::Http(http) => {
+                let prompt = match request.task.render_prompt(&request.input) {
+                    Ok(prompt) => prompt,
+                    // Nothing was sent: definite.
+                    Err(reason) => return ProviderOutcome::Failed(reason),
+                };
+                let call = HttpCall {
+                    request_id: &request.attempt_id,
+                    task: &request.task.config.name,
+                    prompt: &prompt,
+                    output_schema: request.task.config.output_schema.as_ref(),
+                    temperature: request.temperature,
+                };
+                http.call(&call).await
+            }
+        };
+        match outcome {
+            ProviderOutcome::Succeeded(answer) => match request.task.check_output(&answer) {
+                Ok(()) => ProviderOutcome::Succeeded(answer),
+                Err(reason) => ProviderOutcome::Failed(format!("invalid_output: {reason}")),
+            },
+            other => other,
         }
     }
 
-    /// Attempt ids this provider has been sent, in order (a provider call log
-    /// kept in memory by the simulated provider; empty for others).
+    /// Attempt ids this provider has been sent, in order (kept in memory by the
+    /// simulated provider; empty for others).
     pub fn sent_attempts(&self) -> Vec<String> {
         match &self.client {
             ProviderClient::Simulated(sim) => sim.sent_attempts(),
+            ProviderClient::Http(_) => Vec::new(),
         }
     }
 }

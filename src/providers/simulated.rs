@@ -72,9 +72,9 @@ fn answer(provider_name: &str, request: &ProviderRequest) -> serde_json::Value {
     let digest = sha256_hex(canonical_json(&request.input).as_bytes());
     json!({
         "provider": provider_name,
-        "task": request.task,
+        "task": request.task.config.name,
         "input_sha256": digest,
-        "summary": format!("simulated {} of input {}", request.task, &digest[..12]),
+        "summary": format!("simulated {} of input {}", request.task.config.name, &digest[..12]),
     })
 }
 
@@ -92,17 +92,28 @@ mod tests {
             latency_ms: 1,
             fail: SimulatedFailure::None,
             script,
+            base_url: None,
+            model: None,
+            api_key_env: None,
+            connect_timeout_ms: 1000,
+            max_tokens: 100,
+            temperature: None,
+            context_tokens: None,
         }
     }
 
     fn request(number: i32, input: serde_json::Value) -> ProviderRequest {
+        let config = crate::config::Config::load(None).unwrap();
         ProviderRequest {
             attempt_id: format!("attempt-{number}"),
             attempt_number: number,
             job_id: "job".into(),
-            task: "summarize".into(),
+            task: crate::tasks::Tasks::from_config(&config)
+                .get("summarize")
+                .unwrap(),
             input,
             params: json!({}),
+            temperature: None,
         }
     }
 

@@ -9,6 +9,7 @@ use crate::config::{Config, TaskConfig};
 use crate::domain::{Fingerprint, IdempotencyKey, JobIntent};
 use crate::store::attempts::{AbandonError, JobActionError};
 use crate::store::jobs::NewJob;
+use crate::tasks::Tasks;
 
 /// Checks the input against the task's rules: a JSON object whose required
 /// fields are non-empty strings.
@@ -54,6 +55,7 @@ pub fn require_in_chain(
 /// stored, so a refusal here never reserves the key.
 pub fn prepare_job(
     config: &Config,
+    tasks: &Tasks,
     owner_id: &str,
     key: IdempotencyKey,
     body: CreateJobRequest,
@@ -74,6 +76,10 @@ pub fn prepare_job(
     })?;
     require_in_chain(&task.name, &task.providers, body.provider.as_ref())?;
     check_input(task, &body.input)?;
+    if let Some(spec) = tasks.get(&task.name) {
+        spec.check_input(&body.input)
+            .map_err(|reason| ApiError::new(ProblemType::InvalidInput, reason))?;
+    }
     let params = body
         .params
         .unwrap_or_else(|| Value::Object(Default::default()));

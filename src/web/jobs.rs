@@ -72,7 +72,7 @@ pub async fn create_job(
         EmptyBody::Refuse,
     )
     .await?;
-    let new_job = prepare_job(&state.config, &caller.0.id, key, body)?;
+    let new_job = prepare_job(&state.config, &state.tasks, &caller.0.id, key, body)?;
     let outcome = state
         .store
         .run(move |conn| job_store::create_job(conn, &new_job))

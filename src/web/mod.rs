@@ -32,6 +32,7 @@ pub struct AppState {
     pub store: Store,
     pub config: Arc<Config>,
     pub providers: Providers,
+    pub tasks: crate::tasks::Tasks,
     /// Wakes an idle worker when an attempt is queued.
     pub worker_wake: Arc<Notify>,
 }

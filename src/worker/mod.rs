@@ -20,6 +20,7 @@ use crate::config::Config;
 use crate::providers::{Provider, ProviderOutcome, ProviderRequest, Providers};
 use crate::store::attempts::{self, Claim, Completion, FailureOutcome};
 use crate::store::{Store, StoreError};
+use crate::tasks::Tasks;
 
 /// A running worker pool; dropping it does not stop it, [`WorkerHandle::shutdown`] does.
 pub struct WorkerHandle {
@@ -55,6 +56,7 @@ impl WorkerHandle {
 struct Worker {
     store: Store,
     providers: Providers,
+    tasks: Tasks,
     config: Arc<Config>,
     /// This process's lease owner id.
     lease_owner: String,
@@ -65,7 +67,12 @@ struct Worker {
 
 /// Starts `config.worker.concurrency` claim loops (0: this process sends
 /// nothing) and the lease reaper.
-pub fn spawn(store: Store, providers: Providers, config: Arc<Config>) -> WorkerHandle {
+pub fn spawn(
+    store: Store,
+    providers: Providers,
+    tasks: Tasks,
+    config: Arc<Config>,
+) -> WorkerHandle {
     let handle = WorkerHandle {
         wake: Arc::new(Notify::new()),
         shutdown: CancellationToken::new(),
@@ -74,6 +81,7 @@ pub fn spawn(store: Store, providers: Providers, config: Arc<Config>) -> WorkerH
     let worker = Worker {
         store,
         providers,
+        tasks,
         lease_owner: format!("worker-{}", uuid::Uuid::now_v7()),
         wake: handle.wake.clone(),
         shutdown: handle.shutdown.clone(),
@@ -167,13 +175,22 @@ impl Worker {
             self.apply(&claim, ProviderOutcome::Failed(error)).await;
             return;
         };
+        let Some(task) = self.tasks.get(&claim.job.task) else {
+            let error = format!(
+                "task {:?} is not configured; the attempt was not sent",
+                claim.job.task
+            );
+            self.apply(&claim, ProviderOutcome::Failed(error)).await;
+            return;
+        };
         let request = ProviderRequest {
             attempt_id: claim.attempt.id.clone(),
             attempt_number: claim.attempt.number,
             job_id: claim.job.id.clone(),
-            task: claim.job.task.clone(),
+            task,
             input: claim.job.input.clone(),
             params: claim.job.params.clone(),
+            temperature: None,
         };
         tracing::info!("attempt sent");
         let worker = self.clone();

@@ -192,7 +192,7 @@ pub async fn submit_job(
         provider: provider.clone(),
         params,
     };
-    let new_job = match prepare_job(&state.config, &user.user.id, key, request) {
+    let new_job = match prepare_job(&state.config, &state.tasks, &user.user.id, key, request) {
         Ok(job) => job,
         Err(problem) => return Ok(redisplay(problem.detail)),
     };

@@ -1,0 +1,128 @@
+//! How every outcome of a provider call is classified (DESIGN.md §5). This is
+//! the one table; `docs/providers.md` shows it to people.
+//!
+//! | what happened | outcome | failover |
+//! |---|---|---|
+//! | connection refused, DNS or TLS failure (nothing was sent) | definite failure | yes |
+//! | 400, 401, 403, 404, 422 (the provider refused the request) | definite failure, not retried on that provider | yes |
+//! | 429 rate limited; 529 or an `overloaded` error | definite failure; later calls to that provider wait for `Retry-After` | yes |
+//! | other 4xx | definite failure | yes |
+//! | soft timeout, connection reset after sending, truncated body | unknown | no |
+//! | 500, 502, 503, 504 and other 5xx | unknown | no |
+//! | 2xx whose content is not JSON or fails the output schema | failed (`invalid_output`) | yes |
+//! | 2xx with a valid answer | succeeded | – |
+//! | anything else | unknown | no |
+
+use std::time::Duration;
+
+/// The classification of a non-2xx HTTP status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StatusClass {
+    /// The provider surely did not do the work.
+    Definite {
+        reason: String,
+        retry_after: Option<Duration>,
+    },
+    /// The provider may have done the work.
+    Unknown { reason: String },
+}
+
+/// Classifies a non-2xx status (with its `Retry-After`, if any, and a short
+/// excerpt of the body for the reason).
+pub fn classify_status(
+    status: u16,
+    retry_after: Option<Duration>,
+    body_excerpt: &str,
+) -> StatusClass {
+    let detail = if body_excerpt.is_empty() {
+        String::new()
+    } else {
+        format!(": {body_excerpt}")
+    };
+    let overloaded = body_excerpt.contains("overloaded");
+    match status {
+        400 | 401 | 403 | 404 | 422 => StatusClass::Definite {
+            reason: format!("the provider refused the request with {status}{detail}"),
+            retry_after: None,
+        },
+        429 => StatusClass::Definite {
+            reason: format!("rate limited (429){detail}"),
+            retry_after: retry_after.or(Some(Duration::from_secs(1))),
+        },
+        529 => StatusClass::Definite {
+            reason: format!("the provider is overloaded (529){detail}"),
+            retry_after,
+        },
+        // Some gateways report overload as a 503 with an explicit error type.
+        503 if overloaded => StatusClass::Definite {
+            reason: format!("the provider is overloaded (503){detail}"),
+            retry_after,
+        },
+        400..=499 => StatusClass::Definite {
+            reason: format!("the provider refused the request with {status}{detail}"),
+            retry_after: None,
+        },
+        _ => StatusClass::Unknown {
+            reason: format!(
+                "the provider answered {status}; it may or may not have done the work{detail}"
+            ),
+        },
+    }
+}
+
+/// Parses `Retry-After` given in seconds (the HTTP-date form is treated as absent).
+pub fn parse_retry_after(value: Option<&str>) -> Option<Duration> {
+    value
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_secs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn is_definite(status: u16) -> bool {
+        matches!(
+            classify_status(status, None, ""),
+            StatusClass::Definite { .. }
+        )
+    }
+
+    #[test]
+    fn explicit_rejections_are_definite() {
+        for status in [400, 401, 403, 404, 422, 429, 529, 409, 413] {
+            assert!(is_definite(status), "{status}");
+        }
+    }
+
+    #[test]
+    fn gateway_errors_and_server_errors_are_unknown() {
+        for status in [500, 502, 503, 504, 520] {
+            assert!(!is_definite(status), "{status}");
+        }
+    }
+
+    #[test]
+    fn an_overloaded_503_is_definite() {
+        assert!(matches!(
+            classify_status(503, None, r#"{"error":{"type":"overloaded_error"}}"#),
+            StatusClass::Definite { .. }
+        ));
+    }
+
+    #[test]
+    fn rate_limits_carry_their_retry_after() {
+        let class = classify_status(429, parse_retry_after(Some("7")), "");
+        assert_eq!(
+            class,
+            StatusClass::Definite {
+                reason: "rate limited (429)".into(),
+                retry_after: Some(Duration::from_secs(7))
+            }
+        );
+        assert_eq!(
+            parse_retry_after(Some("Wed, 21 Oct 2026 07:28:00 GMT")),
+            None
+        );
+    }
+}

@@ -1,0 +1,288 @@
+//! Providers over HTTP: OpenAI-compatible chat completions and Anthropic
+//! messages, with reqwest. No automatic retries and no redirects (a repeat
+//! could run the work twice); each call carries the attempt id as
+//! `Idempotency-Key` and `X-Request-Id`; every outcome is classified by
+//! [`super::classify`].
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use reqwest::header::{HeaderMap, HeaderValue};
+use serde_json::{json, Value};
+use tokio::time::Instant;
+
+use super::classify::{classify_status, parse_retry_after, StatusClass};
+use super::ProviderOutcome;
+use crate::config::{ProviderConfig, ProviderKind};
+
+/// The Anthropic API version this client speaks.
+pub const ANTHROPIC_VERSION: &str = "2023-06-01";
+/// The beta that enables Anthropic's structured outputs.
+pub const ANTHROPIC_STRUCTURED_OUTPUTS_BETA: &str = "structured-outputs-2025-11-13";
+
+/// An API key read from the environment. It is never logged or shown:
+/// `Debug` prints `***`.
+#[derive(Clone)]
+struct ApiKey(String);
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("***")
+    }
+}
+
+/// What one HTTP call sends.
+pub struct HttpCall<'a> {
+    pub request_id: &'a str,
+    pub task: &'a str,
+    pub prompt: &'a str,
+    pub output_schema: Option<&'a Value>,
+    pub temperature: Option<f64>,
+}
+
+#[derive(Debug)]
+pub struct HttpProvider {
+    kind: ProviderKind,
+    client: reqwest::Client,
+    endpoint: String,
+    model: String,
+    api_key: Option<ApiKey>,
+    max_tokens: u32,
+    temperature: Option<f64>,
+    /// After a 429 or 529, later calls wait until this instant.
+    not_before: Mutex<Option<Instant>>,
+}
+
+impl HttpProvider {
+    pub fn from_config(config: &ProviderConfig) -> Self {
+        let base = config
+            .base_url
+            .as_deref()
+            .unwrap_or_default()
+            .trim_end_matches('/');
+        let path = match config.kind {
+            ProviderKind::Anthropic => "/v1/messages",
+            _ => "/v1/chat/completions",
+        };
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .retry(reqwest::retry::never())
+            .connect_timeout(Duration::from_millis(config.connect_timeout_ms))
+            .build()
+            .expect("an HTTP client with a rustls backend");
+        Self {
+            kind: config.kind,
+            client,
+            endpoint: format!("{base}{path}"),
+            model: config.model.clone().unwrap_or_default(),
+            api_key: config
+                .api_key_env
+                .as_deref()
+                .and_then(|var| std::env::var(var).ok())
+                .map(ApiKey),
+            max_tokens: config.max_tokens,
+            temperature: config.temperature,
+            not_before: Mutex::new(None),
+        }
+    }
+
+    fn body(&self, call: &HttpCall<'_>) -> Value {
+        let temperature = call.temperature.or(self.temperature);
+        let messages = json!([{ "role": "user", "content": call.prompt }]);
+        let mut body =
+            json!({ "model": self.model, "max_tokens": self.max_tokens, "messages": messages });
+        if let Some(t) = temperature {
+            body["temperature"] = json!(t);
+        }
+        if let Some(schema) = call.output_schema {
+            match self.kind {
+                ProviderKind::Anthropic => {
+                    body["output_format"] = json!({ "type": "json_schema", "schema": schema });
+                }
+                _ => {
+                    body["response_format"] = json!({
+                        "type": "json_schema",
+                        "json_schema": { "name": schema_name(call.task), "schema": schema, "strict": true }
+                    });
+                }
+            }
+        }
+        body
+    }
+
+    fn headers(&self, call: &HttpCall<'_>) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        let id = HeaderValue::from_str(call.request_id).expect("attempt ids are ASCII");
+        headers.insert("Idempotency-Key", id.clone());
+        headers.insert("X-Request-Id", id);
+        if self.kind == ProviderKind::Anthropic {
+            headers.insert(
+                "anthropic-version",
+                HeaderValue::from_static(ANTHROPIC_VERSION),
+            );
+            if call.output_schema.is_some() {
+                headers.insert(
+                    "anthropic-beta",
+                    HeaderValue::from_static(ANTHROPIC_STRUCTURED_OUTPUTS_BETA),
+                );
+            }
+        }
+        if let Some(ApiKey(key)) = &self.api_key {
+            let (name, value) = match self.kind {
+                ProviderKind::Anthropic => ("x-api-key", key.clone()),
+                _ => ("Authorization", format!("Bearer {key}")),
+            };
+            if let Ok(mut value) = HeaderValue::from_str(&value) {
+                value.set_sensitive(true);
+                headers.insert(name, value);
+            }
+        }
+        headers
+    }
+
+    async fn wait_for_cooldown(&self) {
+        let until = *self.not_before.lock().expect("cooldown lock");
+        if let Some(until) = until {
+            tokio::time::sleep_until(until).await;
+        }
+    }
+
+    fn cool_down(&self, pause: Duration) {
+        let until = Instant::now() + pause.min(Duration::from_secs(300));
+        let mut guard = self.not_before.lock().expect("cooldown lock");
+        if guard.is_none_or(|current| current < until) {
+            *guard = Some(until);
+        }
+    }
+
+    /// Sends the call and classifies what comes back.
+    pub async fn call(&self, call: &HttpCall<'_>) -> ProviderOutcome {
+        self.wait_for_cooldown().await;
+        let sent = self
+            .client
+            .post(&self.endpoint)
+            .headers(self.headers(call))
+            .json(&self.body(call))
+            .send()
+            .await;
+        let response = match sent {
+            Ok(response) => response,
+            // Nothing reached the provider: refused, DNS, TLS, connect timeout.
+            Err(e) if e.is_connect() => {
+                return ProviderOutcome::Failed(format!(
+                    "could not connect to the provider: {}",
+                    error_chain(&e)
+                ))
+            }
+            Err(e) => {
+                return ProviderOutcome::Unknown(format!(
+                    "the connection failed after the request was sent: {}",
+                    error_chain(&e)
+                ))
+            }
+        };
+        let status = response.status();
+        let retry_after = parse_retry_after(
+            response
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok()),
+        );
+        let bytes = match response.bytes().await {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                return ProviderOutcome::Unknown(format!(
+                    "the answer was cut off ({status}): {}",
+                    error_chain(&e)
+                ))
+            }
+        };
+        if !status.is_success() {
+            let excerpt: String = String::from_utf8_lossy(&bytes).chars().take(300).collect();
+            return match classify_status(status.as_u16(), retry_after, excerpt.trim()) {
+                StatusClass::Definite {
+                    reason,
+                    retry_after,
+                } => {
+                    if let Some(pause) = retry_after {
+                        self.cool_down(pause);
+                    }
+                    ProviderOutcome::Failed(reason)
+                }
+                StatusClass::Unknown { reason } => ProviderOutcome::Unknown(reason),
+            };
+        }
+        let envelope: Value = match serde_json::from_slice(&bytes) {
+            Ok(v) => v,
+            Err(e) => {
+                return ProviderOutcome::Unknown(format!(
+                    "the answer is truncated or garbled ({status}): {e}"
+                ))
+            }
+        };
+        let text = match self.answer_text(&envelope) {
+            Ok(text) => text,
+            Err(reason) => return ProviderOutcome::Failed(format!("invalid_output: {reason}")),
+        };
+        match serde_json::from_str::<Value>(text.trim()) {
+            Ok(answer) => ProviderOutcome::Succeeded(answer),
+            Err(_) => {
+                let excerpt: String = text.chars().take(120).collect();
+                ProviderOutcome::Failed(format!(
+                    "invalid_output: the answer is not JSON: {excerpt:?}"
+                ))
+            }
+        }
+    }
+
+    /// The model's text out of the provider's response envelope.
+    fn answer_text(&self, envelope: &Value) -> Result<String, String> {
+        match self.kind {
+            ProviderKind::Anthropic => {
+                let parts = envelope["content"]
+                    .as_array()
+                    .ok_or("the response has no content")?;
+                let text: String = parts.iter().filter_map(|p| p["text"].as_str()).collect();
+                if text.is_empty() {
+                    return Err("the response has no text content".into());
+                }
+                Ok(text)
+            }
+            _ => {
+                let message = &envelope["choices"][0]["message"];
+                if let Some(refusal) = message["refusal"].as_str() {
+                    return Err(format!("the model refused: {refusal}"));
+                }
+                message["content"]
+                    .as_str()
+                    .map(str::to_owned)
+                    .ok_or_else(|| "the response has no message content".into())
+            }
+        }
+    }
+}
+
+/// OpenAI schema names allow `[a-zA-Z0-9_-]`.
+fn schema_name(task: &str) -> String {
+    task.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// An error with its sources, for a reason people can act on.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    text
+}
