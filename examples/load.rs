@@ -67,7 +67,9 @@ async fn main() {
         .unwrap()
     };
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let app = Application::build(config, store.clone(), listener).unwrap();
+    let app = Application::build(config, store.clone(), listener)
+        .await
+        .unwrap();
     let base = format!("http://127.0.0.1:{}", app.port());
     tokio::spawn(app.run_until_stopped());
 

@@ -161,7 +161,7 @@ async fn serve(config: Config, url: DatabaseUrl, bind: Option<String>) -> CliRes
         backend = store.backend().as_str(),
         "onejob is serving"
     );
-    let app = Application::build(config, store, listener)?;
+    let app = Application::build(config, store, listener).await?;
     app.run_until_stopped().await?;
     tracing::info!("stopped");
     Ok(())

@@ -5,6 +5,7 @@ pub mod cli;
 pub mod config;
 pub mod domain;
 pub mod providers;
+pub mod qualify;
 pub mod startup;
 pub mod store;
 pub mod tasks;

@@ -51,9 +51,10 @@ pub struct Application {
 }
 
 impl Application {
-    /// Starts the worker and builds the HTTP server on `listener`. Must be called
-    /// inside a tokio runtime; nothing is served until [`run_until_stopped`].
-    pub fn build(
+    /// Qualifies simulated providers that need it, starts the worker and builds
+    /// the HTTP server on `listener`; nothing is served until
+    /// [`run_until_stopped`](Self::run_until_stopped).
+    pub async fn build(
         config: Config,
         store: Store,
         listener: TcpListener,
@@ -61,6 +62,7 @@ impl Application {
         let config = Arc::new(config);
         let providers = Providers::from_config(&config);
         let tasks = Tasks::from_config(&config);
+        crate::qualify::qualify_simulated(&store, &config, &providers, &tasks).await;
         let worker = worker::spawn(
             store.clone(),
             providers.clone(),

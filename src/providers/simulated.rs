@@ -44,10 +44,13 @@ impl SimulatedProvider {
     }
 
     pub async fn call(&self, provider_name: &str, request: &ProviderRequest) -> ProviderOutcome {
-        self.sent
-            .lock()
-            .expect("sent log lock")
-            .push(request.attempt_id.clone());
+        // The log holds job attempts only; qualification calls (number 0) are not attempts.
+        if request.attempt_number >= 1 {
+            self.sent
+                .lock()
+                .expect("sent log lock")
+                .push(request.attempt_id.clone());
+        }
         let (latency, fail) = self.behaviour(request.attempt_number);
         match fail {
             SimulatedFailure::Definite => {

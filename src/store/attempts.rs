@@ -402,11 +402,15 @@ pub enum FailureOutcome {
 
 /// Applies a definite failure, then fails over along `order` (the job's
 /// failover order) to the first provider the job has not tried, or fails the job.
+///
+/// `order` holds only providers failover may use (the job's primary and
+/// qualified fallbacks); `skipped` names the others, for the failure reason.
 pub fn complete_failure(
     conn: &mut DbConnection,
     attempt_id: &str,
     error: &str,
     order: &[String],
+    skipped: &[String],
 ) -> StoreResult<FailureOutcome> {
     write_transaction(conn, |conn| {
         let now = now_ms();
@@ -442,10 +446,19 @@ pub fn complete_failure(
                 })
             }
             None => {
-                let reason = format!(
-                    "every provider in the chain failed ({}); last error: {error}",
-                    tried.join(", ")
-                );
+                let reason = if skipped.is_empty() {
+                    format!(
+                        "every provider in the chain failed ({}); last error: {error}",
+                        tried.join(", ")
+                    )
+                } else {
+                    format!(
+                        "no qualified fallback provider is left: {} not qualified for this task; tried {}; \
+                         last error: {error}",
+                        skipped.join(", "),
+                        tried.join(", ")
+                    )
+                };
                 if fail_job(conn, &job, &reason, now)? {
                     Ok(FailureOutcome::JobFailed { reason })
                 } else {

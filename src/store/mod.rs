@@ -8,6 +8,7 @@ pub mod connection;
 pub mod jobs;
 pub mod migrations;
 pub mod models;
+pub mod qualifications;
 pub mod schema;
 pub mod sessions;
 pub mod users;

@@ -120,7 +120,23 @@ diesel::allow_tables_to_appear_in_same_query!(
     race_log,
     audit_log,
     sessions,
-    login_failures
+    login_failures,
+    qualifications
 );
 diesel::joinable!(jobs -> users (owner_id));
 diesel::joinable!(audit_log -> users (actor_id));
+
+diesel::table! {
+    qualifications (id) {
+        id -> Text,
+        provider -> Text,
+        model -> Text,
+        task -> Text,
+        template_sha256 -> Text,
+        output_schema_sha256 -> Text,
+        passed -> Bool,
+        checks -> Text,
+        round_trip_ms -> BigInt,
+        qualified_at -> BigInt,
+    }
+}

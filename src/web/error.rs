@@ -22,6 +22,8 @@ pub enum ProblemType {
     JobFinished,
     AttemptNotUnknown,
     ChainExhausted,
+    ProviderNotQualified,
+    InvalidSignature,
     MalformedJson,
     InvalidBody,
     UnknownTask,
@@ -35,7 +37,7 @@ pub enum ProblemType {
 }
 
 impl ProblemType {
-    pub const ALL: [ProblemType; 20] = [
+    pub const ALL: [ProblemType; 22] = [
         Self::Unauthorized,
         Self::Forbidden,
         Self::NotFound,
@@ -46,6 +48,8 @@ impl ProblemType {
         Self::JobFinished,
         Self::AttemptNotUnknown,
         Self::ChainExhausted,
+        Self::ProviderNotQualified,
+        Self::InvalidSignature,
         Self::MalformedJson,
         Self::InvalidBody,
         Self::UnknownTask,
@@ -82,6 +86,10 @@ impl ProblemType {
                 "Abandoning is for attempts whose outcome is unknown."),
             Self::ChainExhausted => ("chain-exhausted", S::CONFLICT, "No untried provider left",
                 "Every provider of the task's chain has been tried on this job; name a provider explicitly."),
+            Self::ProviderNotQualified => ("provider-not-qualified", S::CONFLICT, "Provider not qualified for this task",
+                "Only the job's primary provider and providers with a current passing qualification for the task may take a new attempt. Run `onejob qualify` or use the console's Providers page."),
+            Self::InvalidSignature => ("invalid-signature", S::UNAUTHORIZED, "Invalid callback signature",
+                "The callback's `X-Onejob-Signature` is missing or is not the HMAC-SHA256 of the body under this attempt's secret."),
             Self::MalformedJson => ("malformed-json", S::BAD_REQUEST, "Malformed JSON",
                 "The request body is not well-formed JSON."),
             Self::InvalidBody => ("invalid-body", S::UNPROCESSABLE_ENTITY, "Invalid request body",

@@ -165,3 +165,28 @@ pub fn operator_reason(raw: &str) -> Result<String, ApiError> {
     }
     Ok(reason.to_owned())
 }
+
+/// Refuses a named provider that may not take a new attempt on this job.
+pub fn require_allowed(
+    provider: Option<&str>,
+    allowed: &[String],
+    skipped: &[String],
+) -> Result<(), ApiError> {
+    match provider {
+        Some(p) if !allowed.iter().any(|a| a == p) => {
+            let status = skipped
+                .iter()
+                .find(|s| s.starts_with(&format!("{p} (")))
+                .cloned()
+                .unwrap_or_default();
+            Err(ApiError::new(
+                ProblemType::ProviderNotQualified,
+                format!(
+                    "provider {p:?} has no current passing qualification for this task ({status})"
+                ),
+            )
+            .with("allowed_providers", allowed.to_vec()))
+        }
+        _ => Ok(()),
+    }
+}

@@ -8,12 +8,13 @@ use utoipa::IntoParams;
 use super::auth::Caller;
 use super::body::{json_body, parse_query, EmptyBody};
 use super::error::{ApiError, ProblemType};
-use super::intake::{job_action_problem, prepare_job, require_in_chain};
+use super::intake::{job_action_problem, prepare_job, require_allowed, require_in_chain};
 use super::views::{
     AttemptView, CreateJobRequest, JobPage, JobSummary, JobView, Problem, StartAttemptRequest,
 };
 use super::AppState;
 use crate::domain::{IdempotencyKey, IdempotencyKeyError, JobId};
+use crate::qualify;
 use crate::store::attempts::{self as attempt_store};
 use crate::store::jobs::{self as job_store, CreateOutcome};
 use crate::store::models::Job;
@@ -249,9 +250,19 @@ pub async fn start_attempt(
         .map(|t| t.providers.clone())
         .unwrap_or_default();
     require_in_chain(&job.task, &chain, body.provider.as_ref())?;
-    let order = state
-        .config
-        .failover_order(&job.task, job.requested_provider.as_deref());
+    let (config, tasks, task, requested) = (
+        state.config.clone(),
+        state.tasks.clone(),
+        job.task.clone(),
+        job.requested_provider.clone(),
+    );
+    let (order, skipped) = state
+        .store
+        .run(move |conn| {
+            qualify::allowed_for_job(conn, &config, &tasks, &task, requested.as_deref())
+        })
+        .await?;
+    require_allowed(body.provider.as_deref(), &order, &skipped)?;
     // Staff acting on another owner's job are audited.
     let actor = (job.owner_id != caller.0.id).then(|| caller.0.id.clone());
     let job_id = job.id.clone();

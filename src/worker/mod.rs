@@ -18,6 +18,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
 use crate::providers::{Provider, ProviderOutcome, ProviderRequest, Providers};
+use crate::qualify;
 use crate::store::attempts::{self, Claim, Completion, FailureOutcome};
 use crate::store::{Store, StoreError};
 use crate::tasks::Tasks;
@@ -319,16 +320,32 @@ impl Worker {
                 }
             }
             ProviderOutcome::Failed(error) => {
-                let order = self
-                    .config
-                    .failover_order(&claim.job.task, claim.job.requested_provider.as_deref());
+                let (task, requested) =
+                    (claim.job.task.clone(), claim.job.requested_provider.clone());
+                let (config, tasks) = (self.config.clone(), self.tasks.clone());
                 let result = self
                     .with_retries("applying a failure", move |store| {
-                        let (id, error, order) = (attempt_id.clone(), error.clone(), order.clone());
+                        let (id, error, task, requested) = (
+                            attempt_id.clone(),
+                            error.clone(),
+                            task.clone(),
+                            requested.clone(),
+                        );
+                        let (config, tasks) = (config.clone(), tasks.clone());
                         async move {
                             store
                                 .run(move |conn| {
-                                    attempts::complete_failure(conn, &id, &error, &order)
+                                    // Failover goes only to qualified providers (DESIGN.md §6).
+                                    let (allowed, skipped) = qualify::allowed_for_job(
+                                        conn,
+                                        &config,
+                                        &tasks,
+                                        &task,
+                                        requested.as_deref(),
+                                    )?;
+                                    attempts::complete_failure(
+                                        conn, &id, &error, &allowed, &skipped,
+                                    )
                                 })
                                 .await
                         }

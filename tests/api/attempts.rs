@@ -38,6 +38,9 @@ latency_ms = 20
 name = "summarize"
 providers = ["sim-hang", "sim-fast"]
 input_fields = ["text"]
+
+[[tasks.golden]]
+input = { text = "golden example" }
 "#;
 
 async fn a_timeout_makes_the_attempt_unknown_and_blocks_new_attempts_until_support_abandons_it(
@@ -197,13 +200,17 @@ late_result_ms = 20000
 [[providers]]
 name = "sim-b"
 kind = "simulated"
-latency_ms = 3500
+latency_ms = 10
 timeout_ms = 20000
+script = [{ attempt = 2, latency_ms = 3500 }]
 
 [[tasks]]
 name = "summarize"
 providers = ["sim-a", "sim-b"]
 input_fields = ["text"]
+
+[[tasks.golden]]
+input = { text = "golden example" }
 "#;
 
 async fn the_first_started_attempt_wins_when_it_returns_first(backend: TestBackend) {
@@ -256,11 +263,12 @@ kind = "simulated"
 fail = "definite"
 latency_ms = 10
 
+# Qualifies (qualification calls are not attempts), then fails a job's attempt 2.
 [[providers]]
 name = "sim-broken-too"
 kind = "simulated"
-fail = "definite"
 latency_ms = 10
+script = [{ attempt = 2, fail = "definite" }]
 
 [[providers]]
 name = "sim-fast"
@@ -272,9 +280,15 @@ name = "summarize"
 providers = ["sim-broken", "sim-fast"]
 input_fields = ["text"]
 
+[[tasks.golden]]
+input = { text = "golden example" }
+
 [[tasks]]
 name = "doomed"
 providers = ["sim-broken", "sim-broken-too"]
+
+[[tasks.golden]]
+input = {}
 "#;
 
 async fn a_definite_failure_fails_over_to_the_next_provider_automatically(backend: TestBackend) {
@@ -364,7 +378,8 @@ async fn a_running_attempt_whose_process_died_becomes_unknown_and_is_not_resent(
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert!(
         app.sent("sim-fast").is_empty(),
-        "the attempt must never be re-sent"
+        "the attempt must never be re-sent: {:?}",
+        app.sent("sim-fast")
     );
     assert!(app.sent("sim-slow").is_empty());
     let job = app.get_job(&app.alice.token, &job_id).await;

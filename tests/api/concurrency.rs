@@ -263,7 +263,7 @@ async fn two_server_processes_on_one_database_never_send_an_attempt_twice(backen
             .unwrap()
     };
     let (second_address, second_providers, second_server) =
-        start_instance(test_config(DEFAULT_TEST_PROVIDERS), second_store);
+        start_instance(test_config(DEFAULT_TEST_PROVIDERS), second_store).await;
 
     let mut ids = Vec::new();
     for i in 0..JOBS {

@@ -158,6 +158,9 @@ late_result_ms = 10000
 name = "summarize"
 providers = ["sim-fast", "sim-slow"]
 input_fields = ["text"]
+
+[[tasks.golden]]
+input = { text = "golden example" }
 "#;
 
 /// A configuration for tests: fast polling, short leases, 2 HTTP workers.
@@ -269,7 +272,8 @@ impl PreparedApp {
     }
 
     pub async fn start(self) -> TestApp {
-        let (address, providers, server) = start_instance(self.config.clone(), self.store.clone());
+        let (address, providers, server) =
+            start_instance(self.config.clone(), self.store.clone()).await;
         TestApp {
             address,
             client: reqwest::Client::builder()
@@ -289,12 +293,14 @@ impl PreparedApp {
 }
 
 /// Starts one server process's worth of onejob (HTTP server + worker) on `store`.
-pub fn start_instance(
+pub async fn start_instance(
     config: Config,
     store: Store,
 ) -> (String, Providers, tokio::task::JoinHandle<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    let app = Application::build(config, store, listener).expect("build app");
+    let app = Application::build(config, store, listener)
+        .await
+        .expect("build app");
     let address = format!("http://127.0.0.1:{}", app.port());
     let providers = app.providers();
     let server = tokio::spawn(async move {

@@ -16,7 +16,7 @@ use crate::store::attempts as attempt_store;
 use crate::store::jobs::{self as job_store, CreateOutcome};
 use crate::store::models::{Attempt, Job};
 use crate::store::now_ms;
-use crate::web::intake::{job_action_problem, operator_reason, prepare_job};
+use crate::web::intake::{job_action_problem, operator_reason, prepare_job, require_allowed};
 use crate::web::jobs::visible_to;
 use crate::web::views::CreateJobRequest;
 use crate::web::AppState;
@@ -272,7 +272,8 @@ struct JobLive {
     timeline: Timeline,
     /// Why no new attempt may start now; empty when one may.
     retry_refusal: String,
-    /// Staff tools: providers of the chain for "next attempt on …".
+    /// Staff tools: the providers a new attempt may use (the job's primary and
+    /// qualified fallbacks), for "next attempt on …".
     staff: bool,
     chain: Vec<String>,
     can_fail: bool,
@@ -282,7 +283,7 @@ fn pretty(value: &Value) -> String {
     serde_json::to_string_pretty(value).unwrap_or_default()
 }
 
-fn job_live(state: &AppState, user: &SignedIn, job: &Job, attempts: &[Attempt]) -> JobLive {
+fn job_live(user: &SignedIn, job: &Job, attempts: &[Attempt], allowed: Vec<String>) -> JobLive {
     let live = attempts.iter().find(|a| a.state.is_live());
     let retry_refusal = match may_start_attempt(job.status, live.map(|a| a.state)) {
         Ok(()) => String::new(),
@@ -315,13 +316,28 @@ fn job_live(state: &AppState, user: &SignedIn, job: &Job, attempts: &[Attempt]) 
         timeline: timeline::layout(job.created_at, attempts, now_ms()),
         can_fail: staff && live.is_none() && !job.status.is_terminal(),
         staff,
-        chain: state
-            .config
-            .task(&job.task)
-            .map(|t| t.providers.clone())
-            .unwrap_or_default(),
+        chain: allowed,
         retry_refusal,
     }
+}
+
+/// The providers a new attempt on this job may use, and the skipped ones.
+async fn allowed_providers(
+    state: &AppState,
+    job: &Job,
+) -> Result<(Vec<String>, Vec<String>), PageError> {
+    let (config, tasks, task, requested) = (
+        state.config.clone(),
+        state.tasks.clone(),
+        job.task.clone(),
+        job.requested_provider.clone(),
+    );
+    Ok(state
+        .store
+        .run(move |conn| {
+            crate::qualify::allowed_for_job(conn, &config, &tasks, &task, requested.as_deref())
+        })
+        .await?)
 }
 
 async fn load_visible(
@@ -356,7 +372,8 @@ pub async fn job_page(
     path: web::Path<String>,
 ) -> Result<HttpResponse, PageError> {
     let (job, attempts) = load_visible(&state, &user, &path).await?;
-    let live = job_live(&state, &user, &job, &attempts);
+    let (allowed, _) = allowed_providers(&state, &job).await?;
+    let live = job_live(&user, &job, &attempts, allowed);
     if wants_partial(&req) {
         return Ok(render(&live));
     }
@@ -395,9 +412,8 @@ pub async fn start_attempt(
             )));
         }
     }
-    let order = state
-        .config
-        .failover_order(&job.task, job.requested_provider.as_deref());
+    let (order, skipped) = allowed_providers(&state, &job).await?;
+    require_allowed(provider.as_deref(), &order, &skipped)?;
     let actor = (job.owner_id != user.user.id).then(|| user.user.id.clone());
     let job_id = job.id.clone();
     let result = state
