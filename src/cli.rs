@@ -37,6 +37,14 @@ pub enum Command {
     },
     /// Apply pending database migrations and exit.
     Migrate,
+    /// Run a task's contract against a provider and record the result; exits
+    /// non-zero when a check fails.
+    Qualify {
+        #[arg(long)]
+        provider: String,
+        #[arg(long)]
+        task: String,
+    },
     /// Manage users and their API tokens.
     Users {
         #[command(subcommand)]
@@ -92,6 +100,7 @@ pub async fn run(cli: Cli) -> CliResult {
             .await
         }
         Command::Users { command } => blocking(move || users_command(&config, &url, command)).await,
+        Command::Qualify { provider, task } => qualify_command(config, url, &provider, &task).await,
     }
 }
 
@@ -133,6 +142,60 @@ fn users_command(
         }
     }
     Ok(())
+}
+
+async fn qualify_command(
+    config: Config,
+    url: DatabaseUrl,
+    provider: &str,
+    task: &str,
+) -> CliResult {
+    let providers = crate::providers::Providers::from_config(&config);
+    let tasks = crate::tasks::Tasks::from_config(&config);
+    let provider = providers
+        .get(provider)
+        .ok_or_else(|| format!("no provider named {provider:?} is configured"))?;
+    let spec = tasks
+        .get(task)
+        .ok_or_else(|| format!("no task named {task:?} is configured"))?;
+    if !spec.config.providers.contains(&provider.name) {
+        return Err(format!(
+            "provider {:?} is not in the chain of task {task:?}",
+            provider.name
+        )
+        .into());
+    }
+    let store = {
+        let (url, config) = (url.clone(), config.clone());
+        tokio::task::spawn_blocking(move || open_store(&url, &config)).await??
+    };
+    println!(
+        "qualifying {} (model {}) for task {task}",
+        provider.name,
+        provider.config.model_name()
+    );
+    let report = crate::qualify::run(&provider, &spec).await;
+    for check in &report.checks {
+        println!(
+            "{} {}: {}",
+            if check.passed { "PASS" } else { "FAIL" },
+            check.name,
+            check.detail
+        );
+    }
+    let row = report.to_row();
+    store
+        .run(move |conn| crate::store::qualifications::record(conn, &row))
+        .await?;
+    match report.first_failure() {
+        None => {
+            println!("qualified: {} may take failover for {task}", provider.name);
+            Ok(())
+        }
+        Some(check) => {
+            Err(format!("not qualified: {} failed: {}", check.name, check.detail).into())
+        }
+    }
 }
 
 async fn serve(config: Config, url: DatabaseUrl, bind: Option<String>) -> CliResult {

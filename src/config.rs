@@ -40,6 +40,12 @@ pub struct ServerConfig {
     pub shutdown_grace_ms: u64,
     /// How long a browser sign-in lasts.
     pub session_hours: u64,
+    /// The address providers reach this server at, for callback URLs
+    /// (e.g. `https://onejob.example.com`).
+    pub public_url: Option<String>,
+    /// The environment variable holding the key that per-attempt callback
+    /// secrets are derived from; unset means callbacks are off.
+    pub callback_secret_env: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -50,6 +56,8 @@ impl Default for ServerConfig {
             http_workers: 0,
             shutdown_grace_ms: 10_000,
             session_hours: 12,
+            public_url: None,
+            callback_secret_env: None,
         }
     }
 }
@@ -184,6 +192,10 @@ pub struct ProviderConfig {
     pub temperature: Option<f64>,
     /// The context budget in tokens (prompt + max_tokens must fit).
     pub context_tokens: Option<u32>,
+    /// HTTP kinds: send a callback URL and a per-attempt secret with each call,
+    /// for providers that answer asynchronously.
+    #[serde(default)]
+    pub callbacks: bool,
 }
 
 fn default_connect_timeout_ms() -> u64 {
@@ -338,6 +350,20 @@ impl Config {
         let invalid = |key: String, message: &str| Err((key, message.to_owned()));
         if self.server.body_limit_bytes == 0 {
             return invalid("server.body_limit_bytes".into(), "must be greater than 0");
+        }
+        if let Some(var) = &self.server.callback_secret_env {
+            if std::env::var(var).map_or(true, |v| v.is_empty()) {
+                return invalid(
+                    "server.callback_secret_env".into(),
+                    &format!("the environment variable {var} is not set"),
+                );
+            }
+            if self.server.public_url.is_none() {
+                return invalid(
+                    "server.public_url".into(),
+                    "callbacks need the URL providers reach this server at",
+                );
+            }
         }
         if self.server.session_hours == 0 {
             return invalid("server.session_hours".into(), "must be at least 1");

@@ -1,6 +1,7 @@
 //! onejob: one user intent, exactly one durable Job, however often it is
 //! clicked, retried or failed over. See ARCHITECTURE.md for the layers.
 
+pub mod callbacks;
 pub mod cli;
 pub mod config;
 pub mod domain;

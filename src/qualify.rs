@@ -163,6 +163,7 @@ async fn golden_check(
         input: golden.input.clone(),
         params: serde_json::json!({}),
         temperature: Some(task.config.temperature),
+        callback: None,
     };
     let timed = tokio::time::timeout(provider.soft_timeout, provider.call(&request)).await;
     match timed {

@@ -38,6 +38,7 @@ pub struct HttpCall<'a> {
     pub prompt: &'a str,
     pub output_schema: Option<&'a Value>,
     pub temperature: Option<f64>,
+    pub callback: Option<&'a super::CallbackTarget>,
 }
 
 #[derive(Debug)]
@@ -125,6 +126,16 @@ impl HttpProvider {
                     "anthropic-beta",
                     HeaderValue::from_static(ANTHROPIC_STRUCTURED_OUTPUTS_BETA),
                 );
+            }
+        }
+        if let Some(callback) = call.callback {
+            if let (Ok(url), Ok(mut secret)) = (
+                HeaderValue::from_str(&callback.url),
+                HeaderValue::from_str(&callback.secret),
+            ) {
+                secret.set_sensitive(true);
+                headers.insert("X-Onejob-Callback-Url", url);
+                headers.insert("X-Onejob-Callback-Secret", secret);
             }
         }
         if let Some(ApiKey(key)) = &self.api_key {

@@ -30,6 +30,16 @@ pub struct ProviderRequest {
     pub params: Value,
     /// Overrides the provider's temperature (qualification uses the task's).
     pub temperature: Option<f64>,
+    /// Where and with which secret the provider may call back late.
+    pub callback: Option<CallbackTarget>,
+}
+
+/// A callback URL and the attempt's secret, sent to providers that answer
+/// asynchronously (`callbacks = true`).
+#[derive(Clone)]
+pub struct CallbackTarget {
+    pub url: String,
+    pub secret: String,
 }
 
 /// How a provider call ended.
@@ -99,6 +109,7 @@ impl Provider {
                     prompt: &prompt,
                     output_schema: request.task.config.output_schema.as_ref(),
                     temperature: request.temperature,
+                    callback: request.callback.as_ref(),
                 };
                 http.call(&call).await
             }

@@ -102,6 +102,7 @@ mod tests {
             max_tokens: 100,
             temperature: None,
             context_tokens: None,
+            callbacks: false,
         }
     }
 
@@ -117,6 +118,7 @@ mod tests {
             input,
             params: json!({}),
             temperature: None,
+            callback: None,
         }
     }
 

@@ -5,6 +5,7 @@
 pub mod admin;
 pub mod auth;
 pub mod body;
+pub mod callbacks;
 pub mod error;
 pub mod health;
 pub mod intake;
@@ -88,7 +89,14 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     )
     .route("/admin/races", read().to(console::races))
     .route("/admin/audit", read().to(console::audit))
+    .route("/admin/providers", read().to(console::providers))
+    .route("/admin/providers/qualify", web::post().to(console::qualify))
     .route("/api/v1/openapi.json", read().to(openapi::openapi_json))
+    // Signed per attempt, not by a bearer token.
+    .route(
+        "/api/v1/callbacks/attempts/{id}",
+        web::post().to(callbacks::receive),
+    )
     .service(
         web::scope("/api/v1")
             .wrap(from_fn(auth::require_bearer))

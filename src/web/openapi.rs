@@ -5,7 +5,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::views::*;
-use super::{admin, health, jobs};
+use super::{admin, callbacks, health, jobs};
 
 struct BearerAuth;
 
@@ -41,6 +41,7 @@ impl Modify for BearerAuth {
         admin::abandon_attempt,
         admin::unknown_attempts,
         admin::races,
+        callbacks::receive,
         openapi_json,
         health::healthz,
         health::readyz,
@@ -57,12 +58,15 @@ impl Modify for BearerAuth {
         RaceView,
         Problem,
         Health,
+        callbacks::CallbackBody,
+        callbacks::CallbackOutcome,
     )),
     modifiers(&BearerAuth),
     tags(
         (name = "jobs", description = "Create and follow jobs"),
         (name = "support", description = "Resolve attempts stuck in unknown"),
         (name = "admin", description = "Review races"),
+        (name = "callbacks", description = "Late answers from asynchronous providers, signed per attempt"),
         (name = "health", description = "Liveness and readiness"),
     )
 )]

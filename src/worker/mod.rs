@@ -16,8 +16,9 @@ use tokio::time::{sleep, Instant};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::callbacks::CallbackKey;
 use crate::config::Config;
-use crate::providers::{Provider, ProviderOutcome, ProviderRequest, Providers};
+use crate::providers::{CallbackTarget, Provider, ProviderOutcome, ProviderRequest, Providers};
 use crate::qualify;
 use crate::store::attempts::{self, Claim, Completion, FailureOutcome};
 use crate::store::{Store, StoreError};
@@ -192,6 +193,7 @@ impl Worker {
             input: claim.job.input.clone(),
             params: claim.job.params.clone(),
             temperature: None,
+            callback: self.callback_target(&provider, &claim.attempt.id),
         };
         tracing::info!("attempt sent");
         let worker = self.clone();
@@ -233,6 +235,29 @@ impl Worker {
                     .spawn(async move { worker.await_late_result(claim, provider, call).await });
             }
         }
+    }
+
+    /// A callback URL and secret for providers that answer asynchronously.
+    fn callback_target(&self, provider: &Provider, attempt_id: &str) -> Option<CallbackTarget> {
+        if !provider.config.callbacks {
+            return None;
+        }
+        let key = self
+            .config
+            .server
+            .callback_secret_env
+            .as_deref()
+            .and_then(CallbackKey::from_env)?;
+        let base = self
+            .config
+            .server
+            .public_url
+            .as_deref()?
+            .trim_end_matches('/');
+        Some(CallbackTarget {
+            url: format!("{base}/api/v1/callbacks/attempts/{attempt_id}"),
+            secret: key.attempt_secret(attempt_id),
+        })
     }
 
     async fn await_late_result(

@@ -7,6 +7,7 @@ use serde::Deserialize;
 
 use super::{duration, render, see_other, when, Nav, PageError, SignedIn};
 use crate::domain::AttemptId;
+use crate::qualify::Status;
 use crate::store::attempts as attempt_store;
 use crate::store::{admin as admin_store, now_ms};
 use crate::web::intake::{abandon_problem, operator_reason};
@@ -252,4 +253,128 @@ pub async fn audit(state: web::Data<AppState>, user: SignedIn) -> Result<HttpRes
             })
             .collect(),
     }))
+}
+
+struct QualificationCell {
+    provider: String,
+    kind: &'static str,
+    model: String,
+    task: String,
+    status: &'static str,
+    age: String,
+    failing_check: String,
+}
+
+#[derive(Template)]
+#[template(path = "admin_providers.html")]
+struct ProvidersPage {
+    nav: Nav,
+    rows: Vec<QualificationCell>,
+}
+
+/// `GET /admin/providers` (admin): the provider × task qualification matrix.
+pub async fn providers(
+    state: web::Data<AppState>,
+    user: SignedIn,
+) -> Result<HttpResponse, PageError> {
+    user.require_admin()?;
+    let (config, tasks) = (state.config.clone(), state.tasks.clone());
+    let statuses = state
+        .store
+        .run(move |conn| {
+            config
+                .tasks
+                .iter()
+                .map(|t| {
+                    Ok((
+                        t.name.clone(),
+                        crate::qualify::statuses_for_task(conn, &config, &tasks, &t.name)?,
+                    ))
+                })
+                .collect::<Result<Vec<_>, crate::store::StoreError>>()
+        })
+        .await?;
+    let now = now_ms();
+    let mut rows = Vec::new();
+    for (task, by_provider) in statuses {
+        let Some(task_config) = state.config.task(&task) else {
+            continue;
+        };
+        for provider in &task_config.providers {
+            let Some(provider_config) = state.config.provider(provider) else {
+                continue;
+            };
+            let status = by_provider.get(provider).cloned().unwrap_or(Status::Never);
+            let (age, failing_check) = match &status {
+                Status::Qualified { at } | Status::Stale { at } => {
+                    (duration(now - at), String::new())
+                }
+                Status::Failed { at, check } => (duration(now - at), check.clone()),
+                Status::Never => (String::new(), String::new()),
+            };
+            rows.push(QualificationCell {
+                provider: provider.clone(),
+                kind: provider_config.kind.as_str(),
+                model: provider_config.model_name().to_owned(),
+                task: task.clone(),
+                status: status.label(),
+                age,
+                failing_check,
+            });
+        }
+    }
+    Ok(render(&ProvidersPage {
+        nav: user.nav(),
+        rows,
+    }))
+}
+
+#[derive(Deserialize)]
+pub struct QualifyForm {
+    csrf: Option<String>,
+    provider: String,
+    task: String,
+}
+
+/// `POST /admin/providers/qualify` (admin): runs the task's contract against the
+/// provider now, records it (and an audit entry), and shows the matrix again.
+pub async fn qualify(
+    state: web::Data<AppState>,
+    user: SignedIn,
+    form: web::Form<QualifyForm>,
+) -> Result<HttpResponse, PageError> {
+    user.check_csrf(form.csrf.as_deref())?;
+    user.require_admin()?;
+    let provider = state
+        .providers
+        .get(&form.provider)
+        .ok_or_else(PageError::not_found)?;
+    let task = state
+        .tasks
+        .get(&form.task)
+        .ok_or_else(PageError::not_found)?;
+    if !task.config.providers.contains(&provider.name) {
+        return Err(PageError::bad_request(
+            "That provider is not in the task's chain.",
+        ));
+    }
+    let report = crate::qualify::run(&provider, &task).await;
+    let row = report.to_row();
+    let reason = match report.first_failure() {
+        None => format!("qualified {} for {}", report.provider, report.task),
+        Some(check) => format!(
+            "qualification of {} for {} failed: {}: {}",
+            report.provider, report.task, check.name, check.detail
+        ),
+    };
+    let actor = user.user.id.clone();
+    state
+        .store
+        .run(move |conn| {
+            crate::store::qualifications::record(conn, &row)?;
+            admin_store::record_audit(conn, &actor, "qualify", None, None, &reason, now_ms())?;
+            Ok(())
+        })
+        .await?;
+    Ok(see_other("/admin/providers"))
 }
