@@ -151,6 +151,14 @@ impl HttpProvider {
         headers
     }
 
+    /// When a 429 or 529 asked for a pause, the instant it ends.
+    pub fn not_before(&self) -> Option<Instant> {
+        self.not_before
+            .lock()
+            .expect("cooldown lock")
+            .filter(|t| *t > Instant::now())
+    }
+
     async fn wait_for_cooldown(&self) {
         let until = *self.not_before.lock().expect("cooldown lock");
         if let Some(until) = until {
@@ -166,8 +174,27 @@ impl HttpProvider {
         }
     }
 
-    /// Sends the call and classifies what comes back.
+    /// Sends the call and classifies what comes back. Reasons quote the
+    /// provider (status bodies, answers), so the API key is redacted from them:
+    /// some providers echo credentials in their errors.
     pub async fn call(&self, call: &HttpCall<'_>) -> ProviderOutcome {
+        match self.send(call).await {
+            ProviderOutcome::Failed(reason) => ProviderOutcome::Failed(self.redact(reason)),
+            ProviderOutcome::Unknown(reason) => ProviderOutcome::Unknown(self.redact(reason)),
+            answer => answer,
+        }
+    }
+
+    fn redact(&self, text: String) -> String {
+        match &self.api_key {
+            Some(ApiKey(key)) if !key.is_empty() && text.contains(key.as_str()) => {
+                text.replace(key.as_str(), "***")
+            }
+            _ => text,
+        }
+    }
+
+    async fn send(&self, call: &HttpCall<'_>) -> ProviderOutcome {
         self.wait_for_cooldown().await;
         let sent = self
             .client

@@ -123,6 +123,14 @@ impl Provider {
         }
     }
 
+    /// When the provider asked (`Retry-After`) not to be called before.
+    pub fn not_before(&self) -> Option<tokio::time::Instant> {
+        match &self.client {
+            ProviderClient::Simulated(_) => None,
+            ProviderClient::Http(http) => http.not_before(),
+        }
+    }
+
     /// Attempt ids this provider has been sent, in order (kept in memory by the
     /// simulated provider; empty for others).
     pub fn sent_attempts(&self) -> Vec<String> {

@@ -195,18 +195,25 @@ impl Worker {
             temperature: None,
             callback: self.callback_target(&provider, &claim.attempt.id),
         };
-        tracing::info!("attempt sent");
-        let worker = self.clone();
-        let mut call = Box::pin(async move { provider.call(&request).await });
-        let soft_deadline = Instant::now()
-            + self
-                .providers
-                .get(&claim.attempt.provider)
-                .map_or(Duration::ZERO, |p| p.soft_timeout);
         let mut heartbeat = tokio::time::interval(Duration::from_millis(
             (self.config.worker.lease_ms / 3).max(50),
         ));
         heartbeat.tick().await;
+        // A provider that asked for a pause (429/529 Retry-After) is not called
+        // before it ends; the soft timeout starts only when the request is sent.
+        if let Some(until) = provider.not_before() {
+            tracing::info!("waiting for the provider's Retry-After before sending");
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(until) => break,
+                    _ = heartbeat.tick() => self.renew_lease(&claim.attempt.id).await,
+                }
+            }
+        }
+        tracing::info!("attempt sent");
+        let worker = self.clone();
+        let soft_deadline = Instant::now() + provider.soft_timeout;
+        let mut call = Box::pin(async move { provider.call(&request).await });
         let answered = loop {
             tokio::select! {
                 outcome = &mut call => break Some(outcome),

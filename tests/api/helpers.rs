@@ -180,6 +180,7 @@ pub struct TestUser {
 }
 
 pub struct TestApp {
+    pub config: Config,
     pub address: String,
     pub client: reqwest::Client,
     pub store: Store,
@@ -275,6 +276,7 @@ impl PreparedApp {
         let (address, providers, server) =
             start_instance(self.config.clone(), self.store.clone()).await;
         TestApp {
+            config: self.config,
             address,
             client: reqwest::Client::builder()
                 .redirect(reqwest::redirect::Policy::none())

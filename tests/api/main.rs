@@ -17,4 +17,5 @@ mod fake_provider;
 mod health;
 mod idempotency;
 mod pages;
+mod providers;
 mod storage;
