@@ -61,6 +61,7 @@ async fn the_openapi_document_covers_the_api_and_validates(backend: TestBackend)
         "/api/v1/attempts/{id}/abandon",
         "/api/v1/admin/unknown",
         "/api/v1/admin/races",
+        "/api/v1/callbacks/attempts/{id}",
         "/api/v1/openapi.json",
         "/healthz",
         "/readyz",
