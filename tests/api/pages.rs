@@ -461,6 +461,57 @@ async fn support_can_mark_a_resolved_job_failed_with_an_audited_reason(backend: 
     );
 }
 
+async fn the_providers_page_shows_the_matrix_and_qualifies_on_demand(backend: TestBackend) {
+    let app = spawn_app(backend).await;
+    app.set_password("ada", "ada-pw").await;
+    app.set_password("sue", "sue-pw").await;
+    let sue = FormClient::new(&app);
+    sue.sign_in("sue", "sue-pw").await;
+    assert_eq!(
+        sue.get("/admin/providers").await.status(),
+        StatusCode::FORBIDDEN,
+        "admins only"
+    );
+    let ada = FormClient::new(&app);
+    let csrf = ada.sign_in("ada", "ada-pw").await;
+    let page = ada.get("/admin/providers").await.text().await.unwrap();
+    // Qualified at start: sim-fast answers in time; sim-slow outlasts its soft timeout.
+    assert!(
+        page.contains(r#"data-provider="sim-fast" data-task="summarize" data-status="qualified""#),
+        "{page}"
+    );
+    assert!(
+        page.contains(r#"data-provider="sim-slow" data-task="summarize" data-status="failed""#),
+        "{page}"
+    );
+    assert!(
+        page.contains("no answer within 300 ms"),
+        "the failing check is shown"
+    );
+    let response = ada
+        .post_form(
+            "/admin/providers/qualify",
+            &[
+                ("csrf", &csrf),
+                ("provider", "sim-fast"),
+                ("task", "summarize"),
+            ],
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    let entries = app
+        .with_conn(|conn| onejob::store::admin::audit_entries(conn, 10).unwrap())
+        .await;
+    assert_eq!(entries[0].action, "qualify");
+    assert!(
+        entries[0]
+            .reason
+            .contains("qualified sim-fast for summarize"),
+        "{}",
+        entries[0].reason
+    );
+}
+
 on_both_backends!(
     the_submit_form_without_javascript_makes_one_job_however_often_it_is_posted,
     an_invalid_form_is_shown_again_with_the_same_key_and_nothing_stored,
@@ -473,4 +524,5 @@ on_both_backends!(
     htmx_polling_gets_the_live_partial_and_boosted_navigation_the_page,
     static_assets_are_served_and_htmx_is_cached_for_good,
     support_can_mark_a_resolved_job_failed_with_an_audited_reason,
+    the_providers_page_shows_the_matrix_and_qualifies_on_demand,
 );
