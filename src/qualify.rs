@@ -348,18 +348,17 @@ pub async fn qualify_simulated(
                 continue;
             }
         };
-        for provider_name in &task_config.providers {
-            let Some(provider) = providers.get(provider_name) else {
-                continue;
-            };
-            if provider.config.kind.is_http()
-                || statuses
-                    .get(provider_name)
-                    .is_some_and(Status::is_qualified)
-            {
-                continue;
-            }
-            let report = run(&provider, &spec).await;
+        // Run them side by side: a slow simulated provider costs its timeout once.
+        let due: Vec<_> = task_config
+            .providers
+            .iter()
+            .filter_map(|name| providers.get(name))
+            .filter(|p| {
+                !p.config.kind.is_http() && !statuses.get(&p.name).is_some_and(Status::is_qualified)
+            })
+            .collect();
+        let reports = futures_util::future::join_all(due.iter().map(|p| run(p, &spec))).await;
+        for report in reports {
             let row = report.to_row();
             match store
                 .run(move |conn| qualifications::record(conn, &row))

@@ -107,28 +107,42 @@ impl Browser {
 
     pub async fn sign_in(&self, app: &TestApp, name: &str, password: &str) {
         self.goto(app, "/login").await;
+        self.fill("input[name=name]", name).await;
+        self.fill("input[name=password]", password).await;
+        self.click("form[action='/login'] button").await;
+        self.wait_for_path(|p| p == "/jobs/new").await;
+    }
+
+    /// Types into the element matching `css`.
+    pub async fn fill(&self, css: &str, text: &str) {
         self.client
-            .find(Locator::Css("input[name=name]"))
+            .find(Locator::Css(css))
             .await
             .unwrap()
-            .send_keys(name)
+            .send_keys(text)
             .await
             .unwrap();
+    }
+
+    /// Clicks the element matching `css`.
+    pub async fn click(&self, css: &str) {
         self.client
-            .find(Locator::Css("input[name=password]"))
-            .await
-            .unwrap()
-            .send_keys(password)
-            .await
-            .unwrap();
-        self.client
-            .find(Locator::Css("form[action='/login'] button"))
+            .find(Locator::Css(css))
             .await
             .unwrap()
             .click()
             .await
             .unwrap();
-        self.wait_for_path(|p| p == "/jobs/new").await;
+    }
+
+    pub async fn click_link(&self, text: &str) {
+        self.client
+            .find(Locator::LinkText(text))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
     }
 
     pub async fn path(&self) -> String {
@@ -231,13 +245,8 @@ async fn a_real_double_click_on_submit_makes_one_job_and_lands_on_it(backend: Te
     browser.sign_in(&app, "alice", "alice-pw").await;
     browser.goto(&app, "/jobs/new").await;
     browser
-        .client
-        .find(Locator::Css("textarea[name='input.text']"))
-        .await
-        .unwrap()
-        .send_keys("Summarize this, once.")
-        .await
-        .unwrap();
+        .fill("textarea[name='input.text']", "Summarize this, once.")
+        .await;
     if backend == TestBackend::Sqlite {
         browser.screenshots("submit").await;
     }
@@ -313,21 +322,9 @@ async fn changed_content_under_the_same_key_explains_itself_and_makes_no_second_
     let key = browser.value_of("input[name=idempotency_key]").await;
     let csrf = browser.value_of("#submit-form input[name=csrf]").await;
     browser
-        .client
-        .find(Locator::Css("textarea[name='input.text']"))
-        .await
-        .unwrap()
-        .send_keys("first version")
-        .await
-        .unwrap();
-    browser
-        .client
-        .find(Locator::Id("submit-button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+        .fill("textarea[name='input.text']", "first version")
+        .await;
+    browser.click("#submit-button").await;
     let job_path = browser.wait_for_path(is_job_path).await;
     // Back, edit, resubmit: the old form's key with new content.
     browser
@@ -347,14 +344,7 @@ async fn changed_content_under_the_same_key_explains_itself_and_makes_no_second_
         .await;
     assert!(notice.contains("already submitted"), "{notice}");
     assert_eq!(app.job_count(&app.alice.id).await, 1, "no second job");
-    browser
-        .client
-        .find(Locator::LinkText("See the existing job"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    browser.click_link("See the existing job").await;
     assert_eq!(browser.wait_for_path(is_job_path).await, job_path);
 }
 
@@ -379,21 +369,12 @@ async fn support_abandons_an_unknown_attempt_from_the_queue_and_starts_the_next_
         browser.screenshots("unknown-queue").await;
     }
     browser
-        .client
-        .find(Locator::Css(".unknown-row input[name=reason]"))
-        .await
-        .unwrap()
-        .send_keys("provider status page shows an outage")
-        .await
-        .unwrap();
-    browser
-        .client
-        .find(Locator::Css(".unknown-row button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+        .fill(
+            ".unknown-row input[name=reason]",
+            "provider status page shows an outage",
+        )
+        .await;
+    browser.click(".unknown-row button").await;
     browser
         .wait_for_path(|p| p == format!("/jobs/{job_id}"))
         .await;
@@ -405,14 +386,7 @@ async fn support_abandons_an_unknown_attempt_from_the_queue_and_starts_the_next_
         .select_by_value("sim-fast")
         .await
         .unwrap();
-    browser
-        .client
-        .find(Locator::Id("new-attempt"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    browser.click("#new-attempt").await;
     browser
         .wait_for_text("#job-status", |s| s == "succeeded")
         .await;
@@ -477,14 +451,7 @@ async fn the_race_log_shows_a_reverse_order_finish_and_links_to_the_job(backend:
     if backend == TestBackend::Sqlite {
         browser.screenshots("race-log").await;
     }
-    browser
-        .client
-        .find(Locator::Css(".race-row a.job-link"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    browser.click(".race-row a.job-link").await;
     browser
         .wait_for_path(|p| p == format!("/jobs/{job_id}"))
         .await;

@@ -88,33 +88,14 @@ fn two_attempts_ready_to_race(
     owner: &str,
     key: &str,
 ) -> (String, String, String) {
-    let new = NewJob {
-        owner_id: owner.to_owned(),
-        key: onejob::domain::IdempotencyKey::parse(key).unwrap(),
-        task: "summarize".into(),
-        provider: "sim-slow".into(),
-        requested_provider: Some("sim-slow".into()),
-        input: json!({"text": key}),
-        params: json!({}),
-        fingerprint: "1".repeat(64),
-    };
-    let CreateOutcome::Created(job) = job_store::create_job(conn, &new).unwrap() else {
-        panic!("not created")
-    };
-    let first = attempt_store::claim_next(conn, "racer", 60_000, &|_| 100)
-        .unwrap()
-        .unwrap()
-        .attempt
-        .id;
-    assert!(attempt_store::mark_unknown(conn, &first, "soft timeout").unwrap());
-    attempt_store::abandon(conn, &first, owner, "race test").unwrap();
-    attempt_store::start_attempt(conn, &job.id, Some("sim-fast"), &[], None).unwrap();
+    let (job_id, first) = job_with_an_abandoned_attempt(conn, owner, key);
+    attempt_store::start_attempt(conn, &job_id, Some("sim-fast"), &[], None).unwrap();
     let second = attempt_store::claim_next(conn, "racer", 60_000, &|_| 100)
         .unwrap()
         .unwrap()
         .attempt
         .id;
-    (job.id, first, second)
+    (job_id, first, second)
 }
 
 async fn two_completions_racing_for_one_job_have_exactly_one_winner(backend: TestBackend) {
