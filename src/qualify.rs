@@ -165,6 +165,10 @@ async fn golden_check(
         temperature: Some(task.config.temperature),
         callback: None,
     };
+    // Wait out a Retry-After pause first: the timeout measures the call alone.
+    if let Some(until) = provider.not_before() {
+        tokio::time::sleep_until(until).await;
+    }
     let timed = tokio::time::timeout(provider.soft_timeout, provider.call(&request)).await;
     match timed {
         Err(_) => Check::new(

@@ -37,8 +37,12 @@ pub fn check_task(task: &TaskConfig) -> Result<(), (String, String)> {
             compile_schema(schema).map_err(|e| (key.to_owned(), e))?;
         }
     }
-    if !(0.0..=2.0).contains(&task.temperature) {
-        return Err(("temperature".into(), "must be between 0 and 2".into()));
+    // Qualification runs at this temperature, and it must be a low one.
+    if !(0.0..=0.5).contains(&task.temperature) {
+        return Err((
+            "temperature".into(),
+            "must be between 0 and 0.5 (qualification runs at a low temperature)".into(),
+        ));
     }
     for (i, golden) in task.golden.iter().enumerate() {
         for pointer in golden.expect.keys() {

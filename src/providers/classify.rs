@@ -5,10 +5,9 @@
 //! |---|---|---|
 //! | connection refused, DNS or TLS failure (nothing was sent) | definite failure | yes |
 //! | 400, 401, 403, 404, 422 (the provider refused the request) | definite failure, not retried on that provider | yes |
-//! | 429 rate limited; 529 or an `overloaded` error | definite failure; later calls to that provider wait for `Retry-After` | yes |
-//! | other 4xx | definite failure | yes |
+//! | 429 rate limited; 529 overloaded | definite failure; later calls to that provider wait for `Retry-After` | yes |
 //! | soft timeout, connection reset after sending, truncated body | unknown | no |
-//! | 500, 502, 503, 504 and other 5xx | unknown | no |
+//! | any other status: 408, 409, 499, 500, 502, 503, 504, … | unknown | no |
 //! | 2xx whose content is not JSON or fails the output schema | failed (`invalid_output`) | yes |
 //! | 2xx with a valid answer | succeeded | – |
 //! | anything else | unknown | no |
@@ -39,7 +38,6 @@ pub fn classify_status(
     } else {
         format!(": {body_excerpt}")
     };
-    let overloaded = body_excerpt.contains("overloaded");
     match status {
         400 | 401 | 403 | 404 | 422 => StatusClass::Definite {
             reason: format!("the provider refused the request with {status}{detail}"),
@@ -53,15 +51,8 @@ pub fn classify_status(
             reason: format!("the provider is overloaded (529){detail}"),
             retry_after,
         },
-        // Some gateways report overload as a 503 with an explicit error type.
-        503 if overloaded => StatusClass::Definite {
-            reason: format!("the provider is overloaded (503){detail}"),
-            retry_after,
-        },
-        400..=499 => StatusClass::Definite {
-            reason: format!("the provider refused the request with {status}{detail}"),
-            retry_after: None,
-        },
+        // Anything else may have been acted on (a 409 can mean "a request with
+        // this key is still running"): when in doubt, unknown.
         _ => StatusClass::Unknown {
             reason: format!(
                 "the provider answered {status}; it may or may not have done the work{detail}"
@@ -90,24 +81,16 @@ mod tests {
 
     #[test]
     fn explicit_rejections_are_definite() {
-        for status in [400, 401, 403, 404, 422, 429, 529, 409, 413] {
+        for status in [400, 401, 403, 404, 422, 429, 529] {
             assert!(is_definite(status), "{status}");
         }
     }
 
     #[test]
-    fn gateway_errors_and_server_errors_are_unknown() {
-        for status in [500, 502, 503, 504, 520] {
+    fn everything_else_is_unknown_when_in_doubt() {
+        for status in [408, 409, 413, 499, 500, 502, 503, 504, 520] {
             assert!(!is_definite(status), "{status}");
         }
-    }
-
-    #[test]
-    fn an_overloaded_503_is_definite() {
-        assert!(matches!(
-            classify_status(503, None, r#"{"error":{"type":"overloaded_error"}}"#),
-            StatusClass::Definite { .. }
-        ));
     }
 
     #[test]

@@ -159,13 +159,6 @@ impl HttpProvider {
             .filter(|t| *t > Instant::now())
     }
 
-    async fn wait_for_cooldown(&self) {
-        let until = *self.not_before.lock().expect("cooldown lock");
-        if let Some(until) = until {
-            tokio::time::sleep_until(until).await;
-        }
-    }
-
     fn cool_down(&self, pause: Duration) {
         let until = Instant::now() + pause.min(Duration::from_secs(300));
         let mut guard = self.not_before.lock().expect("cooldown lock");
@@ -177,25 +170,44 @@ impl HttpProvider {
     /// Sends the call and classifies what comes back. Reasons quote the
     /// provider (status bodies, answers), so the API key is redacted from them:
     /// some providers echo credentials in their errors.
+    ///
+    /// A call made while the provider's `Retry-After` pause runs is not sent at
+    /// all (a definite failure): callers wait for [`not_before`](Self::not_before)
+    /// before starting their clocks, so that a wait never counts as a timeout.
     pub async fn call(&self, call: &HttpCall<'_>) -> ProviderOutcome {
+        if let Some(until) = self.not_before() {
+            let wait = until.saturating_duration_since(Instant::now());
+            return ProviderOutcome::Failed(format!(
+                "not sent: the provider asked to pause (Retry-After) for {} ms more",
+                wait.as_millis()
+            ));
+        }
         match self.send(call).await {
-            ProviderOutcome::Failed(reason) => ProviderOutcome::Failed(self.redact(reason)),
-            ProviderOutcome::Unknown(reason) => ProviderOutcome::Unknown(self.redact(reason)),
+            ProviderOutcome::Failed(reason) => ProviderOutcome::Failed(self.redact(call, reason)),
+            ProviderOutcome::Unknown(reason) => ProviderOutcome::Unknown(self.redact(call, reason)),
             answer => answer,
         }
     }
 
-    fn redact(&self, text: String) -> String {
-        match &self.api_key {
-            Some(ApiKey(key)) if !key.is_empty() && text.contains(key.as_str()) => {
-                text.replace(key.as_str(), "***")
-            }
-            _ => text,
+    /// Removes the API key and the call's callback secret from a reason (before
+    /// it is shortened, so no fragment survives a cut), then shortens it.
+    fn redact(&self, call: &HttpCall<'_>, text: String) -> String {
+        let mut text = text;
+        let secrets = [
+            self.api_key.as_ref().map(|k| k.0.as_str()),
+            call.callback.map(|c| c.secret.as_str()),
+        ];
+        for secret in secrets.into_iter().flatten().filter(|s| !s.is_empty()) {
+            text = text.replace(secret, "***");
         }
+        const MAX_REASON_CHARS: usize = 400;
+        if text.chars().count() > MAX_REASON_CHARS {
+            text = text.chars().take(MAX_REASON_CHARS).collect::<String>() + "…";
+        }
+        text
     }
 
     async fn send(&self, call: &HttpCall<'_>) -> ProviderOutcome {
-        self.wait_for_cooldown().await;
         let sent = self
             .client
             .post(&self.endpoint)
@@ -236,7 +248,8 @@ impl HttpProvider {
             }
         };
         if !status.is_success() {
-            let excerpt: String = String::from_utf8_lossy(&bytes).chars().take(300).collect();
+            // Shortened only after redaction (see `call`).
+            let excerpt = String::from_utf8_lossy(&bytes).into_owned();
             return match classify_status(status.as_u16(), retry_after, excerpt.trim()) {
                 StatusClass::Definite {
                     reason,
@@ -265,7 +278,7 @@ impl HttpProvider {
         match serde_json::from_str::<Value>(text.trim()) {
             Ok(answer) => ProviderOutcome::Succeeded(answer),
             Err(_) => {
-                let excerpt: String = text.chars().take(120).collect();
+                let excerpt = text.trim();
                 ProviderOutcome::Failed(format!(
                     "invalid_output: the answer is not JSON: {excerpt:?}"
                 ))

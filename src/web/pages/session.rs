@@ -24,6 +24,22 @@ use crate::web::AppState;
 pub const SESSION_COOKIE: &str = "onejob_session";
 pub const SIGN_IN_CSRF_COOKIE: &str = "onejob_signin_csrf";
 
+/// Over TLS the cookies carry the `__Host-` prefix, so that a sibling
+/// subdomain cannot plant or shadow them (browsers refuse the prefix on
+/// plain HTTP, where the bare names are used).
+fn cookie_name(req: &HttpRequest, base: &'static str) -> &'static str {
+    match (secure(req), base) {
+        (true, SESSION_COOKIE) => "__Host-onejob_session",
+        (true, SIGN_IN_CSRF_COOKIE) => "__Host-onejob_signin_csrf",
+        _ => base,
+    }
+}
+
+fn cookie_value(req: &HttpRequest, base: &'static str) -> Option<String> {
+    req.cookie(cookie_name(req, base))
+        .map(|c| c.value().to_owned())
+}
+
 /// The CSRF token that goes with a session token.
 pub fn csrf_for(session_token: &str) -> String {
     sha256_hex(format!("onejob-csrf:{session_token}").as_bytes())
@@ -91,7 +107,7 @@ impl FromRequest for SignedIn {
     type Future = LocalBoxFuture<'static, Result<Self, PageError>>;
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
-        let token = req.cookie(SESSION_COOKIE).map(|c| c.value().to_owned());
+        let token = cookie_value(req, SESSION_COOKIE);
         let state = req.app_data::<web::Data<AppState>>().cloned();
         // After signing in, come back here (for a GET; a POST goes to its referrer's page).
         let next = if req.method() == actix_web::http::Method::GET {
@@ -142,9 +158,17 @@ fn cookie<'a>(
 }
 
 /// Only local paths may be a sign-in's destination (no open redirect).
+/// Only visible ASCII is allowed: browsers drop tabs and newlines from URLs,
+/// so `/\t/evil.example` would otherwise become `//evil.example`.
 fn safe_next(next: Option<&str>) -> String {
     match next {
-        Some(n) if n.starts_with('/') && !n.starts_with("//") && !n.contains('\\') => n.to_owned(),
+        Some(n)
+            if n.starts_with('/')
+                && !n.starts_with("//")
+                && n.bytes().all(|b| b.is_ascii_graphic() && b != b'\\') =>
+        {
+            n.to_owned()
+        }
         _ => "/jobs/new".to_owned(),
     }
 }
@@ -171,9 +195,7 @@ fn sign_in_page(
     name: &str,
     error: Option<&str>,
 ) -> HttpResponse {
-    let csrf = req
-        .cookie(SIGN_IN_CSRF_COOKIE)
-        .map(|c| c.value().to_owned())
+    let csrf = cookie_value(req, SIGN_IN_CSRF_COOKIE)
         .filter(|v| v.len() == 64)
         .unwrap_or_else(sessions::random_secret);
     let mut response = render_with(
@@ -188,7 +210,7 @@ fn sign_in_page(
     );
     let _ = response.add_cookie(&cookie(
         req,
-        SIGN_IN_CSRF_COOKIE,
+        cookie_name(req, SIGN_IN_CSRF_COOKIE),
         csrf.clone(),
         CookieDuration::hours(2),
     ));
@@ -220,9 +242,7 @@ pub async fn sign_in(
 ) -> Result<HttpResponse, PageError> {
     let form = form.into_inner();
     let next = safe_next(form.next.as_deref());
-    let expected = req
-        .cookie(SIGN_IN_CSRF_COOKIE)
-        .map(|c| c.value().to_owned());
+    let expected = cookie_value(&req, SIGN_IN_CSRF_COOKIE);
     if !expected.is_some_and(|e| same_token(&e, &form.csrf)) {
         return Err(PageError::forbidden(
             "This sign-in form did not come from this site, or it expired. Open the sign-in page again.",
@@ -245,7 +265,12 @@ pub async fn sign_in(
             tracing::info!(user = %user.name, "signed in");
             let mut response = see_other(&next);
             let max_age = CookieDuration::hours(state.config.server.session_hours as i64);
-            let _ = response.add_cookie(&cookie(&req, SESSION_COOKIE, token, max_age));
+            let _ = response.add_cookie(&cookie(
+                &req,
+                cookie_name(&req, SESSION_COOKIE),
+                token,
+                max_age,
+            ));
             Ok(response)
         }
         SignIn::BadCredentials => {
@@ -292,14 +317,19 @@ pub async fn sign_out(
     form: web::Form<CsrfForm>,
 ) -> Result<HttpResponse, PageError> {
     user.check_csrf(form.csrf.as_deref())?;
-    if let Some(token) = req.cookie(SESSION_COOKIE).map(|c| c.value().to_owned()) {
+    if let Some(token) = cookie_value(&req, SESSION_COOKIE) {
         state
             .store
             .run(move |conn| sessions::end_session(conn, &token))
             .await?;
     }
     let mut response = see_other("/login");
-    let mut gone = cookie(&req, SESSION_COOKIE, String::new(), CookieDuration::ZERO);
+    let mut gone = cookie(
+        &req,
+        cookie_name(&req, SESSION_COOKIE),
+        String::new(),
+        CookieDuration::ZERO,
+    );
     gone.make_removal();
     let _ = response.add_cookie(&gone);
     Ok(response)
@@ -315,6 +345,8 @@ mod tests {
         assert_eq!(safe_next(Some("//evil.example/x")), "/jobs/new");
         assert_eq!(safe_next(Some("https://evil.example")), "/jobs/new");
         assert_eq!(safe_next(Some("/\\evil.example")), "/jobs/new");
+        assert_eq!(safe_next(Some("/\t/evil.example")), "/jobs/new");
+        assert_eq!(safe_next(Some("/jobs/1 x")), "/jobs/new");
         assert_eq!(safe_next(None), "/jobs/new");
     }
 
