@@ -337,3 +337,50 @@ fn error_chain(error: &dyn std::error::Error) -> String {
     }
     text
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn provider_with_key(key: &str) -> HttpProvider {
+        std::env::set_var("ONEJOB_UNIT_TEST_KEY", key);
+        let config: ProviderConfig = toml::from_str(
+            "name = \"p\"\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:1\"\nmodel = \"m\"\napi_key_env = \"ONEJOB_UNIT_TEST_KEY\"",
+        )
+        .unwrap();
+        HttpProvider::from_config(&config)
+    }
+
+    #[test]
+    fn secrets_are_redacted_before_a_reason_is_shortened() {
+        let key = "sk-unit-test-0123456789abcdefghij";
+        let provider = provider_with_key(key);
+        let target = super::super::CallbackTarget {
+            url: "http://x".into(),
+            secret: "cb-secret-abcdef".into(),
+        };
+        let call = HttpCall {
+            request_id: "a",
+            task: "t",
+            prompt: "p",
+            output_schema: None,
+            temperature: None,
+            callback: Some(&target),
+        };
+        // The key straddles the 400-character cut.
+        let text = format!("{}{key} and {}", "x".repeat(390), target.secret);
+        let redacted = provider.redact(&call, text);
+        assert!(!redacted.contains("sk-unit"), "{redacted}");
+        assert!(!redacted.contains("cb-secret"), "{redacted}");
+        assert!(redacted.chars().count() <= 401);
+        assert!(
+            !format!("{provider:?}").contains(key),
+            "Debug hides the key"
+        );
+    }
+
+    #[test]
+    fn schema_names_keep_to_the_allowed_characters() {
+        assert_eq!(schema_name("sum.marize v2"), "sum_marize_v2");
+    }
+}
