@@ -472,6 +472,11 @@ pub struct FormClient {
 
 impl FormClient {
     pub fn new(app: &TestApp) -> Self {
+        Self::at(&app.address)
+    }
+
+    /// A client for a server at `base` (e.g. one started as a separate process).
+    pub fn at(base: &str) -> Self {
         let http = reqwest::Client::builder()
             .cookie_store(true)
             .redirect(reqwest::redirect::Policy::none())
@@ -479,7 +484,7 @@ impl FormClient {
             .unwrap();
         Self {
             http,
-            base: app.address.clone(),
+            base: base.to_owned(),
         }
     }
 

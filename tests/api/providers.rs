@@ -863,42 +863,16 @@ async fn the_api_key_never_appears_in_logs_or_pages() {
             .any(|r| r.header("authorization") == Some(format!("Bearer {FAKE_API_KEY}").as_str())),
         "the key reached the provider"
     );
-    // Sign in and read the job page.
-    let login = client
-        .get(format!("{base}/login"))
-        .send()
+    // Sign in and read the pages.
+    let browser = crate::helpers::FormClient::at(&base);
+    browser.sign_in("kim", &password).await;
+    let page = browser
+        .get(&format!("/jobs/{job_id}"))
         .await
-        .unwrap()
         .text()
         .await
         .unwrap();
-    let csrf = crate::helpers::hidden_value(&login, "csrf");
-    client
-        .post(format!("{base}/login"))
-        .form(&[
-            ("name", "kim"),
-            ("password", password.as_str()),
-            ("csrf", csrf.as_str()),
-        ])
-        .send()
-        .await
-        .unwrap();
-    let page = client
-        .get(format!("{base}/jobs/{job_id}"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let providers_page = client
-        .get(format!("{base}/admin/providers"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let providers_page = browser.get("/admin/providers").await.text().await.unwrap();
     let _ = server.kill();
     let _ = server.wait();
     let logs = std::fs::read_to_string(dir.path().join("serve.err")).unwrap()
