@@ -459,6 +459,9 @@ async fn the_race_log_shows_a_reverse_order_finish_and_links_to_the_job(backend:
     assert_eq!(browser.count("svg rect.bar.lost").await, 1);
     if backend == TestBackend::Sqlite {
         browser.screenshots("job-with-race").await;
+        browser.goto(&app, "/admin/providers").await;
+        assert_eq!(browser.count("tr.qualification").await, 2);
+        browser.screenshots("providers").await;
     }
 }
 
