@@ -57,6 +57,18 @@ async fn the_submit_form_without_javascript_makes_one_job_however_often_it_is_po
     assert_ne!(hidden_value(&fresh, "idempotency_key"), key);
 }
 
+/// Posts the submit form as a browser without JavaScript would.
+async fn submit_form(browser: &FormClient, csrf: &str, key: &str, text: &str) -> reqwest::Response {
+    let fields = [
+        ("csrf", csrf),
+        ("idempotency_key", key),
+        ("task", "summarize"),
+        ("provider", ""),
+        ("input.text", text),
+    ];
+    browser.post_form("/jobs", &fields).await
+}
+
 async fn an_invalid_form_is_shown_again_with_the_same_key_and_nothing_stored(backend: TestBackend) {
     let app = spawn_app(backend).await;
     app.set_password("alice", "alice-password").await;
@@ -66,18 +78,7 @@ async fn an_invalid_form_is_shown_again_with_the_same_key_and_nothing_stored(bac
         &browser.get("/jobs/new").await.text().await.unwrap(),
         "idempotency_key",
     );
-    let response = browser
-        .post_form(
-            "/jobs",
-            &[
-                ("csrf", &csrf),
-                ("idempotency_key", &key),
-                ("task", "summarize"),
-                ("provider", ""),
-                ("input.text", "  "),
-            ],
-        )
-        .await;
+    let response = submit_form(&browser, &csrf, &key, "  ").await;
     assert_eq!(response.status(), StatusCode::UNPROCESSABLE_ENTITY);
     let page = response.text().await.unwrap();
     assert!(page.contains("non-empty string"), "says what is wrong");
@@ -87,18 +88,7 @@ async fn an_invalid_form_is_shown_again_with_the_same_key_and_nothing_stored(bac
         "the key is kept, not reserved"
     );
     assert_eq!(app.job_count(&app.alice.id).await, 0);
-    let fixed = browser
-        .post_form(
-            "/jobs",
-            &[
-                ("csrf", &csrf),
-                ("idempotency_key", &key),
-                ("task", "summarize"),
-                ("provider", ""),
-                ("input.text", "fixed"),
-            ],
-        )
-        .await;
+    let fixed = submit_form(&browser, &csrf, &key, "fixed").await;
     assert_eq!(fixed.status(), StatusCode::SEE_OTHER);
 }
 

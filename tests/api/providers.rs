@@ -669,15 +669,22 @@ async fn post_callback(
     request.send().await.unwrap()
 }
 
-async fn a_callback_with_a_bad_signature_is_401_and_changes_nothing(backend: TestBackend) {
+/// A job whose attempt went to a callback provider that never answers, now unknown.
+async fn awaiting_callback(
+    backend: TestBackend,
+    key: &str,
+) -> (FakeProvider, TestApp, String, String) {
     let fake = FakeProvider::start(Shape::OpenAi).await;
     let app = spawn_app_with(backend, callback_config(&fake)).await;
     fake.push(Behaviour::Hang);
-    let job_id = app
-        .create_job(&app.alice.token, "cb-bad", &summarize("x"))
-        .await;
+    let job_id = app.create_job(&app.alice.token, key, &summarize("x")).await;
     let job = app.wait_for_status(&job_id, "unknown", WAIT).await;
     let attempt_id = job["attempts"][0]["id"].as_str().unwrap().to_owned();
+    (fake, app, job_id, attempt_id)
+}
+
+async fn a_callback_with_a_bad_signature_is_401_and_changes_nothing(backend: TestBackend) {
+    let (fake, app, job_id, attempt_id) = awaiting_callback(backend, "cb-bad").await;
     let body = r#"{"result": {"summary": "forged"}}"#;
     let forged = CallbackKey::new("not the server's key").sign(&attempt_id, body.as_bytes());
     for signature in [None, Some("sha256=00".to_owned()), Some(forged)] {
@@ -691,14 +698,7 @@ async fn a_callback_with_a_bad_signature_is_401_and_changes_nothing(backend: Tes
 }
 
 async fn a_signed_callback_goes_through_the_cas(backend: TestBackend) {
-    let fake = FakeProvider::start(Shape::OpenAi).await;
-    let app = spawn_app_with(backend, callback_config(&fake)).await;
-    fake.push(Behaviour::Hang);
-    let job_id = app
-        .create_job(&app.alice.token, "cb-ok", &summarize("x"))
-        .await;
-    let job = app.wait_for_status(&job_id, "unknown", WAIT).await;
-    let attempt_id = job["attempts"][0]["id"].as_str().unwrap().to_owned();
+    let (fake, app, job_id, attempt_id) = awaiting_callback(backend, "cb-ok").await;
     let key = CallbackKey::new(CALLBACK_KEY);
     let request = fake.last_request().unwrap();
     assert_eq!(
