@@ -684,7 +684,7 @@ async fn awaiting_callback(
 }
 
 async fn a_callback_with_a_bad_signature_is_401_and_changes_nothing(backend: TestBackend) {
-    let (fake, app, job_id, attempt_id) = awaiting_callback(backend, "cb-bad").await;
+    let (_fake, app, job_id, attempt_id) = awaiting_callback(backend, "cb-bad").await;
     let body = r#"{"result": {"summary": "forged"}}"#;
     let forged = CallbackKey::new("not the server's key").sign(&attempt_id, body.as_bytes());
     for signature in [None, Some("sha256=00".to_owned()), Some(forged)] {
