@@ -48,7 +48,7 @@ async fn main() {
             .unwrap_or_else(|| dir.path().join("bench.db").display().to_string()),
     )
     .unwrap();
-    let mut config = Config::load(None).unwrap();
+    let mut config = Config::load(None, &onejob::config::Environment::Process).unwrap();
     config.database.pool_size = 16;
     let store = {
         let (url, config) = (url.clone(), config.clone());

@@ -5,10 +5,11 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::config::Config;
+use crate::app::App;
+use crate::config::{Config, Environment};
 use crate::domain::Role;
 use crate::startup::{open_store, Application};
-use crate::store::{sessions, users, DatabaseUrl};
+use crate::store::DatabaseUrl;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -85,45 +86,43 @@ impl From<RoleArg> for Role {
 
 pub type CliResult = Result<(), Box<dyn std::error::Error>>;
 
-pub async fn run(cli: Cli) -> CliResult {
-    let config = Config::load(cli.config.as_deref())?;
+/// Runs one command. The configuration (and the environment variables it
+/// names) is read here, once.
+pub async fn execute(cli: Cli) -> CliResult {
+    let config = Config::load(cli.config.as_deref(), &Environment::Process)?;
     let url = DatabaseUrl::parse(cli.database_url.as_deref().unwrap_or(&config.database.url))?;
     match cli.command {
         Command::Serve { bind } => serve(config, url, bind).await,
         Command::Migrate => {
-            blocking(move || {
-                let store = open_store(&url, &config)?;
-                drop(store);
-                eprintln!("migrations are up to date on {}", url.redacted());
-                Ok(())
-            })
-            .await
+            let store = open(&url, &config).await?;
+            drop(store);
+            eprintln!("migrations are up to date on {}", url.redacted());
+            Ok(())
         }
-        Command::Users { command } => blocking(move || users_command(&config, &url, command)).await,
-        Command::Qualify { provider, task } => qualify_command(config, url, &provider, &task).await,
+        Command::Users { command } => {
+            let app = App::new(open(&url, &config).await?, config);
+            users_command(&app, command).await
+        }
+        Command::Qualify { provider, task } => {
+            let app = App::new(open(&url, &config).await?, config);
+            qualify_command(&app, &provider, &task).await
+        }
     }
 }
 
-/// Diesel is blocking: keep it off the async runtime's threads even in the CLI.
-async fn blocking<F>(f: F) -> CliResult
-where
-    F: FnOnce() -> Result<(), Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
-{
-    tokio::task::spawn_blocking(f)
-        .await?
-        .map_err(|e| e as Box<dyn std::error::Error>)
+/// Opens the store (and migrates) off the async runtime's threads.
+async fn open(
+    url: &DatabaseUrl,
+    config: &Config,
+) -> Result<crate::store::Store, Box<dyn std::error::Error>> {
+    let (url, config) = (url.clone(), config.clone());
+    Ok(tokio::task::spawn_blocking(move || open_store(&url, &config)).await??)
 }
 
-fn users_command(
-    config: &Config,
-    url: &DatabaseUrl,
-    command: UsersCommand,
-) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let store = open_store(url, config)?;
-    let mut conn = store.conn()?;
+async fn users_command(app: &App, command: UsersCommand) -> CliResult {
     match command {
         UsersCommand::Add { name, role } => {
-            let (user, token) = users::add_user(&mut conn, &name, role.into())?;
+            let (user, token) = app.add_user(&name, role.into()).await?;
             eprintln!(
                 "created user {} with role {}; its API token (shown once):",
                 user.name, user.role
@@ -131,12 +130,11 @@ fn users_command(
             println!("{}", token.0);
         }
         UsersCommand::Token { name } => {
-            let token = users::issue_token(&mut conn, &name)?;
+            let token = app.issue_token(&name).await?;
             println!("{}", token.0);
         }
         UsersCommand::Password { name } => {
-            let password = sessions::generate_password();
-            sessions::set_password(&mut conn, &name, &password)?;
+            let password = app.reset_password(&name).await?;
             eprintln!("new password for {name} (shown once):");
             println!("{password}");
         }
@@ -144,37 +142,24 @@ fn users_command(
     Ok(())
 }
 
-async fn qualify_command(
-    config: Config,
-    url: DatabaseUrl,
-    provider: &str,
-    task: &str,
-) -> CliResult {
-    let providers = crate::providers::Providers::from_config(&config);
-    let tasks = crate::tasks::Tasks::from_config(&config);
-    let provider = providers
-        .get(provider)
+async fn qualify_command(app: &App, provider: &str, task: &str) -> CliResult {
+    let settings = app
+        .config()
+        .provider(provider)
         .ok_or_else(|| format!("no provider named {provider:?} is configured"))?;
-    let spec = tasks
+    let contract = app
+        .config()
+        .contracts
         .get(task)
         .ok_or_else(|| format!("no task named {task:?} is configured"))?;
-    if !spec.config.providers.contains(&provider.name) {
-        return Err(format!(
-            "provider {:?} is not in the chain of task {task:?}",
-            provider.name
-        )
-        .into());
+    if !contract.chain().iter().any(|p| p == provider) {
+        return Err(format!("provider {provider:?} is not in the chain of task {task:?}").into());
     }
-    let store = {
-        let (url, config) = (url.clone(), config.clone());
-        tokio::task::spawn_blocking(move || open_store(&url, &config)).await??
-    };
     println!(
-        "qualifying {} (model {}) for task {task}",
-        provider.name,
-        provider.config.model_name()
+        "qualifying {provider} (model {}) for task {task}",
+        settings.model_name()
     );
-    let report = crate::qualify::run(&provider, &spec).await;
+    let report = app.qualify(None, provider, task).await?;
     for check in &report.checks {
         println!(
             "{} {}: {}",
@@ -183,13 +168,9 @@ async fn qualify_command(
             check.detail
         );
     }
-    let row = report.to_row();
-    store
-        .run(move |conn| crate::store::qualifications::record(conn, &row))
-        .await?;
     match report.first_failure() {
         None => {
-            println!("qualified: {} may take failover for {task}", provider.name);
+            println!("qualified: {provider} may take failover for {task}");
             Ok(())
         }
         Some(check) => {
@@ -200,15 +181,11 @@ async fn qualify_command(
 
 async fn serve(config: Config, url: DatabaseUrl, bind: Option<String>) -> CliResult {
     let bind = bind.unwrap_or_else(|| config.server.bind.clone());
-    let store = {
-        let (url, config) = (url.clone(), config.clone());
-        tokio::task::spawn_blocking(move || open_store(&url, &config)).await??
-    };
+    let store = open(&url, &config).await?;
     let listener = TcpListener::bind(&bind).map_err(|e| format!("cannot listen on {bind}: {e}"))?;
-    let first_admin = {
-        let store = store.clone();
-        store.run(sessions::ensure_first_admin).await?
-    };
+    let first_admin = App::new(store.clone(), config.clone())
+        .ensure_first_admin()
+        .await?;
     if let Some(password) = first_admin {
         // Printed once, never logged or stored in clear.
         eprintln!(

@@ -2,21 +2,20 @@
 //! server. The server takes a pre-bound listener, so tests bind port 0.
 
 use std::net::TcpListener;
-use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::dev::Server;
 use actix_web::middleware::from_fn;
-use actix_web::{App, HttpServer};
+use actix_web::web::Data;
+use actix_web::{App as HttpApp, HttpServer};
 use tracing_actix_web::TracingLogger;
 
+use crate::app::App;
 use crate::config::Config;
 use crate::providers::Providers;
 use crate::store::{migrations, DatabaseUrl, Store};
-use crate::tasks::Tasks;
-use crate::web::{self, AppState};
+use crate::web;
 use crate::worker::{self, WorkerHandle};
-use actix_web::web::Data;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartupError {
@@ -47,55 +46,53 @@ pub struct Application {
     server: Server,
     worker: WorkerHandle,
     grace: Duration,
-    state: Data<AppState>,
+    app: App,
 }
 
 impl Application {
-    /// Qualifies simulated providers that need it, starts the worker and builds
-    /// the HTTP server on `listener`; nothing is served until
-    /// [`run_until_stopped`](Self::run_until_stopped).
+    /// Starts the worker and builds the HTTP server on `listener`; nothing is
+    /// served until [`run_until_stopped`](Self::run_until_stopped). Simulated
+    /// providers are qualified in the background: serving never waits for it.
     pub async fn build(
         config: Config,
         store: Store,
         listener: TcpListener,
     ) -> Result<Self, StartupError> {
-        let config = Arc::new(config);
-        let providers = Providers::from_config(&config);
-        let tasks = Tasks::from_config(&config);
-        crate::qualify::qualify_simulated(&store, &config, &providers, &tasks).await;
-        let worker = worker::spawn(
-            store.clone(),
-            providers.clone(),
-            tasks.clone(),
-            config.clone(),
-        );
-        let state = Data::new(AppState {
-            store,
-            config: config.clone(),
-            providers,
-            tasks,
-            worker_wake: worker.waker(),
-        });
+        let providers = Providers::from_settings(&config.providers);
+        Self::build_with_providers(config, store, providers, listener).await
+    }
+
+    /// As [`build`](Self::build), with the providers given (tests inject clients).
+    pub async fn build_with_providers(
+        config: Config,
+        store: Store,
+        providers: Providers,
+        listener: TcpListener,
+    ) -> Result<Self, StartupError> {
+        let app = App::with_providers(store, config, providers);
+        app.qualify_simulated_in_background();
+        let worker = worker::spawn(app.clone());
+        let server_settings = app.config().server.clone();
         let port = listener.local_addr()?.port();
-        let app_state = state.clone();
+        let state = Data::new(app.clone());
         let mut server = HttpServer::new(move || {
-            App::new()
+            HttpApp::new()
                 .wrap(from_fn(web::echo_request_id))
                 .wrap(TracingLogger::default())
-                .app_data(app_state.clone())
+                .app_data(state.clone())
                 .configure(web::routes)
         })
         .listen(listener)?
-        .shutdown_timeout(config.server.shutdown_grace_ms.div_ceil(1000));
-        if config.server.http_workers > 0 {
-            server = server.workers(config.server.http_workers);
+        .shutdown_timeout(server_settings.shutdown_grace_ms.div_ceil(1000));
+        if server_settings.http_workers > 0 {
+            server = server.workers(server_settings.http_workers);
         }
         Ok(Self {
             port,
             server: server.run(),
             worker,
-            grace: Duration::from_millis(config.server.shutdown_grace_ms),
-            state,
+            grace: Duration::from_millis(server_settings.shutdown_grace_ms),
+            app,
         })
     }
 
@@ -103,9 +100,10 @@ impl Application {
         self.port
     }
 
-    /// The providers this application calls (tests read the simulated ones' logs).
-    pub fn providers(&self) -> Providers {
-        self.state.providers.clone()
+    /// The application this server fronts (tests read the simulated
+    /// providers' logs through it).
+    pub fn app(&self) -> App {
+        self.app.clone()
     }
 
     /// Serves until SIGINT/SIGTERM (handled by actix), then stops the worker:

@@ -1,4 +1,4 @@
-//! The canonical fingerprint of a job's intent (DESIGN.md §2): SHA-256 over the
+//! The canonical fingerprint of a job's intent (docs/design.md, "Idempotency"): SHA-256 over the
 //! sorted-key, whitespace-free JSON of task, input, params and target provider, so
 //! that key order or spacing in a request never makes a false conflict.
 

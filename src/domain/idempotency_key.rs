@@ -1,4 +1,4 @@
-//! The client's idempotency key (DESIGN.md §2): 1–255 printable ASCII characters.
+//! The client's idempotency key (docs/design.md, "Idempotency"): 1–255 printable ASCII characters.
 //! The RFC 8941 quoted-string form `"…"` is accepted and kept unquoted.
 
 use std::fmt;

@@ -1,30 +1,43 @@
-//! Typed identifiers. All ids are UUIDv7 (time-ordered) and travel as lowercase
-//! hyphenated text, which is also how they are stored.
+//! Typed identifiers. All ids are UUIDv7 (time-ordered) and travel as
+//! lowercase hyphenated text, which is also how they are stored (a TEXT
+//! column on both backends; the SQL conversion lives in `store::sql_types`).
 
 use std::fmt;
-use std::str::FromStr;
 
 use uuid::Uuid;
 
 macro_rules! uuid_id {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-        pub struct $name(Uuid);
+        #[derive(
+            Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord,
+            serde::Serialize, diesel::AsExpression, diesel::FromSqlRow,
+        )]
+        #[serde(transparent)]
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        pub struct $name(String);
 
         impl $name {
             /// A fresh, time-ordered id.
             pub fn new() -> Self {
-                Self(Uuid::now_v7())
+                Self(Uuid::now_v7().hyphenated().to_string())
             }
 
             /// Parses the textual form; anything that is not a UUID is refused.
+            /// The stored form is always lowercase and hyphenated.
             pub fn parse(text: &str) -> Option<Self> {
-                Uuid::from_str(text).ok().map(Self)
+                Uuid::try_parse(text)
+                    .ok()
+                    .map(|uuid| Self(uuid.hyphenated().to_string()))
             }
 
-            pub fn as_uuid(&self) -> Uuid {
-                self.0
+            /// Wraps text read back from a column that only ever holds ids.
+            pub fn from_stored(text: String) -> Self {
+                Self(text)
+            }
+
+            pub fn as_str(&self) -> &str {
+                &self.0
             }
         }
 
@@ -36,7 +49,13 @@ macro_rules! uuid_id {
 
         impl fmt::Display for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                fmt::Display::fmt(&self.0.hyphenated(), f)
+                f.write_str(&self.0)
+            }
+        }
+
+        impl AsRef<str> for $name {
+            fn as_ref(&self) -> &str {
+                &self.0
             }
         }
     };
@@ -62,13 +81,22 @@ mod tests {
     #[test]
     fn ids_round_trip_through_text() {
         let id = JobId::new();
-        assert_eq!(JobId::parse(&id.to_string()), Some(id));
+        assert_eq!(JobId::parse(id.as_str()), Some(id));
     }
 
     #[test]
     fn non_uuid_text_is_refused() {
         assert_eq!(JobId::parse("not-a-uuid"), None);
         assert_eq!(AttemptId::parse(""), None);
+    }
+
+    #[test]
+    fn parsing_normalises_to_lowercase_hyphenated() {
+        let id = JobId::new();
+        let upper = id.as_str().to_uppercase();
+        assert_eq!(JobId::parse(&upper), Some(id.clone()));
+        let simple = id.as_str().replace('-', "");
+        assert_eq!(JobId::parse(&simple), Some(id));
     }
 
     #[test]

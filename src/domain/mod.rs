@@ -1,17 +1,30 @@
-//! The pure domain: identifiers, idempotency keys, the payload fingerprint and the
-//! attempt/job state machine. Nothing in here does I/O.
+//! The pure domain: identifiers, idempotency keys, the payload fingerprint, the
+//! attempt/job state machine, the outcome vocabulary and the failover gate.
+//! Nothing in here does I/O. (Ids and state enums derive diesel's expression
+//! markers so that rows can hold them; their SQL conversion is in the store.)
 
+pub mod callback_key;
+pub mod failover;
 pub mod fingerprint;
 pub mod idempotency_key;
 pub mod ids;
+pub mod json_text;
+pub mod outcome;
+pub mod reason;
 pub mod role;
+pub mod secret;
 pub mod state;
 
-pub use fingerprint::{canonical_json, Fingerprint, JobIntent};
+pub use callback_key::CallbackKey;
+pub use failover::{failover_order, next_provider, AllowedProviders, QualificationStatus};
+pub use fingerprint::{canonical_json, sha256_hex, Fingerprint, JobIntent};
 pub use idempotency_key::{IdempotencyKey, IdempotencyKeyError};
 pub use ids::{AttemptId, JobId, UserId};
+pub use json_text::JsonText;
+pub use outcome::{Applied, Outcome, RaceResult};
+pub use reason::{Reason, ReasonError};
 pub use role::Role;
+pub use secret::Secret;
 pub use state::{
-    failover_order, may_start_attempt, next_provider, AttemptEvent, AttemptOutcome, AttemptState,
-    JobStatus, NewAttemptRefusal, TransitionError,
+    may_start_attempt, AttemptEvent, AttemptState, JobStatus, NewAttemptRefusal, TransitionError,
 };

@@ -1,4 +1,5 @@
-//! The attempt and job state machine of DESIGN.md §3, as pure functions.
+//! The attempt and job state machine (docs/design.md, "States"), as pure
+//! functions.
 //!
 //! The store uses [`AttemptEvent::from_states`] as the guard of each conditional
 //! `UPDATE`, so the transitions allowed here are the transitions the database
@@ -6,7 +7,8 @@
 
 use std::fmt;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, diesel::AsExpression, diesel::FromSqlRow)]
+#[diesel(sql_type = diesel::sql_types::Text)]
 pub enum AttemptState {
     Queued,
     Running,
@@ -54,30 +56,6 @@ impl fmt::Display for AttemptState {
     }
 }
 
-/// Whether a succeeded attempt's result became the job's result.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AttemptOutcome {
-    Won,
-    Lost,
-}
-
-impl AttemptOutcome {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Won => "won",
-            Self::Lost => "lost",
-        }
-    }
-
-    pub fn parse(text: &str) -> Option<Self> {
-        match text {
-            "won" => Some(Self::Won),
-            "lost" => Some(Self::Lost),
-            _ => None,
-        }
-    }
-}
-
 /// Something that happens to an attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttemptEvent {
@@ -103,7 +81,7 @@ impl AttemptEvent {
         use AttemptState::*;
         match self {
             Self::Claimed | Self::Skipped => &[Queued],
-            // Late news for an unknown or abandoned attempt is still news (§3, §4).
+            // Late news for an unknown or abandoned attempt is still news.
             Self::ProviderSucceeded | Self::ProviderFailed => &[Running, Unknown, Abandoned],
             Self::SoftTimeout | Self::LeaseExpired => &[Running],
             Self::Abandoned => &[Unknown],
@@ -137,7 +115,8 @@ pub struct TransitionError {
     pub event: AttemptEvent,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, diesel::AsExpression, diesel::FromSqlRow)]
+#[diesel(sql_type = diesel::sql_types::Text)]
 pub enum JobStatus {
     Pending,
     Running,
@@ -213,30 +192,6 @@ pub fn may_start_attempt(
         Some(state) => Err(NewAttemptRefusal::AttemptInFlight(state)),
         None => Ok(()),
     }
-}
-
-/// The order in which a job tries providers: the provider the user named first
-/// (if any), then the task's chain in its configured order.
-pub fn failover_order<'a>(chain: &'a [String], requested: Option<&'a str>) -> Vec<&'a str> {
-    let mut order: Vec<&str> = Vec::with_capacity(chain.len() + 1);
-    if let Some(first) = requested {
-        order.push(first);
-    }
-    for name in chain {
-        if !order.contains(&name.as_str()) {
-            order.push(name);
-        }
-    }
-    order
-}
-
-/// The next provider to try: the first in the failover order that this job has
-/// not tried yet, or `None` when the chain is exhausted.
-pub fn next_provider<'a>(order: &[&'a str], tried: &[String]) -> Option<&'a str> {
-    order
-        .iter()
-        .copied()
-        .find(|name| !tried.iter().any(|t| t == name))
 }
 
 #[cfg(test)]
@@ -349,24 +304,6 @@ mod tests {
         assert_eq!(
             may_start_attempt(JobStatus::Succeeded, None),
             Err(NewAttemptRefusal::JobFinished(JobStatus::Succeeded))
-        );
-    }
-
-    #[test]
-    fn failover_order_puts_the_requested_provider_first_without_repeats() {
-        let chain = vec!["a".to_owned(), "b".to_owned(), "c".to_owned()];
-        assert_eq!(failover_order(&chain, None), vec!["a", "b", "c"]);
-        assert_eq!(failover_order(&chain, Some("b")), vec!["b", "a", "c"]);
-    }
-
-    #[test]
-    fn next_provider_skips_tried_ones_and_ends_when_exhausted() {
-        let order = ["a", "b"];
-        assert_eq!(next_provider(&order, &[]), Some("a"));
-        assert_eq!(next_provider(&order, &["a".to_owned()]), Some("b"));
-        assert_eq!(
-            next_provider(&order, &["a".to_owned(), "b".to_owned()]),
-            None
         );
     }
 }

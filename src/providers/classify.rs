@@ -1,5 +1,5 @@
-//! How every outcome of a provider call is classified (DESIGN.md §5). This is
-//! the one table; `docs/providers.md` shows it to people.
+//! How every outcome of a provider call is classified (docs/design.md,
+//! "Providers"). This is the one table; the README shows it to people.
 //!
 //! | what happened | outcome | failover |
 //! |---|---|---|

@@ -12,50 +12,29 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use super::classify::{classify_status, parse_retry_after, StatusClass};
-use super::ProviderOutcome;
-use crate::config::{ProviderConfig, ProviderKind};
+use super::{BoxFuture, Call, ProviderClient, ProviderKind, ProviderSettings};
+use crate::domain::{Outcome, Secret};
 
 /// The Anthropic API version this client speaks.
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
 /// The beta that enables Anthropic's structured outputs.
 pub const ANTHROPIC_STRUCTURED_OUTPUTS_BETA: &str = "structured-outputs-2025-11-13";
 
-/// An API key read from the environment. It is never logged or shown:
-/// `Debug` prints `***`.
-#[derive(Clone)]
-struct ApiKey(String);
-
-impl std::fmt::Debug for ApiKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("***")
-    }
-}
-
-/// What one HTTP call sends.
-pub struct HttpCall<'a> {
-    pub request_id: &'a str,
-    pub task: &'a str,
-    pub prompt: &'a str,
-    pub output_schema: Option<&'a Value>,
-    pub temperature: Option<f64>,
-    pub callback: Option<&'a super::CallbackTarget>,
-}
-
 #[derive(Debug)]
-pub struct HttpProvider {
+pub struct HttpClient {
     kind: ProviderKind,
     client: reqwest::Client,
     endpoint: String,
     model: String,
-    api_key: Option<ApiKey>,
+    api_key: Option<Secret>,
     max_tokens: u32,
     temperature: Option<f64>,
     /// After a 429 or 529, later calls wait until this instant.
     not_before: Mutex<Option<Instant>>,
 }
 
-impl HttpProvider {
-    pub fn from_config(config: &ProviderConfig) -> Self {
+impl HttpClient {
+    pub fn from_settings(config: &ProviderSettings) -> Self {
         let base = config
             .base_url
             .as_deref()
@@ -76,18 +55,14 @@ impl HttpProvider {
             client,
             endpoint: format!("{base}{path}"),
             model: config.model.clone().unwrap_or_default(),
-            api_key: config
-                .api_key_env
-                .as_deref()
-                .and_then(|var| std::env::var(var).ok())
-                .map(ApiKey),
+            api_key: config.api_key.clone(),
             max_tokens: config.max_tokens,
             temperature: config.temperature,
             not_before: Mutex::new(None),
         }
     }
 
-    fn body(&self, call: &HttpCall<'_>) -> Value {
+    fn body(&self, call: &Call) -> Value {
         let temperature = call.temperature.or(self.temperature);
         let messages = json!([{ "role": "user", "content": call.prompt }]);
         let mut body =
@@ -95,7 +70,7 @@ impl HttpProvider {
         if let Some(t) = temperature {
             body["temperature"] = json!(t);
         }
-        if let Some(schema) = call.output_schema {
+        if let Some(schema) = &call.output_schema {
             match self.kind {
                 ProviderKind::Anthropic => {
                     body["output_format"] = json!({ "type": "json_schema", "schema": schema });
@@ -103,7 +78,7 @@ impl HttpProvider {
                 _ => {
                     body["response_format"] = json!({
                         "type": "json_schema",
-                        "json_schema": { "name": schema_name(call.task), "schema": schema, "strict": true }
+                        "json_schema": { "name": schema_name(&call.task), "schema": schema, "strict": true }
                     });
                 }
             }
@@ -111,9 +86,9 @@ impl HttpProvider {
         body
     }
 
-    fn headers(&self, call: &HttpCall<'_>) -> HeaderMap {
+    fn headers(&self, call: &Call) -> HeaderMap {
         let mut headers = HeaderMap::new();
-        let id = HeaderValue::from_str(call.request_id).expect("attempt ids are ASCII");
+        let id = HeaderValue::from_str(&call.request_id).expect("request ids are ASCII");
         headers.insert("Idempotency-Key", id.clone());
         headers.insert("X-Request-Id", id);
         if self.kind == ProviderKind::Anthropic {
@@ -128,20 +103,20 @@ impl HttpProvider {
                 );
             }
         }
-        if let Some(callback) = call.callback {
+        if let Some(callback) = &call.callback {
             if let (Ok(url), Ok(mut secret)) = (
                 HeaderValue::from_str(&callback.url),
-                HeaderValue::from_str(&callback.secret),
+                HeaderValue::from_str(callback.secret.expose()),
             ) {
                 secret.set_sensitive(true);
                 headers.insert("X-Onejob-Callback-Url", url);
                 headers.insert("X-Onejob-Callback-Secret", secret);
             }
         }
-        if let Some(ApiKey(key)) = &self.api_key {
+        if let Some(key) = &self.api_key {
             let (name, value) = match self.kind {
-                ProviderKind::Anthropic => ("x-api-key", key.clone()),
-                _ => ("Authorization", format!("Bearer {key}")),
+                ProviderKind::Anthropic => ("x-api-key", key.expose().to_owned()),
+                _ => ("Authorization", format!("Bearer {}", key.expose())),
             };
             if let Ok(mut value) = HeaderValue::from_str(&value) {
                 value.set_sensitive(true);
@@ -174,28 +149,28 @@ impl HttpProvider {
     /// A call made while the provider's `Retry-After` pause runs is not sent at
     /// all (a definite failure): callers wait for [`not_before`](Self::not_before)
     /// before starting their clocks, so that a wait never counts as a timeout.
-    pub async fn call(&self, call: &HttpCall<'_>) -> ProviderOutcome {
+    pub async fn send_call(&self, call: &Call) -> Outcome {
         if let Some(until) = self.not_before() {
             let wait = until.saturating_duration_since(Instant::now());
-            return ProviderOutcome::Failed(format!(
+            return Outcome::Failed(format!(
                 "not sent: the provider asked to pause (Retry-After) for {} ms more",
                 wait.as_millis()
             ));
         }
         match self.send(call).await {
-            ProviderOutcome::Failed(reason) => ProviderOutcome::Failed(self.redact(call, reason)),
-            ProviderOutcome::Unknown(reason) => ProviderOutcome::Unknown(self.redact(call, reason)),
+            Outcome::Failed(reason) => Outcome::Failed(self.redact(call, reason)),
+            Outcome::Unknown(reason) => Outcome::Unknown(self.redact(call, reason)),
             answer => answer,
         }
     }
 
     /// Removes the API key and the call's callback secret from a reason (before
     /// it is shortened, so no fragment survives a cut), then shortens it.
-    fn redact(&self, call: &HttpCall<'_>, text: String) -> String {
+    fn redact(&self, call: &Call, text: String) -> String {
         let mut text = text;
         let secrets = [
-            self.api_key.as_ref().map(|k| k.0.as_str()),
-            call.callback.map(|c| c.secret.as_str()),
+            self.api_key.as_ref().map(Secret::expose),
+            call.callback.as_ref().map(|c| c.secret.expose()),
         ];
         for secret in secrets.into_iter().flatten().filter(|s| !s.is_empty()) {
             text = text.replace(secret, "***");
@@ -207,7 +182,7 @@ impl HttpProvider {
         text
     }
 
-    async fn send(&self, call: &HttpCall<'_>) -> ProviderOutcome {
+    async fn send(&self, call: &Call) -> Outcome {
         let sent = self
             .client
             .post(&self.endpoint)
@@ -219,13 +194,13 @@ impl HttpProvider {
             Ok(response) => response,
             // Nothing reached the provider: refused, DNS, TLS, connect timeout.
             Err(e) if e.is_connect() => {
-                return ProviderOutcome::Failed(format!(
+                return Outcome::Failed(format!(
                     "could not connect to the provider: {}",
                     error_chain(&e)
                 ))
             }
             Err(e) => {
-                return ProviderOutcome::Unknown(format!(
+                return Outcome::Unknown(format!(
                     "the connection failed after the request was sent: {}",
                     error_chain(&e)
                 ))
@@ -241,7 +216,7 @@ impl HttpProvider {
         let bytes = match response.bytes().await {
             Ok(bytes) => bytes,
             Err(e) => {
-                return ProviderOutcome::Unknown(format!(
+                return Outcome::Unknown(format!(
                     "the answer was cut off ({status}): {}",
                     error_chain(&e)
                 ))
@@ -258,28 +233,28 @@ impl HttpProvider {
                     if let Some(pause) = retry_after {
                         self.cool_down(pause);
                     }
-                    ProviderOutcome::Failed(reason)
+                    Outcome::Failed(reason)
                 }
-                StatusClass::Unknown { reason } => ProviderOutcome::Unknown(reason),
+                StatusClass::Unknown { reason } => Outcome::Unknown(reason),
             };
         }
         let envelope: Value = match serde_json::from_slice(&bytes) {
             Ok(v) => v,
             Err(e) => {
-                return ProviderOutcome::Unknown(format!(
+                return Outcome::Unknown(format!(
                     "the answer is truncated or garbled ({status}): {e}"
                 ))
             }
         };
         let text = match self.answer_text(&envelope) {
             Ok(text) => text,
-            Err(reason) => return ProviderOutcome::Failed(format!("invalid_output: {reason}")),
+            Err(reason) => return Outcome::Failed(format!("invalid_output: {reason}")),
         };
         match serde_json::from_str::<Value>(text.trim()) {
-            Ok(answer) => ProviderOutcome::Succeeded(answer),
+            Ok(answer) => Outcome::Succeeded(answer),
             Err(_) => {
                 let excerpt = text.trim();
-                ProviderOutcome::Failed(format!(
+                Outcome::Failed(format!(
                     "invalid_output: the answer is not JSON: {excerpt:?}"
                 ))
             }
@@ -313,6 +288,16 @@ impl HttpProvider {
     }
 }
 
+impl ProviderClient for HttpClient {
+    fn call<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Outcome> {
+        Box::pin(self.send_call(call))
+    }
+
+    fn not_before(&self) -> Option<Instant> {
+        HttpClient::not_before(self)
+    }
+}
+
 /// OpenAI schema names allow `[a-zA-Z0-9_-]`.
 fn schema_name(task: &str) -> String {
     task.chars()
@@ -341,42 +326,41 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::providers::CallbackTarget;
 
-    fn provider_with_key(key: &str) -> HttpProvider {
-        std::env::set_var("ONEJOB_UNIT_TEST_KEY", key);
-        let config: ProviderConfig = toml::from_str(
-            "name = \"p\"\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:1\"\nmodel = \"m\"\napi_key_env = \"ONEJOB_UNIT_TEST_KEY\"",
+    fn client_with_key(key: &str) -> HttpClient {
+        let mut settings: ProviderSettings = toml::from_str(
+            "name = \"p\"\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:1\"\nmodel = \"m\"",
         )
         .unwrap();
-        HttpProvider::from_config(&config)
+        settings.api_key = Some(Secret::new(key));
+        HttpClient::from_settings(&settings)
     }
 
     #[test]
     fn secrets_are_redacted_before_a_reason_is_shortened() {
         let key = "sk-unit-test-0123456789abcdefghij";
-        let provider = provider_with_key(key);
-        let target = super::super::CallbackTarget {
+        let client = client_with_key(key);
+        let target = CallbackTarget {
             url: "http://x".into(),
-            secret: "cb-secret-abcdef".into(),
+            secret: Secret::new("cb-secret-abcdef"),
         };
-        let call = HttpCall {
-            request_id: "a",
-            task: "t",
-            prompt: "p",
+        let call = Call {
+            request_id: "a".into(),
+            attempt_number: 1,
+            task: "t".into(),
+            prompt: "p".into(),
             output_schema: None,
             temperature: None,
-            callback: Some(&target),
+            callback: Some(target.clone()),
         };
         // The key straddles the 400-character cut.
-        let text = format!("{}{key} and {}", "x".repeat(390), target.secret);
-        let redacted = provider.redact(&call, text);
+        let text = format!("{}{key} and {}", "x".repeat(390), target.secret.expose());
+        let redacted = client.redact(&call, text);
         assert!(!redacted.contains("sk-unit"), "{redacted}");
         assert!(!redacted.contains("cb-secret"), "{redacted}");
         assert!(redacted.chars().count() <= 401);
-        assert!(
-            !format!("{provider:?}").contains(key),
-            "Debug hides the key"
-        );
+        assert!(!format!("{client:?}").contains(key), "Debug hides the key");
     }
 
     #[test]

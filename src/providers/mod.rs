@@ -1,33 +1,44 @@
-//! Providers: where attempts are sent. Each call ends in one of three outcomes,
-//! and only a definite failure allows automatic failover (DESIGN.md §5); the
-//! table is in [`classify`].
+//! Providers: where attempts are sent. A provider knows what to send and how
+//! to classify what comes back, nothing more: the caller renders the prompt
+//! and holds the answer to the task's contract. Each call ends in one
+//! [`Outcome`]; the table is in [`classify`].
+//!
+//! [`ProviderClient`] is the seam: the simulated and HTTP clients implement
+//! it, and tests may inject their own.
 
 pub mod classify;
 pub mod http;
+pub mod settings;
 pub mod simulated;
+pub mod tokens;
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
+use tokio::time::Instant;
 
-use crate::config::{Config, ProviderConfig, ProviderKind};
-use crate::tasks::TaskSpec;
-use http::{HttpCall, HttpProvider};
-use simulated::SimulatedProvider;
+use crate::domain::{Outcome, Secret};
+use http::HttpClient;
+pub use settings::{ProviderKind, ProviderSettings, ScriptStep, SimulatedFailure};
+use simulated::SimulatedClient;
 
-/// What the worker (or a qualification run) sends: the job's intent under the
-/// attempt's own identity.
-#[derive(Clone)]
-pub struct ProviderRequest {
-    /// Sent as `Idempotency-Key` and `X-Request-Id`.
-    pub attempt_id: String,
+/// One call, ready to send: the prompt is rendered, the identity chosen.
+#[derive(Debug, Clone)]
+pub struct Call {
+    /// Sent as `Idempotency-Key` and `X-Request-Id`: the attempt id, or
+    /// `qualify-…` for a qualification call.
+    pub request_id: String,
+    /// The attempt's number within its job; 0 for a qualification call.
     pub attempt_number: i32,
-    pub job_id: String,
-    pub task: Arc<TaskSpec>,
-    pub input: Value,
-    pub params: Value,
+    /// The task's name (a structured-output schema is named after it).
+    pub task: String,
+    pub prompt: String,
+    /// Sent as the structured-output format, when the task has one.
+    pub output_schema: Option<Value>,
     /// Overrides the provider's temperature (qualification uses the task's).
     pub temperature: Option<f64>,
     /// Where and with which secret the provider may call back late.
@@ -36,123 +47,104 @@ pub struct ProviderRequest {
 
 /// A callback URL and the attempt's secret, sent to providers that answer
 /// asynchronously (`callbacks = true`).
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct CallbackTarget {
     pub url: String,
-    pub secret: String,
+    pub secret: Secret,
 }
 
-/// How a provider call ended.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ProviderOutcome {
-    /// A usable answer (JSON that satisfies the task's output schema).
-    Succeeded(Value),
-    /// The provider surely did not do the work, or answered unusably
-    /// (`invalid_output`); failover is allowed.
-    Failed(String),
-    /// The request may have been acted on, but no usable answer came
-    /// (connection lost after sending, 5xx, truncated body). The attempt
-    /// becomes `unknown`.
-    Unknown(String),
+/// A boxed future, so that [`ProviderClient`] can be used as a trait object.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Something that can be sent a [`Call`].
+pub trait ProviderClient: Send + Sync {
+    /// Sends the call and waits for the answer, however long it takes (the
+    /// worker applies the soft timeout and the late-result window around
+    /// this). Never retries by itself.
+    fn call<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Outcome>;
+
+    /// When the provider asked (`Retry-After`) not to be called before.
+    fn not_before(&self) -> Option<Instant> {
+        None
+    }
+
+    /// Request ids this client has been sent for job attempts, in order (the
+    /// simulated client keeps them in memory; others keep none).
+    fn sent_request_ids(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
-/// A configured provider with its timing rules.
+/// A configured provider with its timing rules and its client.
 pub struct Provider {
-    pub name: String,
-    pub config: ProviderConfig,
-    /// Past this the attempt becomes `unknown`.
-    pub soft_timeout: Duration,
-    /// How much longer a timed-out call is kept open for a late answer.
-    pub late_result_window: Duration,
-    client: ProviderClient,
-}
-
-enum ProviderClient {
-    Simulated(SimulatedProvider),
-    Http(HttpProvider),
+    pub settings: ProviderSettings,
+    client: Arc<dyn ProviderClient>,
 }
 
 impl Provider {
-    fn from_config(config: &ProviderConfig) -> Self {
-        let client = match config.kind {
-            ProviderKind::Simulated => {
-                ProviderClient::Simulated(SimulatedProvider::from_config(config))
-            }
+    /// The client the provider's kind calls for.
+    pub fn from_settings(settings: &ProviderSettings) -> Self {
+        let client: Arc<dyn ProviderClient> = match settings.kind {
+            ProviderKind::Simulated => Arc::new(SimulatedClient::from_settings(settings)),
             ProviderKind::Openai | ProviderKind::Anthropic => {
-                ProviderClient::Http(HttpProvider::from_config(config))
+                Arc::new(HttpClient::from_settings(settings))
             }
         };
+        Self::with_client(settings, client)
+    }
+
+    /// A provider that sends through `client` instead (tests inject fakes).
+    pub fn with_client(settings: &ProviderSettings, client: Arc<dyn ProviderClient>) -> Self {
         Self {
-            name: config.name.clone(),
-            config: config.clone(),
-            soft_timeout: Duration::from_millis(config.timeout_ms),
-            late_result_window: Duration::from_millis(config.late_result_ms),
+            settings: settings.clone(),
             client,
         }
     }
 
-    /// Sends the request and waits for the answer, however long it takes (the
-    /// worker applies the soft timeout and the late-result window around this),
-    /// then checks the answer against the task's output schema.
-    pub async fn call(&self, request: &ProviderRequest) -> ProviderOutcome {
-        let outcome = match &self.client {
-            ProviderClient::Simulated(sim) => sim.call(&self.name, request).await,
-            ProviderClient::Http(http) => {
-                let prompt = match request.task.render_prompt(&request.input) {
-                    Ok(prompt) => prompt,
-                    // Nothing was sent: definite.
-                    Err(reason) => return ProviderOutcome::Failed(reason),
-                };
-                let call = HttpCall {
-                    request_id: &request.attempt_id,
-                    task: &request.task.config.name,
-                    prompt: &prompt,
-                    output_schema: request.task.config.output_schema.as_ref(),
-                    temperature: request.temperature,
-                    callback: request.callback.as_ref(),
-                };
-                http.call(&call).await
-            }
-        };
-        match outcome {
-            ProviderOutcome::Succeeded(answer) => match request.task.check_output(&answer) {
-                Ok(()) => ProviderOutcome::Succeeded(answer),
-                Err(reason) => ProviderOutcome::Failed(format!("invalid_output: {reason}")),
-            },
-            other => other,
-        }
+    pub fn name(&self) -> &str {
+        &self.settings.name
     }
 
-    /// When the provider asked (`Retry-After`) not to be called before.
-    pub fn not_before(&self) -> Option<tokio::time::Instant> {
-        match &self.client {
-            ProviderClient::Simulated(_) => None,
-            ProviderClient::Http(http) => http.not_before(),
-        }
+    /// Past this the attempt becomes `unknown`.
+    pub fn soft_timeout(&self) -> Duration {
+        Duration::from_millis(self.settings.timeout_ms)
     }
 
-    /// Attempt ids this provider has been sent, in order (kept in memory by the
-    /// simulated provider; empty for others).
+    /// How much longer a timed-out call is kept open for a late answer.
+    pub fn late_result_window(&self) -> Duration {
+        Duration::from_millis(self.settings.late_result_ms)
+    }
+
+    pub async fn call(&self, call: &Call) -> Outcome {
+        self.client.call(call).await
+    }
+
+    pub fn not_before(&self) -> Option<Instant> {
+        self.client.not_before()
+    }
+
+    /// Attempt ids this provider has been sent, in order (simulated providers
+    /// only; empty for others).
     pub fn sent_attempts(&self) -> Vec<String> {
-        match &self.client {
-            ProviderClient::Simulated(sim) => sim.sent_attempts(),
-            ProviderClient::Http(_) => Vec::new(),
-        }
+        self.client.sent_request_ids()
     }
 }
 
 /// All configured providers, by name.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub struct Providers {
     by_name: Arc<HashMap<String, Arc<Provider>>>,
 }
 
 impl Providers {
-    pub fn from_config(config: &Config) -> Self {
-        let by_name = config
-            .providers
-            .iter()
-            .map(|p| (p.name.clone(), Arc::new(Provider::from_config(p))))
+    pub fn from_settings(settings: &[ProviderSettings]) -> Self {
+        Self::from_providers(settings.iter().map(Provider::from_settings))
+    }
+
+    pub fn from_providers(providers: impl IntoIterator<Item = Provider>) -> Self {
+        let by_name = providers
+            .into_iter()
+            .map(|p| (p.settings.name.clone(), Arc::new(p)))
             .collect();
         Self {
             by_name: Arc::new(by_name),

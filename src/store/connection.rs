@@ -5,7 +5,7 @@
 use diesel::connection::{AnsiTransactionManager, SimpleConnection, TransactionManager};
 use diesel::prelude::*;
 
-use crate::config::{DatabaseConfig, SqliteSynchronous};
+use super::{DatabaseSettings, SqliteSynchronous};
 
 #[derive(diesel::MultiConnection)]
 pub enum DbConnection {
@@ -101,7 +101,7 @@ pub struct DbConnectionManager {
 }
 
 impl DbConnectionManager {
-    pub fn new(url: DatabaseUrl, config: &DatabaseConfig) -> Self {
+    pub fn new(url: DatabaseUrl, config: &DatabaseSettings) -> Self {
         Self {
             url,
             busy_timeout_ms: config.sqlite_busy_timeout_ms,

@@ -1,28 +1,33 @@
 //! The store: diesel over SQLite (embedded default) or PostgreSQL (scale-out),
 //! behind one `MultiConnection`. Every query runs on a blocking thread through
-//! [`Store::run`], never on an async worker.
+//! [`Store::run`], never on an async worker. The store knows the domain and
+//! nothing above it.
 
-pub mod admin;
-pub mod attempts;
+pub mod completion;
 pub mod connection;
+pub mod console;
 pub mod jobs;
 pub mod migrations;
-pub mod models;
+pub mod operator;
 pub mod qualifications;
+pub mod queue;
+pub mod rows;
 pub mod schema;
 pub mod sessions;
+pub mod sql_types;
+pub mod transitions;
 pub mod users;
 
 use std::time::Duration;
 
 use diesel::r2d2::Pool;
+use serde::Deserialize;
 
 pub use connection::{Backend, DatabaseUrl, DbConnection, DbConnectionManager};
+pub use rows::{Attempt, Job, QualificationRun, RaceEntry};
 
-use crate::config::DatabaseConfig;
-
-/// Errors from the storage layer, mapped to HTTP statuses in one place
-/// (`web::error`).
+/// Errors from the storage layer, mapped to application errors in one place
+/// (`app::AppError`).
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// No pooled connection became free in time: the caller should retry later.
@@ -46,6 +51,41 @@ impl StoreError {
 
 pub type StoreResult<T> = Result<T, StoreError>;
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SqliteSynchronous {
+    /// A 2xx means the row is on disk, even across a power loss.
+    Full,
+    /// Faster; a power loss may lose the last transactions (never corrupts).
+    Normal,
+}
+
+/// The `[database]` section of the configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DatabaseSettings {
+    /// `postgres://…` or a SQLite file path.
+    pub url: String,
+    pub pool_size: u32,
+    /// How long a request waits for a pooled connection before answering 503.
+    pub pool_timeout_ms: u64,
+    /// SQLite `busy_timeout`: how long a writer waits for the write lock.
+    pub sqlite_busy_timeout_ms: u64,
+    pub sqlite_synchronous: SqliteSynchronous,
+}
+
+impl Default for DatabaseSettings {
+    fn default() -> Self {
+        Self {
+            url: "onejob.db".into(),
+            pool_size: 8,
+            pool_timeout_ms: 5_000,
+            sqlite_busy_timeout_ms: 5_000,
+            sqlite_synchronous: SqliteSynchronous::Full,
+        }
+    }
+}
+
 /// A cloneable handle on the connection pool.
 #[derive(Clone)]
 pub struct Store {
@@ -58,14 +98,14 @@ impl Store {
     /// `DATABASE_URL` fails at start with the driver's own message.
     pub fn connect(
         url: &DatabaseUrl,
-        config: &DatabaseConfig,
+        settings: &DatabaseSettings,
     ) -> Result<Self, connection::ConnectError> {
-        let manager = DbConnectionManager::new(url.clone(), config);
+        let manager = DbConnectionManager::new(url.clone(), settings);
         // Prove the URL works before building the pool, keeping the real error text.
         drop(manager.establish()?);
         let pool = Pool::builder()
-            .max_size(config.pool_size)
-            .connection_timeout(Duration::from_millis(config.pool_timeout_ms))
+            .max_size(settings.pool_size)
+            .connection_timeout(Duration::from_millis(settings.pool_timeout_ms))
             .test_on_check_out(false)
             .build_unchecked(manager);
         Ok(Self {

@@ -9,7 +9,7 @@ use diesel::prelude::*;
 
 use super::connection::write_transaction;
 use super::schema::{login_failures, sessions, users};
-use super::users::{token_digest, user_from_row, User, UserError};
+use super::users::{token_digest, User, UserError};
 use super::{now_ms, DbConnection, StoreResult};
 use crate::domain::{Role, UserId};
 
@@ -76,9 +76,9 @@ pub fn ensure_first_admin(conn: &mut DbConnection) -> StoreResult<Option<String>
         }
         let password = generate_password();
         let row = (
-            users::id.eq(UserId::new().to_string()),
+            users::id.eq(UserId::new()),
             users::name.eq("admin"),
-            users::role.eq(Role::Admin.as_str()),
+            users::role.eq(Role::Admin),
             users::created_at.eq(now_ms()),
             users::password_hash.eq(Some(hash_password(&password))),
         );
@@ -124,7 +124,7 @@ pub fn sign_in(conn: &mut DbConnection, name: &str, password: &str) -> StoreResu
             retry_after_s: ((oldest + THROTTLE_WINDOW_MS - now) / 1000).max(1),
         });
     }
-    let found: Option<(String, String, String, Option<String>)> = users::table
+    let found: Option<(UserId, String, Role, Option<String>)> = users::table
         .filter(users::name.eq(name))
         .select((users::id, users::name, users::role, users::password_hash))
         .first(conn)
@@ -153,13 +153,17 @@ pub fn sign_in(conn: &mut DbConnection, name: &str, password: &str) -> StoreResu
     diesel::delete(login_failures::table.filter(login_failures::user_name.eq(name)))
         .execute(conn)?;
     let (id, name, role, _) = found.expect("verified implies found");
-    Ok(SignIn::Ok(user_from_row((id, name, role))?))
+    Ok(SignIn::Ok(User { id, name, role }))
 }
 
 static DUMMY_HASH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
 /// Starts a session; returns the token for the cookie (shown nowhere else).
-pub fn create_session(conn: &mut DbConnection, user_id: &str, ttl_ms: i64) -> StoreResult<String> {
+pub fn create_session(
+    conn: &mut DbConnection,
+    user_id: &UserId,
+    ttl_ms: i64,
+) -> StoreResult<String> {
     let token = random_secret();
     let now = now_ms();
     diesel::insert_into(sessions::table)
@@ -175,15 +179,13 @@ pub fn create_session(conn: &mut DbConnection, user_id: &str, ttl_ms: i64) -> St
 }
 
 pub fn user_for_session(conn: &mut DbConnection, token: &str) -> StoreResult<Option<User>> {
-    sessions::table
+    Ok(sessions::table
         .inner_join(users::table)
         .filter(sessions::token_sha256.eq(token_digest(token)))
         .filter(sessions::expires_at.gt(now_ms()))
         .select((users::id, users::name, users::role))
-        .first::<(String, String, String)>(conn)
-        .optional()?
-        .map(user_from_row)
-        .transpose()
+        .first::<User>(conn)
+        .optional()?)
 }
 
 pub fn end_session(conn: &mut DbConnection, token: &str) -> StoreResult<()> {

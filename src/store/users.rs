@@ -5,12 +5,13 @@ use diesel::prelude::*;
 
 use super::schema::{api_tokens, users};
 use super::{now_ms, DbConnection, StoreError, StoreResult};
-use crate::domain::fingerprint::sha256_hex;
-use crate::domain::{Role, UserId};
+use crate::domain::{sha256_hex, Role, UserId};
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Who someone is: the owner of jobs and tokens, and the actor of console
+/// actions.
+#[derive(Debug, Clone, PartialEq, Eq, Queryable)]
 pub struct User {
-    pub id: String,
+    pub id: UserId,
     pub name: String,
     pub role: Role,
 }
@@ -54,12 +55,6 @@ pub fn token_digest(token: &str) -> String {
     sha256_hex(token.as_bytes())
 }
 
-pub(crate) fn user_from_row((id, name, role): (String, String, String)) -> StoreResult<User> {
-    let role =
-        Role::parse(&role).ok_or_else(|| StoreError::corrupt(format!("user role {role:?}")))?;
-    Ok(User { id, name, role })
-}
-
 /// Creates a user and its first API token.
 pub fn add_user(
     conn: &mut DbConnection,
@@ -70,12 +65,12 @@ pub fn add_user(
         return Err(UserError::InvalidName);
     }
     super::connection::write_transaction(conn, |conn| {
-        let id = UserId::new().to_string();
+        let id = UserId::new();
         let inserted = diesel::insert_into(users::table)
             .values((
                 users::id.eq(&id),
                 users::name.eq(name),
-                users::role.eq(role.as_str()),
+                users::role.eq(role),
                 users::created_at.eq(now_ms()),
             ))
             .execute(conn);
@@ -100,7 +95,7 @@ pub fn add_user(
 /// Issues a further token for an existing user.
 pub fn issue_token(conn: &mut DbConnection, name: &str) -> Result<IssuedToken, UserError> {
     super::connection::write_transaction(conn, |conn| {
-        let id: String = users::table
+        let id: UserId = users::table
             .filter(users::name.eq(name))
             .select(users::id)
             .first(conn)
@@ -110,7 +105,7 @@ pub fn issue_token(conn: &mut DbConnection, name: &str) -> Result<IssuedToken, U
     })
 }
 
-fn insert_token(conn: &mut DbConnection, user_id: &str) -> StoreResult<IssuedToken> {
+fn insert_token(conn: &mut DbConnection, user_id: &UserId) -> StoreResult<IssuedToken> {
     let token = generate_token();
     diesel::insert_into(api_tokens::table)
         .values((
@@ -125,31 +120,20 @@ fn insert_token(conn: &mut DbConnection, user_id: &str) -> StoreResult<IssuedTok
 
 /// The user a bearer token belongs to, if any.
 pub fn user_for_token(conn: &mut DbConnection, token: &str) -> StoreResult<Option<User>> {
-    api_tokens::table
+    Ok(api_tokens::table
         .inner_join(users::table)
         .filter(api_tokens::token_sha256.eq(token_digest(token)))
         .select((users::id, users::name, users::role))
-        .first::<(String, String, String)>(conn)
-        .optional()?
-        .map(user_from_row)
-        .transpose()
+        .first::<User>(conn)
+        .optional()?)
 }
 
 pub fn find_by_name(conn: &mut DbConnection, name: &str) -> StoreResult<Option<User>> {
-    users::table
+    Ok(users::table
         .filter(users::name.eq(name))
         .select((users::id, users::name, users::role))
-        .first::<(String, String, String)>(conn)
-        .optional()?
-        .map(user_from_row)
-        .transpose()
-}
-
-pub fn names_by_id(conn: &mut DbConnection, ids: &[String]) -> StoreResult<Vec<(String, String)>> {
-    Ok(users::table
-        .filter(users::id.eq_any(ids))
-        .select((users::id, users::name))
-        .load(conn)?)
+        .first::<User>(conn)
+        .optional()?)
 }
 
 #[cfg(test)]

@@ -11,32 +11,11 @@ use actix_web::middleware::Next;
 use actix_web::{web, FromRequest, HttpMessage, HttpRequest};
 
 use super::error::{ApiError, ProblemType};
-use super::AppState;
-use crate::store::users::{self, User};
+use crate::app::{App, User};
 
 /// The authenticated user making the request.
 #[derive(Debug, Clone)]
 pub struct Caller(pub User);
-
-impl Caller {
-    pub fn require_staff(&self) -> Result<(), ApiError> {
-        if self.0.role.is_staff() {
-            Ok(())
-        } else {
-            Err(ApiError::forbidden(
-                "this action needs the support or admin role",
-            ))
-        }
-    }
-
-    pub fn require_admin(&self) -> Result<(), ApiError> {
-        if self.0.role.is_admin() {
-            Ok(())
-        } else {
-            Err(ApiError::forbidden("this action needs the admin role"))
-        }
-    }
-}
 
 impl FromRequest for Caller {
     type Error = ApiError;
@@ -95,13 +74,11 @@ pub async fn require_bearer(
 
 async fn authenticate(req: &ServiceRequest) -> Result<User, ApiError> {
     let token = bearer_token(req)?;
-    let state = req
-        .app_data::<web::Data<AppState>>()
+    let app = req
+        .app_data::<web::Data<App>>()
         .cloned()
         .ok_or_else(ApiError::internal)?;
-    state
-        .store
-        .run(move |conn| users::user_for_token(conn, &token))
+    app.user_for_token(&token)
         .await?
         .ok_or_else(|| ApiError::new(ProblemType::Unauthorized, "the bearer token is not valid"))
 }

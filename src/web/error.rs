@@ -1,12 +1,13 @@
-//! The one application error type of the HTTP layer. Every error leaves as
-//! RFC 9457 `application/problem+json` with a stable `type`; storage errors are
-//! mapped here, in one place (not found → 404, pool exhausted → 503).
+//! The HTTP form of errors. Every error leaves the API as RFC 9457
+//! `application/problem+json` with a stable `type`; application errors are
+//! worded here, in one place (not found → 404, busy → 503 with
+//! `Retry-After`).
 
 use actix_web::http::{header, StatusCode};
 use actix_web::{HttpResponse, ResponseError};
 use serde_json::{json, Map, Value};
 
-use crate::store::StoreError;
+use crate::app::AppError;
 
 /// The stable problem types. The `type` URI is `/problems/<slug>`, which
 /// the server also answers with a short description.
@@ -209,21 +210,58 @@ impl ResponseError for ApiError {
     }
 }
 
-impl From<StoreError> for ApiError {
-    fn from(error: StoreError) -> Self {
+/// The API path of a job.
+pub fn job_location(job_id: &impl std::fmt::Display) -> String {
+    format!("/api/v1/jobs/{job_id}")
+}
+
+impl From<AppError> for ApiError {
+    fn from(error: AppError) -> Self {
+        let detail = error.to_string();
         match error {
-            StoreError::NotFound => Self::not_found(),
-            StoreError::PoolExhausted(source) => {
-                tracing::warn!(error = %source, "no database connection free in time: answering 503");
-                Self::new(
-                    ProblemType::ServiceUnavailable,
-                    "the database is busy; retry shortly",
-                )
+            AppError::NotFound => Self::not_found(),
+            AppError::Forbidden(_) => Self::forbidden(detail),
+            AppError::UnknownTask { tasks, .. } => {
+                Self::new(ProblemType::UnknownTask, detail).with("tasks", tasks)
             }
-            other => {
-                tracing::error!(error = %other, "storage error");
-                Self::internal()
+            AppError::UnknownProvider { chain, .. } => {
+                Self::new(ProblemType::UnknownProvider, detail).with("providers", chain)
             }
+            AppError::InvalidInput { field, .. } => {
+                let problem = Self::new(ProblemType::InvalidInput, detail);
+                match field {
+                    Some(field) => problem.with("field", field),
+                    None => problem,
+                }
+            }
+            AppError::InvalidBody { field, .. } => {
+                let problem = Self::new(ProblemType::InvalidBody, detail);
+                match field {
+                    Some(field) => problem.with("field", field),
+                    None => problem,
+                }
+            }
+            AppError::KeyReused { job_id } => Self::new(ProblemType::IdempotencyKeyReused, detail)
+                .with("job_id", job_id.to_string())
+                .with("job", job_location(&job_id)),
+            AppError::AttemptInFlight { attempt_id, state } => {
+                Self::new(ProblemType::AttemptInFlight, detail)
+                    .with("attempt_id", attempt_id.to_string())
+                    .with("attempt_state", state.as_str())
+            }
+            AppError::JobFinished(status) => {
+                Self::new(ProblemType::JobFinished, detail).with("job_status", status.as_str())
+            }
+            AppError::ChainExhausted => Self::new(ProblemType::ChainExhausted, detail),
+            AppError::ProviderNotQualified { allowed, .. } => {
+                Self::new(ProblemType::ProviderNotQualified, detail)
+                    .with("allowed_providers", allowed)
+            }
+            AppError::AttemptNotUnknown(state) => Self::new(ProblemType::AttemptNotUnknown, detail)
+                .with("attempt_state", state.as_str()),
+            AppError::InvalidSignature => Self::new(ProblemType::InvalidSignature, detail),
+            AppError::Unavailable(_) => Self::new(ProblemType::ServiceUnavailable, detail),
+            AppError::Internal => Self::internal(),
         }
     }
 }
@@ -254,12 +292,15 @@ mod tests {
     }
 
     #[test]
-    fn pool_exhaustion_is_503_and_not_found_is_404() {
+    fn storage_errors_map_to_404_503_and_500() {
+        use crate::store::StoreError;
+        let status = |e: StoreError| ApiError::from(AppError::from(e)).problem.status();
+        assert_eq!(status(StoreError::NotFound), StatusCode::NOT_FOUND);
         assert_eq!(
-            ApiError::from(StoreError::NotFound).problem.status(),
-            StatusCode::NOT_FOUND
+            status(StoreError::corrupt("x")),
+            StatusCode::INTERNAL_SERVER_ERROR
         );
-        let corrupt = ApiError::from(StoreError::corrupt("x"));
-        assert_eq!(corrupt.problem.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let busy = ApiError::from(AppError::Unavailable("busy".into()));
+        assert_eq!(busy.problem.status(), StatusCode::SERVICE_UNAVAILABLE);
     }
 }

@@ -1,11 +1,10 @@
 //! Liveness and readiness.
 
 use actix_web::{web, HttpResponse};
-use diesel::connection::SimpleConnection;
 
 use super::error::{ApiError, ProblemType};
 use super::views::{Health, Problem};
-use super::AppState;
+use crate::app::App;
 
 /// The process is up.
 #[utoipa::path(get, path = "/healthz", tag = "health", responses((status = 200, body = Health)))]
@@ -20,18 +19,14 @@ pub async fn healthz() -> HttpResponse {
     get, path = "/readyz", tag = "health",
     responses((status = 200, body = Health), (status = 503, body = Problem, content_type = "application/problem+json"))
 )]
-pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    state
-        .store
-        .run(|conn| Ok(conn.batch_execute("SELECT 1")))
-        .await?
-        .map_err(|e| {
-            tracing::warn!(error = %e, "readiness check failed");
-            ApiError::new(
-                ProblemType::ServiceUnavailable,
-                "the database did not answer",
-            )
-        })?;
+pub async fn readyz(app: web::Data<App>) -> Result<HttpResponse, ApiError> {
+    app.database_ready().await.map_err(|e| {
+        tracing::warn!(error = %e, "readiness check failed");
+        ApiError::new(
+            ProblemType::ServiceUnavailable,
+            "the database did not answer",
+        )
+    })?;
     Ok(HttpResponse::Ok().json(Health {
         status: "ready".into(),
     }))

@@ -1,48 +1,26 @@
-//! The HTTP layer (actix-web): routes, the JSON API under `/api/v1`, pages.
-//! Handlers validate input, call the store on the blocking pool, and map every
-//! error to problem+json through [`error::ApiError`].
+//! The HTTP layer (actix-web): routes, the JSON API under `/api/v1`, the
+//! signed callback endpoint and the pages. Handlers parse the request, call
+//! one use case of [`crate::app::App`] (shared as `web::Data<App>`) and
+//! render; errors leave as problem+json through [`error::ApiError`].
 
-pub mod admin;
+pub mod api_callbacks;
+pub mod api_jobs;
+pub mod api_support;
 pub mod auth;
 pub mod body;
-pub mod callbacks;
 pub mod error;
 pub mod health;
-pub mod intake;
-pub mod jobs;
 pub mod openapi;
 pub mod pages;
 pub mod views;
-
-use std::sync::Arc;
 
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::middleware::{from_fn, Next};
 use actix_web::{guard, web, HttpMessage};
-use tokio::sync::Notify;
 
-use crate::config::Config;
-use crate::providers::Providers;
-use crate::store::Store;
 use error::ApiError;
-
-/// What every handler can reach.
-pub struct AppState {
-    pub store: Store,
-    pub config: Arc<Config>,
-    pub providers: Providers,
-    pub tasks: crate::tasks::Tasks,
-    /// Wakes an idle worker when an attempt is queued.
-    pub worker_wake: Arc<Notify>,
-}
-
-impl AppState {
-    pub fn wake_worker(&self) {
-        self.worker_wake.notify_one();
-    }
-}
 
 /// A route for GET that also answers HEAD (actix's GET routes do not).
 fn read() -> actix_web::Route {
@@ -51,7 +29,7 @@ fn read() -> actix_web::Route {
 
 /// Registers every route.
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    use pages::{admin as console, jobs as job_pages, session};
+    use pages::{console, job_pages, session};
     cfg.app_data(
         web::FormConfig::default()
             .limit(64 * 1024)
@@ -95,21 +73,24 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     // Signed per attempt, not by a bearer token.
     .route(
         "/api/v1/callbacks/attempts/{id}",
-        web::post().to(callbacks::receive),
+        web::post().to(api_callbacks::receive),
     )
     .service(
         web::scope("/api/v1")
             .wrap(from_fn(auth::require_bearer))
-            .route("/jobs", web::post().to(jobs::create_job))
-            .route("/jobs", read().to(jobs::list_jobs))
-            .route("/jobs/{id}", read().to(jobs::get_job))
-            .route("/jobs/{id}/attempts", web::post().to(jobs::start_attempt))
+            .route("/jobs", web::post().to(api_jobs::create_job))
+            .route("/jobs", read().to(api_jobs::list_jobs))
+            .route("/jobs/{id}", read().to(api_jobs::get_job))
+            .route(
+                "/jobs/{id}/attempts",
+                web::post().to(api_jobs::start_attempt),
+            )
             .route(
                 "/attempts/{id}/abandon",
-                web::post().to(admin::abandon_attempt),
+                web::post().to(api_support::abandon_attempt),
             )
-            .route("/admin/unknown", read().to(admin::unknown_attempts))
-            .route("/admin/races", read().to(admin::races))
+            .route("/admin/unknown", read().to(api_support::unknown_attempts))
+            .route("/admin/races", read().to(api_support::races))
             .default_service(web::to(not_found)),
     )
     .default_service(web::to(not_found));

@@ -5,7 +5,8 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::views::*;
-use super::{admin, callbacks, health, jobs};
+use super::{api_callbacks, api_jobs, api_support, health};
+use crate::app::callbacks::{CallbackBody, CallbackOutcome};
 
 struct BearerAuth;
 
@@ -34,14 +35,14 @@ impl Modify for BearerAuth {
                        application/problem+json with a stable `type`."
     ),
     paths(
-        jobs::create_job,
-        jobs::list_jobs,
-        jobs::get_job,
-        jobs::start_attempt,
-        admin::abandon_attempt,
-        admin::unknown_attempts,
-        admin::races,
-        callbacks::receive,
+        api_jobs::create_job,
+        api_jobs::list_jobs,
+        api_jobs::get_job,
+        api_jobs::start_attempt,
+        api_support::abandon_attempt,
+        api_support::unknown_attempts,
+        api_support::races,
+        api_callbacks::receive,
         openapi_json,
         health::healthz,
         health::readyz,
@@ -58,8 +59,8 @@ impl Modify for BearerAuth {
         RaceView,
         Problem,
         Health,
-        callbacks::CallbackBody,
-        callbacks::CallbackOutcome,
+        CallbackBody,
+        CallbackOutcome,
     )),
     modifiers(&BearerAuth),
     tags(

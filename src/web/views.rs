@@ -4,8 +4,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 
-use crate::store::admin::UnknownAttempt;
-use crate::store::models::{Attempt, Job, RaceRow};
+use crate::domain::JsonText;
+
+use crate::app::intake::JobRequest;
+use crate::app::{Attempt, Job, RaceEntry, UnknownAttempt};
 
 /// An RFC 3339 timestamp (UTC, milliseconds) from stored Unix milliseconds.
 pub fn rfc3339(ms: i64) -> String {
@@ -32,6 +34,17 @@ pub struct CreateJobRequest {
     /// Free-form parameters passed to the provider.
     #[schema(value_type = Option<Object>)]
     pub params: Option<Value>,
+}
+
+impl From<CreateJobRequest> for JobRequest {
+    fn from(body: CreateJobRequest) -> Self {
+        Self {
+            task: body.task,
+            input: body.input,
+            provider: body.provider,
+            params: body.params,
+        }
+    }
 }
 
 /// Body of `POST /api/v1/jobs/{id}/attempts` (may be empty).
@@ -73,8 +86,8 @@ pub struct AttemptView {
 impl From<&Attempt> for AttemptView {
     fn from(a: &Attempt) -> Self {
         Self {
-            id: a.id.clone(),
-            job_id: a.job_id.clone(),
+            id: a.id.to_string(),
+            job_id: a.job_id.to_string(),
             number: a.number,
             provider: a.provider.clone(),
             state: a.state.as_str().to_owned(),
@@ -101,11 +114,11 @@ pub struct JobView {
     /// The provider of the first attempt.
     pub provider: String,
     #[schema(value_type = Object)]
-    pub input: Value,
+    pub input: JsonText,
     #[schema(value_type = Object)]
-    pub params: Value,
+    pub params: JsonText,
     #[schema(value_type = Option<Object>)]
-    pub result: Option<Value>,
+    pub result: Option<JsonText>,
     /// The attempt whose result won.
     pub completed_by: Option<String>,
     pub failure_reason: Option<String>,
@@ -117,7 +130,7 @@ pub struct JobView {
 impl JobView {
     pub fn new(job: &Job, attempts: &[Attempt]) -> Self {
         Self {
-            id: job.id.clone(),
+            id: job.id.to_string(),
             status: job.status.as_str().to_owned(),
             version: job.version,
             idempotency_key: job.idempotency_key.clone(),
@@ -126,7 +139,7 @@ impl JobView {
             input: job.input.clone(),
             params: job.params.clone(),
             result: job.result.clone(),
-            completed_by: job.completed_by.clone(),
+            completed_by: job.completed_by.as_ref().map(ToString::to_string),
             failure_reason: job.failure_reason.clone(),
             created_at: rfc3339(job.created_at),
             updated_at: rfc3339(job.updated_at),
@@ -150,7 +163,7 @@ pub struct JobSummary {
 impl From<&Job> for JobSummary {
     fn from(job: &Job) -> Self {
         Self {
-            id: job.id.clone(),
+            id: job.id.to_string(),
             status: job.status.as_str().to_owned(),
             version: job.version,
             idempotency_key: job.idempotency_key.clone(),
@@ -188,8 +201,8 @@ pub struct UnknownAttemptView {
 impl UnknownAttemptView {
     pub fn new(u: &UnknownAttempt, now: i64) -> Self {
         Self {
-            attempt_id: u.attempt_id.clone(),
-            job_id: u.job_id.clone(),
+            attempt_id: u.attempt_id.to_string(),
+            job_id: u.job_id.to_string(),
             owner: u.owner.clone(),
             task: u.task.clone(),
             provider: u.provider.clone(),
@@ -218,13 +231,13 @@ pub struct RaceView {
     pub lost_at: String,
 }
 
-impl From<&RaceRow> for RaceView {
-    fn from(r: &RaceRow) -> Self {
+impl From<&RaceEntry> for RaceView {
+    fn from(r: &RaceEntry) -> Self {
         Self {
             id: r.id.clone(),
-            job_id: r.job_id.clone(),
-            losing_attempt_id: r.losing_attempt_id.clone(),
-            winning_attempt_id: r.winning_attempt_id.clone(),
+            job_id: r.job_id.to_string(),
+            losing_attempt_id: r.losing_attempt_id.to_string(),
+            winning_attempt_id: r.winning_attempt_id.as_ref().map(ToString::to_string),
             reason: r.reason.clone(),
             version_read: r.version_read,
             version_found: r.version_found,

@@ -58,7 +58,7 @@ async fn abandoning_a_running_or_finished_attempt_is_409(backend: TestBackend) {
     let problem = assert_problem(response, StatusCode::CONFLICT, "attempt-not-unknown").await;
     assert_eq!(problem["attempt_state"], "succeeded");
     let entries = app
-        .with_conn(|conn| onejob::store::admin::audit_entries(conn, 10).unwrap())
+        .with_conn(|conn| onejob::store::console::audit_entries(conn, 10).unwrap())
         .await;
     assert!(
         entries.is_empty(),

@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use onejob::store::{admin, attempts as attempt_store, jobs as job_store};
+use onejob::domain::JsonText;
+use onejob::store::{console, jobs as job_store, queue};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
@@ -101,12 +102,15 @@ async fn a_timeout_makes_the_attempt_unknown_and_blocks_new_attempts_until_suppo
     assert_eq!(abandoned["state"], "abandoned");
 
     let entries = app
-        .with_conn(|conn| admin::audit_entries(conn, 10).unwrap())
+        .with_conn(|conn| console::audit_entries(conn, 10).unwrap())
         .await;
     assert_eq!(entries.len(), 1);
     assert_eq!(entries[0].actor, "sue");
     assert_eq!(entries[0].action, "abandon_attempt");
-    assert_eq!(entries[0].attempt_id.as_deref(), Some(first.as_str()));
+    assert_eq!(
+        entries[0].attempt_id.as_ref().map(|a| a.as_str()),
+        Some(first.as_str())
+    );
     assert_eq!(entries[0].reason, "provider status page shows an outage");
 
     // Now a new attempt may start; by default on the next untried provider.
@@ -350,15 +354,15 @@ async fn a_running_attempt_whose_process_died_becomes_unknown_and_is_not_resent(
                 task: "summarize".into(),
                 provider: "sim-fast".into(),
                 requested_provider: None,
-                input: json!({"text": "orphan"}),
-                params: json!({}),
+                input: JsonText::from_value(&json!({"text": "orphan"})),
+                params: JsonText::from_value(&json!({})),
                 fingerprint: "0".repeat(64),
             };
             let job = match job_store::create_job(conn, &new).unwrap() {
                 job_store::CreateOutcome::Created(job) => job,
                 other => panic!("{other:?}"),
             };
-            let claim = attempt_store::claim_next(conn, "a-process-that-died", 200, &|_| 3000)
+            let claim = queue::claim_next(conn, "a-process-that-died", 200, &|_| 3000)
                 .unwrap()
                 .expect("the queued attempt is claimed");
             (job.id, claim.attempt.id)

@@ -397,7 +397,7 @@ async fn support_abandons_an_unknown_attempt_from_the_queue_and_starts_the_next_
     );
     assert_eq!(browser.count("tr.attempt[data-state=abandoned]").await, 1);
     let entries = app
-        .with_conn(|conn| onejob::store::admin::audit_entries(conn, 10).unwrap())
+        .with_conn(|conn| onejob::store::console::audit_entries(conn, 10).unwrap())
         .await;
     let actions: Vec<_> = entries.iter().map(|e| e.action.as_str()).collect();
     assert_eq!(

@@ -6,10 +6,11 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use diesel::prelude::*;
-use onejob::store::attempts::{self as attempt_store, Completion};
+use onejob::domain::{Applied, AttemptId, JobId, JsonText, UserId};
 use onejob::store::jobs::{self as job_store, CreateOutcome, NewJob};
 use onejob::store::schema::{jobs, race_log};
 use onejob::store::DbConnection;
+use onejob::store::{completion, operator, queue};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
@@ -85,12 +86,12 @@ async fn sixteen_concurrent_writers_see_no_lock_errors_and_every_success_is_stor
 /// version 0, ready to race.
 fn two_attempts_ready_to_race(
     conn: &mut DbConnection,
-    owner: &str,
+    owner: &UserId,
     key: &str,
-) -> (String, String, String) {
+) -> (JobId, AttemptId, AttemptId) {
     let (job_id, first) = job_with_an_abandoned_attempt(conn, owner, key);
-    attempt_store::start_attempt(conn, &job_id, Some("sim-fast"), &[], None).unwrap();
-    let second = attempt_store::claim_next(conn, "racer", 60_000, &|_| 100)
+    operator::start_attempt(conn, &job_id, Some("sim-fast"), &[], None).unwrap();
+    let second = queue::claim_next(conn, "racer", 60_000, &|_| 100)
         .unwrap()
         .unwrap()
         .attempt
@@ -120,21 +121,20 @@ async fn two_completions_racing_for_one_job_have_exactly_one_winner(backend: Tes
                         barrier.wait();
                         (
                             attempt_id.clone(),
-                            attempt_store::complete_success(&mut conn, &attempt_id, &payload)
-                                .unwrap(),
+                            completion::complete_success(&mut conn, &attempt_id, &payload).unwrap(),
                         )
                     })
                 })
                 .collect();
-            let results: Vec<(String, Completion)> =
+            let results: Vec<(AttemptId, Applied)> =
                 racers.into_iter().map(|t| t.join().unwrap()).collect();
-            let winners: Vec<_> = results.iter().filter(|r| r.1 == Completion::Won).collect();
+            let winners: Vec<_> = results.iter().filter(|r| r.1 == Applied::Won).collect();
             assert_eq!(winners.len(), 1, "round {round}: {results:?}");
             let winner = winners[0].0.clone();
             let mut conn = store.conn().unwrap();
             let job = job_store::get_job(&mut conn, &job_id).unwrap();
-            assert_eq!(job.completed_by.as_deref(), Some(winner.as_str()));
-            assert_eq!(job.result, Some(json!({"from": winner})));
+            assert_eq!(job.completed_by.as_ref(), Some(&winner));
+            assert_eq!(job.result.map(|r| r.value()), Some(json!({"from": winner})));
             assert_eq!(job.version, 1);
             let logged: i64 = race_log::table
                 .filter(race_log::job_id.eq(&job_id))
@@ -151,29 +151,32 @@ async fn two_completions_racing_for_one_job_have_exactly_one_winner(backend: Tes
 /// A job whose attempt 1 is abandoned (its late answer still to come).
 fn job_with_an_abandoned_attempt(
     conn: &mut DbConnection,
-    owner: &str,
+    owner: &UserId,
     key: &str,
-) -> (String, String) {
+) -> (JobId, AttemptId) {
     let new = NewJob {
-        owner_id: owner.to_owned(),
+        owner_id: owner.clone(),
         key: onejob::domain::IdempotencyKey::parse(key).unwrap(),
         task: "summarize".into(),
         provider: "sim-slow".into(),
         requested_provider: None,
-        input: json!({"text": key}),
-        params: json!({}),
+        input: JsonText::from_value(&json!({"text": key})),
+        params: JsonText::from_value(&json!({})),
         fingerprint: "2".repeat(64),
     };
     let CreateOutcome::Created(job) = job_store::create_job(conn, &new).unwrap() else {
         panic!("not created")
     };
-    let first = attempt_store::claim_next(conn, "racer", 60_000, &|_| 100)
+    let first = queue::claim_next(conn, "racer", 60_000, &|_| 100)
         .unwrap()
         .unwrap()
         .attempt
         .id;
-    assert!(attempt_store::mark_unknown(conn, &first, "soft timeout").unwrap());
-    attempt_store::abandon(conn, &first, owner, "race test").unwrap();
+    assert_eq!(
+        queue::mark_unknown(conn, &first, "soft timeout").unwrap(),
+        Applied::MarkedUnknown
+    );
+    operator::abandon(conn, &first, owner, "race test").unwrap();
     (job.id, first)
 }
 
@@ -195,8 +198,7 @@ async fn a_new_attempt_racing_a_winning_late_result_is_never_sent(backend: TestB
                 std::thread::spawn(move || {
                     let mut conn = store.conn().unwrap();
                     barrier.wait();
-                    attempt_store::complete_success(&mut conn, &first, &json!({"late": true}))
-                        .unwrap()
+                    completion::complete_success(&mut conn, &first, &json!({"late": true})).unwrap()
                 })
             };
             let retry = {
@@ -209,10 +211,10 @@ async fn a_new_attempt_racing_a_winning_late_result_is_never_sent(backend: TestB
                 std::thread::spawn(move || {
                     let mut conn = store.conn().unwrap();
                     barrier.wait();
-                    attempt_store::start_attempt(&mut conn, &job_id, None, &order, None).is_ok()
+                    operator::start_attempt(&mut conn, &job_id, None, &order, None).is_ok()
                 })
             };
-            assert_eq!(late.join().unwrap(), Completion::Won, "round {round}");
+            assert_eq!(late.join().unwrap(), Applied::Won, "round {round}");
             let _ = retry.join().unwrap();
             let mut conn = store.conn().unwrap();
             let attempts = job_store::attempts_of(&mut conn, &job_id).unwrap();
@@ -221,7 +223,7 @@ async fn a_new_attempt_racing_a_winning_late_result_is_never_sent(backend: TestB
                 "round {round}: a finished job keeps no live attempt: {attempts:?}"
             );
             assert!(
-                attempt_store::claim_next(&mut conn, "racer", 60_000, &|_| 100)
+                queue::claim_next(&mut conn, "racer", 60_000, &|_| 100)
                     .unwrap()
                     .is_none(),
                 "round {round}: nothing is left to send"
@@ -243,7 +245,7 @@ async fn two_server_processes_on_one_database_never_send_an_attempt_twice(backen
             .unwrap()
             .unwrap()
     };
-    let (second_address, second_providers, second_server) =
+    let (second_address, second_app, second_server) =
         start_instance(test_config(DEFAULT_TEST_PROVIDERS), second_store).await;
 
     let mut ids = Vec::new();
@@ -271,7 +273,13 @@ async fn two_server_processes_on_one_database_never_send_an_attempt_twice(backen
             .await;
     }
     let mut sent = app.sent("sim-fast");
-    sent.extend(second_providers.get("sim-fast").unwrap().sent_attempts());
+    sent.extend(
+        second_app
+            .providers()
+            .get("sim-fast")
+            .unwrap()
+            .sent_attempts(),
+    );
     let unique: HashSet<_> = sent.iter().collect();
     assert_eq!(
         sent.len(),

@@ -6,7 +6,7 @@ use diesel::result::{DatabaseErrorKind, Error};
 
 use crate::helpers::{test_config, PreparedApp, TestBackend, DEFAULT_TEST_PROVIDERS};
 
-fn insert_job(id: &str, owner: &str, key: &str) -> String {
+fn insert_job(id: &str, owner: &onejob::domain::UserId, key: &str) -> String {
     format!(
         "INSERT INTO jobs (id, owner_id, idempotency_key, task, provider, input, params, fingerprint, \
          status, version, created_at, updated_at) \
@@ -112,7 +112,7 @@ async fn raw_sql_cannot_store_an_unknown_state_or_status(backend: TestBackend) {
                 "foreign key",
             );
             assert_refused(
-                conn.batch_execute(&insert_job("job-2", "no-such-user", "k2")),
+                conn.batch_execute(&insert_job("job-2", &onejob::domain::UserId::new(), "k2")),
                 "owner foreign key",
             );
         })

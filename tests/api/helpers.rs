@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
-use onejob::config::Config;
-use onejob::domain::Role;
+use onejob::config::{Config, Environment};
+use onejob::domain::{Role, UserId};
 use onejob::providers::Providers;
 use onejob::startup::{open_store, Application};
 use onejob::store::{users, DatabaseUrl, Store};
@@ -163,10 +163,24 @@ input_fields = ["text"]
 input = { text = "golden example" }
 "#;
 
+/// The API key the fake providers expect (`api_key_env = "ONEJOB_TEST_FAKE_KEY"`).
+pub const FAKE_API_KEY: &str = "sk-onejob-test-0123456789abcdef";
+/// The callback key (`callback_secret_env = "ONEJOB_TEST_CALLBACK_KEY"`).
+pub const CALLBACK_KEY: &str = "callback-key-for-tests";
+
+/// The environment test configurations are resolved in: given explicitly,
+/// never set on the test process.
+pub fn test_environment() -> Environment {
+    Environment::from_pairs([
+        ("ONEJOB_TEST_FAKE_KEY", FAKE_API_KEY),
+        ("ONEJOB_TEST_CALLBACK_KEY", CALLBACK_KEY),
+    ])
+}
+
 /// A configuration for tests: fast polling, short leases, 2 HTTP workers.
 pub fn test_config(providers_and_tasks: &str) -> Config {
-    let mut config =
-        Config::from_toml(providers_and_tasks, "test").expect("valid test configuration");
+    let mut config = Config::from_toml(providers_and_tasks, "test", &test_environment())
+        .expect("valid test configuration");
     config.server.http_workers = 2;
     config.server.shutdown_grace_ms = 1000;
     config.worker.poll_interval_ms = 50;
@@ -175,12 +189,13 @@ pub fn test_config(providers_and_tasks: &str) -> Config {
 }
 
 pub struct TestUser {
-    pub id: String,
+    pub id: UserId,
     pub token: String,
 }
 
 pub struct TestApp {
-    pub config: Config,
+    /// The application the server fronts (use cases, providers).
+    pub app: onejob::app::App,
     pub address: String,
     pub client: reqwest::Client,
     pub store: Store,
@@ -273,10 +288,10 @@ impl PreparedApp {
     }
 
     pub async fn start(self) -> TestApp {
-        let (address, providers, server) =
-            start_instance(self.config.clone(), self.store.clone()).await;
+        let (address, app, server) = start_instance(self.config.clone(), self.store.clone()).await;
+        let providers = app.providers().clone();
         TestApp {
-            config: self.config,
+            app,
             address,
             client: reqwest::Client::builder()
                 .redirect(reqwest::redirect::Policy::none())
@@ -298,17 +313,17 @@ impl PreparedApp {
 pub async fn start_instance(
     config: Config,
     store: Store,
-) -> (String, Providers, tokio::task::JoinHandle<()>) {
+) -> (String, onejob::app::App, tokio::task::JoinHandle<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    let app = Application::build(config, store, listener)
+    let application = Application::build(config, store, listener)
         .await
         .expect("build app");
-    let address = format!("http://127.0.0.1:{}", app.port());
-    let providers = app.providers();
+    let address = format!("http://127.0.0.1:{}", application.port());
+    let app = application.app();
     let server = tokio::spawn(async move {
-        let _ = app.run_until_stopped().await;
+        let _ = application.run_until_stopped().await;
     });
-    (address, providers, server)
+    (address, app, server)
 }
 
 pub fn summarize(text: &str) -> Value {
@@ -349,7 +364,8 @@ impl TestApp {
             .expect("request sent")
     }
 
-    pub async fn get_job(&self, token: &str, job_id: &str) -> Value {
+    pub async fn get_job(&self, token: &str, job_id: impl AsRef<str>) -> Value {
+        let job_id = job_id.as_ref();
         let response = self.get(token, &format!("/api/v1/jobs/{job_id}")).await;
         assert_eq!(response.status(), StatusCode::OK, "GET job {job_id}");
         response.json().await.unwrap()
@@ -358,10 +374,11 @@ impl TestApp {
     /// Polls the job until `done` holds, or panics after `within`.
     pub async fn wait_for_job(
         &self,
-        job_id: &str,
+        job_id: impl AsRef<str>,
         within: Duration,
         done: impl Fn(&Value) -> bool,
     ) -> Value {
+        let job_id = job_id.as_ref();
         let deadline = Instant::now() + within;
         loop {
             let job = self.get_job(&self.ada.token, job_id).await;
@@ -375,12 +392,23 @@ impl TestApp {
         }
     }
 
-    pub async fn wait_for_status(&self, job_id: &str, status: &str, within: Duration) -> Value {
+    pub async fn wait_for_status(
+        &self,
+        job_id: impl AsRef<str>,
+        status: &str,
+        within: Duration,
+    ) -> Value {
         self.wait_for_job(job_id, within, |j| j["status"] == status)
             .await
     }
 
-    pub async fn start_attempt(&self, token: &str, job_id: &str, body: Option<Value>) -> Response {
+    pub async fn start_attempt(
+        &self,
+        token: &str,
+        job_id: impl AsRef<str>,
+        body: Option<Value>,
+    ) -> Response {
+        let job_id = job_id.as_ref();
         let request = self
             .client
             .post(self.url(&format!("/api/v1/jobs/{job_id}/attempts")))
@@ -414,9 +442,9 @@ impl TestApp {
     }
 
     /// How many job rows the user owns.
-    pub async fn job_count(&self, owner_id: &str) -> i64 {
+    pub async fn job_count(&self, owner_id: &UserId) -> i64 {
         use onejob::store::schema::jobs;
-        let owner = owner_id.to_owned();
+        let owner = owner_id.clone();
         self.with_conn(move |conn| {
             jobs::table
                 .filter(jobs::owner_id.eq(owner))

@@ -439,7 +439,7 @@ async fn support_can_mark_a_resolved_job_failed_with_an_audited_reason(backend: 
         .unwrap()
         .contains("customer cancelled"));
     let entries = app
-        .with_conn(|conn| onejob::store::admin::audit_entries(conn, 10).unwrap())
+        .with_conn(|conn| onejob::store::console::audit_entries(conn, 10).unwrap())
         .await;
     let actions: Vec<_> = entries
         .iter()
@@ -490,7 +490,7 @@ async fn the_providers_page_shows_the_matrix_and_qualifies_on_demand(backend: Te
         .await;
     assert_eq!(response.status(), StatusCode::SEE_OTHER);
     let entries = app
-        .with_conn(|conn| onejob::store::admin::audit_entries(conn, 10).unwrap())
+        .with_conn(|conn| onejob::store::console::audit_entries(conn, 10).unwrap())
         .await;
     assert_eq!(entries[0].action, "qualify");
     assert!(

@@ -2,32 +2,23 @@
 //! classification table, late answers and the CAS, qualification and the
 //! failover gate, callbacks, and the API key's secrecy.
 
-use std::sync::OnceLock;
 use std::time::Duration;
 
-use onejob::callbacks::CallbackKey;
+use onejob::app::qualification::{self, check_contract};
+use onejob::app::App;
 use onejob::config::Config;
+use onejob::domain::{CallbackKey, Secret};
 use onejob::providers::Providers;
-use onejob::qualify;
-use onejob::tasks::Tasks;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::fake_provider::{Behaviour, FakeProvider, Shape};
-use crate::helpers::{spawn_app_with, summarize, test_config, PreparedApp, TestApp, TestBackend};
+use crate::helpers::{
+    spawn_app_with, summarize, test_config, PreparedApp, TestApp, TestBackend, CALLBACK_KEY,
+    FAKE_API_KEY,
+};
 
 const WAIT: Duration = Duration::from_secs(20);
-pub const FAKE_API_KEY: &str = "sk-onejob-test-0123456789abcdef";
-const CALLBACK_KEY: &str = "callback-key-for-tests";
-
-/// Sets the environment the test configurations name, once.
-pub fn test_env() {
-    static SET: OnceLock<()> = OnceLock::new();
-    SET.get_or_init(|| {
-        std::env::set_var("ONEJOB_TEST_FAKE_KEY", FAKE_API_KEY);
-        std::env::set_var("ONEJOB_TEST_CALLBACK_KEY", CALLBACK_KEY);
-    });
-}
 
 /// A provider entry for a fake server.
 pub fn fake_provider_toml(name: &str, kind: &str, base_url: &str, extra: &str) -> String {
@@ -71,20 +62,13 @@ expect = {{ "/summary" = "fake summary" }}
 }
 
 pub fn config_of(toml: &str) -> Config {
-    test_env();
     let mut config = test_config(toml);
     config.worker.concurrency = 1;
     config
 }
 
-async fn qualify_now(app: &TestApp, provider: &str, task: &str) -> qualify::Report {
-    let providers = Providers::from_config(&app.config);
-    let tasks = Tasks::from_config(&app.config);
-    let report = qualify::run(&providers.get(provider).unwrap(), &tasks.get(task).unwrap()).await;
-    let row = report.to_row();
-    app.with_conn(move |conn| onejob::store::qualifications::record(conn, &row).unwrap())
-        .await;
-    report
+async fn qualify_now(app: &TestApp, provider: &str, task: &str) -> qualification::Report {
+    app.app.qualify(None, provider, task).await.unwrap()
 }
 
 async fn settled_attempt(app: &TestApp, job_id: &str, index: usize) -> Value {
@@ -531,28 +515,19 @@ async fn changing_the_template_voids_the_qualification(backend: TestBackend) {
     ]
     .concat();
     let prepared = PreparedApp::new(backend, config_of(&v1)).await;
-    let (c1, c2) = (config_of(&v1), config_of(&v2));
-    let (providers, tasks1, tasks2) = (
-        Providers::from_config(&c1),
-        Tasks::from_config(&c1),
-        Tasks::from_config(&c2),
-    );
-    let report = qualify::run(
-        &providers.get("fake").unwrap(),
-        &tasks1.get("summarize").unwrap(),
-    )
-    .await;
+    let before_change = App::new(prepared.store.clone(), config_of(&v1));
+    let after_change = App::new(prepared.store.clone(), config_of(&v2));
+    let report = before_change
+        .qualify(None, "fake", "summarize")
+        .await
+        .unwrap();
     assert!(report.passed(), "{:?}", report.checks);
-    let row = report.to_row();
-    let statuses = prepared
-        .with_conn(move |conn| {
-            onejob::store::qualifications::record(conn, &row).unwrap();
-            let before = qualify::statuses_for_task(conn, &c1, &tasks1, "summarize").unwrap();
-            let after = qualify::statuses_for_task(conn, &c2, &tasks2, "summarize").unwrap();
-            (before["fake"].label(), after["fake"].label())
-        })
-        .await;
-    assert_eq!(statuses, ("qualified", "stale"));
+    let before = before_change.statuses_for_task("summarize").await.unwrap();
+    let after = after_change.statuses_for_task("summarize").await.unwrap();
+    assert_eq!(
+        (before["fake"].label(), after["fake"].label()),
+        ("qualified", "stale")
+    );
 }
 
 async fn qualification_fails_on_an_extra_key_on_prose_and_on_a_golden_mismatch(
@@ -566,10 +541,10 @@ async fn qualification_fails_on_an_extra_key_on_prose_and_on_a_golden_mismatch(
     .concat();
     let config = config_of(&toml);
     let _prepared = PreparedApp::new(backend, config.clone()).await;
-    let (providers, tasks) = (Providers::from_config(&config), Tasks::from_config(&config));
+    let providers = Providers::from_settings(&config.providers);
     let (provider, task) = (
         providers.get("fake").unwrap(),
-        tasks.get("summarize").unwrap(),
+        config.contracts.get("summarize").unwrap(),
     );
     let cases = [
         (
@@ -587,7 +562,7 @@ async fn qualification_fails_on_an_extra_key_on_prose_and_on_a_golden_mismatch(
     ];
     for (behaviour, expected) in cases {
         fake.set_default(behaviour);
-        let report = qualify::run(&provider, &task).await;
+        let report = check_contract(&provider, &task).await;
         assert!(!report.passed());
         let failure = report.first_failure().unwrap();
         assert_eq!(failure.name, "golden[0] answer");
@@ -598,7 +573,7 @@ async fn qualification_fails_on_an_extra_key_on_prose_and_on_a_golden_mismatch(
         );
     }
     fake.set_default(Behaviour::Answer(json!({"summary": "fake summary"})));
-    let report = qualify::run(&provider, &task).await;
+    let report = check_contract(&provider, &task).await;
     assert!(report.passed(), "{:?}", report.checks);
     let names: Vec<&str> = report.checks.iter().map(|c| c.name.as_str()).collect();
     assert_eq!(
@@ -630,10 +605,10 @@ async fn a_prompt_over_the_context_budget_fails_qualification_without_a_call(bac
     .concat();
     let config = config_of(&toml);
     let _prepared = PreparedApp::new(backend, config.clone()).await;
-    let (providers, tasks) = (Providers::from_config(&config), Tasks::from_config(&config));
-    let report = qualify::run(
+    let providers = Providers::from_settings(&config.providers);
+    let report = check_contract(
         &providers.get("fake").unwrap(),
-        &tasks.get("summarize").unwrap(),
+        &config.contracts.get("summarize").unwrap(),
     )
     .await;
     let failure = report.first_failure().unwrap();
@@ -686,7 +661,8 @@ async fn awaiting_callback(
 async fn a_callback_with_a_bad_signature_is_401_and_changes_nothing(backend: TestBackend) {
     let (_fake, app, job_id, attempt_id) = awaiting_callback(backend, "cb-bad").await;
     let body = r#"{"result": {"summary": "forged"}}"#;
-    let forged = CallbackKey::new("not the server's key").sign(&attempt_id, body.as_bytes());
+    let forged =
+        CallbackKey::new(&Secret::new("not the server's key")).sign(&attempt_id, body.as_bytes());
     for signature in [None, Some("sha256=00".to_owned()), Some(forged)] {
         let response = post_callback(&app, &attempt_id, body, signature).await;
         crate::helpers::assert_problem(response, StatusCode::UNAUTHORIZED, "invalid-signature")
@@ -699,11 +675,11 @@ async fn a_callback_with_a_bad_signature_is_401_and_changes_nothing(backend: Tes
 
 async fn a_signed_callback_goes_through_the_cas(backend: TestBackend) {
     let (fake, app, job_id, attempt_id) = awaiting_callback(backend, "cb-ok").await;
-    let key = CallbackKey::new(CALLBACK_KEY);
+    let key = CallbackKey::new(&Secret::new(CALLBACK_KEY));
     let request = fake.last_request().unwrap();
     assert_eq!(
         request.header("x-onejob-callback-secret"),
-        Some(key.attempt_secret(&attempt_id).as_str())
+        Some(key.attempt_secret(&attempt_id).expose())
     );
     assert_eq!(
         request.header("x-onejob-callback-url"),
@@ -753,7 +729,6 @@ on_both_backends!(
 /// provider and nowhere else (logs at debug level, the API, the job page).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_api_key_never_appears_in_logs_or_pages() {
-    test_env();
     let fake = FakeProvider::start(Shape::OpenAi).await;
     // The provider echoes the request back in an error, as some do.
     fake.push(Behaviour::Status {
@@ -902,7 +877,6 @@ async fn the_api_key_never_appears_in_logs_or_pages() {
 /// `onejob qualify` against a misbehaving provider names the failing check and exits non-zero.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn onejob_qualify_names_the_failing_check_and_exits_non_zero() {
-    test_env();
     let fake = FakeProvider::start(Shape::OpenAi).await;
     fake.set_default(Behaviour::AnswerText(
         "I would be glad to summarize that for you.".into(),

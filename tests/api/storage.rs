@@ -67,7 +67,7 @@ async fn sqlite_synchronous_normal_is_an_explicit_opt_in() {
     let dir = tempfile::tempdir().unwrap();
     let url = DatabaseUrl::parse(dir.path().join("normal.db").to_str().unwrap()).unwrap();
     let mut config: Config = test_config(DEFAULT_TEST_PROVIDERS);
-    config.database.sqlite_synchronous = onejob::config::SqliteSynchronous::Normal;
+    config.database.sqlite_synchronous = onejob::store::SqliteSynchronous::Normal;
     let store = Store::connect(&url, &config.database).unwrap();
     let synchronous = tokio::task::spawn_blocking(move || {
         pragma_number(&mut store.conn().unwrap(), "synchronous")

@@ -3,8 +3,8 @@
 //! for htmx requests that are not boosted navigations, handlers return the
 //! partial that changed.
 
-pub mod admin;
-pub mod jobs;
+pub mod console;
+pub mod job_pages;
 pub mod session;
 pub mod timeline;
 
@@ -13,7 +13,7 @@ use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 use askama::Template;
 
 use super::error::{ApiError, ProblemType};
-use crate::store::StoreError;
+use crate::app::AppError;
 pub use session::SignedIn;
 
 /// The vendored htmx, pinned; its version is in the file name so it can be
@@ -181,9 +181,13 @@ impl From<ApiError> for PageError {
     }
 }
 
-impl From<StoreError> for PageError {
-    fn from(e: StoreError) -> Self {
-        ApiError::from(e).into()
+impl From<AppError> for PageError {
+    fn from(e: AppError) -> Self {
+        match e {
+            AppError::Forbidden("admin") => Self::forbidden("This is for admins."),
+            AppError::Forbidden(_) => Self::forbidden("This is for support staff and admins."),
+            other => ApiError::from(other).into(),
+        }
     }
 }
 

@@ -16,10 +16,9 @@ use futures_util::future::LocalBoxFuture;
 use serde::Deserialize;
 
 use super::{render_with, see_other, Nav, PageError, HTMX_PATH};
-use crate::domain::fingerprint::sha256_hex;
+use crate::app::{App, User};
+use crate::domain::sha256_hex;
 use crate::store::sessions::{self, SignIn};
-use crate::store::users::User;
-use crate::web::AppState;
 
 pub const SESSION_COOKIE: &str = "onejob_session";
 pub const SIGN_IN_CSRF_COOKIE: &str = "onejob_signin_csrf";
@@ -82,24 +81,6 @@ impl SignedIn {
             )),
         }
     }
-
-    pub fn require_staff(&self) -> Result<(), PageError> {
-        if self.user.role.is_staff() {
-            Ok(())
-        } else {
-            Err(PageError::forbidden(
-                "The console is for support staff and admins.",
-            ))
-        }
-    }
-
-    pub fn require_admin(&self) -> Result<(), PageError> {
-        if self.user.role.is_admin() {
-            Ok(())
-        } else {
-            Err(PageError::forbidden("This page is for admins."))
-        }
-    }
 }
 
 impl FromRequest for SignedIn {
@@ -108,7 +89,7 @@ impl FromRequest for SignedIn {
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
         let token = cookie_value(req, SESSION_COOKIE);
-        let state = req.app_data::<web::Data<AppState>>().cloned();
+        let app = req.app_data::<web::Data<App>>().cloned();
         // After signing in, come back here (for a GET; a POST goes to its referrer's page).
         let next = if req.method() == actix_web::http::Method::GET {
             req.uri()
@@ -119,14 +100,10 @@ impl FromRequest for SignedIn {
             "/".into()
         };
         Box::pin(async move {
-            let (Some(token), Some(state)) = (token, state) else {
+            let (Some(token), Some(app)) = (token, app) else {
                 return Err(PageError::SignInRequired { next });
             };
-            let lookup = token.clone();
-            let user = state
-                .store
-                .run(move |conn| sessions::user_for_session(conn, &lookup))
-                .await?;
+            let user = app.user_for_session(&token).await?;
             match user {
                 Some(user) => Ok(SignedIn {
                     user,
@@ -236,7 +213,7 @@ pub struct SignInForm {
 }
 
 pub async fn sign_in(
-    state: web::Data<AppState>,
+    app: web::Data<App>,
     req: HttpRequest,
     form: web::Form<SignInForm>,
 ) -> Result<HttpResponse, PageError> {
@@ -248,23 +225,13 @@ pub async fn sign_in(
             "This sign-in form did not come from this site, or it expired. Open the sign-in page again.",
         ));
     }
-    let (name, password) = (form.name.trim().to_owned(), form.password);
-    let lookup_name = name.clone();
-    let outcome = state
-        .store
-        .run(move |conn| sessions::sign_in(conn, &lookup_name, &password))
-        .await?;
-    match outcome {
+    let name = form.name.trim().to_owned();
+    match app.sign_in(&name, &form.password).await? {
         SignIn::Ok(user) => {
-            let ttl_ms = state.config.server.session_hours as i64 * 3_600_000;
-            let user_id = user.id.clone();
-            let token = state
-                .store
-                .run(move |conn| sessions::create_session(conn, &user_id, ttl_ms))
-                .await?;
+            let token = app.start_session(&user).await?;
             tracing::info!(user = %user.name, "signed in");
             let mut response = see_other(&next);
-            let max_age = CookieDuration::hours(state.config.server.session_hours as i64);
+            let max_age = CookieDuration::hours(app.config().server.session_hours as i64);
             let _ = response.add_cookie(&cookie(
                 &req,
                 cookie_name(&req, SESSION_COOKIE),
@@ -311,17 +278,14 @@ pub struct CsrfForm {
 }
 
 pub async fn sign_out(
-    state: web::Data<AppState>,
+    app: web::Data<App>,
     req: HttpRequest,
     user: SignedIn,
     form: web::Form<CsrfForm>,
 ) -> Result<HttpResponse, PageError> {
     user.check_csrf(form.csrf.as_deref())?;
     if let Some(token) = cookie_value(&req, SESSION_COOKIE) {
-        state
-            .store
-            .run(move |conn| sessions::end_session(conn, &token))
-            .await?;
+        app.end_session(&token).await?;
     }
     let mut response = see_other("/login");
     let mut gone = cookie(

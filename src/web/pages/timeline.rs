@@ -1,8 +1,8 @@
 //! The job page's timeline: one bar per attempt on a shared time axis, drawn
 //! as inline SVG on the server so a race can be seen at a glance.
 
-use crate::domain::{AttemptOutcome, AttemptState};
-use crate::store::models::Attempt;
+use crate::app::Attempt;
+use crate::domain::{AttemptState, RaceResult};
 
 /// SVG user units; the drawing scales to the page width.
 const WIDTH: f64 = 640.0;
@@ -39,8 +39,8 @@ pub struct Timeline {
 
 fn class_of(attempt: &Attempt) -> &'static str {
     match (attempt.state, attempt.outcome) {
-        (_, Some(AttemptOutcome::Won)) => "won",
-        (_, Some(AttemptOutcome::Lost)) => "lost",
+        (_, Some(RaceResult::Won)) => "won",
+        (_, Some(RaceResult::Lost)) => "lost",
         (AttemptState::Failed, _) => "failed",
         (AttemptState::Unknown, _) => "unknown",
         (AttemptState::Abandoned, _) => "abandoned",
@@ -117,22 +117,25 @@ pub fn layout(created_at: i64, attempts: &[Attempt], now: i64) -> Timeline {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::{AttemptId, JobId};
 
     fn attempt(
         number: i32,
         started: i64,
         finished: Option<i64>,
         state: AttemptState,
-        outcome: Option<AttemptOutcome>,
+        outcome: Option<RaceResult>,
     ) -> Attempt {
         Attempt {
-            id: format!("a{number}"),
-            job_id: "j".into(),
+            id: AttemptId::new(),
+            job_id: JobId::new(),
             number,
             provider: format!("p{number}"),
             state,
             outcome,
             version_read: Some(0),
+            lease_owner: None,
+            lease_expires_at: None,
             created_at: started,
             started_at: Some(started),
             timeout_at: Some(started + 500),
@@ -149,14 +152,14 @@ mod tests {
                 0,
                 Some(3000),
                 AttemptState::Succeeded,
-                Some(AttemptOutcome::Lost),
+                Some(RaceResult::Lost),
             ),
             attempt(
                 2,
                 1000,
                 Some(1300),
                 AttemptState::Succeeded,
-                Some(AttemptOutcome::Won),
+                Some(RaceResult::Won),
             ),
         ];
         let t = layout(0, &attempts, 5000);

@@ -10,16 +10,11 @@ use super::timeline::{self, Timeline};
 use super::{
     duration, render, render_with, see_other, wants_partial, when, Nav, PageError, SignedIn,
 };
-use crate::config::TaskConfig;
-use crate::domain::{may_start_attempt, IdempotencyKey, JobId, NewAttemptRefusal};
-use crate::store::attempts as attempt_store;
-use crate::store::jobs::{self as job_store, CreateOutcome};
-use crate::store::models::{Attempt, Job};
+use crate::app::intake::JobRequest;
+use crate::app::{App, AppError, Attempt, Job};
+use crate::contracts::TaskDefinition;
+use crate::domain::{may_start_attempt, AttemptState, IdempotencyKey, JobId, NewAttemptRefusal};
 use crate::store::now_ms;
-use crate::web::intake::{job_action_problem, operator_reason, prepare_job, require_allowed};
-use crate::web::jobs::visible_to;
-use crate::web::views::CreateJobRequest;
-use crate::web::AppState;
 
 /// One input field of the submit form, with what was typed.
 struct Field {
@@ -31,8 +26,8 @@ struct Field {
 #[template(path = "submit.html")]
 struct SubmitPage<'a> {
     nav: Nav,
-    tasks: Vec<&'a str>,
-    task: &'a TaskConfig,
+    tasks: Vec<String>,
+    task: &'a TaskDefinition,
     idempotency_key: String,
     provider: String,
     fields: Vec<Field>,
@@ -52,14 +47,17 @@ fn fresh_key() -> String {
 
 /// `GET /jobs/new`: a fresh form with a fresh idempotency key.
 pub async fn new_job_form(
-    state: web::Data<AppState>,
+    app: web::Data<App>,
     user: SignedIn,
     query: web::Query<NewJobQuery>,
 ) -> Result<HttpResponse, PageError> {
-    let task = match &query.task {
-        Some(name) => state.config.task(name).ok_or_else(PageError::not_found)?,
-        None => &state.config.tasks[0],
-    };
+    let contracts = &app.config().contracts;
+    let contract = match &query.task {
+        Some(name) => contracts.get(name),
+        None => contracts.first().cloned(),
+    }
+    .ok_or_else(PageError::not_found)?;
+    let task = &contract.definition;
     let fields = task
         .input_fields
         .iter()
@@ -70,7 +68,7 @@ pub async fn new_job_form(
         .collect();
     Ok(render(&SubmitPage {
         nav: user.nav(),
-        tasks: state.config.tasks.iter().map(|t| t.name.as_str()).collect(),
+        tasks: contracts.names(),
         task,
         idempotency_key: fresh_key(),
         provider: String::new(),
@@ -104,7 +102,7 @@ impl SubmittedForm {
 /// `POST /jobs`: a double click, Enter twice or a resubmitted POST all carry
 /// the same key, so all land on the one job.
 pub async fn submit_job(
-    state: web::Data<AppState>,
+    app: web::Data<App>,
     user: SignedIn,
     form: web::Form<Vec<(String, String)>>,
 ) -> Result<HttpResponse, PageError> {
@@ -116,10 +114,12 @@ pub async fn submit_job(
             "The form's submission key is not valid ({e}). Open a fresh form."
         ))
     })?;
-    let task = state
-        .config
-        .task(form.get("task").unwrap_or_default())
+    let contract = app
+        .config()
+        .contracts
+        .get(form.get("task").unwrap_or_default())
         .ok_or_else(|| PageError::bad_request("That task does not exist. Open a fresh form."))?;
+    let task = &contract.definition;
     let provider = form
         .get("provider")
         .filter(|p| !p.is_empty())
@@ -147,7 +147,7 @@ pub async fn submit_job(
             StatusCode::UNPROCESSABLE_ENTITY,
             &SubmitPage {
                 nav: user.nav(),
-                tasks: state.config.tasks.iter().map(|t| t.name.as_str()).collect(),
+                tasks: app.config().contracts.names(),
                 task,
                 // The key is not reserved by a refused submission: keep it.
                 idempotency_key: key_text.clone(),
@@ -186,40 +186,35 @@ pub async fn submit_job(
             Err(e) => return Ok(redisplay(format!("The parameters are not valid JSON: {e}"))),
         }
     };
-    let request = CreateJobRequest {
+    let request = JobRequest {
         task: task.name.clone(),
         input,
         provider: provider.clone(),
         params,
     };
-    let new_job = match prepare_job(&state.config, &state.tasks, &user.user.id, key, request) {
-        Ok(job) => job,
-        Err(problem) => return Ok(redisplay(problem.detail)),
-    };
-    let outcome = state
-        .store
-        .run(move |conn| job_store::create_job(conn, &new_job))
-        .await?;
-    match outcome {
-        CreateOutcome::Created(job) => {
-            state.wake_worker();
-            tracing::info!(job_id = %job.id, "job created from the browser");
-            Ok(see_other(&format!("/jobs/{}", job.id)))
-        }
-        CreateOutcome::Replayed(job) => Ok(see_other(&format!("/jobs/{}", job.id))),
-        CreateOutcome::KeyReused { existing_job_id } => Ok(render_with(
+    match app.create_job(&user.user, key, request).await {
+        Ok(created) => Ok(see_other(&format!("/jobs/{}", created.job.id))),
+        Err(AppError::KeyReused { job_id }) => Ok(render_with(
             StatusCode::CONFLICT,
             &KeyReusedPage {
                 nav: user.nav(),
-                job_id: &existing_job_id,
+                job_id: job_id.as_str(),
                 task: &task.name,
             },
         )),
+        // The form is shown again with what was typed and why it was refused.
+        Err(
+            refusal @ (AppError::UnknownTask { .. }
+            | AppError::UnknownProvider { .. }
+            | AppError::InvalidInput { .. }
+            | AppError::InvalidBody { .. }),
+        ) => Ok(redisplay(refusal.to_string())),
+        Err(other) => Err(other.into()),
     }
 }
 
-/// One row of the attempts table.
-struct AttemptRow {
+/// One line of the attempts table.
+struct AttemptLine {
     number: i32,
     provider: String,
     state: &'static str,
@@ -230,7 +225,7 @@ struct AttemptRow {
     error: String,
 }
 
-impl AttemptRow {
+impl AttemptLine {
     fn new(a: &Attempt) -> Self {
         Self {
             number: a.number,
@@ -268,7 +263,7 @@ struct JobLive {
     input: String,
     result: String,
     failure_reason: String,
-    attempts: Vec<AttemptRow>,
+    attempts: Vec<AttemptLine>,
     timeline: Timeline,
     /// Why no new attempt may start now; empty when one may.
     retry_refusal: String,
@@ -293,7 +288,7 @@ fn job_live(user: &SignedIn, job: &Job, attempts: &[Attempt], allowed: Vec<Strin
         Err(NewAttemptRefusal::AttemptInFlight(state)) => {
             let number = live.map(|a| a.number).unwrap_or_default();
             match state {
-                crate::domain::AttemptState::Unknown => format!(
+                AttemptState::Unknown => format!(
                     "Attempt {number} timed out and its outcome is unknown: the provider may still be working. \
                      A new attempt can start once it answers or support resolves it."
                 ),
@@ -304,15 +299,19 @@ fn job_live(user: &SignedIn, job: &Job, attempts: &[Attempt], allowed: Vec<Strin
     let staff = user.user.role.is_staff();
     JobLive {
         csrf: user.csrf.clone(),
-        id: job.id.clone(),
+        id: job.id.to_string(),
         task: job.task.clone(),
         status: job.status.as_str(),
         is_live: !job.status.is_terminal() || live.is_some(),
         created: when(job.created_at),
-        input: pretty(&job.input),
-        result: job.result.as_ref().map(pretty).unwrap_or_default(),
+        input: pretty(&job.input.value()),
+        result: job
+            .result
+            .as_ref()
+            .map(|r| pretty(&r.value()))
+            .unwrap_or_default(),
         failure_reason: job.failure_reason.clone().unwrap_or_default(),
-        attempts: attempts.iter().map(AttemptRow::new).collect(),
+        attempts: attempts.iter().map(AttemptLine::new).collect(),
         timeline: timeline::layout(job.created_at, attempts, now_ms()),
         can_fail: staff && live.is_none() && !job.status.is_terminal(),
         staff,
@@ -321,58 +320,25 @@ fn job_live(user: &SignedIn, job: &Job, attempts: &[Attempt], allowed: Vec<Strin
     }
 }
 
-/// The providers a new attempt on this job may use, and the skipped ones.
-async fn allowed_providers(
-    state: &AppState,
-    job: &Job,
-) -> Result<(Vec<String>, Vec<String>), PageError> {
-    let (config, tasks, task, requested) = (
-        state.config.clone(),
-        state.tasks.clone(),
-        job.task.clone(),
-        job.requested_provider.clone(),
-    );
-    Ok(state
-        .store
-        .run(move |conn| {
-            crate::qualify::allowed_for_job(conn, &config, &tasks, &task, requested.as_deref())
-        })
-        .await?)
-}
-
-async fn load_visible(
-    state: &AppState,
+/// The job named in the path, if `user` may see it.
+async fn visible_job(
+    app: &App,
     user: &SignedIn,
     raw_id: &str,
 ) -> Result<(Job, Vec<Attempt>), PageError> {
-    let job_id = JobId::parse(raw_id)
-        .ok_or_else(PageError::not_found)?
-        .to_string();
-    let found = state
-        .store
-        .run(move |conn| {
-            let Some(job) = job_store::find_job(conn, &job_id)? else {
-                return Ok(None);
-            };
-            let attempts = job_store::attempts_of(conn, &job_id)?;
-            Ok(Some((job, attempts)))
-        })
-        .await?;
-    match found {
-        Some((job, attempts)) if visible_to(&job, &user.user) => Ok((job, attempts)),
-        _ => Err(PageError::not_found()),
-    }
+    let job_id = JobId::parse(raw_id).ok_or_else(PageError::not_found)?;
+    Ok(app.job_for(&user.user, &job_id).await?)
 }
 
 /// `GET /jobs/{id}`: the whole page, or (for htmx polling) the live part.
 pub async fn job_page(
-    state: web::Data<AppState>,
+    app: web::Data<App>,
     user: SignedIn,
     req: HttpRequest,
     path: web::Path<String>,
 ) -> Result<HttpResponse, PageError> {
-    let (job, attempts) = load_visible(&state, &user, &path).await?;
-    let (allowed, _) = allowed_providers(&state, &job).await?;
+    let (job, attempts) = visible_job(&app, &user, &path).await?;
+    let allowed = app.allowed_providers(&job).await?.allowed;
     let live = job_live(&user, &job, &attempts, allowed);
     if wants_partial(&req) {
         return Ok(render(&live));
@@ -392,45 +358,16 @@ pub struct AttemptForm {
 /// `POST /jobs/{id}/attempts`: the owner's "try again", or support's "next
 /// attempt on …" (audited).
 pub async fn start_attempt(
-    state: web::Data<AppState>,
+    app: web::Data<App>,
     user: SignedIn,
     path: web::Path<String>,
     form: web::Form<AttemptForm>,
 ) -> Result<HttpResponse, PageError> {
     user.check_csrf(form.csrf.as_deref())?;
-    let (job, _) = load_visible(&state, &user, &path).await?;
+    let job_id = JobId::parse(&path).ok_or_else(PageError::not_found)?;
     let provider = form.provider.clone().filter(|p| !p.is_empty());
-    let chain = state
-        .config
-        .task(&job.task)
-        .map(|t| t.providers.clone())
-        .unwrap_or_default();
-    if let Some(p) = &provider {
-        if !chain.contains(p) {
-            return Err(PageError::bad_request(format!(
-                "{p} is not a provider of this task's chain."
-            )));
-        }
-    }
-    let (order, skipped) = allowed_providers(&state, &job).await?;
-    require_allowed(provider.as_deref(), &order, &skipped)?;
-    let actor = (job.owner_id != user.user.id).then(|| user.user.id.clone());
-    let job_id = job.id.clone();
-    let result = state
-        .store
-        .run(move |conn| {
-            Ok(attempt_store::start_attempt(
-                conn,
-                &job_id,
-                provider.as_deref(),
-                &order,
-                actor.as_deref(),
-            ))
-        })
-        .await?;
-    result.map_err(|e| PageError::from(job_action_problem(e)))?;
-    state.wake_worker();
-    Ok(see_other(&format!("/jobs/{}", job.id)))
+    app.start_attempt(&user.user, &job_id, provider).await?;
+    Ok(see_other(&format!("/jobs/{job_id}")))
 }
 
 #[derive(Deserialize)]
@@ -442,26 +379,20 @@ pub struct ReasonForm {
 /// `POST /jobs/{id}/fail` (support, admin): finalize a job whose unknown
 /// attempt was abandoned, with a reason (audited).
 pub async fn fail_job(
-    state: web::Data<AppState>,
+    app: web::Data<App>,
     user: SignedIn,
     path: web::Path<String>,
     form: web::Form<ReasonForm>,
 ) -> Result<HttpResponse, PageError> {
     user.check_csrf(form.csrf.as_deref())?;
-    user.require_staff()?;
-    let reason = operator_reason(form.reason.as_deref().unwrap_or_default())?;
-    let (job, _) = load_visible(&state, &user, &path).await?;
-    let (job_id, actor) = (job.id.clone(), user.user.id.clone());
-    let result = state
-        .store
-        .run(move |conn| {
-            Ok(attempt_store::fail_job_by_operator(
-                conn, &job_id, &actor, &reason,
-            ))
-        })
-        .await?;
-    result.map_err(|e| PageError::from(job_action_problem(e)))?;
-    Ok(see_other(&format!("/jobs/{}", job.id)))
+    let job_id = JobId::parse(&path).ok_or_else(PageError::not_found)?;
+    app.fail_job(
+        &user.user,
+        &job_id,
+        form.reason.as_deref().unwrap_or_default(),
+    )
+    .await?;
+    Ok(see_other(&format!("/jobs/{job_id}")))
 }
 
 struct JobListRow {
@@ -488,23 +419,18 @@ const JOBS_PER_PAGE: i64 = 20;
 
 /// `GET /jobs`: the user's jobs, newest first.
 pub async fn my_jobs(
-    state: web::Data<AppState>,
+    app: web::Data<App>,
     user: SignedIn,
     query: web::Query<JobsQuery>,
 ) -> Result<HttpResponse, PageError> {
     let before = match &query.before {
         Some(raw) => Some(
             JobId::parse(raw)
-                .ok_or_else(|| PageError::bad_request("That page link is not valid."))?
-                .to_string(),
+                .ok_or_else(|| PageError::bad_request("That page link is not valid."))?,
         ),
         None => None,
     };
-    let owner = user.user.id.clone();
-    let mut jobs = state
-        .store
-        .run(move |conn| job_store::list_jobs(conn, &owner, before.as_deref(), JOBS_PER_PAGE + 1))
-        .await?;
+    let mut jobs = app.list_jobs(&user.user, before, JOBS_PER_PAGE + 1).await?;
     let more = jobs.len() as i64 > JOBS_PER_PAGE;
     jobs.truncate(JOBS_PER_PAGE as usize);
     let next = more
@@ -515,7 +441,7 @@ pub async fn my_jobs(
         jobs: jobs
             .iter()
             .map(|j| JobListRow {
-                id: j.id.clone(),
+                id: j.id.to_string(),
                 task: j.task.clone(),
                 status: j.status.as_str(),
                 created: when(j.created_at),

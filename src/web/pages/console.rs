@@ -6,12 +6,9 @@ use askama::Template;
 use serde::Deserialize;
 
 use super::{duration, render, see_other, when, Nav, PageError, SignedIn};
-use crate::domain::AttemptId;
-use crate::qualify::Status;
-use crate::store::attempts as attempt_store;
-use crate::store::{admin as admin_store, now_ms};
-use crate::web::intake::{abandon_problem, operator_reason};
-use crate::web::AppState;
+use crate::app::{App, AttemptBrief};
+use crate::domain::{AttemptId, QualificationStatus};
+use crate::store::now_ms;
 
 #[derive(Template)]
 #[template(path = "admin_home.html")]
@@ -24,16 +21,9 @@ struct ConsolePage {
 }
 
 /// `GET /admin`
-pub async fn console(
-    state: web::Data<AppState>,
-    user: SignedIn,
-) -> Result<HttpResponse, PageError> {
-    user.require_staff()?;
+pub async fn console(app: web::Data<App>, user: SignedIn) -> Result<HttpResponse, PageError> {
+    let counts = app.console_counts(&user.user).await?;
     let now = now_ms();
-    let counts = state
-        .store
-        .run(move |conn| admin_store::console_counts(conn, now))
-        .await?;
     Ok(render(&ConsolePage {
         nav: user.nav(),
         unknown_now: counts.unknown_now,
@@ -67,13 +57,9 @@ struct UnknownPage {
 }
 
 /// `GET /admin/unknown`: every attempt stuck in `unknown`, oldest first.
-pub async fn unknown_queue(
-    state: web::Data<AppState>,
-    user: SignedIn,
-) -> Result<HttpResponse, PageError> {
-    user.require_staff()?;
+pub async fn unknown_queue(app: web::Data<App>, user: SignedIn) -> Result<HttpResponse, PageError> {
+    let rows = app.unknown_queue(&user.user).await?;
     let now = now_ms();
-    let rows = state.store.run(admin_store::unknown_attempts).await?;
     Ok(render(&UnknownPage {
         nav: user.nav(),
         rows: rows
@@ -83,8 +69,8 @@ pub async fn unknown_queue(
                 sent_at: u.started_at.map(when).unwrap_or_default(),
                 timeout_at: u.timeout_at.map(when).unwrap_or_default(),
                 error: u.error.unwrap_or_default(),
-                attempt_id: u.attempt_id,
-                job_id: u.job_id,
+                attempt_id: u.attempt_id.to_string(),
+                job_id: u.job_id.to_string(),
                 owner: u.owner,
                 task: u.task,
                 provider: u.provider,
@@ -103,24 +89,21 @@ pub struct AbandonForm {
 /// `POST /admin/attempts/{id}/abandon`: then on to the job, where the next
 /// attempt can be started or the job marked failed.
 pub async fn abandon(
-    state: web::Data<AppState>,
+    app: web::Data<App>,
     user: SignedIn,
     path: web::Path<String>,
     form: web::Form<AbandonForm>,
 ) -> Result<HttpResponse, PageError> {
     user.check_csrf(form.csrf.as_deref())?;
-    user.require_staff()?;
-    let reason = operator_reason(form.reason.as_deref().unwrap_or_default())?;
-    let attempt_id = AttemptId::parse(&path)
-        .ok_or_else(PageError::not_found)?
-        .to_string();
-    let actor = user.user.id.clone();
-    let result = state
-        .store
-        .run(move |conn| Ok(attempt_store::abandon(conn, &attempt_id, &actor, &reason)))
+    crate::app::require_staff(&user.user)?;
+    let attempt_id = AttemptId::parse(&path).ok_or_else(PageError::not_found)?;
+    let attempt = app
+        .abandon_attempt(
+            &user.user,
+            &attempt_id,
+            form.reason.as_deref().unwrap_or_default(),
+        )
         .await?;
-    let attempt = result.map_err(|e| PageError::from(abandon_problem(e)))?;
-    tracing::info!(attempt_id = %attempt.id, actor = %user.user.name, "attempt abandoned from the console");
     Ok(see_other(&format!("/jobs/{}", attempt.job_id)))
 }
 
@@ -160,14 +143,14 @@ pub const PERIODS: [(&str, i64); 4] = [
 
 /// `GET /admin/races` (admin): discarded late results, filterable by provider and time.
 pub async fn races(
-    state: web::Data<AppState>,
+    app: web::Data<App>,
     user: SignedIn,
     filter: web::Query<RaceFilter>,
 ) -> Result<HttpResponse, PageError> {
-    user.require_admin()?;
+    crate::app::require_admin(&user.user)?;
     let provider = filter.provider.clone().filter(|p| !p.is_empty());
     if let Some(p) = &provider {
-        if state.config.provider(p).is_none() {
+        if app.config().provider(p).is_none() {
             return Err(PageError::bad_request(format!(
                 "There is no provider named {p}."
             )));
@@ -180,20 +163,18 @@ pub async fn races(
         .map(|(_, ms)| *ms)
         .ok_or_else(|| PageError::bad_request("Choose a period of 24h, 7d, 30d or all."))?;
     let since = (window > 0).then(|| now_ms() - window);
-    let lookup = provider.clone();
-    let details = state
-        .store
-        .run(move |conn| admin_store::race_details(conn, lookup.as_deref(), since, 500))
+    let details = app
+        .race_details(&user.user, provider.clone(), since, 500)
         .await?;
-    let side = |b: &Option<admin_store::AttemptBrief>| {
+    let side = |b: &Option<AttemptBrief>| {
         b.as_ref()
             .map(|b| format!("#{} {}", b.number, b.provider))
             .unwrap_or_else(|| "—".into())
     };
     Ok(render(&RacesPage {
         nav: user.nav(),
-        providers: state
-            .config
+        providers: app
+            .config()
             .providers
             .iter()
             .map(|p| p.name.clone())
@@ -203,7 +184,7 @@ pub async fn races(
         rows: details
             .iter()
             .map(|d| RaceRowView {
-                job_id: d.race.job_id.clone(),
+                job_id: d.race.job_id.to_string(),
                 lost_at: when(d.race.lost_at),
                 winner: side(&d.winner),
                 loser: side(&d.loser),
@@ -234,12 +215,8 @@ struct AuditPage {
 }
 
 /// `GET /admin/audit` (admin): operator actions, newest first.
-pub async fn audit(state: web::Data<AppState>, user: SignedIn) -> Result<HttpResponse, PageError> {
-    user.require_admin()?;
-    let entries = state
-        .store
-        .run(|conn| admin_store::audit_entries(conn, 500))
-        .await?;
+pub async fn audit(app: web::Data<App>, user: SignedIn) -> Result<HttpResponse, PageError> {
+    let entries = app.audit_log(&user.user, 500).await?;
     Ok(render(&AuditPage {
         nav: user.nav(),
         rows: entries
@@ -248,7 +225,7 @@ pub async fn audit(state: web::Data<AppState>, user: SignedIn) -> Result<HttpRes
                 at: when(e.at),
                 actor: e.actor,
                 action: e.action.replace('_', " "),
-                job_id: e.job_id.unwrap_or_default(),
+                job_id: e.job_id.map(|j| j.to_string()).unwrap_or_default(),
                 reason: e.reason,
             })
             .collect(),
@@ -273,56 +250,32 @@ struct ProvidersPage {
 }
 
 /// `GET /admin/providers` (admin): the provider × task qualification matrix.
-pub async fn providers(
-    state: web::Data<AppState>,
-    user: SignedIn,
-) -> Result<HttpResponse, PageError> {
-    user.require_admin()?;
-    let (config, tasks) = (state.config.clone(), state.tasks.clone());
-    let statuses = state
-        .store
-        .run(move |conn| {
-            config
-                .tasks
-                .iter()
-                .map(|t| {
-                    Ok((
-                        t.name.clone(),
-                        crate::qualify::statuses_for_task(conn, &config, &tasks, &t.name)?,
-                    ))
-                })
-                .collect::<Result<Vec<_>, crate::store::StoreError>>()
-        })
-        .await?;
+pub async fn providers(app: web::Data<App>, user: SignedIn) -> Result<HttpResponse, PageError> {
+    let cells = app.qualification_matrix(&user.user).await?;
     let now = now_ms();
-    let mut rows = Vec::new();
-    for (task, by_provider) in statuses {
-        let Some(task_config) = state.config.task(&task) else {
-            continue;
-        };
-        for provider in &task_config.providers {
-            let Some(provider_config) = state.config.provider(provider) else {
-                continue;
+    let rows = cells
+        .into_iter()
+        .map(|cell| {
+            let age = cell
+                .status
+                .at()
+                .map(|at| duration(now - at))
+                .unwrap_or_default();
+            let failing_check = match &cell.status {
+                QualificationStatus::Failed { check, .. } => check.clone(),
+                _ => String::new(),
             };
-            let status = by_provider.get(provider).cloned().unwrap_or(Status::Never);
-            let (age, failing_check) = match &status {
-                Status::Qualified { at } | Status::Stale { at } => {
-                    (duration(now - at), String::new())
-                }
-                Status::Failed { at, check } => (duration(now - at), check.clone()),
-                Status::Never => (String::new(), String::new()),
-            };
-            rows.push(QualificationCell {
-                provider: provider.clone(),
-                kind: provider_config.kind.as_str(),
-                model: provider_config.model_name().to_owned(),
-                task: task.clone(),
-                status: status.label(),
+            QualificationCell {
+                status: cell.status.label(),
+                provider: cell.provider,
+                kind: cell.kind,
+                model: cell.model,
+                task: cell.task,
                 age,
                 failing_check,
-            });
-        }
-    }
+            }
+        })
+        .collect();
     Ok(render(&ProvidersPage {
         nav: user.nav(),
         rows,
@@ -339,42 +292,12 @@ pub struct QualifyForm {
 /// `POST /admin/providers/qualify` (admin): runs the task's contract against the
 /// provider now, records it (and an audit entry), and shows the matrix again.
 pub async fn qualify(
-    state: web::Data<AppState>,
+    app: web::Data<App>,
     user: SignedIn,
     form: web::Form<QualifyForm>,
 ) -> Result<HttpResponse, PageError> {
     user.check_csrf(form.csrf.as_deref())?;
-    user.require_admin()?;
-    let provider = state
-        .providers
-        .get(&form.provider)
-        .ok_or_else(PageError::not_found)?;
-    let task = state
-        .tasks
-        .get(&form.task)
-        .ok_or_else(PageError::not_found)?;
-    if !task.config.providers.contains(&provider.name) {
-        return Err(PageError::bad_request(
-            "That provider is not in the task's chain.",
-        ));
-    }
-    let report = crate::qualify::run(&provider, &task).await;
-    let row = report.to_row();
-    let reason = match report.first_failure() {
-        None => format!("qualified {} for {}", report.provider, report.task),
-        Some(check) => format!(
-            "qualification of {} for {} failed: {}: {}",
-            report.provider, report.task, check.name, check.detail
-        ),
-    };
-    let actor = user.user.id.clone();
-    state
-        .store
-        .run(move |conn| {
-            crate::store::qualifications::record(conn, &row)?;
-            admin_store::record_audit(conn, &actor, "qualify", None, None, &reason, now_ms())?;
-            Ok(())
-        })
+    app.qualify(Some(&user.user), &form.provider, &form.task)
         .await?;
     Ok(see_other("/admin/providers"))
 }

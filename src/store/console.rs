@@ -1,18 +1,18 @@
-//! What support staff and admins read and write: the unknown queue, the race
-//! log and the audit log.
+//! What the console reads: the unknown queue, the race log, the audit log and
+//! the front page's numbers.
 
 use diesel::prelude::*;
 
-use super::models::RaceRow;
+use super::rows::RaceEntry;
 use super::schema::{attempts, audit_log, jobs, race_log, users};
 use super::{DbConnection, StoreResult};
-use crate::domain::AttemptState;
+use crate::domain::{AttemptId, AttemptState, JobId};
 
 /// An attempt stuck in `unknown`, with what is known about it.
 #[derive(Debug, Clone, Queryable)]
 pub struct UnknownAttempt {
-    pub attempt_id: String,
-    pub job_id: String,
+    pub attempt_id: AttemptId,
+    pub job_id: JobId,
     pub owner: String,
     pub task: String,
     pub provider: String,
@@ -26,7 +26,7 @@ pub struct UnknownAttempt {
 pub fn unknown_attempts(conn: &mut DbConnection) -> StoreResult<Vec<UnknownAttempt>> {
     Ok(attempts::table
         .inner_join(jobs::table.inner_join(users::table))
-        .filter(attempts::state.eq(AttemptState::Unknown.as_str()))
+        .filter(attempts::state.eq(AttemptState::Unknown))
         .order((attempts::started_at.asc(), attempts::id.asc()))
         .select((
             attempts::id,
@@ -43,35 +43,12 @@ pub fn unknown_attempts(conn: &mut DbConnection) -> StoreResult<Vec<UnknownAttem
 }
 
 /// Race-log rows, newest first.
-pub fn races(conn: &mut DbConnection, limit: i64) -> StoreResult<Vec<RaceRow>> {
+pub fn races(conn: &mut DbConnection, limit: i64) -> StoreResult<Vec<RaceEntry>> {
     Ok(race_log::table
         .order((race_log::lost_at.desc(), race_log::id.desc()))
         .limit(limit)
-        .select(RaceRow::as_select())
+        .select(RaceEntry::as_select())
         .load(conn)?)
-}
-
-pub fn record_audit(
-    conn: &mut DbConnection,
-    actor_id: &str,
-    action: &str,
-    job_id: Option<&str>,
-    attempt_id: Option<&str>,
-    reason: &str,
-    at: i64,
-) -> QueryResult<()> {
-    diesel::insert_into(audit_log::table)
-        .values((
-            audit_log::id.eq(uuid::Uuid::now_v7().to_string()),
-            audit_log::actor_id.eq(actor_id),
-            audit_log::action.eq(action),
-            audit_log::job_id.eq(job_id),
-            audit_log::attempt_id.eq(attempt_id),
-            audit_log::reason.eq(reason),
-            audit_log::at.eq(at),
-        ))
-        .execute(conn)?;
-    Ok(())
 }
 
 /// One audit entry: who did what, when and why.
@@ -80,8 +57,8 @@ pub struct AuditEntry {
     pub id: String,
     pub actor: String,
     pub action: String,
-    pub job_id: Option<String>,
-    pub attempt_id: Option<String>,
+    pub job_id: Option<JobId>,
+    pub attempt_id: Option<AttemptId>,
     pub reason: String,
     pub at: i64,
 }
@@ -113,7 +90,7 @@ pub struct ConsoleCounts {
 }
 
 pub fn console_counts(conn: &mut DbConnection, now: i64) -> StoreResult<ConsoleCounts> {
-    let unknown = attempts::table.filter(attempts::state.eq(AttemptState::Unknown.as_str()));
+    let unknown = attempts::table.filter(attempts::state.eq(AttemptState::Unknown));
     let unknown_now: i64 = unknown.count().get_result(conn)?;
     let oldest_unknown_started_at: Option<i64> = unknown
         .select(diesel::dsl::min(attempts::started_at))
@@ -132,7 +109,7 @@ pub fn console_counts(conn: &mut DbConnection, now: i64) -> StoreResult<ConsoleC
 /// One attempt's identity, for the race log's winner and loser columns.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AttemptBrief {
-    pub id: String,
+    pub id: AttemptId,
     pub number: i32,
     pub provider: String,
     pub finished_at: Option<i64>,
@@ -141,7 +118,7 @@ pub struct AttemptBrief {
 /// A race-log row with both sides of the race.
 #[derive(Debug, Clone)]
 pub struct RaceDetail {
-    pub race: RaceRow,
+    pub race: RaceEntry,
     pub loser: Option<AttemptBrief>,
     pub winner: Option<AttemptBrief>,
 }
@@ -165,13 +142,13 @@ pub fn race_details(
     let mut query = race_log::table
         .order((race_log::lost_at.desc(), race_log::id.desc()))
         .limit(limit)
-        .select(RaceRow::as_select())
+        .select(RaceEntry::as_select())
         .into_boxed();
     if let Some(since) = since {
         query = query.filter(race_log::lost_at.ge(since));
     }
     let rows = query.load(conn)?;
-    let ids: Vec<String> = rows
+    let ids: Vec<AttemptId> = rows
         .iter()
         .flat_map(|r| {
             [
@@ -189,7 +166,7 @@ pub fn race_details(
             attempts::provider,
             attempts::finished_at,
         ))
-        .load::<(String, i32, String, Option<i64>)>(conn)?
+        .load::<(AttemptId, i32, String, Option<i64>)>(conn)?
         .into_iter()
         .map(|(id, number, provider, finished_at)| AttemptBrief {
             id,
@@ -198,12 +175,12 @@ pub fn race_details(
             finished_at,
         })
         .collect();
-    let find = |id: &str| briefs.iter().find(|b| b.id == id).cloned();
+    let find = |id: &AttemptId| briefs.iter().find(|b| &b.id == id).cloned();
     Ok(rows
         .into_iter()
         .map(|race| RaceDetail {
             loser: find(&race.losing_attempt_id),
-            winner: race.winning_attempt_id.as_deref().and_then(find),
+            winner: race.winning_attempt_id.as_ref().and_then(find),
             race,
         })
         .filter(|d| match provider {

@@ -7,18 +7,12 @@ use utoipa::IntoParams;
 
 use super::auth::Caller;
 use super::body::{json_body, parse_query, EmptyBody};
-use super::error::{ApiError, ProblemType};
-use super::intake::{job_action_problem, prepare_job, require_allowed, require_in_chain};
+use super::error::{job_location, ApiError, ProblemType};
 use super::views::{
     AttemptView, CreateJobRequest, JobPage, JobSummary, JobView, Problem, StartAttemptRequest,
 };
-use super::AppState;
+use crate::app::App;
 use crate::domain::{IdempotencyKey, IdempotencyKeyError, JobId};
-use crate::qualify;
-use crate::store::attempts::{self as attempt_store};
-use crate::store::jobs::{self as job_store, CreateOutcome};
-use crate::store::models::Job;
-use crate::store::users::User;
 
 fn idempotency_key(req: &HttpRequest) -> Result<IdempotencyKey, ApiError> {
     let raw = req.headers().get("Idempotency-Key").ok_or_else(|| {
@@ -29,16 +23,6 @@ fn idempotency_key(req: &HttpRequest) -> Result<IdempotencyKey, ApiError> {
     })?;
     IdempotencyKey::parse_bytes(raw.as_bytes())
         .map_err(|e| ApiError::new(ProblemType::InvalidIdempotencyKey, e.to_string()))
-}
-
-/// A job is visible to its owner and to support staff; to anyone else it does
-/// not exist (404, never 403, so ids leak nothing).
-pub fn visible_to(job: &Job, user: &User) -> bool {
-    job.owner_id == user.id || user.role.is_staff()
-}
-
-fn location(job_id: &str) -> String {
-    format!("/api/v1/jobs/{job_id}")
 }
 
 /// Create a job under an idempotency key.
@@ -60,7 +44,7 @@ fn location(job_id: &str) -> String {
     security(("bearer" = []))
 )]
 pub async fn create_job(
-    state: web::Data<AppState>,
+    app: web::Data<App>,
     caller: Caller,
     req: HttpRequest,
     payload: web::Payload,
@@ -69,69 +53,26 @@ pub async fn create_job(
     let body: CreateJobRequest = json_body(
         &req,
         payload,
-        state.config.server.body_limit_bytes,
+        app.config().server.body_limit_bytes,
         EmptyBody::Refuse,
     )
     .await?;
-    let new_job = prepare_job(&state.config, &state.tasks, &caller.0.id, key, body)?;
-    let outcome = state
-        .store
-        .run(move |conn| job_store::create_job(conn, &new_job))
-        .await?;
-    let (job, created) = match outcome {
-        CreateOutcome::Created(job) => (job, true),
-        CreateOutcome::Replayed(job) => (job, false),
-        CreateOutcome::KeyReused { existing_job_id } => {
-            return Err(ApiError::new(
-                ProblemType::IdempotencyKeyReused,
-                "this idempotency key already created a job with a different payload; use a new key for a new job",
-            )
-            .with("job_id", existing_job_id.clone())
-            .with("job", location(&existing_job_id)));
-        }
-    };
-    if created {
-        state.wake_worker();
-        tracing::info!(job_id = %job.id, "job created");
-    }
-    let job_id = job.id.clone();
-    let attempts = state
-        .store
-        .run(move |conn| job_store::attempts_of(conn, &job_id))
-        .await?;
-    let view = JobView::new(&job, &attempts);
-    let mut response = if created {
-        HttpResponse::Created()
-    } else {
+    let created = app.create_job(&caller.0, key, body.into()).await?;
+    let mut response = if created.replayed {
         HttpResponse::Ok()
+    } else {
+        HttpResponse::Created()
     };
-    response.insert_header((header::LOCATION, location(&job.id)));
-    if !created {
+    response.insert_header((header::LOCATION, job_location(&created.job.id)));
+    if created.replayed {
         response.insert_header(("Idempotent-Replayed", "true"));
     }
-    Ok(response.json(view))
+    Ok(response.json(JobView::new(&created.job, &created.attempts)))
 }
 
-async fn load_visible_job(
-    state: &AppState,
-    caller: &Caller,
-    raw_id: &str,
-) -> Result<(Job, Vec<crate::store::models::Attempt>), ApiError> {
-    let job_id = JobId::parse(raw_id)
-        .ok_or_else(ApiError::not_found)?
-        .to_string();
-    let (job, attempts) = state
-        .store
-        .run(move |conn| {
-            let job = job_store::get_job(conn, &job_id)?;
-            let attempts = job_store::attempts_of(conn, &job_id)?;
-            Ok((job, attempts))
-        })
-        .await?;
-    if !visible_to(&job, &caller.0) {
-        return Err(ApiError::not_found());
-    }
-    Ok((job, attempts))
+/// Parses a job id from the path; anything else is simply not found.
+pub fn job_id(raw: &str) -> Result<JobId, ApiError> {
+    JobId::parse(raw).ok_or_else(ApiError::not_found)
 }
 
 /// A job with its attempts.
@@ -146,11 +87,11 @@ async fn load_visible_job(
     security(("bearer" = []))
 )]
 pub async fn get_job(
-    state: web::Data<AppState>,
+    app: web::Data<App>,
     caller: Caller,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    let (job, attempts) = load_visible_job(&state, &caller, &path).await?;
+    let (job, attempts) = app.job_for(&caller.0, &job_id(&path)?).await?;
     Ok(HttpResponse::Ok().json(JobView::new(&job, &attempts)))
 }
 
@@ -176,7 +117,7 @@ pub struct ListQuery {
     security(("bearer" = []))
 )]
 pub async fn list_jobs(
-    state: web::Data<AppState>,
+    app: web::Data<App>,
     caller: Caller,
     req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
@@ -189,20 +130,12 @@ pub async fn list_jobs(
         ));
     }
     let before = match query.before {
-        Some(raw) => Some(
-            JobId::parse(&raw)
-                .ok_or_else(|| {
-                    ApiError::new(ProblemType::InvalidQuery, "`before` must be a job id")
-                })?
-                .to_string(),
-        ),
+        Some(raw) => Some(JobId::parse(&raw).ok_or_else(|| {
+            ApiError::new(ProblemType::InvalidQuery, "`before` must be a job id")
+        })?),
         None => None,
     };
-    let owner = caller.0.id.clone();
-    let mut jobs = state
-        .store
-        .run(move |conn| job_store::list_jobs(conn, &owner, before.as_deref(), limit + 1))
-        .await?;
+    let mut jobs = app.list_jobs(&caller.0, before, limit + 1).await?;
     let more = jobs.len() as i64 > limit;
     jobs.truncate(limit as usize);
     let next = match (more, jobs.last()) {
@@ -230,7 +163,7 @@ pub async fn list_jobs(
     security(("bearer" = []))
 )]
 pub async fn start_attempt(
-    state: web::Data<AppState>,
+    app: web::Data<App>,
     caller: Caller,
     req: HttpRequest,
     path: web::Path<String>,
@@ -239,49 +172,13 @@ pub async fn start_attempt(
     let body: StartAttemptRequest = json_body(
         &req,
         payload,
-        state.config.server.body_limit_bytes,
+        app.config().server.body_limit_bytes,
         EmptyBody::AsDefault,
     )
     .await?;
-    let (job, _) = load_visible_job(&state, &caller, &path).await?;
-    let chain = state
-        .config
-        .task(&job.task)
-        .map(|t| t.providers.clone())
-        .unwrap_or_default();
-    require_in_chain(&job.task, &chain, body.provider.as_ref())?;
-    let (config, tasks, task, requested) = (
-        state.config.clone(),
-        state.tasks.clone(),
-        job.task.clone(),
-        job.requested_provider.clone(),
-    );
-    let (order, skipped) = state
-        .store
-        .run(move |conn| {
-            qualify::allowed_for_job(conn, &config, &tasks, &task, requested.as_deref())
-        })
-        .await?;
-    require_allowed(body.provider.as_deref(), &order, &skipped)?;
-    // Staff acting on another owner's job are audited.
-    let actor = (job.owner_id != caller.0.id).then(|| caller.0.id.clone());
-    let job_id = job.id.clone();
-    let result = state
-        .store
-        .run(move |conn| {
-            Ok(attempt_store::start_attempt(
-                conn,
-                &job_id,
-                body.provider.as_deref(),
-                &order,
-                actor.as_deref(),
-            ))
-        })
-        .await?;
-    let attempt = result.map_err(job_action_problem)?;
-    state.wake_worker();
-    tracing::info!(job_id = %job.id, attempt_id = %attempt.id, provider = %attempt.provider, "attempt queued");
+    let job_id = job_id(&path)?;
+    let attempt = app.start_attempt(&caller.0, &job_id, body.provider).await?;
     Ok(HttpResponse::Created()
-        .insert_header((header::LOCATION, location(&job.id)))
+        .insert_header((header::LOCATION, job_location(&job_id)))
         .json(AttemptView::from(&attempt)))
 }

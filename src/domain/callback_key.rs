@@ -1,11 +1,13 @@
-//! Late results by callback, for providers that answer asynchronously. Each
-//! attempt has its own secret, derived from the server's callback key (read
-//! from the environment, never stored): HMAC-SHA256(key, attempt id). The
-//! provider signs the callback's body with it; the signature travels as
-//! `X-Onejob-Signature: sha256=<hex>`.
+//! Signatures of late results sent by callback, for providers that answer
+//! asynchronously. Each attempt has its own secret, derived from the server's
+//! callback key (resolved from the environment once, at start; never stored):
+//! HMAC-SHA256(key, attempt id). The provider signs the callback's body with
+//! it; the signature travels as `X-Onejob-Signature: sha256=<hex>`.
 
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
+
+use super::Secret;
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -26,28 +28,23 @@ fn hmac_hex(key: &[u8], message: &[u8]) -> String {
 }
 
 impl CallbackKey {
-    pub fn new(secret: &str) -> Self {
-        Self(secret.as_bytes().to_vec())
-    }
-
-    /// The key named by an environment variable, if it is set and not empty.
-    pub fn from_env(var: &str) -> Option<Self> {
-        std::env::var(var)
-            .ok()
-            .filter(|v| !v.is_empty())
-            .map(|v| Self::new(&v))
+    pub fn new(secret: &Secret) -> Self {
+        Self(secret.expose().as_bytes().to_vec())
     }
 
     /// The secret one attempt's callbacks are signed with.
-    pub fn attempt_secret(&self, attempt_id: &str) -> String {
-        hmac_hex(&self.0, format!("onejob-attempt:{attempt_id}").as_bytes())
+    pub fn attempt_secret(&self, attempt_id: &str) -> Secret {
+        Secret::new(hmac_hex(
+            &self.0,
+            format!("onejob-attempt:{attempt_id}").as_bytes(),
+        ))
     }
 
     /// The signature header value a provider sends for `body`.
     pub fn sign(&self, attempt_id: &str, body: &[u8]) -> String {
         format!(
             "sha256={}",
-            hmac_hex(self.attempt_secret(attempt_id).as_bytes(), body)
+            hmac_hex(self.attempt_secret(attempt_id).expose().as_bytes(), body)
         )
     }
 
@@ -59,8 +56,9 @@ impl CallbackKey {
         let Ok(bytes) = hex::decode(hex_sig) else {
             return false;
         };
-        let mut mac = HmacSha256::new_from_slice(self.attempt_secret(attempt_id).as_bytes())
-            .expect("HMAC takes keys of any length");
+        let mut mac =
+            HmacSha256::new_from_slice(self.attempt_secret(attempt_id).expose().as_bytes())
+                .expect("HMAC takes keys of any length");
         mac.update(body);
         mac.verify_slice(&bytes).is_ok()
     }
@@ -72,7 +70,7 @@ mod tests {
 
     #[test]
     fn a_signature_verifies_only_for_its_attempt_and_body() {
-        let key = CallbackKey::new("server secret");
+        let key = CallbackKey::new(&Secret::new("server secret"));
         let signature = key.sign("attempt-1", b"{\"result\":{}}");
         assert!(key.verify("attempt-1", b"{\"result\":{}}", Some(&signature)));
         assert!(
@@ -84,7 +82,11 @@ mod tests {
             "another body"
         );
         assert!(
-            !CallbackKey::new("other").verify("attempt-1", b"{\"result\":{}}", Some(&signature)),
+            !CallbackKey::new(&Secret::new("other")).verify(
+                "attempt-1",
+                b"{\"result\":{}}",
+                Some(&signature)
+            ),
             "another key"
         );
         assert!(!key.verify("attempt-1", b"{}", None));
@@ -93,9 +95,9 @@ mod tests {
 
     #[test]
     fn attempt_secrets_differ_per_attempt_and_hide_the_key() {
-        let key = CallbackKey::new("server secret");
+        let key = CallbackKey::new(&Secret::new("server secret"));
         assert_ne!(key.attempt_secret("a"), key.attempt_secret("b"));
-        assert!(!key.attempt_secret("a").contains("server secret"));
+        assert!(!key.attempt_secret("a").expose().contains("server secret"));
         assert_eq!(format!("{key:?}"), "CallbackKey(***)");
     }
 }

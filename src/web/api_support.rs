@@ -8,12 +8,10 @@ use utoipa::IntoParams;
 use super::auth::Caller;
 use super::body::{json_body, parse_query, EmptyBody};
 use super::error::{ApiError, ProblemType};
-use super::intake::{abandon_problem, operator_reason};
 use super::views::{AbandonRequest, AttemptView, Problem, RaceView, UnknownAttemptView};
-use super::AppState;
+use crate::app::{require_staff, App};
 use crate::domain::AttemptId;
-use crate::store::attempts::{self as attempt_store};
-use crate::store::{admin as admin_store, now_ms};
+use crate::store::now_ms;
 
 /// Abandon an attempt whose outcome is unknown (support/admin). The job may
 /// then take a new attempt; a late result still goes through the CAS.
@@ -32,31 +30,25 @@ use crate::store::{admin as admin_store, now_ms};
     security(("bearer" = []))
 )]
 pub async fn abandon_attempt(
-    state: web::Data<AppState>,
+    app: web::Data<App>,
     caller: Caller,
     req: HttpRequest,
     path: web::Path<String>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    caller.require_staff()?;
+    // The role first: someone without it learns nothing from the body's checks.
+    require_staff(&caller.0)?;
     let body: AbandonRequest = json_body(
         &req,
         payload,
-        state.config.server.body_limit_bytes,
+        app.config().server.body_limit_bytes,
         EmptyBody::Refuse,
     )
     .await?;
-    let reason = operator_reason(&body.reason)?;
-    let attempt_id = AttemptId::parse(&path)
-        .ok_or_else(ApiError::not_found)?
-        .to_string();
-    let actor = caller.0.id.clone();
-    let result = state
-        .store
-        .run(move |conn| Ok(attempt_store::abandon(conn, &attempt_id, &actor, &reason)))
+    let attempt_id = AttemptId::parse(&path).ok_or_else(ApiError::not_found)?;
+    let attempt = app
+        .abandon_attempt(&caller.0, &attempt_id, &body.reason)
         .await?;
-    let attempt = result.map_err(abandon_problem)?;
-    tracing::info!(attempt_id = %attempt.id, job_id = %attempt.job_id, actor = %caller.0.name, "attempt abandoned");
     Ok(HttpResponse::Ok().json(AttemptView::from(&attempt)))
 }
 
@@ -71,11 +63,10 @@ pub async fn abandon_attempt(
     security(("bearer" = []))
 )]
 pub async fn unknown_attempts(
-    state: web::Data<AppState>,
+    app: web::Data<App>,
     caller: Caller,
 ) -> Result<HttpResponse, ApiError> {
-    caller.require_staff()?;
-    let rows = state.store.run(admin_store::unknown_attempts).await?;
+    let rows = app.unknown_queue(&caller.0).await?;
     let now = now_ms();
     Ok(HttpResponse::Ok().json(
         rows.iter()
@@ -104,11 +95,11 @@ pub struct RaceQuery {
     security(("bearer" = []))
 )]
 pub async fn races(
-    state: web::Data<AppState>,
+    app: web::Data<App>,
     caller: Caller,
     req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
-    caller.require_admin()?;
+    crate::app::require_admin(&caller.0)?;
     let query: RaceQuery = parse_query(&req)?;
     let limit = query.limit.unwrap_or(100);
     if !(1..=1000).contains(&limit) {
@@ -117,9 +108,6 @@ pub async fn races(
             "`limit` must be between 1 and 1000",
         ));
     }
-    let rows = state
-        .store
-        .run(move |conn| admin_store::races(conn, limit))
-        .await?;
+    let rows = app.races(&caller.0, limit).await?;
     Ok(HttpResponse::Ok().json(rows.iter().map(RaceView::from).collect::<Vec<_>>()))
 }

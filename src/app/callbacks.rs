@@ -1,0 +1,70 @@
+//! A provider's late answer by callback, signed with the attempt's secret. A
+//! bad signature changes nothing; a good one is held to the task's contract
+//! and applied like any other outcome.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
+
+use super::{App, AppError, AppResult};
+use crate::domain::{Applied, AttemptId, Outcome};
+use crate::store::transitions;
+
+/// A callback's body: exactly one of `result` and `error`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CallbackBody {
+    /// The answer (checked against the task's output schema).
+    #[schema(value_type = Option<Object>)]
+    pub result: Option<Value>,
+    /// A definite failure reported by the provider.
+    pub error: Option<String>,
+}
+
+/// What the callback did.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CallbackOutcome {
+    /// `won`, `lost`, `failed`, `unknown` or `ignored` (the attempt was already finished).
+    pub outcome: String,
+}
+
+impl App {
+    /// Verifies, parses and applies a callback for `attempt_id`.
+    pub async fn receive_callback(
+        &self,
+        attempt_id: &AttemptId,
+        body: &[u8],
+        signature: Option<&str>,
+    ) -> AppResult<Applied> {
+        // Callbacks off: the route does not exist.
+        let callbacks = self.config().callbacks.as_ref().ok_or(AppError::NotFound)?;
+        if !callbacks.key.verify(attempt_id.as_str(), body, signature) {
+            tracing::warn!(%attempt_id, "callback refused: bad signature");
+            return Err(AppError::InvalidSignature);
+        }
+        let parsed: CallbackBody = serde_json::from_slice(body)
+            .map_err(|e| AppError::invalid_body(format!("the callback body is not valid: {e}")))?;
+        let outcome = match (parsed.result, parsed.error) {
+            (Some(result), None) => Outcome::Succeeded(result),
+            (None, Some(error)) => Outcome::Failed(error),
+            _ => {
+                return Err(AppError::invalid_body(
+                    "send exactly one of `result` and `error`",
+                ))
+            }
+        };
+        let id = attempt_id.clone();
+        let job = self
+            .store()
+            .run(move |conn| {
+                let attempt = transitions::get_attempt(conn, &id)?;
+                transitions::get_job(conn, &attempt.job_id)
+            })
+            .await?;
+        let outcome = match self.config().contracts.get(&job.task) {
+            Some(contract) => contract.judge(outcome),
+            None => outcome,
+        };
+        self.apply_outcome(attempt_id, outcome).await
+    }
+}

@@ -1,0 +1,118 @@
+//! Sending an attempt: the prompt is rendered from the job's input by the
+//! task's contract, the provider is called under the attempt's identity, and
+//! its answer is held to the contract. The worker times it; qualification
+//! sends its golden calls the same way.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::App;
+use crate::config::CallbackSettings;
+use crate::contracts::TaskContract;
+use crate::domain::{AttemptId, Outcome};
+use crate::providers::{Call, CallbackTarget, Provider};
+use crate::store::queue::Claim;
+
+/// A call ready to send, with what it needs to be judged.
+pub struct Dispatch {
+    pub provider: Arc<Provider>,
+    pub contract: Arc<TaskContract>,
+    pub call: Call,
+}
+
+impl Dispatch {
+    /// Renders the prompt; a template that does not render means nothing is
+    /// sent (a definite failure).
+    pub fn new(
+        provider: Arc<Provider>,
+        contract: Arc<TaskContract>,
+        input: &Value,
+        request_id: String,
+        attempt_number: i32,
+        temperature: Option<f64>,
+        callback: Option<CallbackTarget>,
+    ) -> Result<Self, Outcome> {
+        let prompt = contract.render_prompt(input).map_err(Outcome::Failed)?;
+        let call = Call {
+            request_id,
+            attempt_number,
+            task: contract.name().to_owned(),
+            prompt,
+            output_schema: contract.definition.output_schema.clone(),
+            temperature,
+            callback,
+        };
+        Ok(Self {
+            provider,
+            contract,
+            call,
+        })
+    }
+
+    /// Sends the call and holds the answer to the contract.
+    pub async fn send(&self) -> Outcome {
+        self.contract.judge(self.provider.call(&self.call).await)
+    }
+}
+
+/// A callback URL and the attempt's secret, for providers that answer
+/// asynchronously.
+pub fn callback_target(
+    callbacks: Option<&CallbackSettings>,
+    provider: &Provider,
+    attempt_id: &AttemptId,
+) -> Option<CallbackTarget> {
+    if !provider.settings.callbacks {
+        return None;
+    }
+    let callbacks = callbacks?;
+    Some(CallbackTarget {
+        url: format!(
+            "{}/api/v1/callbacks/attempts/{attempt_id}",
+            callbacks.public_url
+        ),
+        secret: callbacks.key.attempt_secret(attempt_id.as_str()),
+    })
+}
+
+impl App {
+    /// What sending a claimed attempt takes; a definite failure if its
+    /// provider or task is no longer configured or its prompt does not render
+    /// (nothing is sent then).
+    pub fn dispatch(&self, claim: &Claim) -> Result<Dispatch, Outcome> {
+        let provider = self
+            .providers()
+            .get(&claim.attempt.provider)
+            .ok_or_else(|| {
+                Outcome::Failed(format!(
+                    "provider {:?} is not configured; the attempt was not sent",
+                    claim.attempt.provider
+                ))
+            })?;
+        let contract = self
+            .config()
+            .contracts
+            .get(&claim.job.task)
+            .ok_or_else(|| {
+                Outcome::Failed(format!(
+                    "task {:?} is not configured; the attempt was not sent",
+                    claim.job.task
+                ))
+            })?;
+        let callback = callback_target(
+            self.config().callbacks.as_ref(),
+            &provider,
+            &claim.attempt.id,
+        );
+        Dispatch::new(
+            provider,
+            contract,
+            &claim.job.input.value(),
+            claim.attempt.id.to_string(),
+            claim.attempt.number,
+            None,
+            callback,
+        )
+    }
+}

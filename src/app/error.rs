@@ -1,0 +1,122 @@
+//! The one application error type. Every use case answers with it; storage
+//! errors are mapped here, in one place (not found → `NotFound`, pool
+//! exhausted → `Unavailable`, anything else → `Internal`, logged), and each
+//! front end words it once (problem+json in `web::error`, a page in
+//! `web::pages`).
+
+use crate::domain::{AttemptId, AttemptState, JobId, JobStatus, ReasonError};
+use crate::store::operator::ActionError;
+use crate::store::StoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// No such resource, or not the caller's to see (ids leak nothing).
+    #[error("no such resource")]
+    NotFound,
+    /// The caller's role does not allow this; names the role needed.
+    #[error("this action needs the {0} role")]
+    Forbidden(&'static str),
+    #[error("no task named {task:?} is configured")]
+    UnknownTask { task: String, tasks: Vec<String> },
+    #[error("provider {provider:?} is not in the chain of task {task:?}")]
+    UnknownProvider {
+        provider: String,
+        task: String,
+        chain: Vec<String>,
+    },
+    /// The input does not fit the task.
+    #[error("{detail}")]
+    InvalidInput {
+        detail: String,
+        field: Option<String>,
+    },
+    /// The request does not have the documented shape.
+    #[error("{detail}")]
+    InvalidBody {
+        detail: String,
+        field: Option<String>,
+    },
+    #[error("this idempotency key already created a job with a different payload; use a new key for a new job")]
+    KeyReused { job_id: JobId },
+    #[error("attempt {attempt_id} is {state}; a new attempt may start once it finishes or support abandons it")]
+    AttemptInFlight {
+        attempt_id: AttemptId,
+        state: AttemptState,
+    },
+    #[error("the job is {0}; it takes no more attempts")]
+    JobFinished(JobStatus),
+    #[error("every provider of the task's chain has been tried on this job; name one explicitly")]
+    ChainExhausted,
+    #[error("provider {provider:?} has no current passing qualification for this task ({status})")]
+    ProviderNotQualified {
+        provider: String,
+        status: String,
+        allowed: Vec<String>,
+    },
+    #[error("the attempt is {0}; only an unknown attempt can be abandoned")]
+    AttemptNotUnknown(AttemptState),
+    #[error("the signature does not match this attempt and body")]
+    InvalidSignature,
+    /// Busy for now; retrying (with the same idempotency key) is safe.
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("an internal error occurred; it has been logged")]
+    Internal,
+}
+
+impl AppError {
+    pub fn invalid_body(detail: impl Into<String>) -> Self {
+        Self::InvalidBody {
+            detail: detail.into(),
+            field: None,
+        }
+    }
+
+    pub fn invalid_input(detail: impl Into<String>) -> Self {
+        Self::InvalidInput {
+            detail: detail.into(),
+            field: None,
+        }
+    }
+
+    /// An operator's reason that does not parse.
+    pub fn bad_reason(error: ReasonError) -> Self {
+        Self::InvalidBody {
+            detail: error.to_string(),
+            field: Some("reason".into()),
+        }
+    }
+}
+
+impl From<StoreError> for AppError {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::NotFound => Self::NotFound,
+            StoreError::PoolExhausted(source) => {
+                tracing::warn!(error = %source, "no database connection free in time");
+                Self::Unavailable("the database is busy; retry shortly".into())
+            }
+            other => {
+                tracing::error!(error = %other, "storage error");
+                Self::Internal
+            }
+        }
+    }
+}
+
+impl From<ActionError> for AppError {
+    fn from(error: ActionError) -> Self {
+        match error {
+            ActionError::JobNotFound | ActionError::AttemptNotFound => Self::NotFound,
+            ActionError::JobFinished(status) => Self::JobFinished(status),
+            ActionError::InFlight { attempt_id, state } => {
+                Self::AttemptInFlight { attempt_id, state }
+            }
+            ActionError::ChainExhausted => Self::ChainExhausted,
+            ActionError::NotUnknown(state) => Self::AttemptNotUnknown(state),
+            ActionError::Store(e) => e.into(),
+        }
+    }
+}
+
+pub type AppResult<T> = Result<T, AppError>;

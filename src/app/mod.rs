@@ -1,0 +1,133 @@
+//! The application layer: every use case, written once, called by every front
+//! end (the JSON API, the pages, the worker, the callback endpoint and the
+//! CLI). Handlers parse, call one use case and render; the use cases check
+//! roles, validate, and drive the store, the providers and the task
+//! contracts.
+//!
+//! | use case | module |
+//! |---|---|
+//! | create a job under an idempotency key | [`intake`] |
+//! | start a new attempt (behind the failover gate) | [`retry`] |
+//! | apply a provider's outcome (CAS, race log, failover) | [`outcomes`] |
+//! | abandon an unknown attempt, mark a job failed (audited) | [`resolve`] |
+//! | run and record a contract qualification | [`qualification`] |
+//! | send an attempt (render, call, judge) | [`dispatch`] |
+//! | a provider's signed late answer | [`callbacks`] |
+//! | claim, lease and reap attempts (the worker) | [`work`] |
+//! | users, tokens, sessions | [`accounts`] |
+//! | what people read: jobs, the console | [`queries`] |
+
+pub mod accounts;
+pub mod callbacks;
+pub mod dispatch;
+pub mod error;
+pub mod gate;
+pub mod intake;
+pub mod outcomes;
+pub mod qualification;
+pub mod queries;
+pub mod resolve;
+pub mod retry;
+pub mod work;
+
+use std::sync::Arc;
+
+use tokio::sync::{watch, Notify};
+
+pub use crate::store::console::{
+    AttemptBrief, AuditEntry, ConsoleCounts, RaceDetail, UnknownAttempt,
+};
+pub use crate::store::queue::Claim;
+pub use crate::store::users::User;
+pub use crate::store::{Attempt, Job, QualificationRun, RaceEntry};
+pub use error::{AppError, AppResult};
+
+use crate::config::Config;
+use crate::providers::Providers;
+use crate::store::Store;
+
+/// The application: the store, the resolved configuration and the
+/// providers, shared by every front end. Cheap to clone.
+#[derive(Clone)]
+pub struct App {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Store,
+    config: Config,
+    providers: Providers,
+    /// Wakes an idle worker when an attempt is queued.
+    queued: Notify,
+    /// Becomes true once the start-up qualification of simulated providers
+    /// has finished; the failover gate waits for it.
+    startup_qualified: watch::Sender<bool>,
+}
+
+impl App {
+    /// An application over `store`, with the providers the configuration names.
+    pub fn new(store: Store, config: Config) -> Self {
+        let providers = Providers::from_settings(&config.providers);
+        Self::with_providers(store, config, providers)
+    }
+
+    /// An application whose providers are given (tests inject clients).
+    pub fn with_providers(store: Store, config: Config, providers: Providers) -> Self {
+        let (startup_qualified, _) = watch::channel(true);
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                config,
+                providers,
+                queued: Notify::new(),
+                startup_qualified,
+            }),
+        }
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    pub fn providers(&self) -> &Providers {
+        &self.inner.providers
+    }
+
+    /// Tells an idle worker that an attempt was queued.
+    pub fn notify_queued(&self) {
+        self.inner.queued.notify_one();
+    }
+
+    /// Resolves when an attempt is queued (or was, since the last wait).
+    pub async fn attempt_queued(&self) {
+        self.inner.queued.notified().await;
+    }
+}
+
+/// A job is visible to its owner and to support staff; to anyone else it does
+/// not exist (not found, never forbidden, so ids leak nothing).
+pub fn visible_to(job: &Job, user: &User) -> bool {
+    job.owner_id == user.id || user.role.is_staff()
+}
+
+/// Refuses a user who is not support or admin.
+pub fn require_staff(user: &User) -> AppResult<()> {
+    if user.role.is_staff() {
+        Ok(())
+    } else {
+        Err(AppError::Forbidden("support or admin"))
+    }
+}
+
+/// Refuses a user who is not an admin.
+pub fn require_admin(user: &User) -> AppResult<()> {
+    if user.role.is_admin() {
+        Ok(())
+    } else {
+        Err(AppError::Forbidden("admin"))
+    }
+}

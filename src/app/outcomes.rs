@@ -1,0 +1,80 @@
+//! Applying a provider's outcome to its attempt, whoever brings it (the
+//! worker, a late call, a signed callback): a success goes through the
+//! compare-and-swap (a loser to the race log); a definite failure fails over
+//! to the next provider the gate allows, or fails the job; an unknown
+//! outcome makes the attempt `unknown`.
+
+use serde_json::Value;
+
+use super::{App, AppResult};
+use crate::domain::{Applied, AttemptId, Outcome};
+use crate::store::{completion, queue, transitions};
+
+impl App {
+    /// Applies `outcome` (already held to the task's contract) in one
+    /// transaction.
+    pub async fn apply_outcome(
+        &self,
+        attempt_id: &AttemptId,
+        outcome: Outcome,
+    ) -> AppResult<Applied> {
+        let applied = match outcome {
+            Outcome::Succeeded(answer) => self.apply_success(attempt_id, answer).await?,
+            Outcome::Failed(error) => self.apply_failure(attempt_id, error).await?,
+            Outcome::Unknown(reason) => {
+                let id = attempt_id.clone();
+                self.store()
+                    .run(move |conn| queue::mark_unknown(conn, &id, &reason))
+                    .await?
+            }
+        };
+        match &applied {
+            Applied::Won => {
+                tracing::info!(%attempt_id, "attempt won: its answer is the job's result")
+            }
+            Applied::Lost { winner } => {
+                tracing::warn!(%attempt_id, ?winner, "answer lost the race; discarded and written to the race log")
+            }
+            Applied::FailedOver {
+                attempt_id: next,
+                provider,
+            } => {
+                tracing::info!(%attempt_id, next_attempt = %next, next_provider = %provider, "definite failure: failing over");
+                self.notify_queued();
+            }
+            Applied::JobFailed { reason } => tracing::warn!(%attempt_id, %reason, "job failed"),
+            Applied::Recorded => tracing::info!(%attempt_id, "failure recorded"),
+            Applied::MarkedUnknown => tracing::warn!(%attempt_id, "attempt is now unknown"),
+            Applied::Ignored(state) => {
+                tracing::warn!(%attempt_id, %state, "outcome ignored: the attempt was already finished")
+            }
+        }
+        Ok(applied)
+    }
+
+    async fn apply_success(&self, attempt_id: &AttemptId, answer: Value) -> AppResult<Applied> {
+        let id = attempt_id.clone();
+        Ok(self
+            .store()
+            .run(move |conn| completion::complete_success(conn, &id, &answer))
+            .await?)
+    }
+
+    async fn apply_failure(&self, attempt_id: &AttemptId, error: String) -> AppResult<Applied> {
+        let id = attempt_id.clone();
+        let job = self
+            .store()
+            .run(move |conn| {
+                let attempt = transitions::get_attempt(conn, &id)?;
+                transitions::get_job(conn, &attempt.job_id)
+            })
+            .await?;
+        // Failover goes only where the gate allows.
+        let gate = self.allowed_providers(&job).await?;
+        let id = attempt_id.clone();
+        Ok(self
+            .store()
+            .run(move |conn| completion::complete_failure(conn, &id, &error, &gate))
+            .await?)
+    }
+}

@@ -1,0 +1,143 @@
+//! What people read: a job with its attempts, their own jobs, and the
+//! console (the unknown queue, the race and audit logs, the provider ×
+//! task qualification matrix). Roles are checked here.
+
+use super::{
+    require_admin, require_staff, visible_to, App, AppError, AppResult, Attempt, AuditEntry,
+    ConsoleCounts, Job, RaceDetail, RaceEntry, UnknownAttempt, User,
+};
+use crate::domain::{JobId, QualificationStatus};
+use crate::store::{console, jobs as job_store, now_ms};
+
+/// One cell of the provider × task qualification matrix.
+#[derive(Debug, Clone)]
+pub struct MatrixCell {
+    pub provider: String,
+    pub kind: &'static str,
+    pub model: String,
+    pub task: String,
+    pub status: QualificationStatus,
+}
+
+impl App {
+    /// A job and its attempts, if `viewer` may see it (else not found).
+    pub async fn job_for(&self, viewer: &User, job_id: &JobId) -> AppResult<(Job, Vec<Attempt>)> {
+        let id = job_id.clone();
+        let found = self
+            .store()
+            .run(move |conn| {
+                let Some(job) = job_store::find_job(conn, &id)? else {
+                    return Ok(None);
+                };
+                let attempts = job_store::attempts_of(conn, &id)?;
+                Ok(Some((job, attempts)))
+            })
+            .await?;
+        match found {
+            Some((job, attempts)) if visible_to(&job, viewer) => Ok((job, attempts)),
+            _ => Err(AppError::NotFound),
+        }
+    }
+
+    /// The owner's jobs, newest first, `limit` at a time, older than `before`.
+    pub async fn list_jobs(
+        &self,
+        owner: &User,
+        before: Option<JobId>,
+        limit: i64,
+    ) -> AppResult<Vec<Job>> {
+        let owner = owner.id.clone();
+        Ok(self
+            .store()
+            .run(move |conn| job_store::list_jobs(conn, &owner, before.as_ref(), limit))
+            .await?)
+    }
+
+    /// The console's front page numbers (support, admin).
+    pub async fn console_counts(&self, actor: &User) -> AppResult<ConsoleCounts> {
+        require_staff(actor)?;
+        let now = now_ms();
+        Ok(self
+            .store()
+            .run(move |conn| console::console_counts(conn, now))
+            .await?)
+    }
+
+    /// Every attempt in `unknown`, oldest first (support, admin).
+    pub async fn unknown_queue(&self, actor: &User) -> AppResult<Vec<UnknownAttempt>> {
+        require_staff(actor)?;
+        Ok(self.store().run(console::unknown_attempts).await?)
+    }
+
+    /// Race-log rows, newest first (admin).
+    pub async fn races(&self, actor: &User, limit: i64) -> AppResult<Vec<RaceEntry>> {
+        require_admin(actor)?;
+        Ok(self
+            .store()
+            .run(move |conn| console::races(conn, limit))
+            .await?)
+    }
+
+    /// Race-log rows with both sides of each race, optionally for one
+    /// provider and since a time (admin).
+    pub async fn race_details(
+        &self,
+        actor: &User,
+        provider: Option<String>,
+        since: Option<i64>,
+        limit: i64,
+    ) -> AppResult<Vec<RaceDetail>> {
+        require_admin(actor)?;
+        Ok(self
+            .store()
+            .run(move |conn| console::race_details(conn, provider.as_deref(), since, limit))
+            .await?)
+    }
+
+    /// Operator actions, newest first (admin).
+    pub async fn audit_log(&self, actor: &User, limit: i64) -> AppResult<Vec<AuditEntry>> {
+        require_admin(actor)?;
+        Ok(self
+            .store()
+            .run(move |conn| console::audit_entries(conn, limit))
+            .await?)
+    }
+
+    /// The provider × task qualification matrix (admin), once the start-up
+    /// qualification has had its say.
+    pub async fn qualification_matrix(&self, actor: &User) -> AppResult<Vec<MatrixCell>> {
+        require_admin(actor)?;
+        self.startup_qualification_settled().await;
+        let mut cells = Vec::new();
+        for contract in self.config().contracts.iter() {
+            let statuses = self.statuses_for_task(contract.name()).await?;
+            for provider in contract.chain() {
+                let Some(settings) = self.config().provider(provider) else {
+                    continue;
+                };
+                cells.push(MatrixCell {
+                    provider: provider.clone(),
+                    kind: settings.kind.as_str(),
+                    model: settings.model_name().to_owned(),
+                    task: contract.name().to_owned(),
+                    status: statuses
+                        .get(provider)
+                        .cloned()
+                        .unwrap_or(QualificationStatus::Never),
+                });
+            }
+        }
+        Ok(cells)
+    }
+}
+
+impl App {
+    /// Whether the database answers (readiness).
+    pub async fn database_ready(&self) -> AppResult<()> {
+        use diesel::connection::SimpleConnection;
+        self.store()
+            .run(|conn| Ok(conn.batch_execute("SELECT 1")?))
+            .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,134 @@
+//! Checks on the configuration file that serde cannot make. Each error names
+//! the offending key.
+
+use std::collections::HashSet;
+
+use super::file::ConfigFile;
+use crate::providers::ProviderSettings;
+
+fn provider<'a>(file: &'a ConfigFile, name: &str) -> Option<&'a ProviderSettings> {
+    file.providers.iter().find(|p| p.name == name)
+}
+
+/// Checks what serde cannot; the error names the offending key.
+pub fn check_file(file: &ConfigFile) -> Result<(), (String, String)> {
+    let this = file;
+    let invalid = |key: String, message: &str| Err((key, message.to_owned()));
+    if this.server.body_limit_bytes == 0 {
+        return invalid("server.body_limit_bytes".into(), "must be greater than 0");
+    }
+    if this.server.session_hours == 0 {
+        return invalid("server.session_hours".into(), "must be at least 1");
+    }
+    if this.database.pool_size == 0 {
+        return invalid("database.pool_size".into(), "must be at least 1");
+    }
+    if this.database.pool_timeout_ms == 0 {
+        return invalid("database.pool_timeout_ms".into(), "must be greater than 0");
+    }
+    if this.worker.lease_ms < 1_000 {
+        return invalid("worker.lease_ms".into(), "must be at least 1000");
+    }
+    if this.worker.poll_interval_ms == 0 {
+        return invalid("worker.poll_interval_ms".into(), "must be greater than 0");
+    }
+    let mut names = HashSet::new();
+    for (i, provider) in this.providers.iter().enumerate() {
+        if !is_valid_name(&provider.name) {
+            return invalid(
+                format!("providers[{i}].name"),
+                "must be 1-64 characters of a-z, 0-9, '-', '_' or '.'",
+            );
+        }
+        if !names.insert(provider.name.as_str()) {
+            return invalid(format!("providers[{i}].name"), "duplicate provider name");
+        }
+        if provider.timeout_ms == 0 {
+            return invalid(
+                format!("providers[{i}].timeout_ms"),
+                "must be greater than 0",
+            );
+        }
+        if provider.kind.is_http() {
+            match &provider.base_url {
+                Some(url) if url.starts_with("http://") || url.starts_with("https://") => {}
+                _ => {
+                    return invalid(
+                        format!("providers[{i}].base_url"),
+                        "an http:// or https:// URL is required",
+                    )
+                }
+            }
+            if provider.model.as_deref().is_none_or(str::is_empty) {
+                return invalid(format!("providers[{i}].model"), "a model name is required");
+            }
+        }
+        if let Some(t) = provider.temperature {
+            if !(0.0..=2.0).contains(&t) {
+                return invalid(
+                    format!("providers[{i}].temperature"),
+                    "must be between 0 and 2",
+                );
+            }
+        }
+        for (j, step) in provider.script.iter().enumerate() {
+            if step.attempt == 0 {
+                return invalid(
+                    format!("providers[{i}].script[{j}].attempt"),
+                    "attempt numbers start at 1",
+                );
+            }
+        }
+    }
+    if this.tasks.is_empty() {
+        return invalid("tasks".into(), "at least one task is required");
+    }
+    let mut task_names = HashSet::new();
+    for (i, task) in this.tasks.iter().enumerate() {
+        if !is_valid_name(&task.name) {
+            return invalid(
+                format!("tasks[{i}].name"),
+                "must be 1-64 characters of a-z, 0-9, '-', '_' or '.'",
+            );
+        }
+        if !task_names.insert(task.name.as_str()) {
+            return invalid(format!("tasks[{i}].name"), "duplicate task name");
+        }
+        if task.providers.is_empty() {
+            return invalid(
+                format!("tasks[{i}].providers"),
+                "name at least one provider",
+            );
+        }
+        task.check()
+            .map_err(|(key, message)| (format!("tasks[{i}].{key}"), message))?;
+        let mut seen = HashSet::new();
+        for (j, name) in task.providers.iter().enumerate() {
+            if provider(this, name).is_none() {
+                return invalid(
+                    format!("tasks[{i}].providers[{j}]"),
+                    &format!("no provider named {name:?} is configured"),
+                );
+            }
+            if !seen.insert(name) {
+                return invalid(format!("tasks[{i}].providers[{j}]"), "listed twice");
+            }
+            if provider(this, name).is_some_and(|p| p.kind.is_http()) && task.template.is_none() {
+                return invalid(
+                    format!("tasks[{i}].template"),
+                    &format!(
+                        "provider {name:?} is an HTTP provider: the task needs a prompt template"
+                    ),
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn is_valid_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b))
+}

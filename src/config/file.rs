@@ -1,0 +1,79 @@
+//! The configuration file as written: its sections, with their defaults.
+
+use serde::Deserialize;
+
+use crate::contracts::TaskDefinition;
+use crate::providers::ProviderSettings;
+use crate::store::DatabaseSettings;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    #[serde(default)]
+    pub server: ServerSettings,
+    #[serde(default)]
+    pub database: DatabaseSettings,
+    #[serde(default)]
+    pub worker: WorkerSettings,
+    #[serde(default)]
+    pub providers: Vec<ProviderSettings>,
+    #[serde(default)]
+    pub tasks: Vec<TaskDefinition>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerSettings {
+    pub bind: String,
+    /// Largest accepted request body, in bytes.
+    pub body_limit_bytes: usize,
+    /// HTTP worker threads; 0 means one per CPU core.
+    pub http_workers: usize,
+    /// How long a graceful shutdown waits for in-flight requests and calls.
+    pub shutdown_grace_ms: u64,
+    /// How long a browser sign-in lasts.
+    pub session_hours: u64,
+    /// The address providers reach this server at, for callback URLs
+    /// (e.g. `https://onejob.example.com`).
+    pub public_url: Option<String>,
+    /// The environment variable holding the key that per-attempt callback
+    /// secrets are derived from; unset means callbacks are off.
+    pub callback_secret_env: Option<String>,
+}
+
+impl Default for ServerSettings {
+    fn default() -> Self {
+        Self {
+            bind: "127.0.0.1:8080".into(),
+            body_limit_bytes: 64 * 1024,
+            http_workers: 0,
+            shutdown_grace_ms: 10_000,
+            session_hours: 12,
+            public_url: None,
+            callback_secret_env: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WorkerSettings {
+    /// Attempts this process sends at once; 0 means this process only serves
+    /// HTTP (it still reaps expired leases).
+    pub concurrency: usize,
+    /// How often an idle worker looks for queued attempts written by other processes.
+    pub poll_interval_ms: u64,
+    /// How long a claim on a running attempt lasts without renewal. A process that
+    /// dies leaves its running attempts `unknown` once this passes.
+    pub lease_ms: u64,
+}
+
+impl Default for WorkerSettings {
+    fn default() -> Self {
+        Self {
+            concurrency: 4,
+            poll_interval_ms: 250,
+            lease_ms: 15_000,
+        }
+    }
+}

@@ -1,0 +1,289 @@
+//! Configuration: one TOML file (`--config FILE` or `ONEJOB_CONFIG`), or the
+//! built-in default so that no file is needed to start. It is loaded,
+//! checked and resolved once, into one [`Config`] value: task contracts
+//! compiled, API keys and the callback key read from the environment into
+//! [`Secret`]s. Nothing reads the environment after that. Every key is
+//! documented in `docs/configuration.md`.
+//!
+//! Precedence for the two settings that also come from the command line or
+//! the environment (resolved by the CLI): `--bind` > `ONEJOB_BIND` >
+//! `[server] bind`; `--database-url` > `DATABASE_URL` > `[database] url`.
+
+mod checks;
+mod file;
+
+use std::collections::HashMap;
+use std::path::Path;
+
+pub use file::{ServerSettings, WorkerSettings};
+
+use crate::contracts::Contracts;
+use crate::domain::{CallbackKey, Secret};
+use crate::providers::ProviderSettings;
+use crate::store::DatabaseSettings;
+
+/// The configuration used when no file is given: two simulated providers and one task.
+pub const DEFAULT_CONFIG_TOML: &str = include_str!("default_config.toml");
+
+/// Where configuration values that are not in the file come from: the
+/// process environment (read once, while loading) or, in tests, a map.
+pub enum Environment {
+    Process,
+    Map(HashMap<String, String>),
+}
+
+impl Environment {
+    pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
+        Self::Map(
+            pairs
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect(),
+        )
+    }
+
+    /// The variable's value, if it is set and not empty.
+    fn get(&self, name: &str) -> Option<String> {
+        match self {
+            Self::Process => std::env::var(name).ok(),
+            Self::Map(map) => map.get(name).cloned(),
+        }
+        .filter(|v| !v.is_empty())
+    }
+}
+
+/// Callbacks: where providers reach this server, and the key per-attempt
+/// secrets derive from.
+#[derive(Clone, Debug)]
+pub struct CallbackSettings {
+    pub key: CallbackKey,
+    /// `server.public_url` without a trailing slash.
+    pub public_url: String,
+}
+
+/// The configuration, checked and resolved.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub server: ServerSettings,
+    pub database: DatabaseSettings,
+    pub worker: WorkerSettings,
+    /// Every provider, with its API key resolved.
+    pub providers: Vec<ProviderSettings>,
+    /// Every task's contract, compiled, in configuration order.
+    pub contracts: Contracts,
+    /// Set when `server.callback_secret_env` is.
+    pub callbacks: Option<CallbackSettings>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read configuration file {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("configuration {origin}: {source}")]
+    Parse {
+        origin: String,
+        source: Box<toml::de::Error>,
+    },
+    #[error("configuration {origin}: `{key}`: {message}")]
+    Invalid {
+        origin: String,
+        key: String,
+        message: String,
+    },
+}
+
+impl Config {
+    /// Loads the file if one is given, else the built-in default, and resolves it.
+    pub fn load(path: Option<&Path>, env: &Environment) -> Result<Self, ConfigError> {
+        match path {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                    path: path.display().to_string(),
+                    source,
+                })?;
+                Self::from_toml(&text, &path.display().to_string(), env)
+            }
+            None => Self::from_toml(DEFAULT_CONFIG_TOML, "(built-in default)", env),
+        }
+    }
+
+    pub fn from_toml(text: &str, origin: &str, env: &Environment) -> Result<Self, ConfigError> {
+        let raw: file::ConfigFile = toml::from_str(text).map_err(|source| ConfigError::Parse {
+            origin: origin.into(),
+            source: Box::new(source),
+        })?;
+        resolve(raw, env).map_err(|(key, message)| ConfigError::Invalid {
+            origin: origin.into(),
+            key,
+            message,
+        })
+    }
+
+    pub fn provider(&self, name: &str) -> Option<&ProviderSettings> {
+        self.providers.iter().find(|p| p.name == name)
+    }
+}
+
+/// Checks the file and resolves secrets and contracts.
+fn resolve(raw: file::ConfigFile, env: &Environment) -> Result<Config, (String, String)> {
+    checks::check_file(&raw)?;
+    let contracts = Contracts::compile(&raw.tasks)?;
+    let mut providers = raw.providers;
+    for (i, provider) in providers.iter_mut().enumerate() {
+        if let Some(var) = &provider.api_key_env {
+            let key = env.get(var).ok_or_else(|| {
+                (
+                    format!("providers[{i}].api_key_env"),
+                    format!("the environment variable {var} is not set"),
+                )
+            })?;
+            provider.api_key = Some(Secret::new(key));
+        }
+    }
+    let callbacks = match &raw.server.callback_secret_env {
+        None => None,
+        Some(var) => {
+            let key = env.get(var).ok_or_else(|| {
+                (
+                    "server.callback_secret_env".to_owned(),
+                    format!("the environment variable {var} is not set"),
+                )
+            })?;
+            let public_url = raw.server.public_url.as_deref().ok_or_else(|| {
+                (
+                    "server.public_url".to_owned(),
+                    "callbacks need the URL providers reach this server at".to_owned(),
+                )
+            })?;
+            Some(CallbackSettings {
+                key: CallbackKey::new(&Secret::new(key)),
+                public_url: public_url.trim_end_matches('/').to_owned(),
+            })
+        }
+    };
+    Ok(Config {
+        server: raw.server,
+        database: raw.database,
+        worker: raw.worker,
+        providers,
+        contracts,
+        callbacks,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::providers::ProviderKind;
+    use crate::store::SqliteSynchronous;
+
+    fn no_env() -> Environment {
+        Environment::from_pairs([])
+    }
+
+    #[test]
+    fn the_built_in_default_is_valid_and_has_two_simulated_providers() {
+        let config = Config::load(None, &no_env()).unwrap();
+        assert_eq!(config.providers.len(), 2);
+        assert!(config
+            .providers
+            .iter()
+            .all(|p| p.kind == ProviderKind::Simulated));
+        assert_eq!(
+            config.contracts.get("summarize").unwrap().chain(),
+            ["sim-fast", "sim-slow"]
+        );
+        assert_eq!(config.database.sqlite_synchronous, SqliteSynchronous::Full);
+    }
+
+    fn invalid_key(toml: &str) -> String {
+        match Config::from_toml(toml, "test", &no_env()) {
+            Err(ConfigError::Invalid { key, .. }) => key,
+            Err(ConfigError::Parse { source, .. }) => format!("parse: {source}"),
+            other => panic!("expected an invalid configuration, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_task_naming_an_unknown_provider_is_refused_naming_the_key() {
+        let toml = r#"
+            [[providers]]
+            name = "a"
+            kind = "simulated"
+            [[tasks]]
+            name = "t"
+            providers = ["a", "b"]
+        "#;
+        assert_eq!(invalid_key(toml), "tasks[0].providers[1]");
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_naming_the_key() {
+        let toml = r#"
+            [[providers]]
+            name = "a"
+            kind = "simulated"
+            latncy_ms = 5
+            [[tasks]]
+            name = "t"
+            providers = ["a"]
+        "#;
+        let message = invalid_key(toml);
+        assert!(message.contains("latncy_ms"), "{message}");
+    }
+
+    #[test]
+    fn duplicate_provider_names_are_refused() {
+        let toml = r#"
+            [[providers]]
+            name = "a"
+            kind = "simulated"
+            [[providers]]
+            name = "a"
+            kind = "simulated"
+            [[tasks]]
+            name = "t"
+            providers = ["a"]
+        "#;
+        assert_eq!(invalid_key(toml), "providers[1].name");
+    }
+
+    #[test]
+    fn an_unknown_failure_mode_is_refused() {
+        let toml = r#"
+            [[providers]]
+            name = "a"
+            kind = "simulated"
+            fail = "sometimes"
+            [[tasks]]
+            name = "t"
+            providers = ["a"]
+        "#;
+        assert!(invalid_key(toml).contains("fail"));
+    }
+
+    #[test]
+    fn api_keys_come_from_the_environment_given_at_load_and_stay_secret() {
+        let toml = r#"
+            [[providers]]
+            name = "a"
+            kind = "openai"
+            base_url = "https://api.example.com"
+            model = "m"
+            api_key_env = "ONEJOB_UNIT_KEY"
+            [[tasks]]
+            name = "t"
+            providers = ["a"]
+            template = "{{ text }}"
+        "#;
+        assert_eq!(invalid_key(toml), "providers[0].api_key_env");
+        let env = Environment::from_pairs([("ONEJOB_UNIT_KEY", "sk-from-the-environment")]);
+        let config = Config::from_toml(toml, "test", &env).unwrap();
+        let key = config.providers[0].api_key.as_ref().unwrap();
+        assert_eq!(key.expose(), "sk-from-the-environment");
+        assert!(!format!("{config:?}").contains("sk-from-the-environment"));
+    }
+}

@@ -1,0 +1,110 @@
+//! The outcome vocabulary: what a provider call produced ([`Outcome`]), what
+//! applying it did to the job ([`Applied`]), and whether a succeeded attempt's
+//! answer became the job's result ([`RaceResult`]).
+
+use std::fmt;
+
+use serde_json::Value;
+
+use super::{AttemptId, AttemptState};
+
+/// How a provider call ended, classified by the one table in
+/// `providers::classify`. Only a definite failure allows automatic failover.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// An answer that parsed as JSON. It still has to satisfy the task's
+    /// output schema (`contracts::TaskContract::judge`).
+    Succeeded(Value),
+    /// The provider surely did not do the work, or answered unusably
+    /// (`invalid_output`).
+    Failed(String),
+    /// The request may have been acted on, but no usable answer came
+    /// (timeout, connection lost after sending, 5xx, truncated body).
+    Unknown(String),
+}
+
+impl Outcome {
+    /// Why it failed or is unknown; `None` for a success.
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            Self::Succeeded(_) => None,
+            Self::Failed(reason) | Self::Unknown(reason) => Some(reason),
+        }
+    }
+
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Succeeded(_) => "succeeded",
+            Self::Failed(_) => "failed",
+            Self::Unknown(_) => "unknown",
+        }
+    }
+}
+
+/// Whether a succeeded attempt's answer became the job's result (the
+/// attempt's `outcome` column).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, diesel::AsExpression, diesel::FromSqlRow)]
+#[diesel(sql_type = diesel::sql_types::Text)]
+pub enum RaceResult {
+    Won,
+    Lost,
+}
+
+impl RaceResult {
+    pub const ALL: [RaceResult; 2] = [Self::Won, Self::Lost];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Won => "won",
+            Self::Lost => "lost",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.as_str() == text)
+    }
+}
+
+impl fmt::Display for RaceResult {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What applying an [`Outcome`] to its attempt did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Applied {
+    /// The compare-and-swap succeeded: this answer is the job's result.
+    Won,
+    /// Another attempt won, or the job was finalized first: the answer was
+    /// discarded and a race-log row written.
+    Lost { winner: Option<AttemptId> },
+    /// A definite failure; a new attempt was queued on the next qualified
+    /// provider of the chain.
+    FailedOver {
+        attempt_id: AttemptId,
+        provider: String,
+    },
+    /// A definite failure and no provider left: the job failed.
+    JobFailed { reason: String },
+    /// A definite failure recorded on the attempt only (it had been
+    /// abandoned, or the job had finished).
+    Recorded,
+    /// The attempt is now `unknown`.
+    MarkedUnknown,
+    /// The attempt was not in a state that takes this outcome.
+    Ignored(AttemptState),
+}
+
+impl Applied {
+    /// A short word for logs and the callback's answer.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Won => "won",
+            Self::Lost { .. } => "lost",
+            Self::FailedOver { .. } | Self::JobFailed { .. } | Self::Recorded => "failed",
+            Self::MarkedUnknown => "unknown",
+            Self::Ignored(_) => "ignored",
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! A provider's settings: the `[[providers]]` entry of the configuration, with
+//! its API key resolved once at load (never read from the environment later).
+
+use serde::Deserialize;
+
+use crate::domain::Secret;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProviderKind {
+    /// Offline and deterministic: answers JSON naming the provider and a digest of the prompt.
+    Simulated,
+    /// OpenAI-compatible chat completions (`/v1/chat/completions`): OpenAI, vLLM,
+    /// llama.cpp server, Ollama, OpenRouter, …
+    Openai,
+    /// Anthropic messages (`/v1/messages`).
+    Anthropic,
+}
+
+impl ProviderKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Simulated => "simulated",
+            Self::Openai => "openai",
+            Self::Anthropic => "anthropic",
+        }
+    }
+
+    pub fn is_http(self) -> bool {
+        !matches!(self, Self::Simulated)
+    }
+}
+
+/// How a simulated provider misbehaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SimulatedFailure {
+    #[default]
+    None,
+    /// Refuses the call: a definite failure.
+    Definite,
+    /// Never answers.
+    TimeoutForever,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderSettings {
+    pub name: String,
+    pub kind: ProviderKind,
+    /// Soft timeout: past it the attempt becomes `unknown`.
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+    /// How long a timed-out call may still answer (its answer goes through the CAS).
+    #[serde(default = "default_late_result_ms")]
+    pub late_result_ms: u64,
+    /// Simulated: how long an answer takes.
+    #[serde(default = "default_latency_ms")]
+    pub latency_ms: u64,
+    /// Simulated: the failure mode.
+    #[serde(default)]
+    pub fail: SimulatedFailure,
+    /// Simulated: behaviour for particular attempt numbers of a job.
+    #[serde(default)]
+    pub script: Vec<ScriptStep>,
+    /// HTTP kinds: the server root; `/v1/chat/completions` or `/v1/messages` is appended.
+    pub base_url: Option<String>,
+    /// HTTP kinds: the model name sent with each request.
+    pub model: Option<String>,
+    /// HTTP kinds: the environment variable holding the API key (never stored or shown).
+    pub api_key_env: Option<String>,
+    /// The API key itself, resolved from `api_key_env` once, when the
+    /// configuration is loaded.
+    #[serde(skip)]
+    pub api_key: Option<Secret>,
+    /// HTTP kinds: how long establishing a connection may take (a failure here is definite).
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    #[serde(default = "default_max_tokens")]
+    pub max_tokens: u32,
+    /// Sampling temperature for ordinary calls; qualification uses the task's.
+    pub temperature: Option<f64>,
+    /// The context budget in tokens (prompt + max_tokens must fit).
+    pub context_tokens: Option<u32>,
+    /// HTTP kinds: send a callback URL and a per-attempt secret with each call,
+    /// for providers that answer asynchronously.
+    #[serde(default)]
+    pub callbacks: bool,
+}
+
+fn default_connect_timeout_ms() -> u64 {
+    5_000
+}
+fn default_max_tokens() -> u32 {
+    1_024
+}
+
+impl ProviderSettings {
+    /// The context budget: configured, else the kind's usual window.
+    pub fn context_budget(&self) -> u32 {
+        self.context_tokens.unwrap_or(match self.kind {
+            ProviderKind::Simulated => 1_000_000,
+            ProviderKind::Openai => 128_000,
+            ProviderKind::Anthropic => 200_000,
+        })
+    }
+
+    /// The model a qualification is bound to (`simulated` for the simulated kind).
+    pub fn model_name(&self) -> &str {
+        self.model.as_deref().unwrap_or("simulated")
+    }
+}
+
+fn default_timeout_ms() -> u64 {
+    30_000
+}
+fn default_late_result_ms() -> u64 {
+    60_000
+}
+fn default_latency_ms() -> u64 {
+    200
+}
+
+/// Overrides a simulated provider's behaviour for one attempt number.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptStep {
+    pub attempt: u32,
+    pub latency_ms: Option<u64>,
+    pub fail: Option<SimulatedFailure>,
+}

@@ -1,0 +1,199 @@
+//! Applying a provider's answer: the compare-and-swap that lets exactly one
+//! attempt's answer become the job's result (a loser goes to the race log),
+//! and a definite failure's failover or the job's end.
+
+use diesel::prelude::*;
+use serde_json::Value;
+
+use super::connection::write_transaction;
+use super::rows::{Attempt, RaceEntry};
+use super::schema::{attempts, jobs, race_log};
+use super::transitions::{
+    attempts_of, fail_job, get_job, insert_queued_attempt, lock_attempt_and_job,
+    refresh_job_status, transition,
+};
+use super::{now_ms, DbConnection, StoreError, StoreResult};
+use crate::domain::{
+    canonical_json, next_provider, sha256_hex, AllowedProviders, Applied, AttemptEvent, AttemptId,
+    AttemptState, JobId, JobStatus, JsonText, RaceResult,
+};
+
+/// Applies a successful answer with the compare-and-swap (docs/design.md,
+/// "First result wins").
+pub fn complete_success(
+    conn: &mut DbConnection,
+    attempt_id: &AttemptId,
+    payload: &Value,
+) -> StoreResult<Applied> {
+    write_transaction(conn, |conn| {
+        let now = now_ms();
+        let attempt = lock_attempt_and_job(conn, attempt_id)?.ok_or(StoreError::NotFound)?;
+        if AttemptEvent::ProviderSucceeded
+            .apply(attempt.state)
+            .is_err()
+        {
+            return Ok(Applied::Ignored(attempt.state));
+        }
+        let version_read = attempt.version_read.ok_or_else(|| {
+            StoreError::corrupt(format!(
+                "attempt {attempt_id} has a result but never started"
+            ))
+        })?;
+        let payload_text = canonical_json(payload);
+        let won = cas_job_result(
+            conn,
+            &attempt.job_id,
+            version_read,
+            attempt_id,
+            &payload_text,
+            now,
+        )?;
+        transition(conn, attempt_id, AttemptEvent::ProviderSucceeded, now, None)?;
+        let result = if won {
+            RaceResult::Won
+        } else {
+            RaceResult::Lost
+        };
+        diesel::update(attempts::table.find(attempt_id))
+            .set(attempts::outcome.eq(result))
+            .execute(conn)?;
+        if won {
+            skip_queued_attempts(conn, &attempt.job_id, now)?;
+            return Ok(Applied::Won);
+        }
+        let job = get_job(conn, &attempt.job_id)?;
+        let reason = match (&job.completed_by, job.status) {
+            (Some(winner), _) => format!("attempt {winner} had already completed the job"),
+            (None, JobStatus::Failed) => "the job had already been finalized as failed".to_owned(),
+            (None, _) => "the job's version changed since the attempt started".to_owned(),
+        };
+        let entry = RaceEntry {
+            id: uuid::Uuid::now_v7().to_string(),
+            job_id: attempt.job_id.clone(),
+            losing_attempt_id: attempt_id.clone(),
+            winning_attempt_id: job.completed_by.clone(),
+            reason,
+            version_read,
+            version_found: job.version,
+            provider: attempt.provider.clone(),
+            payload_sha256: sha256_hex(payload_text.as_bytes()),
+            loser_started_at: attempt.started_at,
+            lost_at: now,
+        };
+        diesel::insert_into(race_log::table)
+            .values(&entry)
+            .execute(conn)?;
+        Ok(Applied::Lost {
+            winner: job.completed_by,
+        })
+    })
+}
+
+/// The single conditional statement that decides the winner.
+fn cas_job_result(
+    conn: &mut DbConnection,
+    job_id: &JobId,
+    version_read: i64,
+    attempt_id: &AttemptId,
+    payload: &str,
+    now: i64,
+) -> QueryResult<bool> {
+    let updated = diesel::update(
+        jobs::table
+            .filter(jobs::id.eq(job_id))
+            .filter(jobs::version.eq(version_read))
+            .filter(jobs::completed_by.is_null()),
+    )
+    .set((
+        jobs::result.eq(JsonText::parse(payload).expect("canonical JSON parses")),
+        jobs::completed_by.eq(attempt_id),
+        jobs::status.eq(JobStatus::Succeeded),
+        jobs::version.eq(jobs::version + 1),
+        jobs::updated_at.eq(now),
+    ))
+    .execute(conn)?;
+    Ok(updated == 1)
+}
+
+/// Once a job is terminal, a queued attempt must never be sent.
+fn skip_queued_attempts(conn: &mut DbConnection, job_id: &JobId, now: i64) -> QueryResult<usize> {
+    diesel::update(
+        attempts::table
+            .filter(attempts::job_id.eq(job_id))
+            .filter(attempts::state.eq_any(AttemptEvent::Skipped.from_states())),
+    )
+    .set((
+        attempts::state.eq(AttemptEvent::Skipped.target()),
+        attempts::finished_at.eq(now),
+        attempts::error.eq("not sent: the job had already finished"),
+    ))
+    .execute(conn)
+}
+
+/// Applies a definite failure, then fails over along the gated order (the
+/// job's primary and qualified fallbacks) to the first provider the job has
+/// not tried, or fails the job. `gate.skipped` names the providers the gate
+/// kept out, for the failure reason.
+pub fn complete_failure(
+    conn: &mut DbConnection,
+    attempt_id: &AttemptId,
+    error: &str,
+    gate: &AllowedProviders,
+) -> StoreResult<Applied> {
+    write_transaction(conn, |conn| {
+        let now = now_ms();
+        let attempt: Attempt =
+            lock_attempt_and_job(conn, attempt_id)?.ok_or(StoreError::NotFound)?;
+        if AttemptEvent::ProviderFailed.apply(attempt.state).is_err() {
+            return Ok(Applied::Ignored(attempt.state));
+        }
+        transition(
+            conn,
+            attempt_id,
+            AttemptEvent::ProviderFailed,
+            now,
+            Some(error),
+        )?;
+        let job = get_job(conn, &attempt.job_id)?;
+        // An operator already decided what follows an abandoned attempt.
+        if attempt.state == AttemptState::Abandoned || job.status.is_terminal() {
+            return Ok(Applied::Recorded);
+        }
+        let tried: Vec<String> = attempts_of(conn, &job.id)?
+            .into_iter()
+            .map(|a| a.provider)
+            .collect();
+        let order: Vec<&str> = gate.allowed.iter().map(String::as_str).collect();
+        match next_provider(&order, &tried) {
+            Some(provider) => {
+                let number = tried.len() as i32 + 1;
+                let next = insert_queued_attempt(conn, &job.id, number, provider, now)?;
+                refresh_job_status(conn, &job.id, now)?;
+                Ok(Applied::FailedOver {
+                    attempt_id: next.id,
+                    provider: provider.to_owned(),
+                })
+            }
+            None => {
+                let reason = if gate.skipped.is_empty() {
+                    format!(
+                        "every provider in the chain failed ({}); last error: {error}",
+                        tried.join(", ")
+                    )
+                } else {
+                    format!(
+                        "no qualified fallback provider is left: {} not qualified for this task; tried {}; \
+                         last error: {error}",
+                        gate.skipped.join(", "),
+                        tried.join(", ")
+                    )
+                };
+                if fail_job(conn, &job, &reason, now)? {
+                    Ok(Applied::JobFailed { reason })
+                } else {
+                    Ok(Applied::Recorded)
+                }
+            }
+        }
+    })
+}

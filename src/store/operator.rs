@@ -1,0 +1,214 @@
+//! Actions on a job that people take: a new attempt (the owner's retry, or
+//! support's next attempt on a chosen provider), abandoning an unknown
+//! attempt, finalizing a job as failed. Staff actions are written to the
+//! audit log in the same transaction.
+
+use diesel::prelude::*;
+
+use super::connection::{is_unique_violation, write_transaction};
+use super::rows::{Attempt, Job};
+use super::schema::audit_log;
+use super::transitions::{
+    attempts_of, fail_job, find_job, get_attempt, get_job, insert_queued_attempt, live_attempt,
+    lock_attempt_and_job, lock_job, refresh_job_status, transition,
+};
+use super::{now_ms, DbConnection, StoreError};
+use crate::domain::{
+    may_start_attempt, next_provider, AttemptEvent, AttemptId, AttemptState, JobId, JobStatus,
+    NewAttemptRefusal, UserId,
+};
+
+/// Why an action on a job or attempt did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum ActionError {
+    #[error("job not found")]
+    JobNotFound,
+    #[error("attempt not found")]
+    AttemptNotFound,
+    #[error("the job is {0}; it takes no more attempts")]
+    JobFinished(JobStatus),
+    #[error("attempt {attempt_id} is {state}; wait for it or have support abandon it")]
+    InFlight {
+        attempt_id: AttemptId,
+        state: AttemptState,
+    },
+    #[error("every provider in the task's chain has been tried; name a provider explicitly")]
+    ChainExhausted,
+    #[error("attempt is {0}; only an unknown attempt can be abandoned")]
+    NotUnknown(AttemptState),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<diesel::result::Error> for ActionError {
+    fn from(e: diesel::result::Error) -> Self {
+        Self::Store(e.into())
+    }
+}
+
+/// Records who did what, when and why.
+pub fn record_audit(
+    conn: &mut DbConnection,
+    actor_id: &UserId,
+    action: &str,
+    job_id: Option<&JobId>,
+    attempt_id: Option<&AttemptId>,
+    reason: &str,
+    at: i64,
+) -> QueryResult<()> {
+    diesel::insert_into(audit_log::table)
+        .values((
+            audit_log::id.eq(uuid::Uuid::now_v7().to_string()),
+            audit_log::actor_id.eq(actor_id),
+            audit_log::action.eq(action),
+            audit_log::job_id.eq(job_id),
+            audit_log::attempt_id.eq(attempt_id),
+            audit_log::reason.eq(reason),
+            audit_log::at.eq(at),
+        ))
+        .execute(conn)?;
+    Ok(())
+}
+
+/// Queues a new attempt on `provider`, or on the next untried provider of
+/// `order` (the gated failover order). The partial unique index is the final
+/// word: if another request slipped a live attempt in first, the insert fails
+/// and the caller is told which one blocks. `actor`, when given, is support
+/// staff acting on someone's job: the action goes to the audit log.
+pub fn start_attempt(
+    conn: &mut DbConnection,
+    job_id: &JobId,
+    provider: Option<&str>,
+    order: &[String],
+    actor: Option<&UserId>,
+) -> Result<Attempt, ActionError> {
+    let result = write_transaction(conn, |conn| {
+        let now = now_ms();
+        lock_job(conn, job_id)?;
+        let job = find_job(conn, job_id)?.ok_or(ActionError::JobNotFound)?;
+        let live = live_attempt(conn, job_id)?;
+        if let Err(refusal) = may_start_attempt(job.status, live.as_ref().map(|a| a.state)) {
+            return Err(match (refusal, live) {
+                (NewAttemptRefusal::AttemptInFlight(state), Some(a)) => ActionError::InFlight {
+                    attempt_id: a.id,
+                    state,
+                },
+                (NewAttemptRefusal::JobFinished(status), _) => ActionError::JobFinished(status),
+                (NewAttemptRefusal::AttemptInFlight(_), None) => {
+                    unreachable!("refused for a live attempt")
+                }
+            });
+        }
+        let tried: Vec<String> = attempts_of(conn, job_id)?
+            .into_iter()
+            .map(|a| a.provider)
+            .collect();
+        let provider = match provider {
+            Some(p) => p.to_owned(),
+            None => {
+                let order: Vec<&str> = order.iter().map(String::as_str).collect();
+                next_provider(&order, &tried)
+                    .ok_or(ActionError::ChainExhausted)?
+                    .to_owned()
+            }
+        };
+        let row = insert_queued_attempt(conn, job_id, tried.len() as i32 + 1, &provider, now)?;
+        refresh_job_status(conn, job_id, now)?;
+        if let Some(actor) = actor {
+            let reason = format!("started attempt {} on {provider}", row.number);
+            record_audit(
+                conn,
+                actor,
+                "start_attempt",
+                Some(job_id),
+                Some(&row.id),
+                &reason,
+                now,
+            )?;
+        }
+        Ok(row)
+    });
+    match result {
+        // Two requests passed the check at once; the index refused the second.
+        Err(ActionError::Store(StoreError::Database(e))) if is_unique_violation(&e) => {
+            match live_attempt(conn, job_id)? {
+                Some(a) => Err(ActionError::InFlight {
+                    attempt_id: a.id,
+                    state: a.state,
+                }),
+                None => Err(ActionError::Store(StoreError::Database(e))),
+            }
+        }
+        other => other,
+    }
+}
+
+/// Support staff finalize a job as failed after resolving its unknown attempt.
+/// Refused while an attempt is live (abandon it first) or once the job is
+/// finished; a version-guarded update, audited.
+pub fn fail_job_by_operator(
+    conn: &mut DbConnection,
+    job_id: &JobId,
+    actor: &UserId,
+    reason: &str,
+) -> Result<Job, ActionError> {
+    write_transaction(conn, |conn| {
+        let now = now_ms();
+        lock_job(conn, job_id)?;
+        let job = find_job(conn, job_id)?.ok_or(ActionError::JobNotFound)?;
+        if let Some(live) = live_attempt(conn, job_id)? {
+            return Err(ActionError::InFlight {
+                attempt_id: live.id,
+                state: live.state,
+            });
+        }
+        if job.status.is_terminal()
+            || !fail_job(
+                conn,
+                &job,
+                &format!("marked failed by support: {reason}"),
+                now,
+            )?
+        {
+            return Err(ActionError::JobFinished(get_job(conn, job_id)?.status));
+        }
+        record_audit(conn, actor, "fail_job", Some(job_id), None, reason, now)?;
+        Ok(get_job(conn, job_id)?)
+    })
+}
+
+/// Support staff give up on an unknown attempt, with a reason, in the audit log.
+/// The job returns to `pending` and a new attempt may start; a late result of
+/// the abandoned attempt still goes through the CAS.
+pub fn abandon(
+    conn: &mut DbConnection,
+    attempt_id: &AttemptId,
+    actor_id: &UserId,
+    reason: &str,
+) -> Result<Attempt, ActionError> {
+    write_transaction(conn, |conn| {
+        let now = now_ms();
+        let attempt =
+            lock_attempt_and_job(conn, attempt_id)?.ok_or(ActionError::AttemptNotFound)?;
+        if !transition(
+            conn,
+            attempt_id,
+            AttemptEvent::Abandoned,
+            now,
+            attempt.error.as_deref(),
+        )? {
+            return Err(ActionError::NotUnknown(attempt.state));
+        }
+        refresh_job_status(conn, &attempt.job_id, now)?;
+        record_audit(
+            conn,
+            actor_id,
+            "abandon_attempt",
+            Some(&attempt.job_id),
+            Some(attempt_id),
+            reason,
+            now,
+        )?;
+        Ok(get_attempt(conn, attempt_id)?)
+    })
+}

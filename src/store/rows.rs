@@ -1,0 +1,90 @@
+//! One row type per table the domain reads: stored columns, typed (ids,
+//! states and JSON are checked as they are read).
+
+use diesel::prelude::*;
+
+use super::schema::{attempts, jobs, qualifications, race_log};
+use crate::domain::{AttemptId, AttemptState, JobId, JobStatus, JsonText, RaceResult, UserId};
+
+/// A job: one user intent. Its intent columns never change.
+#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Insertable)]
+#[diesel(table_name = jobs)]
+pub struct Job {
+    pub id: JobId,
+    pub owner_id: UserId,
+    pub idempotency_key: String,
+    pub task: String,
+    /// The provider of the first attempt.
+    pub provider: String,
+    /// The provider the client named, if it named one.
+    pub requested_provider: Option<String>,
+    pub input: JsonText,
+    pub params: JsonText,
+    pub fingerprint: String,
+    pub status: JobStatus,
+    /// Changes only when the job's outcome changes.
+    pub version: i64,
+    pub result: Option<JsonText>,
+    /// The attempt whose answer won.
+    pub completed_by: Option<AttemptId>,
+    pub failure_reason: Option<String>,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// An attempt: one try at a job against one provider.
+#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Insertable)]
+#[diesel(table_name = attempts)]
+pub struct Attempt {
+    pub id: AttemptId,
+    pub job_id: JobId,
+    pub number: i32,
+    pub provider: String,
+    pub state: AttemptState,
+    /// For a succeeded attempt: whether its answer became the job's result.
+    pub outcome: Option<RaceResult>,
+    /// The job version read when the attempt was claimed.
+    pub version_read: Option<i64>,
+    pub lease_owner: Option<String>,
+    pub lease_expires_at: Option<i64>,
+    pub created_at: i64,
+    pub started_at: Option<i64>,
+    pub timeout_at: Option<i64>,
+    pub finished_at: Option<i64>,
+    pub error: Option<String>,
+}
+
+/// A race-log row: an answer that did not win, and why.
+#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Insertable)]
+#[diesel(table_name = race_log)]
+pub struct RaceEntry {
+    pub id: String,
+    pub job_id: JobId,
+    pub losing_attempt_id: AttemptId,
+    pub winning_attempt_id: Option<AttemptId>,
+    pub reason: String,
+    pub version_read: i64,
+    pub version_found: i64,
+    pub provider: String,
+    /// SHA-256 of the discarded answer's canonical JSON.
+    pub payload_sha256: String,
+    pub loser_started_at: Option<i64>,
+    pub lost_at: i64,
+}
+
+/// One qualification run of a provider against a task's contract.
+#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Insertable)]
+#[diesel(table_name = qualifications)]
+pub struct QualificationRun {
+    pub id: String,
+    pub provider: String,
+    pub model: String,
+    pub task: String,
+    pub template_sha256: String,
+    pub output_schema_sha256: String,
+    pub passed: bool,
+    /// JSON: `[{"name": …, "passed": …, "detail": …}]`.
+    pub checks: String,
+    pub round_trip_ms: i64,
+    pub qualified_at: i64,
+}

@@ -1,0 +1,181 @@
+//! The statements every attempt write is built from: the job-row lock that
+//! orders writers, guarded state transitions (`UPDATE … WHERE state IN
+//! (<from-states>)`, the guard taken from [`AttemptEvent::from_states`]), the
+//! job status derived from its live attempt, and the insert that the
+//! one-live-attempt index polices.
+
+use diesel::prelude::*;
+
+use super::rows::{Attempt, Job};
+use super::schema::{attempts, jobs};
+use super::{DbConnection, StoreError, StoreResult};
+use crate::domain::{AttemptEvent, AttemptId, AttemptState, JobId, JobStatus};
+
+pub fn find_attempt(
+    conn: &mut DbConnection,
+    attempt_id: &AttemptId,
+) -> StoreResult<Option<Attempt>> {
+    Ok(attempts::table
+        .find(attempt_id)
+        .select(Attempt::as_select())
+        .first(conn)
+        .optional()?)
+}
+
+pub fn get_attempt(conn: &mut DbConnection, attempt_id: &AttemptId) -> StoreResult<Attempt> {
+    find_attempt(conn, attempt_id)?.ok_or(StoreError::NotFound)
+}
+
+pub fn find_job(conn: &mut DbConnection, job_id: &JobId) -> StoreResult<Option<Job>> {
+    Ok(jobs::table
+        .find(job_id)
+        .select(Job::as_select())
+        .first(conn)
+        .optional()?)
+}
+
+pub fn get_job(conn: &mut DbConnection, job_id: &JobId) -> StoreResult<Job> {
+    find_job(conn, job_id)?.ok_or(StoreError::NotFound)
+}
+
+/// The job's attempts in the order they were made.
+pub fn attempts_of(conn: &mut DbConnection, job_id: &JobId) -> StoreResult<Vec<Attempt>> {
+    Ok(attempts::table
+        .filter(attempts::job_id.eq(job_id))
+        .order(attempts::number.asc())
+        .select(Attempt::as_select())
+        .load(conn)?)
+}
+
+/// The job's live attempt (queued, running or unknown), if any.
+pub fn live_attempt(conn: &mut DbConnection, job_id: &JobId) -> StoreResult<Option<Attempt>> {
+    Ok(attempts::table
+        .filter(attempts::job_id.eq(job_id))
+        .filter(attempts::state.eq_any(AttemptState::LIVE))
+        .select(Attempt::as_select())
+        .first(conn)
+        .optional()?)
+}
+
+/// On PostgreSQL, locks the job row until the transaction ends. Every write
+/// transaction that touches a job or its attempts takes this lock first, so
+/// they queue on the job in one order (no deadlocks) and each reads what the
+/// previous one committed. SQLite needs nothing: `BEGIN IMMEDIATE` already
+/// makes writers take turns.
+pub fn lock_job(conn: &mut DbConnection, job_id: &JobId) -> QueryResult<()> {
+    if let DbConnection::Postgresql(pg) = conn {
+        jobs::table
+            .find(job_id)
+            .select(jobs::id)
+            .for_update()
+            .first::<JobId>(pg)
+            .optional()?;
+    }
+    Ok(())
+}
+
+/// Locks the attempt's job, then reads the attempt as it is under that lock.
+pub fn lock_attempt_and_job(
+    conn: &mut DbConnection,
+    attempt_id: &AttemptId,
+) -> StoreResult<Option<Attempt>> {
+    let Some(attempt) = find_attempt(conn, attempt_id)? else {
+        return Ok(None);
+    };
+    lock_job(conn, &attempt.job_id)?;
+    find_attempt(conn, attempt_id)
+}
+
+/// Moves an attempt along `event` if it is in one of the event's from-states.
+/// Returns whether the row changed.
+pub fn transition(
+    conn: &mut DbConnection,
+    attempt_id: &AttemptId,
+    event: AttemptEvent,
+    now: i64,
+    error: Option<&str>,
+) -> QueryResult<bool> {
+    let target = event.target();
+    let finished_at =
+        matches!(target, AttemptState::Succeeded | AttemptState::Failed).then_some(now);
+    let changed = diesel::update(
+        attempts::table
+            .filter(attempts::id.eq(attempt_id))
+            .filter(attempts::state.eq_any(event.from_states())),
+    )
+    .set((
+        attempts::state.eq(target),
+        attempts::finished_at.eq(finished_at),
+        attempts::error.eq(error),
+        attempts::lease_owner.eq(None::<String>),
+        attempts::lease_expires_at.eq(None::<i64>),
+    ))
+    .execute(conn)?;
+    Ok(changed == 1)
+}
+
+/// Re-derives a non-terminal job's status from its live attempt. Terminal jobs
+/// are never touched.
+pub fn refresh_job_status(conn: &mut DbConnection, job_id: &JobId, now: i64) -> StoreResult<()> {
+    let live = live_attempt(conn, job_id)?.map(|a| a.state);
+    let status = JobStatus::for_live_attempt(live);
+    diesel::update(
+        jobs::table
+            .filter(jobs::id.eq(job_id))
+            .filter(jobs::status.ne_all(JobStatus::TERMINAL)),
+    )
+    .set((jobs::status.eq(status), jobs::updated_at.eq(now)))
+    .execute(conn)?;
+    Ok(())
+}
+
+/// Inserts a queued attempt. The partial unique index refuses it if the job
+/// already has a live attempt.
+pub fn insert_queued_attempt(
+    conn: &mut DbConnection,
+    job_id: &JobId,
+    number: i32,
+    provider: &str,
+    now: i64,
+) -> QueryResult<Attempt> {
+    let row = Attempt {
+        id: AttemptId::new(),
+        job_id: job_id.clone(),
+        number,
+        provider: provider.to_owned(),
+        state: AttemptState::Queued,
+        outcome: None,
+        version_read: None,
+        lease_owner: None,
+        lease_expires_at: None,
+        created_at: now,
+        started_at: None,
+        timeout_at: None,
+        finished_at: None,
+        error: None,
+    };
+    diesel::insert_into(attempts::table)
+        .values(&row)
+        .execute(conn)?;
+    Ok(row)
+}
+
+/// Finalizes a job as failed: a version-guarded update, so it cannot overwrite
+/// a result that won in the meantime.
+pub fn fail_job(conn: &mut DbConnection, job: &Job, reason: &str, now: i64) -> QueryResult<bool> {
+    let updated = diesel::update(
+        jobs::table
+            .filter(jobs::id.eq(&job.id))
+            .filter(jobs::version.eq(job.version))
+            .filter(jobs::completed_by.is_null())
+            .filter(jobs::status.ne_all(JobStatus::TERMINAL)),
+    )
+    .set((
+        jobs::status.eq(JobStatus::Failed),
+        jobs::failure_reason.eq(reason),
+        jobs::version.eq(jobs::version + 1),
+        jobs::updated_at.eq(now),
+    ))
+    .execute(conn)?;
+    Ok(updated == 1)
+}
