@@ -8,7 +8,6 @@ use utoipa::ToSchema;
 
 use super::{App, AppError, AppResult};
 use crate::domain::{Applied, AttemptId, Outcome};
-use crate::store::transitions;
 
 /// A callback's body: exactly one of `result` and `error`.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -53,14 +52,7 @@ impl App {
                 ))
             }
         };
-        let id = attempt_id.clone();
-        let job = self
-            .store()
-            .run(move |conn| {
-                let attempt = transitions::get_attempt(conn, &id)?;
-                transitions::get_job(conn, &attempt.job_id)
-            })
-            .await?;
+        let job = self.job_of_attempt(attempt_id).await?;
         let outcome = match self.config().contracts.get(&job.task) {
             Some(contract) => contract.judge(outcome),
             None => outcome,

@@ -34,10 +34,13 @@ use std::sync::Arc;
 
 use tokio::sync::{watch, Notify};
 
+pub use crate::contracts::TaskDefinition;
 pub use crate::store::console::{
     AttemptBrief, AuditEntry, ConsoleCounts, RaceDetail, UnknownAttempt,
 };
+pub use crate::store::now_ms;
 pub use crate::store::queue::Claim;
+pub use crate::store::sessions::SignIn;
 pub use crate::store::users::User;
 pub use crate::store::{Attempt, Job, QualificationRun, RaceEntry};
 pub use error::{AppError, AppResult};

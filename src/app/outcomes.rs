@@ -6,7 +6,7 @@
 
 use serde_json::Value;
 
-use super::{App, AppResult};
+use super::{App, AppResult, Job};
 use crate::domain::{Applied, AttemptId, Outcome};
 use crate::store::{completion, queue, transitions};
 
@@ -60,15 +60,20 @@ impl App {
             .await?)
     }
 
-    async fn apply_failure(&self, attempt_id: &AttemptId, error: String) -> AppResult<Applied> {
+    /// The job an attempt works for.
+    pub(crate) async fn job_of_attempt(&self, attempt_id: &AttemptId) -> AppResult<Job> {
         let id = attempt_id.clone();
-        let job = self
+        Ok(self
             .store()
             .run(move |conn| {
                 let attempt = transitions::get_attempt(conn, &id)?;
                 transitions::get_job(conn, &attempt.job_id)
             })
-            .await?;
+            .await?)
+    }
+
+    async fn apply_failure(&self, attempt_id: &AttemptId, error: String) -> AppResult<Applied> {
+        let job = self.job_of_attempt(attempt_id).await?;
         // Failover goes only where the gate allows.
         let gate = self.allowed_providers(&job).await?;
         let id = attempt_id.clone();

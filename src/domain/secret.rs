@@ -7,6 +7,14 @@ use std::fmt;
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(String);
 
+/// 32 random bytes from the operating system, as hex: session tokens, CSRF
+/// tokens.
+pub fn random_hex_token() -> String {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).expect("the operating system's random source is available");
+    hex::encode(bytes)
+}
+
 impl Secret {
     pub fn new(value: impl Into<String>) -> Self {
         Self(value.into())

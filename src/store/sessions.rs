@@ -17,13 +17,6 @@ use crate::domain::{Role, UserId};
 pub const MAX_FAILED_SIGN_INS: i64 = 5;
 pub const THROTTLE_WINDOW_MS: i64 = 15 * 60 * 1000;
 
-/// 32 random bytes as hex.
-pub fn random_secret() -> String {
-    let mut bytes = [0u8; 32];
-    getrandom::fill(&mut bytes).expect("the operating system's random source is available");
-    hex::encode(bytes)
-}
-
 /// A readable random password: 20 characters from an unambiguous alphabet.
 pub fn generate_password() -> String {
     const ALPHABET: &[u8] = b"abcdefghjkmnpqrstuvwxyzABCDEFGHJKMNPQRSTUVWXYZ23456789";
@@ -164,7 +157,7 @@ pub fn create_session(
     user_id: &UserId,
     ttl_ms: i64,
 ) -> StoreResult<String> {
-    let token = random_secret();
+    let token = crate::domain::secret::random_hex_token();
     let now = now_ms();
     diesel::insert_into(sessions::table)
         .values((

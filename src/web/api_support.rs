@@ -9,9 +9,9 @@ use super::auth::Caller;
 use super::body::{json_body, parse_query, EmptyBody};
 use super::error::{ApiError, ProblemType};
 use super::views::{AbandonRequest, AttemptView, Problem, RaceView, UnknownAttemptView};
+use crate::app::now_ms;
 use crate::app::{require_staff, App};
 use crate::domain::AttemptId;
-use crate::store::now_ms;
 
 /// Abandon an attempt whose outcome is unknown (support/admin). The job may
 /// then take a new attempt; a late result still goes through the CAS.

@@ -5,7 +5,65 @@ use std::io::Write;
 use reqwest::StatusCode;
 use serde_json::Value;
 
-use crate::helpers::{spawn_app, TestBackend};
+use crate::helpers::{spawn_app, test_config, PreparedApp, TestBackend};
+
+/// A chain whose fallback never answers and whose soft timeout is a minute:
+/// qualifying it at start takes that minute.
+const SLOW_TO_QUALIFY: &str = r#"
+[[providers]]
+name = "sim-fast"
+kind = "simulated"
+latency_ms = 10
+
+[[providers]]
+name = "sim-never"
+kind = "simulated"
+fail = "timeout-forever"
+timeout_ms = 60000
+
+[[tasks]]
+name = "summarize"
+providers = ["sim-fast", "sim-never"]
+input_fields = ["text"]
+
+[[tasks.golden]]
+input = { text = "golden example" }
+"#;
+
+async fn healthz_answers_within_a_second_of_start_whatever_the_providers_latencies(
+    backend: TestBackend,
+) {
+    let prepared = PreparedApp::new(backend, test_config(SLOW_TO_QUALIFY)).await;
+    let started = std::time::Instant::now();
+    let app = prepared.start().await;
+    loop {
+        let answered = app.client.get(app.url("/healthz")).send().await;
+        if answered.is_ok_and(|r| r.status() == StatusCode::OK) {
+            break;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(1),
+            "no /healthz within a second"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(1),
+        "/healthz took {:?}",
+        started.elapsed()
+    );
+    // The minute-long qualification of sim-never is still running: serving
+    // did not wait for it.
+    assert!(
+        tokio::time::timeout(
+            std::time::Duration::ZERO,
+            app.app.startup_qualification_settled()
+        )
+        .await
+        .is_err(),
+        "the start-up qualification should still be running"
+    );
+}
 
 async fn healthz_and_readyz_answer_200(backend: TestBackend) {
     let app = spawn_app(backend).await;
@@ -102,6 +160,7 @@ async fn the_openapi_document_covers_the_api_and_validates(backend: TestBackend)
 
 on_both_backends!(
     healthz_and_readyz_answer_200,
+    healthz_answers_within_a_second_of_start_whatever_the_providers_latencies,
     every_response_carries_a_request_id,
     problem_types_resolve_to_a_description,
     the_openapi_document_covers_the_api_and_validates,

@@ -109,11 +109,12 @@ impl TestDb {
             }
             TestBackend::Postgres => {
                 let name = format!("onejob_test_{}", uuid::Uuid::now_v7().simple());
+                let template = migrated_template();
                 let mut admin =
                     PgConnection::establish(&format!("{}/postgres", postgres_server_url()))
                         .expect("connect to PostgreSQL");
                 admin
-                    .batch_execute(&format!("CREATE DATABASE {name}"))
+                    .batch_execute(&format!("CREATE DATABASE {name} TEMPLATE {template}"))
                     .expect("create test database");
                 Self {
                     url: DatabaseUrl::parse(&format!("{}/{name}", postgres_server_url())).unwrap(),
@@ -123,6 +124,92 @@ impl TestDb {
             }
         }
     }
+}
+
+/// A PostgreSQL database with every migration applied, that test databases
+/// are copied from (`CREATE DATABASE … TEMPLATE`) instead of each migrating
+/// itself. Its name carries a digest of the migrations, so a changed
+/// migration makes a new template; it is kept between runs.
+fn migrated_template() -> &'static str {
+    static TEMPLATE: OnceLock<String> = OnceLock::new();
+    TEMPLATE.get_or_init(|| {
+        let name = format!("onejob_template_{}", migrations_digest());
+        let server = postgres_server_url();
+        let mut admin =
+            PgConnection::establish(&format!("{server}/postgres")).expect("connect to PostgreSQL");
+        // Another test process may be building the same template.
+        admin
+            .batch_execute("SELECT pg_advisory_lock(727272)")
+            .expect("lock");
+        let exists = diesel::select(diesel::dsl::sql::<diesel::sql_types::Bool>(&format!(
+            "EXISTS (SELECT 1 FROM pg_database WHERE datname = '{name}')"
+        )))
+        .get_result::<bool>(&mut admin)
+        .expect("look for the template");
+        if !exists {
+            let building = format!("{name}_building");
+            // One statement per call: neither may run inside a transaction block.
+            for statement in [
+                format!("DROP DATABASE IF EXISTS {building} WITH (FORCE)"),
+                format!("CREATE DATABASE {building}"),
+            ] {
+                admin
+                    .batch_execute(&statement)
+                    .expect("create the template database");
+            }
+            {
+                let url = DatabaseUrl::parse(&format!("{server}/{building}")).unwrap();
+                let store = open_store(&url, &test_config(DEFAULT_TEST_PROVIDERS))
+                    .expect("migrate the template database");
+                drop(store);
+            }
+            // Renamed only once complete: a half-built template is never used.
+            for statement in [
+                format!("ALTER DATABASE {building} RENAME TO {name}"),
+                format!("ALTER DATABASE {name} IS_TEMPLATE true"),
+            ] {
+                admin
+                    .batch_execute(&statement)
+                    .expect("publish the template database");
+            }
+        }
+        admin
+            .batch_execute("SELECT pg_advisory_unlock(727272)")
+            .expect("unlock");
+        name
+    })
+}
+
+/// A short digest of the PostgreSQL migrations' names and contents.
+fn migrations_digest() -> String {
+    use sha2::{Digest, Sha256};
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations/postgres");
+    let mut files: Vec<_> = walk(&root);
+    files.sort();
+    let mut hasher = Sha256::new();
+    for file in files {
+        hasher.update(
+            file.strip_prefix(&root)
+                .unwrap()
+                .to_string_lossy()
+                .as_bytes(),
+        );
+        hasher.update(std::fs::read(&file).unwrap());
+    }
+    hex::encode(&hasher.finalize()[..6])
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
 }
 
 impl Drop for TestDb {

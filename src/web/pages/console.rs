@@ -6,9 +6,9 @@ use askama::Template;
 use serde::Deserialize;
 
 use super::{duration, render, see_other, when, Nav, PageError, SignedIn};
+use crate::app::now_ms;
 use crate::app::{App, AttemptBrief};
 use crate::domain::{AttemptId, QualificationStatus};
-use crate::store::now_ms;
 
 #[derive(Template)]
 #[template(path = "admin_home.html")]

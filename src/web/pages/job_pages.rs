@@ -11,10 +11,10 @@ use super::{
     duration, render, render_with, see_other, wants_partial, when, Nav, PageError, SignedIn,
 };
 use crate::app::intake::JobRequest;
+use crate::app::now_ms;
+use crate::app::TaskDefinition;
 use crate::app::{App, AppError, Attempt, Job};
-use crate::contracts::TaskDefinition;
 use crate::domain::{may_start_attempt, AttemptState, IdempotencyKey, JobId, NewAttemptRefusal};
-use crate::store::now_ms;
 
 /// One input field of the submit form, with what was typed.
 struct Field {

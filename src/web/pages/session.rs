@@ -16,9 +16,10 @@ use futures_util::future::LocalBoxFuture;
 use serde::Deserialize;
 
 use super::{render_with, see_other, Nav, PageError, HTMX_PATH};
+use crate::app::SignIn;
 use crate::app::{App, User};
+use crate::domain::secret::random_hex_token;
 use crate::domain::sha256_hex;
-use crate::store::sessions::{self, SignIn};
 
 pub const SESSION_COOKIE: &str = "onejob_session";
 pub const SIGN_IN_CSRF_COOKIE: &str = "onejob_signin_csrf";
@@ -174,7 +175,7 @@ fn sign_in_page(
 ) -> HttpResponse {
     let csrf = cookie_value(req, SIGN_IN_CSRF_COOKIE)
         .filter(|v| v.len() == 64)
-        .unwrap_or_else(sessions::random_secret);
+        .unwrap_or_else(random_hex_token);
     let mut response = render_with(
         status,
         &SignInPage {
