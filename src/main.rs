@@ -2,7 +2,9 @@ use clap::Parser;
 
 #[tokio::main]
 async fn main() {
-    onejob::telemetry::init();
+    // The log filter is the one environment variable read outside the
+    // command line's own parsing and the configuration's loading.
+    onejob::telemetry::init(std::env::var("RUST_LOG").ok().as_deref());
     let cli = onejob::cli::Cli::parse();
     if let Err(error) = onejob::cli::execute(cli).await {
         eprintln!("error: {error}");

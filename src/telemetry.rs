@@ -1,10 +1,13 @@
-//! Tracing setup: human-readable logs on stderr, filtered by `RUST_LOG`
-//! (default `info`). Request spans carry a request id.
+//! Tracing setup: human-readable logs on stderr, filtered by the `RUST_LOG`
+//! value the command line passes in (default `info`). Request spans carry a
+//! request id.
 
 use tracing_subscriber::EnvFilter;
 
-pub fn init() {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+pub fn init(filter: Option<&str>) {
+    let filter = filter
+        .and_then(|f| EnvFilter::try_new(f).ok())
+        .unwrap_or_else(|| EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -52,11 +52,12 @@ impl App {
                 ))
             }
         };
-        let job = self.job_of_attempt(attempt_id).await?;
+        let (attempt, job) = self.attempt_and_job(attempt_id).await?;
         let outcome = match self.config().contracts.get(&job.task) {
             Some(contract) => contract.judge(outcome),
             None => outcome,
         };
-        self.apply_outcome(attempt_id, outcome).await
+        self.apply_outcome(attempt_id, &attempt.provider, outcome)
+            .await
     }
 }

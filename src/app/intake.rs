@@ -133,6 +133,7 @@ impl App {
         match outcome {
             (CreateOutcome::Created(job), attempts) => {
                 self.notify_queued();
+                self.metrics().jobs_created.inc();
                 tracing::info!(job_id = %job.id, "job created");
                 Ok(JobCreation {
                     job,
@@ -140,14 +141,20 @@ impl App {
                     replayed: false,
                 })
             }
-            (CreateOutcome::Replayed(job), attempts) => Ok(JobCreation {
-                job,
-                attempts,
-                replayed: true,
-            }),
-            (CreateOutcome::KeyReused { existing_job_id }, _) => Err(AppError::KeyReused {
-                job_id: existing_job_id,
-            }),
+            (CreateOutcome::Replayed(job), attempts) => {
+                self.metrics().jobs_replayed.inc();
+                Ok(JobCreation {
+                    job,
+                    attempts,
+                    replayed: true,
+                })
+            }
+            (CreateOutcome::KeyReused { existing_job_id }, _) => {
+                self.metrics().key_conflicts.inc();
+                Err(AppError::KeyReused {
+                    job_id: existing_job_id,
+                })
+            }
         }
     }
 }

@@ -23,6 +23,7 @@ pub mod dispatch;
 pub mod error;
 pub mod gate;
 pub mod intake;
+pub mod metrics;
 pub mod outcomes;
 pub mod qualification;
 pub mod queries;
@@ -65,6 +66,7 @@ struct Inner {
     /// Becomes true once the start-up qualification of simulated providers
     /// has finished; the failover gate waits for it.
     startup_qualified: watch::Sender<bool>,
+    metrics: metrics::Metrics,
 }
 
 impl App {
@@ -77,6 +79,11 @@ impl App {
     /// An application whose providers are given (tests inject clients).
     pub fn with_providers(store: Store, config: Config, providers: Providers) -> Self {
         let (startup_qualified, _) = watch::channel(true);
+        let metrics = metrics::Metrics::new();
+        let pool_wait = metrics.pool_wait_seconds.clone();
+        let store = store.observing_pool_wait(Arc::new(move |waited| {
+            pool_wait.observe(waited.as_secs_f64())
+        }));
         Self {
             inner: Arc::new(Inner {
                 store,
@@ -84,6 +91,7 @@ impl App {
                 providers,
                 queued: Notify::new(),
                 startup_qualified,
+                metrics,
             }),
         }
     }
@@ -98,6 +106,10 @@ impl App {
 
     pub fn providers(&self) -> &Providers {
         &self.inner.providers
+    }
+
+    pub fn metrics(&self) -> &metrics::Metrics {
+        &self.inner.metrics
     }
 
     /// Tells an idle worker that an attempt was queued.

@@ -6,16 +6,17 @@
 
 use serde_json::Value;
 
-use super::{App, AppResult, Job};
+use super::{App, AppResult, Attempt, Job};
 use crate::domain::{Applied, AttemptId, Outcome};
 use crate::store::{completion, queue, transitions};
 
 impl App {
-    /// Applies `outcome` (already held to the task's contract) in one
-    /// transaction.
+    /// Applies `outcome` (already held to the task's contract) to the
+    /// attempt, sent to `provider`, in one transaction.
     pub async fn apply_outcome(
         &self,
         attempt_id: &AttemptId,
+        provider: &str,
         outcome: Outcome,
     ) -> AppResult<Applied> {
         let applied = match outcome {
@@ -28,6 +29,7 @@ impl App {
                     .await?
             }
         };
+        self.metrics().record_applied(provider, &applied);
         match &applied {
             Applied::Won => {
                 tracing::info!(%attempt_id, "attempt won: its answer is the job's result")
@@ -60,20 +62,24 @@ impl App {
             .await?)
     }
 
-    /// The job an attempt works for.
-    pub(crate) async fn job_of_attempt(&self, attempt_id: &AttemptId) -> AppResult<Job> {
+    /// An attempt and the job it works for.
+    pub(crate) async fn attempt_and_job(
+        &self,
+        attempt_id: &AttemptId,
+    ) -> AppResult<(Attempt, Job)> {
         let id = attempt_id.clone();
         Ok(self
             .store()
             .run(move |conn| {
                 let attempt = transitions::get_attempt(conn, &id)?;
-                transitions::get_job(conn, &attempt.job_id)
+                let job = transitions::get_job(conn, &attempt.job_id)?;
+                Ok((attempt, job))
             })
             .await?)
     }
 
     async fn apply_failure(&self, attempt_id: &AttemptId, error: String) -> AppResult<Applied> {
-        let job = self.job_of_attempt(attempt_id).await?;
+        let (_, job) = self.attempt_and_job(attempt_id).await?;
         // Failover goes only where the gate allows.
         let gate = self.allowed_providers(&job).await?;
         let id = attempt_id.clone();

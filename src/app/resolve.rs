@@ -22,6 +22,8 @@ impl App {
             .store()
             .run(move |conn| Ok(operator::abandon(conn, &id, &actor_id, reason.as_str())))
             .await??;
+        self.metrics()
+            .attempt_reached(&attempt.provider, "abandoned");
         tracing::info!(attempt_id = %attempt.id, job_id = %attempt.job_id, actor = %actor.name, "attempt abandoned");
         Ok(attempt)
     }

@@ -18,6 +18,7 @@ pub mod sql_types;
 pub mod transitions;
 pub mod users;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use diesel::r2d2::Pool;
@@ -86,11 +87,15 @@ impl Default for DatabaseSettings {
     }
 }
 
+/// Told how long each request waited for a pooled connection.
+pub type PoolWaitObserver = Arc<dyn Fn(Duration) + Send + Sync>;
+
 /// A cloneable handle on the connection pool.
 #[derive(Clone)]
 pub struct Store {
     pool: Pool<DbConnectionManager>,
     backend: Backend,
+    pool_wait: Option<PoolWaitObserver>,
 }
 
 impl Store {
@@ -111,7 +116,15 @@ impl Store {
         Ok(Self {
             pool,
             backend: url.backend(),
+            pool_wait: None,
         })
+    }
+
+    /// This handle, telling `observer` how long each [`run`](Self::run)
+    /// waited for a connection.
+    pub fn observing_pool_wait(mut self, observer: PoolWaitObserver) -> Self {
+        self.pool_wait = Some(observer);
+        self
     }
 
     pub fn backend(&self) -> Backend {
@@ -129,9 +142,14 @@ impl Store {
         F: FnOnce(&mut DbConnection) -> StoreResult<T> + Send + 'static,
         T: Send + 'static,
     {
-        let pool = self.pool.clone();
+        let (pool, observer) = (self.pool.clone(), self.pool_wait.clone());
         tokio::task::spawn_blocking(move || {
-            let mut conn = pool.get().map_err(StoreError::PoolExhausted)?;
+            let asked = std::time::Instant::now();
+            let conn = pool.get();
+            if let Some(observe) = &observer {
+                observe(asked.elapsed());
+            }
+            let mut conn = conn.map_err(StoreError::PoolExhausted)?;
             f(&mut conn)
         })
         .await

@@ -14,8 +14,7 @@ use super::transitions::{
 };
 use super::{now_ms, DbConnection, StoreError};
 use crate::domain::{
-    may_start_attempt, next_provider, AttemptEvent, AttemptId, AttemptState, JobId, JobStatus,
-    NewAttemptRefusal, UserId,
+    next_provider, AttemptEvent, AttemptId, AttemptState, JobId, JobStatus, UserId,
 };
 
 /// Why an action on a job or attempt did not happen.
@@ -71,10 +70,14 @@ pub fn record_audit(
 }
 
 /// Queues a new attempt on `provider`, or on the next untried provider of
-/// `order` (the gated failover order). The partial unique index is the final
-/// word: if another request slipped a live attempt in first, the insert fails
-/// and the caller is told which one blocks. `actor`, when given, is support
-/// staff acting on someone's job: the action goes to the audit log.
+/// `order` (the gated failover order). `actor`, when given, is support staff
+/// acting on someone's job: the action goes to the audit log.
+///
+/// The one-live-attempt index decides whether the attempt may start: nothing
+/// here checks for a live attempt before inserting. The insert runs in a
+/// savepoint; when the index refuses it, the caller is told which attempt
+/// blocks (`409 attempt-in-flight`), whoever inserted it and however close
+/// the race.
 pub fn start_attempt(
     conn: &mut DbConnection,
     job_id: &JobId,
@@ -82,22 +85,12 @@ pub fn start_attempt(
     order: &[String],
     actor: Option<&UserId>,
 ) -> Result<Attempt, ActionError> {
-    let result = write_transaction(conn, |conn| {
+    write_transaction(conn, |conn| {
         let now = now_ms();
         lock_job(conn, job_id)?;
         let job = find_job(conn, job_id)?.ok_or(ActionError::JobNotFound)?;
-        let live = live_attempt(conn, job_id)?;
-        if let Err(refusal) = may_start_attempt(job.status, live.as_ref().map(|a| a.state)) {
-            return Err(match (refusal, live) {
-                (NewAttemptRefusal::AttemptInFlight(state), Some(a)) => ActionError::InFlight {
-                    attempt_id: a.id,
-                    state,
-                },
-                (NewAttemptRefusal::JobFinished(status), _) => ActionError::JobFinished(status),
-                (NewAttemptRefusal::AttemptInFlight(_), None) => {
-                    unreachable!("refused for a live attempt")
-                }
-            });
+        if job.status.is_terminal() {
+            return Err(ActionError::JobFinished(job.status));
         }
         let tried: Vec<String> = attempts_of(conn, job_id)?
             .into_iter()
@@ -107,12 +100,27 @@ pub fn start_attempt(
             Some(p) => p.to_owned(),
             None => {
                 let order: Vec<&str> = order.iter().map(String::as_str).collect();
-                next_provider(&order, &tried)
-                    .ok_or(ActionError::ChainExhausted)?
-                    .to_owned()
+                match next_provider(&order, &tried) {
+                    Some(p) => p.to_owned(),
+                    // A live attempt is the better answer than "all tried":
+                    // it is what the caller waits for.
+                    None => {
+                        return Err(in_flight(conn, job_id)?.unwrap_or(ActionError::ChainExhausted))
+                    }
+                }
             }
         };
-        let row = insert_queued_attempt(conn, job_id, tried.len() as i32 + 1, &provider, now)?;
+        let number = tried.len() as i32 + 1;
+        let inserted = conn.transaction(|savepoint| {
+            insert_queued_attempt(savepoint, job_id, number, &provider, now)
+        });
+        let row = match inserted {
+            Ok(row) => row,
+            Err(e) if is_unique_violation(&e) => {
+                return Err(in_flight(conn, job_id)?.ok_or(ActionError::Store(e.into()))?)
+            }
+            Err(e) => return Err(e.into()),
+        };
         refresh_job_status(conn, job_id, now)?;
         if let Some(actor) = actor {
             let reason = format!("started attempt {} on {provider}", row.number);
@@ -127,20 +135,15 @@ pub fn start_attempt(
             )?;
         }
         Ok(row)
-    });
-    match result {
-        // Two requests passed the check at once; the index refused the second.
-        Err(ActionError::Store(StoreError::Database(e))) if is_unique_violation(&e) => {
-            match live_attempt(conn, job_id)? {
-                Some(a) => Err(ActionError::InFlight {
-                    attempt_id: a.id,
-                    state: a.state,
-                }),
-                None => Err(ActionError::Store(StoreError::Database(e))),
-            }
-        }
-        other => other,
-    }
+    })
+}
+
+/// The refusal naming the job's live attempt, if it has one.
+fn in_flight(conn: &mut DbConnection, job_id: &JobId) -> Result<Option<ActionError>, StoreError> {
+    Ok(live_attempt(conn, job_id)?.map(|a| ActionError::InFlight {
+        attempt_id: a.id,
+        state: a.state,
+    }))
 }
 
 /// Support staff finalize a job as failed after resolving its unknown attempt.

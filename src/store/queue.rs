@@ -148,7 +148,6 @@ pub fn expire_leases(conn: &mut DbConnection) -> StoreResult<Vec<AttemptId>> {
             .set((
                 attempts::state.eq(AttemptEvent::LeaseExpired.target()),
                 attempts::error.eq(reason),
-                attempts::lease_owner.eq(None::<String>),
                 attempts::lease_expires_at.eq(None::<i64>),
             ))
             .execute(conn)?;

@@ -45,7 +45,10 @@ pub struct Attempt {
     pub outcome: Option<RaceResult>,
     /// The job version read when the attempt was claimed.
     pub version_read: Option<i64>,
+    /// The worker that claimed the attempt (`pid<N>-<uuid>`), kept after
+    /// the attempt finishes.
     pub lease_owner: Option<String>,
+    /// Until when the claim holds; cleared when the attempt leaves `running`.
     pub lease_expires_at: Option<i64>,
     pub created_at: i64,
     pub started_at: Option<i64>,

@@ -107,7 +107,6 @@ pub fn transition(
         attempts::state.eq(target),
         attempts::finished_at.eq(finished_at),
         attempts::error.eq(error),
-        attempts::lease_owner.eq(None::<String>),
         attempts::lease_expires_at.eq(None::<i64>),
     ))
     .execute(conn)?;

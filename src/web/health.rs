@@ -2,6 +2,7 @@
 
 use actix_web::{web, HttpResponse};
 
+use super::auth::Caller;
 use super::error::{ApiError, ProblemType};
 use super::views::{Health, Problem};
 use crate::app::App;
@@ -30,4 +31,22 @@ pub async fn readyz(app: web::Data<App>) -> Result<HttpResponse, ApiError> {
     Ok(HttpResponse::Ok().json(Health {
         status: "ready".into(),
     }))
+}
+
+/// Prometheus metrics in the text exposition format (admins' API tokens).
+#[utoipa::path(
+    get, path = "/metrics", tag = "health",
+    responses(
+        (status = 200, description = "Prometheus text exposition format", content_type = "text/plain"),
+        (status = 401, body = Problem, content_type = "application/problem+json"),
+        (status = 403, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn metrics(app: web::Data<App>, caller: Caller) -> Result<HttpResponse, ApiError> {
+    crate::app::require_admin(&caller.0)?;
+    let text = app.scrape_metrics().await?;
+    Ok(HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4; charset=utf-8")
+        .body(text))
 }

@@ -70,6 +70,11 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     .route("/admin/providers", read().to(console::providers))
     .route("/admin/providers/qualify", web::post().to(console::qualify))
     .route("/api/v1/openapi.json", read().to(openapi::openapi_json))
+    .service(
+        web::resource("/metrics")
+            .wrap(from_fn(auth::require_bearer))
+            .route(read().to(health::metrics)),
+    )
     // Signed per attempt, not by a bearer token.
     .route(
         "/api/v1/callbacks/attempts/{id}",
@@ -104,6 +109,31 @@ async fn not_found(req: actix_web::HttpRequest) -> actix_web::HttpResponse {
     } else {
         pages::PageError::not_found().error_response()
     }
+}
+
+/// Times every request into `onejob_http_request_seconds`, labelled by the
+/// route's pattern (never the raw path) and the status.
+pub async fn record_http(
+    req: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    let started = std::time::Instant::now();
+    let app = req.app_data::<web::Data<crate::app::App>>().cloned();
+    let method = req.method().as_str().to_owned();
+    let response = next.call(req).await?;
+    if let Some(app) = app {
+        let route = response
+            .request()
+            .match_pattern()
+            .unwrap_or_else(|| "unmatched".to_owned());
+        app.metrics().observe_http(
+            &method,
+            &route,
+            response.status().as_u16(),
+            started.elapsed(),
+        );
+    }
+    Ok(response)
 }
 
 /// Echoes the request id that `tracing-actix-web` gave the request's span as

@@ -46,6 +46,7 @@ impl Modify for BearerAuth {
         openapi_json,
         health::healthz,
         health::readyz,
+        health::metrics,
     ),
     components(schemas(
         CreateJobRequest,

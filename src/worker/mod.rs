@@ -16,7 +16,7 @@ use tokio::time::{sleep, Instant};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::app::{App, AppError, Claim};
+use crate::app::{now_ms, App, AppError, Claim};
 use crate::domain::{AttemptId, Outcome};
 
 /// A running worker pool; dropping it does not stop it, [`WorkerHandle::shutdown`] does.
@@ -43,6 +43,14 @@ impl WorkerHandle {
     }
 }
 
+/// A call that outlasted its soft timeout and is kept open for late news.
+struct LateCall {
+    attempt_id: AttemptId,
+    provider: String,
+    sent_at: Instant,
+    window: Duration,
+}
+
 #[derive(Clone)]
 struct Worker {
     app: App,
@@ -60,7 +68,8 @@ pub fn spawn(app: App) -> WorkerHandle {
     };
     let worker = Worker {
         app,
-        lease_owner: format!("worker-{}", uuid::Uuid::now_v7()),
+        // Kept on the attempt after it finishes: which process ran it.
+        lease_owner: format!("pid{}-{}", std::process::id(), uuid::Uuid::now_v7()),
         shutdown: handle.shutdown.clone(),
         tracker: handle.tracker.clone(),
     };
@@ -124,10 +133,11 @@ impl Worker {
     #[tracing::instrument(skip_all, fields(job_id = %claim.job.id, attempt_id = %claim.attempt.id, provider = %claim.attempt.provider))]
     async fn run_attempt(&self, claim: Claim) {
         let attempt_id = claim.attempt.id.clone();
+        let provider = claim.attempt.provider.clone();
         let dispatch = match self.app.dispatch(&claim) {
             Ok(dispatch) => Arc::new(dispatch),
             Err(not_sent) => {
-                self.apply(&attempt_id, not_sent).await;
+                self.apply(&attempt_id, &provider, not_sent).await;
                 return;
             }
         };
@@ -146,6 +156,11 @@ impl Worker {
             }
         }
         tracing::info!("attempt sent");
+        let metrics = self.app.metrics();
+        metrics
+            .claim_lag_seconds
+            .observe((now_ms() - claim.attempt.created_at).max(0) as f64 / 1000.0);
+        let sent_at = Instant::now();
         let soft_timeout = dispatch.provider.soft_timeout();
         let soft_deadline = Instant::now() + soft_timeout;
         let sending = dispatch.clone();
@@ -158,35 +173,51 @@ impl Worker {
             }
         };
         match answered {
-            Some(outcome) => self.apply(&attempt_id, outcome).await,
+            Some(outcome) => {
+                metrics.observe_provider_call(&provider, sent_at.elapsed());
+                self.apply(&attempt_id, &provider, outcome).await
+            }
             None => {
                 let reason = format!(
                     "no answer within the soft timeout of {} ms",
                     soft_timeout.as_millis()
                 );
                 tracing::warn!("{reason}: attempt is now unknown");
-                self.apply(&attempt_id, Outcome::Unknown(reason)).await;
+                self.apply(&attempt_id, &provider, Outcome::Unknown(reason))
+                    .await;
                 // Keep the call open for late news, off this claim loop's slot.
                 let worker = self.clone();
                 let window = dispatch.provider.late_result_window();
+                let late = LateCall {
+                    attempt_id,
+                    provider,
+                    sent_at,
+                    window,
+                };
                 self.tracker
-                    .spawn(async move { worker.await_late_result(attempt_id, window, call).await });
+                    .spawn(async move { worker.await_late_result(late, call).await });
             }
         }
     }
 
     async fn await_late_result(
         self,
-        attempt_id: AttemptId,
-        window: Duration,
+        late: LateCall,
         call: std::pin::Pin<Box<dyn std::future::Future<Output = Outcome> + Send>>,
     ) {
+        let LateCall {
+            attempt_id,
+            provider,
+            sent_at,
+            window,
+        } = late;
         tokio::select! {
             outcome = call => match outcome {
                 Outcome::Unknown(reason) => tracing::warn!(%attempt_id, %reason, "late call ended without an answer"),
                 outcome => {
                     tracing::info!(%attempt_id, "late answer arrived");
-                    self.apply(&attempt_id, outcome).await;
+                    self.app.metrics().observe_provider_call(&provider, sent_at.elapsed());
+                    self.apply(&attempt_id, &provider, outcome).await;
                 }
             },
             _ = sleep(window) => {
@@ -213,10 +244,14 @@ impl Worker {
     /// be lost to a database that is busy or briefly away. Gives up only at
     /// shutdown; the attempt then surfaces as `unknown` (its lease expires),
     /// which is the truth.
-    async fn apply(&self, attempt_id: &AttemptId, outcome: Outcome) {
+    async fn apply(&self, attempt_id: &AttemptId, provider: &str, outcome: Outcome) {
         let mut delay = Duration::from_millis(100);
         for attempt in 1.. {
-            match self.app.apply_outcome(attempt_id, outcome.clone()).await {
+            match self
+                .app
+                .apply_outcome(attempt_id, provider, outcome.clone())
+                .await
+            {
                 Ok(_) => return,
                 Err(AppError::NotFound) => {
                     tracing::error!(%attempt_id, "the attempt is gone; its outcome cannot be applied");

@@ -15,7 +15,9 @@ use fantoccini::actions::{InputSource, MouseActions, PointerAction, MOUSE_BUTTON
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{json, Value};
 
-use crate::helpers::{spawn_app, spawn_app_with, summarize, test_config, TestApp, TestBackend};
+use crate::helpers::{
+    in_ci, spawn_app, spawn_app_with, summarize, test_config, TestApp, TestBackend,
+};
 
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 const CHROMIUM: &str = "/usr/bin/chromium";
@@ -32,10 +34,6 @@ impl Drop for Browser {
         let _ = self.driver.kill();
         let _ = self.driver.wait();
     }
-}
-
-fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
 }
 
 impl Browser {

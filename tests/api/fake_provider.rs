@@ -4,16 +4,20 @@
 //!
 //! Every connection serves exactly one request. Each request is recorded,
 //! then answered with the next queued [`Behaviour`] (or the default one).
+//! [`Behaviour::Hold`] keeps the answer back until the test releases it by
+//! the request's `X-Request-Id` (the attempt id), so a test, not the clock,
+//! orders a race.
 
 #![allow(dead_code)]
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{oneshot, Notify};
 use tokio::task::{AbortHandle, JoinSet};
 
 /// Largest request head (request line and headers) the server accepts.
@@ -57,6 +61,9 @@ pub enum Behaviour {
     /// Sends a 200 with a `Content-Length` larger than the bytes actually
     /// sent, sends part of a JSON body, then closes cleanly.
     TruncatedBody,
+    /// Holds the request until the test calls [`FakeProvider::release`] with
+    /// its `X-Request-Id`, then behaves as the released behaviour.
+    Hold,
 }
 
 /// One request as the fake provider received it.
@@ -85,12 +92,20 @@ struct State {
     queue: VecDeque<Behaviour>,
     default: Behaviour,
     requests: Vec<RecordedRequest>,
+    /// Held requests by `X-Request-Id`, each waiting for its release.
+    held: HashMap<String, oneshot::Sender<Behaviour>>,
+    /// Every id ever held, in order.
+    held_order: Vec<String>,
 }
 
-type Shared = Arc<Mutex<State>>;
+struct Shared {
+    state: Mutex<State>,
+    /// Signalled whenever a request is recorded or held.
+    changed: Notify,
+}
 
-fn lock(state: &Shared) -> MutexGuard<'_, State> {
-    state.lock().unwrap_or_else(PoisonError::into_inner)
+fn lock(shared: &Shared) -> MutexGuard<'_, State> {
+    shared.state.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// A running fake provider; dropping it stops the server and closes every
@@ -98,7 +113,7 @@ fn lock(state: &Shared) -> MutexGuard<'_, State> {
 pub struct FakeProvider {
     /// Like `http://127.0.0.1:PORT` (no trailing slash).
     pub base_url: String,
-    state: Shared,
+    state: Arc<Shared>,
     server: AbortHandle,
 }
 
@@ -109,11 +124,16 @@ impl FakeProvider {
             .await
             .expect("bind the fake provider");
         let addr = listener.local_addr().expect("fake provider address");
-        let state = Arc::new(Mutex::new(State {
-            queue: VecDeque::new(),
-            default: Behaviour::Answer(json!({"summary": "fake summary"})),
-            requests: Vec::new(),
-        }));
+        let state = Arc::new(Shared {
+            state: Mutex::new(State {
+                queue: VecDeque::new(),
+                default: Behaviour::Answer(json!({"summary": "fake summary"})),
+                requests: Vec::new(),
+                held: HashMap::new(),
+                held_order: Vec::new(),
+            }),
+            changed: Notify::new(),
+        });
         let server = tokio::spawn(serve(listener, shape, state.clone())).abort_handle();
         FakeProvider {
             base_url: format!("http://{addr}"),
@@ -157,6 +177,54 @@ impl FakeProvider {
     pub fn last_request(&self) -> Option<RecordedRequest> {
         lock(&self.state).requests.last().cloned()
     }
+
+    /// Waits until a request with this `X-Request-Id` is held (panics after
+    /// 20 s: the worker never sent it).
+    pub async fn wait_held(&self, request_id: &str) {
+        self.wait_until(&format!("request {request_id} to be held"), |state| {
+            state.held.contains_key(request_id)
+        })
+        .await;
+    }
+
+    /// Waits until `n` requests have been held in all, and returns their
+    /// ids in the order they arrived.
+    pub async fn wait_held_count(&self, n: usize) -> Vec<String> {
+        self.wait_until(&format!("{n} held requests"), |state| {
+            state.held_order.len() >= n
+        })
+        .await;
+        lock(&self.state).held_order[..n].to_vec()
+    }
+
+    /// Waits until `n` requests have been received in all.
+    pub async fn wait_requests(&self, n: usize) {
+        self.wait_until(&format!("{n} requests"), |state| state.requests.len() >= n)
+            .await;
+    }
+
+    async fn wait_until(&self, what: &str, done: impl Fn(&State) -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let changed = self.state.changed.notified();
+            if done(&lock(&self.state)) {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                panic!("the fake provider waited 20 s for {what}");
+            }
+        }
+    }
+
+    /// Lets a held request go on as `behaviour`. Panics if it is not held.
+    pub fn release(&self, request_id: &str, behaviour: Behaviour) {
+        let sender = lock(&self.state)
+            .held
+            .remove(request_id)
+            .unwrap_or_else(|| panic!("request {request_id} is not held"));
+        // The client may have gone away; the test learns that from its own checks.
+        let _ = sender.send(behaviour);
+    }
 }
 
 impl Drop for FakeProvider {
@@ -168,7 +236,7 @@ impl Drop for FakeProvider {
 }
 
 /// Accepts connections forever, one task per connection.
-async fn serve(listener: TcpListener, shape: Shape, state: Shared) {
+async fn serve(listener: TcpListener, shape: Shape, state: Arc<Shared>) {
     let mut connections = JoinSet::new();
     loop {
         let Ok((stream, _)) = listener.accept().await else {
@@ -181,7 +249,7 @@ async fn serve(listener: TcpListener, shape: Shape, state: Shared) {
 }
 
 /// Serves one connection: reads and records a request, then answers it.
-async fn handle(mut stream: TcpStream, shape: Shape, state: Shared) {
+async fn handle(mut stream: TcpStream, shape: Shape, state: Arc<Shared>) {
     let Some(request) = read_request(&mut stream).await else {
         return;
     };
@@ -191,18 +259,42 @@ async fn handle(mut stream: TcpStream, shape: Shape, state: Shared) {
         .and_then(Value::as_str)
         .unwrap_or("fake")
         .to_owned();
+    let request_id = request
+        .header("x-request-id")
+        .unwrap_or_default()
+        .to_owned();
     let mut behaviour = {
-        let mut state = lock(&state);
-        state.requests.push(request);
-        match state.queue.pop_front() {
+        let mut guard = lock(&state);
+        guard.requests.push(request);
+        match guard.queue.pop_front() {
             Some(behaviour) => behaviour,
-            None => state.default.clone(),
+            None => guard.default.clone(),
         }
     };
-    while let Behaviour::Delay { ms, then } = behaviour {
-        tokio::time::sleep(Duration::from_millis(ms)).await;
-        behaviour = *then;
-    }
+    state.changed.notify_waiters();
+    let behaviour = loop {
+        behaviour = match behaviour {
+            Behaviour::Delay { ms, then } => {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                *then
+            }
+            Behaviour::Hold => {
+                let (sender, released) = oneshot::channel();
+                {
+                    let mut guard = lock(&state);
+                    guard.held.insert(request_id.clone(), sender);
+                    guard.held_order.push(request_id.clone());
+                }
+                state.changed.notify_waiters();
+                match released.await {
+                    Ok(behaviour) => behaviour,
+                    // The provider was dropped: nothing to answer.
+                    Err(_) => return,
+                }
+            }
+            other => break other,
+        };
+    };
     // Write errors just mean the client went away.
     let _ = respond(stream, behaviour, shape, &model).await;
 }
@@ -310,7 +402,9 @@ async fn respond(
             stream.write_all(partial).await?;
             stream.shutdown().await
         }
-        Behaviour::Delay { .. } => unreachable!("delays are resolved by the caller"),
+        Behaviour::Delay { .. } | Behaviour::Hold => {
+            unreachable!("delays and holds are resolved by the caller")
+        }
     }
 }
 
@@ -391,4 +485,73 @@ fn completion(shape: Shape, model: &str, text: &str) -> String {
         }),
     };
     body.to_string()
+}
+
+// Configurations and waits for tests that point onejob at fake providers.
+
+/// How long a test waits for a job to settle.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+/// A provider entry for a fake server.
+pub fn fake_provider_toml(name: &str, kind: &str, base_url: &str, extra: &str) -> String {
+    format!(
+        r#"
+[[providers]]
+name = "{name}"
+kind = "{kind}"
+base_url = "{base_url}"
+model = "fake-model"
+api_key_env = "ONEJOB_TEST_FAKE_KEY"
+timeout_ms = 400
+late_result_ms = 5000
+connect_timeout_ms = 1000
+{extra}
+"#
+    )
+}
+
+/// A task with a template, a strict output schema and one golden example.
+pub fn strict_task_toml(name: &str, chain: &[&str], template: &str) -> String {
+    let chain = chain
+        .iter()
+        .map(|p| format!("{p:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        r#"
+[[tasks]]
+name = "{name}"
+providers = [{chain}]
+input_fields = ["text"]
+template = "{template}"
+output_schema = {{ type = "object", required = ["summary"], additionalProperties = false, properties = {{ summary = {{ type = "string" }} }} }}
+
+[[tasks.golden]]
+input = {{ text = "golden" }}
+expect = {{ "/summary" = "fake summary" }}
+"#
+    )
+}
+
+pub fn config_of(toml: &str) -> onejob::config::Config {
+    let mut config = crate::helpers::test_config(toml);
+    config.worker.concurrency = 1;
+    config
+}
+
+pub async fn settled_attempt(app: &crate::helpers::TestApp, job_id: &str, index: usize) -> Value {
+    let job = app
+        .wait_for_job(job_id, WAIT, |j| {
+            let state = &j["attempts"][index]["state"];
+            !state.is_null() && state != "queued" && state != "running"
+        })
+        .await;
+    job["attempts"][index].clone()
+}
+
+pub fn closed_port_url() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    drop(listener);
+    format!("http://127.0.0.1:{port}")
 }

@@ -52,7 +52,9 @@ pub fn postgres_server_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
 }
 
-fn in_ci() -> bool {
+/// Whether this run is CI, where nothing may be skipped: `CI` set to
+/// anything but empty, `false` or `0`.
+pub fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
 }
 

@@ -12,80 +12,16 @@ use onejob::providers::Providers;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::fake_provider::{Behaviour, FakeProvider, Shape};
-use crate::helpers::{
-    spawn_app_with, summarize, test_config, PreparedApp, TestApp, TestBackend, CALLBACK_KEY,
-    FAKE_API_KEY,
+use crate::fake_provider::{
+    closed_port_url, config_of, fake_provider_toml, settled_attempt, strict_task_toml, Behaviour,
+    FakeProvider, Shape, WAIT,
 };
-
-const WAIT: Duration = Duration::from_secs(20);
-
-/// A provider entry for a fake server.
-pub fn fake_provider_toml(name: &str, kind: &str, base_url: &str, extra: &str) -> String {
-    format!(
-        r#"
-[[providers]]
-name = "{name}"
-kind = "{kind}"
-base_url = "{base_url}"
-model = "fake-model"
-api_key_env = "ONEJOB_TEST_FAKE_KEY"
-timeout_ms = 400
-late_result_ms = 5000
-connect_timeout_ms = 1000
-{extra}
-"#
-    )
-}
-
-/// A task with a template, a strict output schema and one golden example.
-pub fn strict_task_toml(name: &str, chain: &[&str], template: &str) -> String {
-    let chain = chain
-        .iter()
-        .map(|p| format!("{p:?}"))
-        .collect::<Vec<_>>()
-        .join(", ");
-    format!(
-        r#"
-[[tasks]]
-name = "{name}"
-providers = [{chain}]
-input_fields = ["text"]
-template = "{template}"
-output_schema = {{ type = "object", required = ["summary"], additionalProperties = false, properties = {{ summary = {{ type = "string" }} }} }}
-
-[[tasks.golden]]
-input = {{ text = "golden" }}
-expect = {{ "/summary" = "fake summary" }}
-"#
-    )
-}
-
-pub fn config_of(toml: &str) -> Config {
-    let mut config = test_config(toml);
-    config.worker.concurrency = 1;
-    config
-}
+use crate::helpers::{
+    spawn_app_with, summarize, PreparedApp, TestApp, TestBackend, CALLBACK_KEY, FAKE_API_KEY,
+};
 
 async fn qualify_now(app: &TestApp, provider: &str, task: &str) -> qualification::Report {
     app.app.qualify(None, provider, task).await.unwrap()
-}
-
-async fn settled_attempt(app: &TestApp, job_id: &str, index: usize) -> Value {
-    let job = app
-        .wait_for_job(job_id, WAIT, |j| {
-            let state = &j["attempts"][index]["state"];
-            !state.is_null() && state != "queued" && state != "running"
-        })
-        .await;
-    job["attempts"][index].clone()
-}
-
-fn closed_port_url() -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    drop(listener);
-    format!("http://127.0.0.1:{port}")
 }
 
 async fn every_row_of_the_classification_table(backend: TestBackend) {

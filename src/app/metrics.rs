@@ -1,0 +1,217 @@
+//! Prometheus metrics, one registry per application (so that several in one
+//! process, as in tests, keep their own). Counters and histograms move as
+//! things happen; the gauges about unknown attempts are read from the
+//! database when `/metrics` is scraped. `docs/operations.md` lists every
+//! series with example alert rules.
+
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use super::{App, AppResult};
+use crate::domain::Applied;
+use crate::store::{console, now_ms};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProviderLabel {
+    pub provider: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AttemptLabels {
+    pub provider: String,
+    /// succeeded | failed | unknown | abandoned
+    pub state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HttpLabels {
+    pub method: String,
+    /// The route's pattern (`/api/v1/jobs/{id}`), never the raw path.
+    pub route: String,
+    pub status: String,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn seconds_histogram() -> Histogram {
+    // 1 ms … about 65 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+/// Every series onejob exports.
+pub struct Metrics {
+    registry: Registry,
+    pub jobs_created: Counter,
+    pub jobs_replayed: Counter,
+    pub key_conflicts: Counter,
+    pub attempts: Family<AttemptLabels, Counter>,
+    pub races: Counter,
+    pub provider_call_seconds: HistogramFamily<ProviderLabel>,
+    pub claim_lag_seconds: Histogram,
+    pub pool_wait_seconds: Histogram,
+    pub http_request_seconds: HistogramFamily<HttpLabels>,
+    unknown_attempts: Gauge,
+    oldest_unknown_seconds: Gauge<f64, AtomicU64>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let metrics = Self {
+            jobs_created: Counter::default(),
+            jobs_replayed: Counter::default(),
+            key_conflicts: Counter::default(),
+            attempts: Family::default(),
+            races: Counter::default(),
+            provider_call_seconds: Family::new_with_constructor(seconds_histogram),
+            claim_lag_seconds: seconds_histogram(),
+            pool_wait_seconds: seconds_histogram(),
+            http_request_seconds: Family::new_with_constructor(seconds_histogram),
+            unknown_attempts: Gauge::default(),
+            oldest_unknown_seconds: Gauge::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "onejob_jobs_created",
+            "Jobs created (first requests under a key)",
+            metrics.jobs_created.clone(),
+        );
+        registry.register(
+            "onejob_jobs_replayed",
+            "Requests answered with the job their key already made (same payload)",
+            metrics.jobs_replayed.clone(),
+        );
+        registry.register(
+            "onejob_idempotency_conflicts",
+            "Requests refused because their key made a job with a different payload",
+            metrics.key_conflicts.clone(),
+        );
+        registry.register(
+            "onejob_attempts",
+            "Attempts that reached a final or unknown state, by provider and state",
+            metrics.attempts.clone(),
+        );
+        registry.register(
+            "onejob_races",
+            "Answers that did not win and were written to the race log",
+            metrics.races.clone(),
+        );
+        registry.register(
+            "onejob_provider_call_seconds",
+            "How long provider calls took to answer, by provider",
+            metrics.provider_call_seconds.clone(),
+        );
+        registry.register(
+            "onejob_claim_lag_seconds",
+            "From an attempt being queued to it being sent",
+            metrics.claim_lag_seconds.clone(),
+        );
+        registry.register(
+            "onejob_pool_wait_seconds",
+            "How long a request waited for a database connection",
+            metrics.pool_wait_seconds.clone(),
+        );
+        registry.register(
+            "onejob_http_request_seconds",
+            "HTTP requests, by method, route and status",
+            metrics.http_request_seconds.clone(),
+        );
+        registry.register(
+            "onejob_unknown_attempts",
+            "Attempts whose outcome is unknown now (read at scrape time)",
+            metrics.unknown_attempts.clone(),
+        );
+        registry.register(
+            "onejob_oldest_unknown_attempt_age_seconds",
+            "Age of the oldest unknown attempt since it was sent; 0 when there is none",
+            metrics.oldest_unknown_seconds.clone(),
+        );
+        Self {
+            registry,
+            ..metrics
+        }
+    }
+
+    /// Counts what applying an outcome did to an attempt.
+    pub fn record_applied(&self, provider: &str, applied: &Applied) {
+        let state = match applied {
+            Applied::Won => "succeeded",
+            Applied::Lost { .. } => {
+                self.races.inc();
+                "succeeded"
+            }
+            Applied::FailedOver { .. } | Applied::JobFailed { .. } | Applied::Recorded => "failed",
+            Applied::MarkedUnknown => "unknown",
+            Applied::Ignored(_) => return,
+        };
+        self.attempt_reached(provider, state);
+    }
+
+    pub fn attempt_reached(&self, provider: &str, state: &str) {
+        self.attempts
+            .get_or_create(&AttemptLabels {
+                provider: provider.to_owned(),
+                state: state.to_owned(),
+            })
+            .inc();
+    }
+
+    pub fn observe_provider_call(&self, provider: &str, took: Duration) {
+        self.provider_call_seconds
+            .get_or_create(&ProviderLabel {
+                provider: provider.to_owned(),
+            })
+            .observe(took.as_secs_f64());
+    }
+
+    pub fn observe_http(&self, method: &str, route: &str, status: u16, took: Duration) {
+        self.http_request_seconds
+            .get_or_create(&HttpLabels {
+                method: method.to_owned(),
+                route: route.to_owned(),
+                status: status.to_string(),
+            })
+            .observe(took.as_secs_f64());
+    }
+
+    /// The text exposition format.
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry)
+            .expect("writing to a String cannot fail");
+        text
+    }
+}
+
+impl App {
+    /// The metrics in the text exposition format, with the unknown-attempt
+    /// gauges read from the database now (admins only; see `web`).
+    pub async fn scrape_metrics(&self) -> AppResult<String> {
+        let now = now_ms();
+        let counts = self
+            .store()
+            .run(move |conn| console::console_counts(conn, now))
+            .await?;
+        let metrics = self.metrics();
+        metrics.unknown_attempts.set(counts.unknown_now);
+        metrics.oldest_unknown_seconds.set(
+            counts
+                .oldest_unknown_started_at
+                .map_or(0.0, |t| (now - t).max(0) as f64 / 1000.0),
+        );
+        Ok(metrics.encode())
+    }
+}
