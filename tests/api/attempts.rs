@@ -3,16 +3,20 @@
 
 use std::time::Duration;
 
-use onejob::domain::JsonText;
+use diesel::prelude::*;
+use onejob::app::RaceEntry;
+use onejob::domain::{AttemptState, JobId, JsonText};
+use onejob::store::schema::race_log;
 use onejob::store::{console, jobs as job_store, queue};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::helpers::{
-    assert_problem, spawn_app, spawn_app_with, summarize, test_config, PreparedApp, TestBackend,
+use crate::fake_provider::{
+    config_of, fake_provider_toml, strict_task_toml, Behaviour, FakeProvider, Shape, WAIT,
 };
-
-const WAIT: Duration = Duration::from_secs(15);
+use crate::helpers::{
+    assert_problem, spawn_app_with, summarize, test_config, PreparedApp, TestApp, TestBackend,
+};
 
 fn attempt(job: &Value, index: usize) -> &Value {
     &job["attempts"][index]
@@ -130,18 +134,65 @@ async fn a_timeout_makes_the_attempt_unknown_and_blocks_new_attempts_until_suppo
     assert_problem(response, StatusCode::CONFLICT, "job-finished").await;
 }
 
+/// Two fake HTTP providers that hold every answer until the test releases
+/// it: the test, not the clock, orders each race. `fast` is qualified, so
+/// new attempts and failover may use it.
+async fn held_pair(backend: TestBackend) -> (TestApp, FakeProvider, FakeProvider) {
+    let slow = FakeProvider::start(Shape::OpenAi).await;
+    let fast = FakeProvider::start(Shape::OpenAi).await;
+    let toml = [
+        fake_provider_toml("slow", "openai", &slow.base_url, ""),
+        fake_provider_toml("fast", "openai", &fast.base_url, ""),
+        strict_task_toml("summarize", &["slow", "fast"], "Summarize: {{ text }}"),
+    ]
+    .concat();
+    let app = spawn_app_with(backend, config_of(&toml)).await;
+    assert!(app
+        .app
+        .qualify(None, "fast", "summarize")
+        .await
+        .unwrap()
+        .passed());
+    slow.set_default(Behaviour::Hold);
+    fast.set_default(Behaviour::Hold);
+    (app, slow, fast)
+}
+
+fn answer(summary: &str) -> Behaviour {
+    Behaviour::Answer(json!({ "summary": summary }))
+}
+
+/// Creates a job whose first attempt (on `slow`) is held until its soft
+/// timeout made it unknown; returns the job and attempt ids.
+async fn job_with_an_unknown_attempt(
+    app: &TestApp,
+    slow: &FakeProvider,
+    key: &str,
+) -> (String, String) {
+    let job_id = app.create_job(&app.alice.token, key, &summarize(key)).await;
+    let job = app.wait_for_status(&job_id, "unknown", WAIT).await;
+    let first = attempt_id(&job, 0);
+    slow.wait_held(&first).await;
+    (job_id, first)
+}
+
+async fn race_log_rows(app: &TestApp, job_id: &str) -> Vec<RaceEntry> {
+    let job_id = JobId::parse(job_id).unwrap();
+    app.with_conn(move |conn| {
+        race_log::table
+            .filter(race_log::job_id.eq(job_id))
+            .select(RaceEntry::as_select())
+            .load(conn)
+            .unwrap()
+    })
+    .await
+}
+
 async fn reverse_order_the_late_primary_loses_to_the_fallback_and_is_race_logged(
     backend: TestBackend,
 ) {
-    // sim-slow answers after 1500 ms but its soft timeout is 300 ms.
-    let app = spawn_app(backend).await;
-    let mut body = summarize("race me");
-    body["provider"] = "sim-slow".into();
-    let job_id = app.create_job(&app.alice.token, "reverse", &body).await;
-
-    let job = app.wait_for_status(&job_id, "unknown", WAIT).await;
-    let first = attempt_id(&job, 0);
-    assert_eq!(attempt(&job, 0)["provider"], "sim-slow");
+    let (app, slow, fast) = held_pair(backend).await;
+    let (job_id, first) = job_with_an_unknown_attempt(&app, &slow, "reverse").await;
     let response = app
         .abandon(&app.sue.token, &first, "fall back to the fast provider")
         .await;
@@ -149,14 +200,19 @@ async fn reverse_order_the_late_primary_loses_to_the_fallback_and_is_race_logged
     let response = app.start_attempt(&app.alice.token, &job_id, None).await;
     assert_eq!(response.status(), StatusCode::CREATED);
     let second: Value = response.json().await.unwrap();
-    assert_eq!(second["provider"], "sim-fast");
+    assert_eq!(second["provider"], "fast");
+    let second_id = second["id"].as_str().unwrap().to_owned();
 
+    // The fallback answers first and wins.
+    fast.wait_held(&second_id).await;
+    fast.release(&second_id, answer("from the fallback"));
     let won = app.wait_for_status(&job_id, "succeeded", WAIT).await;
-    assert_eq!(won["completed_by"], second["id"]);
-    assert_eq!(won["result"]["provider"], "sim-fast");
+    assert_eq!(won["completed_by"], second_id.as_str());
+    assert_eq!(won["result"]["summary"], "from the fallback");
     assert_eq!(won["version"], 1);
 
-    // The primary's late answer arrives and loses.
+    // Then the primary's late answer arrives, and loses.
+    slow.release(&first, answer("too late"));
     let job = app
         .wait_for_job(&job_id, WAIT, |j| j["attempts"][0]["outcome"] == "lost")
         .await;
@@ -166,98 +222,232 @@ async fn reverse_order_the_late_primary_loses_to_the_fallback_and_is_race_logged
         job["result"], won["result"],
         "the job's result is untouched"
     );
-    assert_eq!(job["completed_by"], second["id"]);
+    assert_eq!(job["completed_by"], second_id.as_str());
     assert_eq!(job["version"], 1);
 
     let response = app.get(&app.sue.token, "/api/v1/admin/races").await;
     assert_problem(response, StatusCode::FORBIDDEN, "forbidden").await;
-    let races: Value = app
+    let races = race_log_rows(&app, &job_id).await;
+    assert_eq!(races.len(), 1, "{races:?}");
+    let race = &races[0];
+    assert_eq!(race.losing_attempt_id.as_str(), first);
+    assert_eq!(
+        race.winning_attempt_id.as_ref().map(|a| a.as_str()),
+        Some(second_id.as_str())
+    );
+    assert_eq!(race.provider, "slow");
+    assert_eq!((race.version_read, race.version_found), (0, 1));
+    assert_eq!(
+        race.payload_sha256,
+        onejob::domain::sha256_hex(br#"{"summary":"too late"}"#),
+        "the digest is of the discarded answer"
+    );
+    assert!(race.reason.contains("already completed"), "{}", race.reason);
+    // The API shows the same row to admins.
+    let listed: Value = app
         .get(&app.ada.token, "/api/v1/admin/races")
         .await
         .json()
         .await
         .unwrap();
-    let races = races.as_array().unwrap();
-    assert_eq!(races.len(), 1);
-    let race = &races[0];
-    assert_eq!(race["job_id"], job_id.as_str());
-    assert_eq!(race["losing_attempt_id"], first.as_str());
-    assert_eq!(race["winning_attempt_id"], second["id"]);
-    assert_eq!(race["provider"], "sim-slow");
-    assert_eq!(race["version_read"], 0);
-    assert_eq!(race["version_found"], 1);
-    assert_eq!(race["payload_sha256"].as_str().unwrap().len(), 64);
-    assert!(race["reason"]
-        .as_str()
-        .unwrap()
-        .contains("already completed"));
+    assert_eq!(listed[0]["losing_attempt_id"], first.as_str());
 }
 
-const FIRST_BACK_WINS: &str = r#"
-[[providers]]
-name = "sim-a"
-kind = "simulated"
-latency_ms = 1200
-timeout_ms = 200
-late_result_ms = 20000
-
-[[providers]]
-name = "sim-b"
-kind = "simulated"
-latency_ms = 10
-timeout_ms = 20000
-script = [{ attempt = 2, latency_ms = 3500 }]
-
-[[tasks]]
-name = "summarize"
-providers = ["sim-a", "sim-b"]
-input_fields = ["text"]
-
-[[tasks.golden]]
-input = { text = "golden example" }
-"#;
-
 async fn the_first_started_attempt_wins_when_it_returns_first(backend: TestBackend) {
-    let app = spawn_app_with(backend, test_config(FIRST_BACK_WINS)).await;
-    let job_id = app
-        .create_job(&app.alice.token, "mirror", &summarize("mirror"))
-        .await;
-    let job = app.wait_for_status(&job_id, "unknown", WAIT).await;
-    let first = attempt_id(&job, 0);
+    let (app, slow, fast) = held_pair(backend).await;
+    let (job_id, first) = job_with_an_unknown_attempt(&app, &slow, "mirror").await;
     assert_eq!(
-        app.abandon(&app.sue.token, &first, "try sim-b")
+        app.abandon(&app.sue.token, &first, "try fast")
             .await
             .status(),
         StatusCode::OK
     );
     let response = app
-        .start_attempt(&app.sue.token, &job_id, Some(json!({"provider": "sim-b"})))
+        .start_attempt(&app.sue.token, &job_id, Some(json!({"provider": "fast"})))
         .await;
     assert_eq!(response.status(), StatusCode::CREATED);
     let second: Value = response.json().await.unwrap();
+    let second_id = second["id"].as_str().unwrap().to_owned();
+    fast.wait_held(&second_id).await;
 
-    // sim-a's late answer (1.2 s) comes back before sim-b's (3.5 s): it wins,
+    // Both are out; the abandoned first attempt answers first: it wins,
     // though it was abandoned and started first.
+    slow.release(&first, answer("from the primary"));
     let job = app.wait_for_status(&job_id, "succeeded", WAIT).await;
     assert_eq!(job["completed_by"], first.as_str());
-    assert_eq!(job["result"]["provider"], "sim-a");
+    assert_eq!(job["result"]["summary"], "from the primary");
     assert_eq!(attempt(&job, 0)["outcome"], "won");
 
+    fast.release(&second_id, answer("from the fallback"));
     let job = app
         .wait_for_job(&job_id, WAIT, |j| j["attempts"][1]["outcome"] == "lost")
         .await;
     assert_eq!(
-        job["result"]["provider"], "sim-a",
+        job["result"]["summary"], "from the primary",
         "the later answer changed nothing"
     );
-    let races: Value = app
-        .get(&app.ada.token, "/api/v1/admin/races")
+    let races = race_log_rows(&app, &job_id).await;
+    assert_eq!(races.len(), 1);
+    assert_eq!(races[0].losing_attempt_id.as_str(), second_id);
+    assert_eq!(
+        races[0].winning_attempt_id.as_ref().map(|a| a.as_str()),
+        Some(first.as_str())
+    );
+}
+
+async fn simultaneous_new_attempts_on_one_job_make_one_and_the_rest_get_409(backend: TestBackend) {
+    let (app, slow, _fast) = held_pair(backend).await;
+    let (job_id, first) = job_with_an_unknown_attempt(&app, &slow, "together").await;
+    assert_eq!(
+        app.abandon(&app.sue.token, &first, "start over")
+            .await
+            .status(),
+        StatusCode::OK
+    );
+    // Ten requests for a new attempt at the same moment.
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(10));
+    let app = std::sync::Arc::new(app);
+    let requests: Vec<_> = (0..10)
+        .map(|_| {
+            let (app, barrier, job_id) = (app.clone(), barrier.clone(), job_id.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let response = app.start_attempt(&app.alice.token, &job_id, None).await;
+                let status = response.status();
+                (status, response.json::<Value>().await.unwrap())
+            })
+        })
+        .collect();
+    let mut created = Vec::new();
+    let mut refused = Vec::new();
+    for request in requests {
+        let (status, body) = request.await.unwrap();
+        match status {
+            StatusCode::CREATED => created.push(body),
+            StatusCode::CONFLICT => refused.push(body),
+            other => panic!("unexpected {other}: {body:#}"),
+        }
+    }
+    assert_eq!(created.len(), 1, "exactly one new attempt: {created:#?}");
+    assert_eq!(refused.len(), 9);
+    for problem in &refused {
+        assert_eq!(
+            problem["type"], "/problems/attempt-in-flight",
+            "{problem:#}"
+        );
+        assert_eq!(
+            problem["attempt_id"], created[0]["id"],
+            "names the attempt that won"
+        );
+    }
+    let attempts = attempts_rows(&app, &job_id).await;
+    assert_eq!(attempts.len(), 2, "one new row: {attempts:?}");
+    assert_eq!(
+        attempts.iter().filter(|a| a.state.is_live()).count(),
+        1,
+        "one live attempt"
+    );
+}
+
+async fn a_late_failure_fails_over_once_while_owners_ask_for_new_attempts(backend: TestBackend) {
+    let (app, slow, fast) = held_pair(backend).await;
+    let (job_id, first) = job_with_an_unknown_attempt(&app, &slow, "failover-race").await;
+    // The unknown attempt's provider refuses after all (a definite failure:
+    // failover) at the moment its owner asks for new attempts.
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(6));
+    let app = std::sync::Arc::new(app);
+    let owners: Vec<_> = (0..5)
+        .map(|_| {
+            let (app, barrier, job_id) = (app.clone(), barrier.clone(), job_id.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                app.start_attempt(&app.alice.token, &job_id, None)
+                    .await
+                    .status()
+            })
+        })
+        .collect();
+    barrier.wait().await;
+    slow.release(
+        &first,
+        Behaviour::Status {
+            status: 400,
+            retry_after: None,
+            body: "{}".into(),
+        },
+    );
+    let mut statuses = Vec::new();
+    for owner in owners {
+        statuses.push(owner.await.unwrap());
+    }
+    let second = app
+        .wait_for_job(&job_id, WAIT, |j| {
+            j["attempts"].as_array().unwrap().len() == 2
+        })
+        .await;
+    let second_id = attempt_id(&second, 1);
+    fast.wait_held(&second_id).await;
+    fast.release(&second_id, answer("after failover"));
+    let job = app.wait_for_status(&job_id, "succeeded", WAIT).await;
+    // Whoever came first, there was never a moment without a live attempt:
+    // the failure and its failover are one transaction. Every owner's
+    // request was refused, and the job got exactly one new attempt.
+    assert!(
+        statuses.iter().all(|s| *s == StatusCode::CONFLICT),
+        "{statuses:?}"
+    );
+    let attempts = attempts_rows(&app, &job_id).await;
+    assert_eq!(attempts.len(), 2, "{attempts:?}");
+    assert_eq!(attempts[0].state, AttemptState::Failed);
+    assert_eq!(attempts[1].provider, "fast");
+    assert_eq!(job["result"]["summary"], "after failover");
+}
+
+async fn chain_exhausted_when_every_provider_of_the_chain_was_tried(backend: TestBackend) {
+    let (app, slow, fast) = held_pair(backend).await;
+    let (job_id, first) = job_with_an_unknown_attempt(&app, &slow, "exhaust").await;
+    assert_eq!(
+        app.abandon(&app.sue.token, &first, "next").await.status(),
+        StatusCode::OK
+    );
+    let response = app.start_attempt(&app.alice.token, &job_id, None).await;
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let second: Value = response.json().await.unwrap();
+    let second_id = second["id"].as_str().unwrap().to_owned();
+    fast.wait_held(&second_id).await;
+    app.wait_for_job(&job_id, WAIT, |j| j["attempts"][1]["state"] == "unknown")
+        .await;
+    assert_eq!(
+        app.abandon(&app.sue.token, &second_id, "next")
+            .await
+            .status(),
+        StatusCode::OK
+    );
+    let response = app.start_attempt(&app.alice.token, &job_id, None).await;
+    let problem = assert_problem(response, StatusCode::CONFLICT, "chain-exhausted").await;
+    assert!(problem["detail"].as_str().unwrap().contains("name one"));
+    assert_eq!(
+        attempts_rows(&app, &job_id).await.len(),
+        2,
+        "nothing was added"
+    );
+    // Naming a provider is still allowed: the primary takes attempt 3.
+    let response = app
+        .start_attempt(&app.alice.token, &job_id, Some(json!({"provider": "slow"})))
+        .await;
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let attempts = attempts_rows(&app, &job_id).await;
+    assert_eq!(attempts.len(), 3);
+    assert_eq!(
+        (attempts[2].number, attempts[2].provider.as_str()),
+        (3, "slow")
+    );
+}
+
+async fn attempts_rows(app: &TestApp, job_id: &str) -> Vec<onejob::app::Attempt> {
+    let job_id = JobId::parse(job_id).unwrap();
+    app.with_conn(move |conn| job_store::attempts_of(conn, &job_id).unwrap())
         .await
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(races[0]["losing_attempt_id"], second["id"]);
-    assert_eq!(races[0]["winning_attempt_id"], first.as_str());
 }
 
 const BROKEN_PRIMARY: &str = r#"
@@ -399,6 +589,9 @@ on_both_backends!(
     a_timeout_makes_the_attempt_unknown_and_blocks_new_attempts_until_support_abandons_it,
     reverse_order_the_late_primary_loses_to_the_fallback_and_is_race_logged,
     the_first_started_attempt_wins_when_it_returns_first,
+    simultaneous_new_attempts_on_one_job_make_one_and_the_rest_get_409,
+    a_late_failure_fails_over_once_while_owners_ask_for_new_attempts,
+    chain_exhausted_when_every_provider_of_the_chain_was_tried,
     a_definite_failure_fails_over_to_the_next_provider_automatically,
     an_exhausted_chain_fails_the_job,
     a_running_attempt_whose_process_died_becomes_unknown_and_is_not_resent,

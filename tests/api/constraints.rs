@@ -3,6 +3,7 @@
 
 use diesel::connection::SimpleConnection;
 use diesel::result::{DatabaseErrorKind, Error};
+use onejob::store::DbConnection;
 
 use crate::helpers::{test_config, PreparedApp, TestBackend, DEFAULT_TEST_PROVIDERS};
 
@@ -22,18 +23,76 @@ fn insert_attempt(id: &str, job: &str, number: i32, state: &str) -> String {
     )
 }
 
-fn assert_unique_violation(result: Result<(), Error>, what: &str) {
-    match result {
-        Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => {}
-        other => panic!("{what}: expected a unique violation, got {other:?}"),
-    }
+/// Which constraint must refuse a statement: its kind, its name as
+/// PostgreSQL reports it, and what SQLite's message names.
+struct Refusal {
+    kind: DatabaseErrorKind,
+    postgres_constraint: &'static str,
+    sqlite_message: &'static str,
 }
 
-fn assert_refused(result: Result<(), Error>, what: &str) {
-    assert!(
-        matches!(result, Err(Error::DatabaseError(..))),
-        "{what}: expected the database to refuse, got {result:?}"
-    );
+const SECOND_JOB_UNDER_ONE_KEY: Refusal = Refusal {
+    kind: DatabaseErrorKind::UniqueViolation,
+    postgres_constraint: "jobs_owner_key_unique",
+    sqlite_message: "UNIQUE constraint failed: jobs.owner_id, jobs.idempotency_key",
+};
+const SECOND_LIVE_ATTEMPT: Refusal = Refusal {
+    kind: DatabaseErrorKind::UniqueViolation,
+    postgres_constraint: "attempts_one_live_per_job",
+    sqlite_message: "UNIQUE constraint failed: attempts.job_id",
+};
+const UNKNOWN_ATTEMPT_STATE: Refusal = Refusal {
+    kind: DatabaseErrorKind::CheckViolation,
+    postgres_constraint: "attempts_state_check",
+    sqlite_message: "CHECK constraint failed: state IN",
+};
+const UNKNOWN_JOB_STATUS: Refusal = Refusal {
+    kind: DatabaseErrorKind::CheckViolation,
+    postgres_constraint: "jobs_status_check",
+    sqlite_message: "CHECK constraint failed: status IN",
+};
+const SUCCEEDED_WITHOUT_WINNER: Refusal = Refusal {
+    kind: DatabaseErrorKind::CheckViolation,
+    postgres_constraint: "jobs_check",
+    sqlite_message: "CHECK constraint failed: (status = 'succeeded') = (completed_by IS NOT NULL AND result IS NOT NULL)",
+};
+const ATTEMPT_WITHOUT_JOB: Refusal = Refusal {
+    kind: DatabaseErrorKind::ForeignKeyViolation,
+    postgres_constraint: "attempts_job_id_fkey",
+    sqlite_message: "FOREIGN KEY constraint failed",
+};
+const JOB_WITHOUT_OWNER: Refusal = Refusal {
+    kind: DatabaseErrorKind::ForeignKeyViolation,
+    postgres_constraint: "jobs_owner_id_fkey",
+    sqlite_message: "FOREIGN KEY constraint failed",
+};
+
+/// Runs `sql` and asserts that exactly the named constraint refused it.
+fn assert_refused(conn: &mut DbConnection, sql: &str, refusal: &Refusal) {
+    match conn.batch_execute(sql) {
+        Err(Error::DatabaseError(kind, info)) => {
+            assert_eq!(
+                std::mem::discriminant(&kind),
+                std::mem::discriminant(&refusal.kind),
+                "{sql}: refused, but as {kind:?}: {}",
+                info.message()
+            );
+            match conn {
+                DbConnection::Postgresql(_) => assert_eq!(
+                    info.constraint_name(),
+                    Some(refusal.postgres_constraint),
+                    "{sql}: {}",
+                    info.message()
+                ),
+                DbConnection::Sqlite(_) => assert!(
+                    info.message().contains(refusal.sqlite_message),
+                    "{sql}: {}",
+                    info.message()
+                ),
+            }
+        }
+        other => panic!("{sql}: expected the database to refuse it, got {other:?}"),
+    }
 }
 
 async fn raw_sql_cannot_insert_a_second_job_under_one_owners_key(backend: TestBackend) {
@@ -43,9 +102,10 @@ async fn raw_sql_cannot_insert_a_second_job_under_one_owners_key(backend: TestBa
         .with_conn(move |conn| {
             conn.batch_execute(&insert_job("job-1", &alice, "k"))
                 .unwrap();
-            assert_unique_violation(
-                conn.batch_execute(&insert_job("job-2", &alice, "k")),
-                "same owner, same key",
+            assert_refused(
+                conn,
+                &insert_job("job-2", &alice, "k"),
+                &SECOND_JOB_UNDER_ONE_KEY,
             );
             // Another owner may use the same key.
             conn.batch_execute(&insert_job("job-3", &bob, "k")).unwrap();
@@ -64,9 +124,10 @@ async fn raw_sql_cannot_insert_a_second_live_attempt_for_one_job(backend: TestBa
                 .unwrap();
             for (i, live) in ["queued", "running", "unknown"].into_iter().enumerate() {
                 let id = format!("a-live-{i}");
-                assert_unique_violation(
-                    conn.batch_execute(&insert_attempt(&id, "job-1", 10 + i as i32, live)),
-                    &format!("a second live attempt ({live})"),
+                assert_refused(
+                    conn,
+                    &insert_attempt(&id, "job-1", 10 + i as i32, live),
+                    &SECOND_LIVE_ATTEMPT,
                 );
             }
             // Finished attempts do not count as live.
@@ -80,9 +141,10 @@ async fn raw_sql_cannot_insert_a_second_live_attempt_for_one_job(backend: TestBa
             conn.batch_execute(&insert_attempt("a4", "job-1", 4, "queued"))
                 .unwrap();
             // An update that would make two live attempts is refused too.
-            assert_unique_violation(
-                conn.batch_execute("UPDATE attempts SET state = 'unknown' WHERE id = 'a1'"),
-                "reviving a second live attempt",
+            assert_refused(
+                conn,
+                "UPDATE attempts SET state = 'unknown' WHERE id = 'a1'",
+                &SECOND_LIVE_ATTEMPT,
             );
         })
         .await;
@@ -96,24 +158,29 @@ async fn raw_sql_cannot_store_an_unknown_state_or_status(backend: TestBackend) {
             conn.batch_execute(&insert_job("job-1", &alice, "k"))
                 .unwrap();
             assert_refused(
-                conn.batch_execute(&insert_attempt("a1", "job-1", 1, "done")),
-                "attempt state 'done'",
+                conn,
+                &insert_attempt("a1", "job-1", 1, "done"),
+                &UNKNOWN_ATTEMPT_STATE,
             );
             assert_refused(
-                conn.batch_execute("UPDATE jobs SET status = 'finished' WHERE id = 'job-1'"),
-                "job status",
+                conn,
+                "UPDATE jobs SET status = 'finished' WHERE id = 'job-1'",
+                &UNKNOWN_JOB_STATUS,
             );
             assert_refused(
-                conn.batch_execute("UPDATE jobs SET status = 'succeeded' WHERE id = 'job-1'"),
-                "succeeded without a result and a winner",
+                conn,
+                "UPDATE jobs SET status = 'succeeded' WHERE id = 'job-1'",
+                &SUCCEEDED_WITHOUT_WINNER,
             );
             assert_refused(
-                conn.batch_execute(&insert_attempt("a2", "no-such-job", 1, "queued")),
-                "foreign key",
+                conn,
+                &insert_attempt("a2", "no-such-job", 1, "queued"),
+                &ATTEMPT_WITHOUT_JOB,
             );
             assert_refused(
-                conn.batch_execute(&insert_job("job-2", &onejob::domain::UserId::new(), "k2")),
-                "owner foreign key",
+                conn,
+                &insert_job("job-2", &onejob::domain::UserId::new(), "k2"),
+                &JOB_WITHOUT_OWNER,
             );
         })
         .await;

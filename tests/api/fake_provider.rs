@@ -503,7 +503,7 @@ base_url = "{base_url}"
 model = "fake-model"
 api_key_env = "ONEJOB_TEST_FAKE_KEY"
 timeout_ms = 400
-late_result_ms = 5000
+late_result_ms = 60000
 connect_timeout_ms = 1000
 {extra}
 "#

@@ -158,6 +158,58 @@ async fn the_openapi_document_covers_the_api_and_validates(backend: TestBackend)
     );
 }
 
+/// PostgreSQL only: an embedded SQLite file has no "down" to be in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn readyz_answers_503_while_the_database_is_down_and_200_once_it_is_back() {
+    use diesel::connection::SimpleConnection;
+    use diesel::prelude::*;
+    if !crate::helpers::postgres_available() {
+        return;
+    }
+    let mut config = test_config(crate::helpers::DEFAULT_TEST_PROVIDERS);
+    config.database.pool_timeout_ms = 500;
+    let app = crate::helpers::spawn_app_with(TestBackend::Postgres, config).await;
+    let readyz = || async { app.client.get(app.url("/readyz")).send().await.unwrap() };
+    assert_eq!(readyz().await.status(), StatusCode::OK);
+    let name = app.db.postgres_name().unwrap().to_owned();
+    let mut admin = diesel::PgConnection::establish(&format!(
+        "{}/postgres",
+        crate::helpers::postgres_server_url()
+    ))
+    .unwrap();
+    // The database goes away: no new connections, and every open one is cut.
+    admin
+        .batch_execute(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS false"))
+        .unwrap();
+    admin
+        .batch_execute(&format!(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"
+        ))
+        .unwrap();
+    let response = readyz().await;
+    crate::helpers::assert_problem(
+        response,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "service-unavailable",
+    )
+    .await;
+    // Twice: a broken pooled connection, then no connection at all.
+    let response = readyz().await;
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(response.headers().contains_key("retry-after"));
+    admin
+        .batch_execute(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS true"))
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while readyz().await.status() != StatusCode::OK {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not ready again after 10 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
 on_both_backends!(
     healthz_and_readyz_answer_200,
     healthz_answers_within_a_second_of_start_whatever_the_providers_latencies,

@@ -98,7 +98,23 @@ pub struct TestDb {
 }
 
 impl TestDb {
+    /// A database with every migration applied.
     pub fn create(backend: TestBackend) -> Self {
+        Self::new(backend, Some(migrated_template()))
+    }
+
+    /// A database with nothing in it yet (PostgreSQL: copied from
+    /// `template0`), for tests of what starting does to an empty database.
+    pub fn create_empty(backend: TestBackend) -> Self {
+        Self::new(backend, None)
+    }
+
+    /// The PostgreSQL database's name (none for SQLite).
+    pub fn postgres_name(&self) -> Option<&str> {
+        self.pg_name.as_deref()
+    }
+
+    fn new(backend: TestBackend, template: Option<&str>) -> Self {
         match backend {
             TestBackend::Sqlite => {
                 let dir = tempfile::tempdir().expect("temp dir");
@@ -111,7 +127,7 @@ impl TestDb {
             }
             TestBackend::Postgres => {
                 let name = format!("onejob_test_{}", uuid::Uuid::now_v7().simple());
-                let template = migrated_template();
+                let template = template.unwrap_or("template0");
                 let mut admin =
                     PgConnection::establish(&format!("{}/postgres", postgres_server_url()))
                         .expect("connect to PostgreSQL");

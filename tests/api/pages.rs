@@ -274,6 +274,69 @@ async fn html_in_a_jobs_input_renders_as_text(backend: TestBackend) {
     );
 }
 
+async fn reasons_staff_write_are_escaped_on_the_console_audit_and_job_pages(backend: TestBackend) {
+    let app = spawn_app(backend).await;
+    app.set_password("ada", "ada-pw").await;
+    let mut body = summarize("times out");
+    body["provider"] = "sim-slow".into();
+    let job_id = app.create_job(&app.alice.token, "escape", &body).await;
+    let job = app
+        .wait_for_status(&job_id, "unknown", std::time::Duration::from_secs(15))
+        .await;
+    let attempt_id = job["attempts"][0]["id"].as_str().unwrap().to_owned();
+    let abandon_reason = "<script>alert('abandon')</script>";
+    let response = app
+        .abandon(&app.sue.token, &attempt_id, abandon_reason)
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let ada = FormClient::new(&app);
+    let csrf = ada.sign_in("ada", "ada-pw").await;
+    let fail_reason = "<img src=x onerror=alert('fail')>";
+    let response = ada
+        .post_form(
+            &format!("/jobs/{job_id}/fail"),
+            &[("csrf", &csrf), ("reason", fail_reason)],
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    // Stored as written…
+    let entries = app
+        .with_conn(|conn| onejob::store::console::audit_entries(conn, 10).unwrap())
+        .await;
+    let reasons: Vec<&str> = entries.iter().map(|e| e.reason.as_str()).collect();
+    assert!(
+        reasons.contains(&abandon_reason) && reasons.contains(&fail_reason),
+        "{reasons:?}"
+    );
+    // …and shown as text, never as markup.
+    for path in ["/admin/audit".to_owned(), format!("/jobs/{job_id}")] {
+        let page = ada.get(&path).await.text().await.unwrap();
+        for raw in [abandon_reason, fail_reason] {
+            assert!(!page.contains(raw), "{path} carries {raw} as markup");
+        }
+    }
+    let audit = ada.get("/admin/audit").await.text().await.unwrap();
+    assert!(
+        audit.contains("&lt;script&gt;alert(") || audit.contains("&#60;script&#62;alert("),
+        "{audit}"
+    );
+    assert!(
+        audit.contains("&lt;img src=x onerror=") || audit.contains("&#60;img src=x onerror="),
+        "{audit}"
+    );
+    let job_page = ada
+        .get(&format!("/jobs/{job_id}"))
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        job_page.contains("marked failed by support: &lt;img")
+            || job_page.contains("marked failed by support: &#60;img"),
+        "the failure reason is shown escaped"
+    );
+}
+
 async fn roles_are_enforced_on_the_console_and_other_owners_jobs_are_404(backend: TestBackend) {
     let app = spawn_app(backend).await;
     for (name, pw) in [("alice", "a-pw"), ("bob", "b-pw"), ("sue", "s-pw")] {
@@ -503,6 +566,7 @@ async fn the_providers_page_shows_the_matrix_and_qualifies_on_demand(backend: Te
 }
 
 on_both_backends!(
+    reasons_staff_write_are_escaped_on_the_console_audit_and_job_pages,
     the_submit_form_without_javascript_makes_one_job_however_often_it_is_posted,
     an_invalid_form_is_shown_again_with_the_same_key_and_nothing_stored,
     a_cross_site_post_is_refused_and_changes_nothing,

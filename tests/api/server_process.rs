@@ -1,0 +1,124 @@
+//! onejob server processes for tests that need real processes: several on
+//! one database, killed and restarted. Each runs the built binary with a
+//! configuration file and its own logs, and is stopped (SIGKILL) when its
+//! guard drops, even if the test fails.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::helpers::FAKE_API_KEY;
+
+pub struct ServerProcess {
+    pub base: String,
+    pub pid: u32,
+    child: Child,
+    stderr_path: PathBuf,
+}
+
+/// A free port on 127.0.0.1 (bound, then released for the process to take).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl ServerProcess {
+    /// Starts `onejob serve` on a free port with the configuration in
+    /// `config` and the database at `database_url`; logs go to files named
+    /// after `name` in `dir`. Does not wait for it to be ready.
+    pub fn spawn(dir: &Path, name: &str, config: &Path, database_url: &str) -> Self {
+        let port = free_port();
+        Self::spawn_on(dir, name, config, database_url, port)
+    }
+
+    pub fn spawn_on(dir: &Path, name: &str, config: &Path, database_url: &str, port: u16) -> Self {
+        let stderr_path = dir.join(format!("{name}.err"));
+        let child = Command::new(env!("CARGO_BIN_EXE_onejob"))
+            .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
+            .env("ONEJOB_CONFIG", config)
+            .env("DATABASE_URL", database_url)
+            .env("ONEJOB_TEST_FAKE_KEY", FAKE_API_KEY)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(dir.join(format!("{name}.out"))).unwrap())
+            .stderr(std::fs::File::create(&stderr_path).unwrap())
+            .spawn()
+            .expect("start onejob serve");
+        Self {
+            base: format!("http://127.0.0.1:{port}"),
+            pid: child.id(),
+            child,
+            stderr_path,
+        }
+    }
+
+    /// Waits until `/readyz` answers 200 (panics after 30 s, with the logs).
+    pub async fn wait_ready(&mut self) {
+        let client = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "onejob exited with {status} before it was ready:\n{}",
+                    self.stderr()
+                );
+            }
+            let ready = client
+                .get(format!("{}/readyz", self.base))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success());
+            if ready {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "not ready in 30 s:\n{}",
+                self.stderr()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// What the process wrote on stderr so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    /// Sends SIGTERM (a graceful stop, as a deploy does).
+    pub fn terminate(&self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.pid.to_string()])
+            .status();
+    }
+
+    /// Sends SIGKILL (a crash).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+    }
+
+    /// Waits for the process to exit (panics after `within`); its exit status.
+    pub async fn wait_exit(&mut self, within: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "onejob did not exit in {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
