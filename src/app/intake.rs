@@ -1,7 +1,15 @@
-//! Creating a job: the request is validated against the task's contract and
-//! fingerprinted, then the store inserts it under (owner, key) or finds the
-//! job that key already made. A refusal here stores nothing, so it never
-//! reserves the key.
+//! Creating a job under an idempotency key.
+//!
+//! 1. The intent is fingerprinted from the exact text sent (RFC 8785, see
+//!    `domain::jcs`); a number no double holds exactly is refused (422).
+//! 2. A key that already made a job is answered from that job's row (200
+//!    replay, or 409 for another payload) before anything is checked against
+//!    today's configuration, so a retry after a configuration change or
+//!    during a rolling deploy gets the answer its first request got.
+//! 3. A new request is validated against the task's contract, then inserted
+//!    under (owner, key); a concurrent twin that won the key is answered as in 2.
+//!
+//! A refusal stores nothing, so it never reserves the key.
 
 use serde_json::Value;
 
@@ -10,14 +18,14 @@ use crate::contracts::TaskContract;
 use crate::domain::{Fingerprint, IdempotencyKey, JobIntent, JsonText};
 use crate::store::jobs::{self as job_store, CreateOutcome, NewJob};
 
-/// What a client asks for.
-#[derive(Debug, Clone, Default)]
+/// What a client asks for; `input` and `params` as the JSON text it sent.
+#[derive(Debug, Clone)]
 pub struct JobRequest {
     pub task: String,
-    pub input: Value,
+    pub input: JsonText,
     /// A provider of the task's chain to try first.
     pub provider: Option<String>,
-    pub params: Option<Value>,
+    pub params: Option<JsonText>,
 }
 
 /// A job as creation left it.
@@ -64,50 +72,42 @@ pub fn require_in_chain(contract: &TaskContract, provider: Option<&str>) -> AppR
     }
 }
 
-impl App {
-    /// Validates and fingerprints a request. Nothing is stored.
-    fn prepare_job(
-        &self,
-        owner: &User,
-        key: IdempotencyKey,
-        request: JobRequest,
-    ) -> AppResult<NewJob> {
-        let contracts = &self.config().contracts;
-        let contract = contracts
-            .get(&request.task)
-            .ok_or_else(|| AppError::UnknownTask {
-                task: request.task.clone(),
-                tasks: contracts.names(),
-            })?;
-        require_in_chain(&contract, request.provider.as_deref())?;
-        check_input(&contract, &request.input)?;
-        let params = request
-            .params
-            .unwrap_or_else(|| Value::Object(Default::default()));
-        if !params.is_object() {
-            return Err(AppError::invalid_body("`params` must be a JSON object"));
-        }
-        let fingerprint = Fingerprint::of(&JobIntent {
-            task: contract.name(),
-            input: &request.input,
-            params: &params,
-            provider: request.provider.as_deref(),
-        });
-        Ok(NewJob {
-            owner_id: owner.id.clone(),
-            key,
-            task: contract.name().to_owned(),
-            provider: request
-                .provider
-                .clone()
-                .unwrap_or_else(|| contract.chain()[0].clone()),
-            requested_provider: request.provider,
-            input: JsonText::from_value(&request.input),
-            params: JsonText::from_value(&params),
-            fingerprint: fingerprint.as_str().to_owned(),
-        })
-    }
+/// The fingerprint of a request, or why its payload cannot have one.
+fn fingerprint(
+    task: &str,
+    input: &JsonText,
+    params: &JsonText,
+    provider: Option<&str>,
+) -> AppResult<Fingerprint> {
+    Fingerprint::of(&JobIntent {
+        task,
+        input: input.as_str(),
+        params: params.as_str(),
+        provider,
+    })
+    .map_err(|e| AppError::InvalidBody {
+        detail: e.to_string(),
+        field: Some(e.field.to_owned()),
+    })
+}
 
+/// Whether a stored job is the same intent as a request with `fingerprint`.
+/// The stored fingerprint decides; a row written under an earlier way of
+/// fingerprinting is judged by its stored intent, fingerprinted today's way.
+fn same_intent(job: &Job, fingerprint: &Fingerprint) -> bool {
+    if job.fingerprint == fingerprint.as_str() {
+        return true;
+    }
+    Fingerprint::of(&JobIntent {
+        task: &job.task,
+        input: job.input.as_str(),
+        params: job.params.as_str(),
+        provider: job.requested_provider.as_deref(),
+    })
+    .is_ok_and(|stored| &stored == fingerprint)
+}
+
+impl App {
     /// Creates the job `owner`'s key names, or returns the one it already
     /// made (same payload), or refuses (different payload: `KeyReused`).
     pub async fn create_job(
@@ -116,22 +116,50 @@ impl App {
         key: IdempotencyKey,
         request: JobRequest,
     ) -> AppResult<JobCreation> {
-        let new_job = self.prepare_job(owner, key, request)?;
-        let outcome = self
+        let params = request
+            .params
+            .clone()
+            .unwrap_or_else(|| JsonText::parse("{}").expect("an empty object"));
+        if !params.value().is_object() {
+            return Err(AppError::InvalidBody {
+                detail: "`params` must be a JSON object".into(),
+                field: Some("params".into()),
+            });
+        }
+        let fingerprint = fingerprint(
+            &request.task,
+            &request.input,
+            &params,
+            request.provider.as_deref(),
+        )?;
+        let (owner_id, key_text) = (owner.id.clone(), key.as_str().to_owned());
+        let existing = self
+            .store()
+            .run(move |conn| {
+                let Some(job) = job_store::find_by_key(conn, &owner_id, &key_text)? else {
+                    return Ok(None);
+                };
+                let attempts = job_store::attempts_of(conn, &job.id)?;
+                Ok(Some((job, attempts)))
+            })
+            .await?;
+        if let Some((job, attempts)) = existing {
+            return self.replay_or_conflict(job, attempts, &fingerprint);
+        }
+        let new_job = self.validate_new_job(owner, key, request, params, fingerprint.clone())?;
+        let (outcome, attempts) = self
             .store()
             .run(move |conn| {
                 let outcome = job_store::create_job(conn, &new_job)?;
-                let attempts = match &outcome {
-                    CreateOutcome::KeyReused { .. } => Vec::new(),
-                    CreateOutcome::Created(job) | CreateOutcome::Replayed(job) => {
-                        job_store::attempts_of(conn, &job.id)?
-                    }
+                let job = match &outcome {
+                    CreateOutcome::Created(job) | CreateOutcome::Existing(job) => job,
                 };
+                let attempts = job_store::attempts_of(conn, &job.id)?;
                 Ok((outcome, attempts))
             })
             .await?;
         match outcome {
-            (CreateOutcome::Created(job), attempts) => {
+            CreateOutcome::Created(job) => {
                 self.notify_queued();
                 self.metrics().jobs_created.inc();
                 tracing::info!(job_id = %job.id, "job created");
@@ -141,20 +169,60 @@ impl App {
                     replayed: false,
                 })
             }
-            (CreateOutcome::Replayed(job), attempts) => {
-                self.metrics().jobs_replayed.inc();
-                Ok(JobCreation {
-                    job,
-                    attempts,
-                    replayed: true,
-                })
-            }
-            (CreateOutcome::KeyReused { existing_job_id }, _) => {
-                self.metrics().key_conflicts.inc();
-                Err(AppError::KeyReused {
-                    job_id: existing_job_id,
-                })
-            }
+            // A concurrent request with the same key won the insert.
+            CreateOutcome::Existing(job) => self.replay_or_conflict(job, attempts, &fingerprint),
         }
+    }
+
+    fn replay_or_conflict(
+        &self,
+        job: Job,
+        attempts: Vec<Attempt>,
+        fingerprint: &Fingerprint,
+    ) -> AppResult<JobCreation> {
+        if same_intent(&job, fingerprint) {
+            self.metrics().jobs_replayed.inc();
+            Ok(JobCreation {
+                job,
+                attempts,
+                replayed: true,
+            })
+        } else {
+            self.metrics().key_conflicts.inc();
+            Err(AppError::KeyReused { job_id: job.id })
+        }
+    }
+
+    /// Checks a new request against today's configuration.
+    fn validate_new_job(
+        &self,
+        owner: &User,
+        key: IdempotencyKey,
+        request: JobRequest,
+        params: JsonText,
+        fingerprint: Fingerprint,
+    ) -> AppResult<NewJob> {
+        let contracts = &self.config().contracts;
+        let contract = contracts
+            .get(&request.task)
+            .ok_or_else(|| AppError::UnknownTask {
+                task: request.task.clone(),
+                tasks: contracts.names(),
+            })?;
+        require_in_chain(&contract, request.provider.as_deref())?;
+        check_input(&contract, &request.input.value())?;
+        Ok(NewJob {
+            owner_id: owner.id.clone(),
+            key,
+            task: contract.name().to_owned(),
+            provider: request
+                .provider
+                .clone()
+                .unwrap_or_else(|| contract.chain()[0].clone()),
+            requested_provider: request.provider,
+            input: request.input,
+            params,
+            fingerprint: fingerprint.as_str().to_owned(),
+        })
     }
 }

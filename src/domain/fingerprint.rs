@@ -1,16 +1,21 @@
-//! The canonical fingerprint of a job's intent (docs/design.md, "Idempotency"): SHA-256 over the
-//! sorted-key, whitespace-free JSON of task, input, params and target provider, so
-//! that key order or spacing in a request never makes a false conflict.
+//! The fingerprint of a job's intent (docs/design.md, "Idempotency"):
+//! SHA-256 over the RFC 8785 canonical form ([`super::jcs`]) of
+//! `{"input", "params", "provider", "task"}`, computed from the exact text the
+//! client sent. Key order, spacing and `1` vs `1.0` never make a false
+//! conflict; two different numbers never make a false replay.
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use super::jcs::{canonicalize, CanonicalError};
+
 /// What a client asked for: the fields that make two requests "the same".
+/// `input` and `params` are JSON text as sent.
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobIntent<'a> {
     pub task: &'a str,
-    pub input: &'a Value,
-    pub params: &'a Value,
+    pub input: &'a str,
+    pub params: &'a str,
     /// The provider the client named, or `None` for the task's default chain.
     pub provider: Option<&'a str>,
 }
@@ -18,22 +23,33 @@ pub struct JobIntent<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fingerprint(String);
 
+/// Which part of an intent could not be canonicalized, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{field}`: {error}")]
+pub struct IntentError {
+    pub field: &'static str,
+    pub error: CanonicalError,
+}
+
 impl Fingerprint {
-    pub fn of(intent: &JobIntent<'_>) -> Self {
+    pub fn of(intent: &JobIntent<'_>) -> Result<Self, IntentError> {
+        let input = canonicalize(intent.input).map_err(|error| IntentError {
+            field: "input",
+            error,
+        })?;
+        let params = canonicalize(intent.params).map_err(|error| IntentError {
+            field: "params",
+            error,
+        })?;
         let provider = intent
             .provider
             .map_or(Value::Null, |p| Value::String(p.to_owned()));
-        let mut canonical = String::new();
-        canonical.push_str("{\"input\":");
-        write_canonical(intent.input, &mut canonical);
-        canonical.push_str(",\"params\":");
-        write_canonical(intent.params, &mut canonical);
-        canonical.push_str(",\"provider\":");
-        write_canonical(&provider, &mut canonical);
-        canonical.push_str(",\"task\":");
-        write_canonical(&Value::String(intent.task.to_owned()), &mut canonical);
-        canonical.push('}');
-        Self(sha256_hex(canonical.as_bytes()))
+        let document = format!(
+            r#"{{"input":{input},"params":{params},"provider":{provider},"task":{task}}}"#,
+            task = Value::String(intent.task.to_owned()),
+        );
+        let canonical = canonicalize(&document).expect("built from canonical parts");
+        Ok(Self(sha256_hex(canonical.as_bytes())))
     }
 
     /// Wraps a fingerprint read back from storage.
@@ -91,66 +107,78 @@ fn write_canonical(value: &Value, out: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
-    fn fp(task: &str, input: Value, params: Value, provider: Option<&str>) -> Fingerprint {
+    fn fp(task: &str, input: &str, params: &str, provider: Option<&str>) -> Fingerprint {
         Fingerprint::of(&JobIntent {
             task,
-            input: &input,
-            params: &params,
+            input,
+            params,
             provider,
         })
+        .unwrap()
     }
 
     #[test]
-    fn key_order_and_whitespace_do_not_change_the_fingerprint() {
-        let a: Value = serde_json::from_str(r#"{"text":"hi","opts":{"b":1,"a":[1,2]}}"#).unwrap();
-        let b: Value = serde_json::from_str(
-            "{ \"opts\" : { \"a\" : [ 1 , 2 ] , \"b\" : 1 } ,\n \"text\":\"hi\" }",
-        )
-        .unwrap();
+    fn key_order_white_space_and_number_spelling_do_not_change_the_fingerprint() {
+        let a = r#"{"text":"hi","opts":{"b":1,"a":[1,2]}}"#;
+        let b = "{ \"opts\" : { \"a\" : [ 1.0 , 2e0 ] , \"b\" : 1 } ,\n \"text\":\"hi\" }";
         assert_eq!(
-            fp("summarize", a, json!({}), None),
-            fp("summarize", b, json!({}), None)
+            fp("summarize", a, "{}", None),
+            fp("summarize", b, "{}", None)
         );
     }
 
     #[test]
     fn every_intent_field_changes_the_fingerprint() {
-        let base = fp("summarize", json!({"text": "hi"}), json!({}), None);
+        let base = fp("summarize", r#"{"text":"hi"}"#, "{}", None);
+        assert_ne!(base, fp("translate", r#"{"text":"hi"}"#, "{}", None));
+        assert_ne!(base, fp("summarize", r#"{"text":"ho"}"#, "{}", None));
         assert_ne!(
             base,
-            fp("translate", json!({"text": "hi"}), json!({}), None)
+            fp("summarize", r#"{"text":"hi"}"#, r#"{"t":0}"#, None)
         );
         assert_ne!(
             base,
-            fp("summarize", json!({"text": "ho"}), json!({}), None)
+            fp("summarize", r#"{"text":"hi"}"#, "{}", Some("sim-fast"))
+        );
+    }
+
+    #[test]
+    fn different_numbers_and_normalisation_forms_are_different_intents() {
+        assert_ne!(
+            fp("t", r#"{"n":0.1}"#, "{}", None),
+            fp("t", r#"{"n":0.10000000000000002}"#, "{}", None)
         );
         assert_ne!(
-            base,
-            fp("summarize", json!({"text": "hi"}), json!({"t": 0}), None)
+            fp("t", "{\"s\":\"\u{e9}\"}", "{}", None),
+            fp("t", "{\"s\":\"e\u{301}\"}", "{}", None)
         );
-        assert_ne!(
-            base,
-            fp(
-                "summarize",
-                json!({"text": "hi"}),
-                json!({}),
-                Some("sim-fast")
-            )
-        );
+    }
+
+    #[test]
+    fn a_number_no_double_holds_is_refused_naming_the_field() {
+        let error = Fingerprint::of(&JobIntent {
+            task: "t",
+            input: r#"{"seed":123456789012345678901}"#,
+            params: "{}",
+            provider: None,
+        })
+        .unwrap_err();
+        assert_eq!(error.field, "input");
+        assert!(matches!(error.error, CanonicalError::InexactNumber(_)));
     }
 
     #[test]
     fn array_order_is_significant() {
         assert_ne!(
-            fp("t", json!({"xs": [1, 2]}), json!({}), None),
-            fp("t", json!({"xs": [2, 1]}), json!({}), None)
+            fp("t", r#"{"xs":[1,2]}"#, "{}", None),
+            fp("t", r#"{"xs":[2,1]}"#, "{}", None)
         );
     }
 
     #[test]
     fn canonical_json_sorts_nested_keys_and_escapes_strings() {
+        use serde_json::json;
         assert_eq!(
             canonical_json(&json!({"b": {"d": 1, "c": "\"x\""}, "a": null})),
             r#"{"a":null,"b":{"c":"\"x\"","d":1}}"#
@@ -159,7 +187,7 @@ mod tests {
 
     #[test]
     fn fingerprint_is_lowercase_hex_sha256() {
-        let f = fp("t", json!({}), json!({}), None);
+        let f = fp("t", "{}", "{}", None);
         assert_eq!(f.as_str().len(), 64);
         assert!(f
             .as_str()

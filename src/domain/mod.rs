@@ -7,6 +7,7 @@ pub mod callback_key;
 pub mod failover;
 pub mod fingerprint;
 pub mod idempotency_key;
+pub mod jcs;
 pub mod ids;
 pub mod json_text;
 pub mod outcome;

@@ -30,10 +30,9 @@ pub struct NewJob {
 pub enum CreateOutcome {
     /// This request created the job (and its first, queued attempt).
     Created(Job),
-    /// The key was used before with the same payload: this is that job.
-    Replayed(Job),
-    /// The key was used before with a different payload.
-    KeyReused { existing_job_id: JobId },
+    /// The key had already made this job (whether with the same payload is
+    /// the caller's to decide).
+    Existing(Job),
 }
 
 /// Creates the job, or finds the one this key already made.
@@ -68,13 +67,7 @@ pub fn create_job(conn: &mut DbConnection, new: &NewJob) -> StoreResult<CreateOu
         }
         let existing = find_by_key(conn, &new.owner_id, new.key.as_str())?
             .ok_or(super::StoreError::NotFound)?;
-        if existing.fingerprint == new.fingerprint {
-            Ok(CreateOutcome::Replayed(existing))
-        } else {
-            Ok(CreateOutcome::KeyReused {
-                existing_job_id: existing.id,
-            })
-        }
+        Ok(CreateOutcome::Existing(existing))
     })
 }
 

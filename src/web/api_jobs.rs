@@ -173,7 +173,7 @@ pub async fn start_attempt(
         &req,
         payload,
         app.config().server.body_limit_bytes,
-        EmptyBody::AsDefault,
+        EmptyBody::Is(StartAttemptRequest::default()),
     )
     .await?;
     let job_id = job_id(&path)?;

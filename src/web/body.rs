@@ -8,18 +8,17 @@ use serde::de::DeserializeOwned;
 
 use super::error::{ApiError, ProblemType};
 
-/// Whether an empty body is acceptable (it then parses as `T::default()`).
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum EmptyBody {
+/// What an empty body means: a refusal, or this value.
+pub enum EmptyBody<T> {
     Refuse,
-    AsDefault,
+    Is(T),
 }
 
-pub async fn json_body<T: DeserializeOwned + Default>(
+pub async fn json_body<T: DeserializeOwned>(
     req: &HttpRequest,
     mut payload: web::Payload,
     limit: usize,
-    empty: EmptyBody,
+    empty: EmptyBody<T>,
 ) -> Result<T, ApiError> {
     let too_large = || {
         ApiError::new(
@@ -48,8 +47,10 @@ pub async fn json_body<T: DeserializeOwned + Default>(
         }
         body.extend_from_slice(&chunk);
     }
-    if body.is_empty() && empty == EmptyBody::AsDefault {
-        return Ok(T::default());
+    if body.is_empty() {
+        if let EmptyBody::Is(value) = empty {
+            return Ok(value);
+        }
     }
     let is_json = match req.mime_type() {
         Ok(Some(mime)) => {

@@ -1,7 +1,7 @@
 //! The JSON shapes of the API, shared by handlers and the OpenAPI document.
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::value::RawValue;
 use utoipa::ToSchema;
 
 use crate::domain::JsonText;
@@ -20,29 +20,34 @@ fn rfc3339_opt(ms: Option<i64>) -> Option<String> {
     ms.map(rfc3339)
 }
 
-/// Body of `POST /api/v1/jobs`.
-#[derive(Debug, Default, Deserialize, ToSchema)]
+/// Body of `POST /api/v1/jobs`. `input` and `params` are kept as the exact
+/// text sent: stored as is, and fingerprinted by their canonical form.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateJobRequest {
     /// A configured task name, e.g. `summarize`.
     pub task: String,
     /// The task's input: a JSON object with the task's required fields.
+    /// Numbers must be ones an IEEE double holds exactly.
     #[schema(value_type = Object)]
-    pub input: Value,
+    pub input: Box<RawValue>,
     /// A provider of the task's chain to try first; default: the chain's primary.
     pub provider: Option<String>,
-    /// Free-form parameters passed to the provider.
+    /// Free-form parameters passed to the provider (a JSON object).
     #[schema(value_type = Option<Object>)]
-    pub params: Option<Value>,
+    pub params: Option<Box<RawValue>>,
 }
 
 impl From<CreateJobRequest> for JobRequest {
     fn from(body: CreateJobRequest) -> Self {
+        let text = |raw: Box<RawValue>| {
+            JsonText::parse(raw.get()).expect("a raw value is one JSON document")
+        };
         Self {
             task: body.task,
-            input: body.input,
+            input: text(body.input),
             provider: body.provider,
-            params: body.params,
+            params: body.params.map(text),
         }
     }
 }

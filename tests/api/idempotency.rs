@@ -176,6 +176,205 @@ async fn key_order_and_whitespace_changes_are_not_a_conflict(backend: TestBacken
     assert_eq!(app.job_count(&app.alice.id).await, 1);
 }
 
+/// POSTs a raw body under a key as alice.
+async fn post_raw(app: &TestApp, key: &str, body: &str) -> reqwest::Response {
+    app.client
+        .post(app.url("/api/v1/jobs"))
+        .bearer_auth(&app.alice.token)
+        .header("Idempotency-Key", key)
+        .header("Content-Type", "application/json")
+        .body(body.to_owned())
+        .send()
+        .await
+        .unwrap()
+}
+
+/// The stored `input` column of alice's job under `key`, as text.
+async fn stored_input(app: &TestApp, key: &str) -> String {
+    use diesel::prelude::*;
+    use onejob::store::schema::jobs;
+    let key = key.to_owned();
+    app.with_conn(move |conn| {
+        jobs::table
+            .filter(jobs::idempotency_key.eq(key))
+            .select(jobs::input)
+            .first::<String>(conn)
+            .unwrap()
+    })
+    .await
+}
+
+async fn one_and_one_point_zero_are_one_payload(backend: TestBackend) {
+    let app = spawn_app(backend).await;
+    let first = post_raw(
+        &app,
+        "one",
+        r#"{"task":"summarize","input":{"text":"x","n":1}}"#,
+    )
+    .await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    for same in [
+        r#"{"task":"summarize","input":{"text":"x","n":1.0}}"#,
+        r#"{"task":"summarize","input":{"text":"x","n":1e0}}"#,
+        r#"{"task":"summarize","input":{"text":"x","n":10E-1}}"#,
+    ] {
+        let again = post_raw(&app, "one", same).await;
+        assert_eq!(again.status(), StatusCode::OK, "{same}");
+        assert_eq!(again.headers()["idempotent-replayed"], "true");
+    }
+    assert_eq!(app.job_count(&app.alice.id).await, 1);
+    assert_eq!(
+        stored_input(&app, "one").await,
+        r#"{"text":"x","n":1}"#,
+        "stored as first sent"
+    );
+}
+
+async fn numbers_that_differ_are_different_payloads_and_none_is_rounded(backend: TestBackend) {
+    let app = spawn_app(backend).await;
+    // Both are doubles, exactly: they differ, so the second is a conflict.
+    let big = r#"{"task":"summarize","input":{"text":"x","seed":9007199254740992}}"#;
+    let bigger = r#"{"task":"summarize","input":{"text":"x","seed":9007199254740994}}"#;
+    assert_eq!(
+        post_raw(&app, "seed", big).await.status(),
+        StatusCode::CREATED
+    );
+    assert_problem(
+        post_raw(&app, "seed", bigger).await,
+        StatusCode::CONFLICT,
+        "idempotency-key-reused",
+    )
+    .await;
+    // No double holds these: refused, never rounded into one another.
+    for (key, body) in [
+        (
+            "huge-1",
+            r#"{"task":"summarize","input":{"text":"x","seed":123456789012345678901}}"#,
+        ),
+        (
+            "huge-2",
+            r#"{"task":"summarize","input":{"text":"x","seed":123456789012345678902}}"#,
+        ),
+        (
+            "tiny",
+            r#"{"task":"summarize","input":{"text":"x","p":1e-400}}"#,
+        ),
+        (
+            "params",
+            r#"{"task":"summarize","input":{"text":"x"},"params":{"seed":9007199254740993}}"#,
+        ),
+    ] {
+        let problem = assert_problem(
+            post_raw(&app, key, body).await,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid-body",
+        )
+        .await;
+        assert!(
+            problem["detail"]
+                .as_str()
+                .unwrap()
+                .contains("cannot be held exactly"),
+            "{problem:#}"
+        );
+    }
+    assert_eq!(app.job_count(&app.alice.id).await, 1, "nothing else stored");
+    // What was accepted is stored and returned digit for digit, as sent.
+    let exact = r#"{"task":"summarize","input":{"text":"x","price":19.90,"big":1e20}}"#;
+    let response = post_raw(&app, "exact", exact).await;
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let text = response.text().await.unwrap();
+    assert!(
+        text.contains(r#""input":{"text":"x","price":19.90,"big":1e20}"#),
+        "{text}"
+    );
+    assert_eq!(
+        stored_input(&app, "exact").await,
+        r#"{"text":"x","price":19.90,"big":1e20}"#
+    );
+}
+
+async fn strings_in_other_unicode_forms_are_different_payloads(backend: TestBackend) {
+    let app = spawn_app(backend).await;
+    let nfc = "{\"task\":\"summarize\",\"input\":{\"text\":\"caf\u{e9}\"}}";
+    let nfd = "{\"task\":\"summarize\",\"input\":{\"text\":\"cafe\u{301}\"}}";
+    let escaped = r#"{"task":"summarize","input":{"text":"caf\u00e9"}}"#;
+    assert_eq!(
+        post_raw(&app, "unicode", nfc).await.status(),
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        post_raw(&app, "unicode", escaped).await.status(),
+        StatusCode::OK,
+        "an escape of the same code point is the same string"
+    );
+    assert_problem(
+        post_raw(&app, "unicode", nfd).await,
+        StatusCode::CONFLICT,
+        "idempotency-key-reused",
+    )
+    .await;
+}
+
+async fn a_retry_after_a_configuration_change_gets_its_replay_not_a_422(backend: TestBackend) {
+    let app = spawn_app(backend).await;
+    let job_id = app
+        .create_job(&app.alice.token, "before-deploy", &summarize("keep me"))
+        .await;
+    // The next version of the configuration renames the task and adds a
+    // rule the old request breaks; a process running it shares the database.
+    let renamed = crate::helpers::DEFAULT_TEST_PROVIDERS
+        .replace("name = \"summarize\"", "name = \"summarize-v2\"")
+        .replace(
+            "input_fields = [\"text\"]",
+            "input_fields = [\"text\", \"lang\"]",
+        );
+    let store = {
+        let (url, config) = (app.db.url.clone(), crate::helpers::test_config(&renamed));
+        tokio::task::spawn_blocking(move || onejob::startup::open_store(&url, &config))
+            .await
+            .unwrap()
+            .unwrap()
+    };
+    let (next, _, next_server) =
+        crate::helpers::start_instance(crate::helpers::test_config(&renamed), store).await;
+    let send = |body: Value| {
+        app.client
+            .post(format!("{next}/api/v1/jobs"))
+            .bearer_auth(&app.alice.token)
+            .header("Idempotency-Key", "before-deploy")
+            .json(&body)
+            .send()
+    };
+    let replay = send(summarize("keep me")).await.unwrap();
+    assert_eq!(
+        replay.status(),
+        StatusCode::OK,
+        "the acknowledged request replays"
+    );
+    let job: Value = replay.json().await.unwrap();
+    assert_eq!(job["id"], job_id.as_str());
+    assert_problem(
+        send(summarize("something else")).await.unwrap(),
+        StatusCode::CONFLICT,
+        "idempotency-key-reused",
+    )
+    .await;
+    // A new key is held to the new configuration.
+    let fresh = app
+        .client
+        .post(format!("{next}/api/v1/jobs"))
+        .bearer_auth(&app.alice.token)
+        .header("Idempotency-Key", "after-deploy")
+        .json(&summarize("new"))
+        .send()
+        .await
+        .unwrap();
+    assert_problem(fresh, StatusCode::UNPROCESSABLE_ENTITY, "unknown-task").await;
+    assert_eq!(app.job_count(&app.alice.id).await, 1);
+    next_server.abort();
+}
+
 async fn quoted_key_form_is_the_same_key_unquoted(backend: TestBackend) {
     let app = spawn_app(backend).await;
     let first = app
@@ -271,6 +470,10 @@ async fn job_list_is_the_callers_own_newest_first_and_paginated(backend: TestBac
 }
 
 on_both_backends!(
+    one_and_one_point_zero_are_one_payload,
+    numbers_that_differ_are_different_payloads_and_none_is_rounded,
+    strings_in_other_unicode_forms_are_different_payloads,
+    a_retry_after_a_configuration_change_gets_its_replay_not_a_422,
     two_simultaneous_posts_with_one_key_make_one_job,
     fifty_simultaneous_posts_with_one_key_make_one_job,
     replay_returns_the_same_job_with_location_and_replayed_header,

@@ -14,7 +14,9 @@ use crate::app::intake::JobRequest;
 use crate::app::now_ms;
 use crate::app::TaskDefinition;
 use crate::app::{App, AppError, Attempt, Job};
-use crate::domain::{may_start_attempt, AttemptState, IdempotencyKey, JobId, NewAttemptRefusal};
+use crate::domain::{
+    may_start_attempt, AttemptState, IdempotencyKey, JobId, JsonText, NewAttemptRefusal,
+};
 
 /// One input field of the submit form, with what was typed.
 struct Field {
@@ -165,23 +167,24 @@ pub async fn submit_job(
             },
         )
     };
+    // JSON typed into the form is kept as typed, like an API request's.
     let input = if task.input_fields.is_empty() {
-        match serde_json::from_str::<Value>(&input_json) {
+        match JsonText::parse(input_json.trim()) {
             Ok(v) => v,
             Err(e) => return Ok(redisplay(format!("The input is not valid JSON: {e}"))),
         }
     } else {
-        Value::Object(
+        JsonText::from_value(&Value::Object(
             fields
                 .iter()
                 .map(|f| (f.name.clone(), Value::String(f.value.clone())))
                 .collect(),
-        )
+        ))
     };
     let params = if params_json.is_empty() {
         None
     } else {
-        match serde_json::from_str::<Value>(&params_json) {
+        match JsonText::parse(params_json.as_str()) {
             Ok(v) => Some(v),
             Err(e) => return Ok(redisplay(format!("The parameters are not valid JSON: {e}"))),
         }
