@@ -40,7 +40,7 @@ pub use crate::store::console::{
     AttemptBrief, AuditEntry, ConsoleCounts, RaceDetail, UnknownAttempt,
 };
 pub use crate::store::now_ms;
-pub use crate::store::queue::Claim;
+pub use crate::store::queue::{Claim, SendPermit};
 pub use crate::store::sessions::SignIn;
 pub use crate::store::users::User;
 pub use crate::store::{Attempt, Job, QualificationRun, RaceEntry};

@@ -3,8 +3,8 @@
 //! stopped (their running attempts become `unknown`, never re-sent).
 
 use super::{App, AppResult, Claim};
-use crate::domain::AttemptId;
-use crate::store::queue;
+use crate::domain::{AttemptId, AttemptState};
+use crate::store::queue::{self, SendPermit};
 
 impl App {
     /// Claims the oldest queued attempt for `lease_owner`.
@@ -36,8 +36,38 @@ impl App {
             .await?)
     }
 
-    /// Makes running attempts whose lease ran out `unknown`; returns them.
-    pub async fn expire_leases(&self) -> AppResult<Vec<AttemptId>> {
+    /// Reaps running attempts whose lease ran out: `unknown` if they were
+    /// sent, back to the queue if not. Returns what each became.
+    pub async fn expire_leases(&self) -> AppResult<Vec<(AttemptId, AttemptState)>> {
         Ok(self.store().run(queue::expire_leases).await?)
+    }
+
+    /// Confirms this worker's claim immediately before sending (see
+    /// `store::queue::confirm_send`).
+    pub async fn confirm_send(
+        &self,
+        attempt_id: &AttemptId,
+        lease_owner: &str,
+    ) -> AppResult<SendPermit> {
+        let (id, owner) = (attempt_id.clone(), lease_owner.to_owned());
+        let lease_ms = self.config().worker.lease_ms as i64;
+        Ok(self
+            .store()
+            .run(move |conn| queue::confirm_send(conn, &id, &owner, lease_ms))
+            .await?)
+    }
+
+    /// Gives an unsent claim back to the queue (or closes it, if its job
+    /// finished): at shutdown, or when the claim became void.
+    pub async fn give_back_unsent(
+        &self,
+        attempt_id: &AttemptId,
+        lease_owner: &str,
+    ) -> AppResult<SendPermit> {
+        let (id, owner) = (attempt_id.clone(), lease_owner.to_owned());
+        Ok(self
+            .store()
+            .run(move |conn| queue::give_back_unsent(conn, &id, &owner))
+            .await?)
     }
 }

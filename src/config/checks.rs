@@ -29,6 +29,36 @@ pub fn check_file(file: &ConfigFile) -> Result<(), (String, String)> {
     if this.worker.lease_ms < 1_000 {
         return invalid("worker.lease_ms".into(), "must be at least 1000");
     }
+    // A renewal may wait for a pooled connection and then for a lock; two
+    // such waits must fit in a lease, or a busy database lets live claims
+    // run out.
+    let renewal_wait = this.database.pool_timeout_ms + this.database.lock_wait_ms();
+    if this.worker.lease_ms < 2 * renewal_wait {
+        return invalid(
+            "worker.lease_ms".into(),
+            &format!(
+                "must be at least twice database.pool_timeout_ms + the lock wait \
+                 (sqlite_busy_timeout_ms or postgres_lock_timeout_ms): {} ms here",
+                2 * renewal_wait
+            ),
+        );
+    }
+    let longest_timeout = this
+        .providers
+        .iter()
+        .map(|p| p.timeout_ms)
+        .max()
+        .unwrap_or(0);
+    if this.server.shutdown_grace_ms != 0 && this.server.shutdown_grace_ms < longest_timeout {
+        return invalid(
+            "server.shutdown_grace_ms".into(),
+            &format!(
+                "is shorter than the longest provider timeout_ms ({longest_timeout} ms): a deploy \
+                 would cut calls off before they could answer; raise it, or leave it out to \
+                 have it computed"
+            ),
+        );
+    }
     if this.worker.poll_interval_ms == 0 {
         return invalid("worker.poll_interval_ms".into(), "must be greater than 0");
     }
@@ -121,6 +151,18 @@ pub fn check_file(file: &ConfigFile) -> Result<(), (String, String)> {
                     ),
                 );
             }
+        }
+        if task.providers.len() > 1 && task.golden.is_empty() {
+            return invalid(
+                format!("tasks[{i}].golden"),
+                &format!(
+                    "task {:?} has fallback providers ({}) but no golden examples, so they can \
+                     never qualify and the task would never fail over; add at least one \
+                     [[tasks.golden]] example (an input, and what the answer must hold)",
+                    task.name,
+                    task.providers[1..].join(", ")
+                ),
+            );
         }
     }
     Ok(())

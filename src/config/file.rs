@@ -30,6 +30,9 @@ pub struct ServerSettings {
     /// HTTP worker threads; 0 means one per CPU core.
     pub http_workers: usize,
     /// How long a graceful shutdown waits for in-flight requests and calls.
+    /// 0 (the default) means: the longest provider soft timeout plus 2 s,
+    /// and at least 10 s. A value shorter than some provider's `timeout_ms`
+    /// is refused: a deploy would cut calls off before they could answer.
     pub shutdown_grace_ms: u64,
     /// How long a browser sign-in lasts.
     pub session_hours: u64,
@@ -47,7 +50,7 @@ impl Default for ServerSettings {
             bind: "127.0.0.1:8080".into(),
             body_limit_bytes: 64 * 1024,
             http_workers: 0,
-            shutdown_grace_ms: 10_000,
+            shutdown_grace_ms: 0,
             session_hours: 12,
             public_url: None,
             callback_secret_env: None,
@@ -73,7 +76,7 @@ impl Default for WorkerSettings {
         Self {
             concurrency: 4,
             poll_interval_ms: 250,
-            lease_ms: 15_000,
+            lease_ms: 30_000,
         }
     }
 }

@@ -164,8 +164,13 @@ fn resolve(raw: file::ConfigFile, env: &Environment) -> Result<Config, (String, 
             })
         }
     };
+    let mut server = raw.server;
+    if server.shutdown_grace_ms == 0 {
+        let longest = providers.iter().map(|p| p.timeout_ms).max().unwrap_or(0);
+        server.shutdown_grace_ms = (longest + 2_000).max(10_000);
+    }
     Ok(Config {
-        server: raw.server,
+        server,
         database: raw.database,
         worker: raw.worker,
         providers,
@@ -263,6 +268,62 @@ mod tests {
             providers = ["a"]
         "#;
         assert!(invalid_key(toml).contains("fail"));
+    }
+
+    const TWO_PROVIDERS: &str = r#"
+        [[providers]]
+        name = "a"
+        kind = "simulated"
+        timeout_ms = 20000
+        [[providers]]
+        name = "b"
+        kind = "simulated"
+        timeout_ms = 1000
+    "#;
+
+    #[test]
+    fn a_chain_with_fallbacks_but_no_golden_examples_is_refused() {
+        let toml =
+            format!("{TWO_PROVIDERS}\n[[tasks]]\nname = \"t\"\nproviders = [\"a\", \"b\"]\n");
+        match Config::from_toml(&toml, "test", &no_env()) {
+            Err(ConfigError::Invalid { key, message, .. }) => {
+                assert_eq!(key, "tasks[0].golden");
+                assert!(
+                    message.contains("never fail over") && message.contains("\"t\""),
+                    "{message}"
+                );
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        let single = format!("{TWO_PROVIDERS}\n[[tasks]]\nname = \"t\"\nproviders = [\"a\"]\n");
+        assert!(
+            Config::from_toml(&single, "test", &no_env()).is_ok(),
+            "no fallback, no golden needed"
+        );
+    }
+
+    #[test]
+    fn the_shutdown_grace_covers_the_longest_soft_timeout() {
+        let task = "[[tasks]]\nname = \"t\"\nproviders = [\"a\"]\n";
+        let config =
+            Config::from_toml(&format!("{TWO_PROVIDERS}{task}"), "test", &no_env()).unwrap();
+        assert_eq!(
+            config.server.shutdown_grace_ms, 22_000,
+            "computed: 20 s + 2 s"
+        );
+        let short = format!("[server]\nshutdown_grace_ms = 5000\n{TWO_PROVIDERS}{task}");
+        assert_eq!(invalid_key(&short), "server.shutdown_grace_ms");
+    }
+
+    #[test]
+    fn a_lease_that_a_busy_database_can_outlast_is_refused() {
+        let task = "[[tasks]]\nname = \"t\"\nproviders = [\"a\"]\n";
+        let toml = format!("[worker]\nlease_ms = 15000\n{TWO_PROVIDERS}{task}");
+        assert_eq!(invalid_key(&toml), "worker.lease_ms");
+        let toml = format!(
+            "[worker]\nlease_ms = 15000\n[database]\npool_timeout_ms = 2000\nsqlite_busy_timeout_ms = 2000\npostgres_lock_timeout_ms = 2000\n{TWO_PROVIDERS}{task}"
+        );
+        assert!(Config::from_toml(&toml, "test", &no_env()).is_ok());
     }
 
     #[test]

@@ -84,7 +84,7 @@ pub enum ConnectError {
         url: String,
         source: diesel::ConnectionError,
     },
-    #[error("cannot prepare the SQLite connection to {url}: {source}")]
+    #[error("cannot prepare the connection to {url}: {source}")]
     Pragmas {
         url: String,
         source: diesel::result::Error,
@@ -98,6 +98,7 @@ pub struct DbConnectionManager {
     url: DatabaseUrl,
     busy_timeout_ms: u64,
     synchronous: SqliteSynchronous,
+    postgres_session: String,
 }
 
 impl DbConnectionManager {
@@ -106,6 +107,18 @@ impl DbConnectionManager {
             url,
             busy_timeout_ms: config.sqlite_busy_timeout_ms,
             synchronous: config.sqlite_synchronous,
+            // Pinned on every PostgreSQL session, whatever the server's or
+            // the role's defaults: the locking in `store` assumes read
+            // committed, and a wait that would outlast the pool's patience
+            // must fail (503) rather than hold the request.
+            postgres_session: format!(
+                "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED; \
+                 SET lock_timeout = {}; SET statement_timeout = {}; \
+                 SET idle_in_transaction_session_timeout = {};",
+                config.postgres_lock_timeout_ms,
+                config.postgres_statement_timeout_ms,
+                config.postgres_idle_in_transaction_timeout_ms
+            ),
         }
     }
 
@@ -116,8 +129,13 @@ impl DbConnectionManager {
         };
         match self.url.backend() {
             Backend::Postgres => {
-                let conn =
+                let mut conn =
                     diesel::PgConnection::establish(self.url.as_str()).map_err(connection_error)?;
+                conn.batch_execute(&self.postgres_session)
+                    .map_err(|source| ConnectError::Pragmas {
+                        url: self.url.redacted(),
+                        source,
+                    })?;
                 Ok(DbConnection::Postgresql(conn))
             }
             Backend::Sqlite => {

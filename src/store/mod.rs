@@ -36,8 +36,13 @@ pub enum StoreError {
     PoolExhausted(#[source] r2d2::Error),
     #[error("not found")]
     NotFound,
+    /// The database could not serve this now, but may on a retry: a
+    /// serialization failure, a deadlock, a lock or statement timeout, a
+    /// connection lost or refused, SQLite's "database is locked".
+    #[error("the database is busy: {0}")]
+    Busy(String),
     #[error("database error: {0}")]
-    Database(#[from] diesel::result::Error),
+    Database(diesel::result::Error),
     #[error("stored data is inconsistent: {0}")]
     Corrupt(String),
     #[error("a blocking database task was cancelled")]
@@ -47,6 +52,56 @@ pub enum StoreError {
 impl StoreError {
     pub fn corrupt(what: impl Into<String>) -> Self {
         Self::Corrupt(what.into())
+    }
+
+    /// Whether retrying the same operation later may succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::PoolExhausted(_) | Self::Busy(_))
+    }
+}
+
+impl From<diesel::result::Error> for StoreError {
+    fn from(error: diesel::result::Error) -> Self {
+        match transient_reason(&error) {
+            Some(reason) => Self::Busy(reason),
+            None => Self::Database(error),
+        }
+    }
+}
+
+/// Why a database error is worth a retry, if it is. PostgreSQL reports
+/// deadlocks, lock and statement timeouts and lost connections without a
+/// kind of their own, so their (English) messages are matched.
+fn transient_reason(error: &diesel::result::Error) -> Option<String> {
+    use diesel::result::{DatabaseErrorKind as Kind, Error};
+    const MESSAGES: [&str; 13] = [
+        "deadlock detected",
+        "lock timeout",
+        "could not obtain lock",
+        "statement timeout",
+        "idle-in-transaction timeout",
+        "terminating connection",
+        "server closed the connection",
+        "connection to server",
+        "no connection to the server",
+        "the database system is",
+        "could not serialize access",
+        "database is locked",
+        "database table is locked",
+    ];
+    match error {
+        Error::DatabaseError(kind, info) => {
+            let message = info.message();
+            let transient = matches!(
+                kind,
+                Kind::SerializationFailure | Kind::ClosedConnection | Kind::UnableToSendCommand
+            ) || MESSAGES.iter().any(|m| message.contains(m));
+            transient.then(|| message.to_owned())
+        }
+        Error::BrokenTransactionManager => {
+            Some("the connection's transaction state was lost".into())
+        }
+        _ => None,
     }
 }
 
@@ -73,6 +128,22 @@ pub struct DatabaseSettings {
     /// SQLite `busy_timeout`: how long a writer waits for the write lock.
     pub sqlite_busy_timeout_ms: u64,
     pub sqlite_synchronous: SqliteSynchronous,
+    /// PostgreSQL `lock_timeout`: how long a statement waits for a row lock
+    /// before giving up (and the request answering 503).
+    pub postgres_lock_timeout_ms: u64,
+    /// PostgreSQL `statement_timeout`.
+    pub postgres_statement_timeout_ms: u64,
+    /// PostgreSQL `idle_in_transaction_session_timeout`.
+    pub postgres_idle_in_transaction_timeout_ms: u64,
+}
+
+impl DatabaseSettings {
+    /// The longest a statement may wait for a lock before it is refused:
+    /// SQLite's busy timeout or PostgreSQL's lock timeout.
+    pub fn lock_wait_ms(&self) -> u64 {
+        self.sqlite_busy_timeout_ms
+            .max(self.postgres_lock_timeout_ms)
+    }
 }
 
 impl Default for DatabaseSettings {
@@ -83,6 +154,9 @@ impl Default for DatabaseSettings {
             pool_timeout_ms: 5_000,
             sqlite_busy_timeout_ms: 5_000,
             sqlite_synchronous: SqliteSynchronous::Full,
+            postgres_lock_timeout_ms: 5_000,
+            postgres_statement_timeout_ms: 30_000,
+            postgres_idle_in_transaction_timeout_ms: 60_000,
         }
     }
 }

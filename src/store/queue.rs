@@ -1,8 +1,14 @@
 //! The attempt queue: claiming a queued attempt with a lease, renewing it,
-//! and what a lease or a soft timeout that runs out means (`unknown`, never
-//! re-sent).
+//! confirming the claim immediately before sending, and what a lease that
+//! runs out means: an attempt that was sent becomes `unknown` (never
+//! re-sent); one that was claimed but never sent goes back to the queue.
+//!
+//! Leases are judged by one clock, the database's ([`db_now_ms`]), never by
+//! each process's own.
 
+use diesel::dsl::sql;
 use diesel::prelude::*;
+use diesel::sql_types::{BigInt, Nullable};
 
 use super::connection::write_transaction;
 use super::rows::{Attempt, Job};
@@ -12,6 +18,25 @@ use super::transitions::{
 };
 use super::{now_ms, DbConnection, StoreError, StoreResult};
 use crate::domain::{Applied, AttemptEvent, AttemptId, AttemptState, JobId, JobStatus};
+
+/// The database's clock in Unix milliseconds, as SQL for this backend.
+pub fn db_now_ms(conn: &DbConnection) -> &'static str {
+    match conn {
+        DbConnection::Postgresql(_) => "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT",
+        DbConnection::Sqlite(_) => "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+    }
+}
+
+/// Lease columns are nullable, so the clock is typed to match them.
+type Millis = diesel::expression::SqlLiteral<Nullable<BigInt>>;
+
+fn db_now(conn: &DbConnection) -> Millis {
+    sql::<Nullable<BigInt>>(db_now_ms(conn))
+}
+
+fn db_now_plus(conn: &DbConnection, ms: i64) -> Millis {
+    sql::<Nullable<BigInt>>(&format!("({}) + {ms}", db_now_ms(conn)))
+}
 
 /// A queued attempt this process now holds, with the job it works for.
 #[derive(Debug, Clone)]
@@ -63,9 +88,10 @@ pub fn claim_next(
         )
         .set((
             attempts::state.eq(AttemptEvent::Claimed.target()),
+            attempts::sent_at.eq(None::<i64>),
             attempts::version_read.eq(version),
             attempts::lease_owner.eq(lease_owner),
-            attempts::lease_expires_at.eq(now + lease_ms),
+            attempts::lease_expires_at.eq(db_now_plus(conn, lease_ms)),
             attempts::started_at.eq(now),
             attempts::timeout_at.eq(now + soft_timeout_ms(&provider)),
         ))
@@ -81,22 +107,151 @@ pub fn claim_next(
     })
 }
 
-/// Extends the lease of a running attempt this process holds.
+/// The jobs that are not finished, as a subquery.
+fn unfinished_jobs() -> diesel::dsl::Select<
+    diesel::dsl::Filter<jobs::table, diesel::dsl::NeAll<jobs::status, [JobStatus; 2]>>,
+    jobs::id,
+> {
+    jobs::table
+        .filter(jobs::status.ne_all(JobStatus::TERMINAL))
+        .select(jobs::id)
+}
+
+/// Extends the lease of a running attempt this process holds, while its job
+/// is unfinished. False when the claim is void: the attempt is no longer
+/// running under this owner, or its job finished.
 pub fn renew_lease(
     conn: &mut DbConnection,
     attempt_id: &AttemptId,
     lease_owner: &str,
     lease_ms: i64,
 ) -> StoreResult<bool> {
+    let until = db_now_plus(conn, lease_ms);
     let changed = diesel::update(
         attempts::table
             .filter(attempts::id.eq(attempt_id))
             .filter(attempts::state.eq(AttemptState::Running))
-            .filter(attempts::lease_owner.eq(lease_owner)),
+            .filter(attempts::lease_owner.eq(lease_owner))
+            .filter(attempts::job_id.eq_any(unfinished_jobs())),
     )
-    .set(attempts::lease_expires_at.eq(now_ms() + lease_ms))
+    .set(attempts::lease_expires_at.eq(until))
     .execute(conn)?;
     Ok(changed == 1)
+}
+
+/// What confirming a claim immediately before sending found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SendPermit {
+    /// The claim holds: `sent_at` is recorded; send now.
+    Granted,
+    /// The job finished while the claim waited: the attempt was closed
+    /// unsent, with this reason.
+    Withdrawn(String),
+    /// The lease ran out before sending: the attempt went back to the queue.
+    Requeued,
+    /// The attempt is no longer this worker's (another process took it over,
+    /// or it is not running): nothing to do.
+    Lost,
+}
+
+const NOT_SENT_JOB_FINISHED: &str = "not sent: the job had already finished";
+
+/// The one guarded statement before a send: the attempt is still `running`,
+/// leased by `lease_owner` (by the database's clock), never sent, and its
+/// job is unfinished. If so, `sent_at` is recorded and the lease renewed;
+/// if not, nothing may be sent and the attempt records why.
+pub fn confirm_send(
+    conn: &mut DbConnection,
+    attempt_id: &AttemptId,
+    lease_owner: &str,
+    lease_ms: i64,
+) -> StoreResult<SendPermit> {
+    let (now, until) = (db_now(conn), db_now_plus(conn, lease_ms));
+    let confirmed = diesel::update(
+        attempts::table
+            .filter(attempts::id.eq(attempt_id))
+            .filter(attempts::state.eq(AttemptState::Running))
+            .filter(attempts::lease_owner.eq(lease_owner))
+            .filter(attempts::sent_at.is_null())
+            .filter(attempts::lease_expires_at.gt(now))
+            .filter(attempts::job_id.eq_any(unfinished_jobs())),
+    )
+    .set((
+        attempts::sent_at.eq(now_ms()),
+        attempts::lease_expires_at.eq(until),
+    ))
+    .execute(conn)?;
+    if confirmed == 1 {
+        return Ok(SendPermit::Granted);
+    }
+    give_back_unsent(conn, attempt_id, lease_owner)
+}
+
+/// Gives up this worker's unsent claim (at shutdown, or when it became
+/// void): back to the queue, or closed if its job has finished. Nothing was
+/// sent, so the attempt may be sent later by whoever claims it.
+pub fn give_back_unsent(
+    conn: &mut DbConnection,
+    attempt_id: &AttemptId,
+    lease_owner: &str,
+) -> StoreResult<SendPermit> {
+    write_transaction(conn, |conn| {
+        let Some(attempt) = lock_attempt_and_job(conn, attempt_id)? else {
+            return Ok(SendPermit::Lost);
+        };
+        let ours = attempt.state == AttemptState::Running
+            && attempt.sent_at.is_none()
+            && attempt.lease_owner.as_deref() == Some(lease_owner);
+        if !ours {
+            return Ok(SendPermit::Lost);
+        }
+        let job = get_job(conn, &attempt.job_id)?;
+        if job.status.is_terminal() {
+            close_unsent(conn, &attempt, NOT_SENT_JOB_FINISHED)?;
+            return Ok(SendPermit::Withdrawn(NOT_SENT_JOB_FINISHED.to_owned()));
+        }
+        requeue(conn, &attempt)?;
+        Ok(SendPermit::Requeued)
+    })
+}
+
+/// An unsent running attempt goes back to `queued`: it was claimed, never
+/// sent, so sending it later sends it once.
+fn requeue(conn: &mut DbConnection, attempt: &Attempt) -> StoreResult<()> {
+    let now = now_ms();
+    diesel::update(
+        attempts::table
+            .filter(attempts::id.eq(&attempt.id))
+            .filter(attempts::state.eq(AttemptState::Running))
+            .filter(attempts::sent_at.is_null()),
+    )
+    .set((
+        attempts::state.eq(AttemptState::Queued),
+        attempts::version_read.eq(None::<i64>),
+        attempts::lease_expires_at.eq(None::<i64>),
+        attempts::started_at.eq(None::<i64>),
+        attempts::timeout_at.eq(None::<i64>),
+    ))
+    .execute(conn)?;
+    refresh_job_status(conn, &attempt.job_id, now)
+}
+
+/// An unsent running attempt of a finished job is closed, never sent.
+fn close_unsent(conn: &mut DbConnection, attempt: &Attempt, reason: &str) -> StoreResult<()> {
+    diesel::update(
+        attempts::table
+            .filter(attempts::id.eq(&attempt.id))
+            .filter(attempts::state.eq(AttemptState::Running))
+            .filter(attempts::sent_at.is_null()),
+    )
+    .set((
+        attempts::state.eq(AttemptState::Failed),
+        attempts::finished_at.eq(now_ms()),
+        attempts::error.eq(reason),
+        attempts::lease_expires_at.eq(None::<i64>),
+    ))
+    .execute(conn)?;
+    Ok(())
 }
 
 /// The soft timeout passed: the attempt (and its job) become `unknown`.
@@ -122,40 +277,74 @@ pub fn mark_unknown(
     })
 }
 
-/// Running attempts whose lease ran out belonged to a process that stopped: they
-/// become `unknown` (the provider may have received them) and are never re-sent.
-/// Returns the attempts changed.
-pub fn expire_leases(conn: &mut DbConnection) -> StoreResult<Vec<AttemptId>> {
+/// Running attempts whose lease ran out (by the database's clock) belonged
+/// to a process that stopped. One that was sent becomes `unknown` (the
+/// provider may have received it) and is never re-sent; one that was never
+/// sent goes back to the queue (or is closed, if its job finished). Each
+/// attempt is handled in a transaction of its own, so reapers in several
+/// processes never hold locks on two jobs at once. Returns what changed.
+pub fn expire_leases(conn: &mut DbConnection) -> StoreResult<Vec<(AttemptId, AttemptState)>> {
+    let now = db_now(conn);
+    let expired: Vec<(AttemptId, JobId)> = attempts::table
+        .filter(attempts::state.eq(AttemptState::Running))
+        .filter(attempts::lease_expires_at.lt(now))
+        .select((attempts::id, attempts::job_id))
+        .limit(100)
+        .load(conn)?;
+    let mut changed = Vec::new();
+    for (attempt_id, job_id) in expired {
+        if let Some(state) = expire_one(conn, &attempt_id, &job_id)? {
+            changed.push((attempt_id, state));
+        }
+    }
+    Ok(changed)
+}
+
+fn expire_one(
+    conn: &mut DbConnection,
+    attempt_id: &AttemptId,
+    job_id: &JobId,
+) -> StoreResult<Option<AttemptState>> {
     write_transaction(conn, |conn| {
-        let now = now_ms();
-        let expired: Vec<(AttemptId, JobId)> = attempts::table
+        lock_job(conn, job_id)?;
+        let now = db_now(conn);
+        // Re-read under the lock: a renewal or an answer may have come first.
+        let still_expired = attempts::table
+            .filter(attempts::id.eq(attempt_id))
             .filter(attempts::state.eq(AttemptState::Running))
             .filter(attempts::lease_expires_at.lt(now))
-            .select((attempts::id, attempts::job_id))
-            .load(conn)?;
-        let mut changed = Vec::new();
-        for (attempt_id, job_id) in expired {
-            let reason = "lease expired: the process running this attempt stopped; \
-                          the provider may have received the request";
-            lock_job(conn, &job_id)?;
-            // Guard on the lease too: a renewal that won the race keeps it running.
-            let updated = diesel::update(
-                attempts::table
-                    .filter(attempts::id.eq(&attempt_id))
-                    .filter(attempts::state.eq_any(AttemptEvent::LeaseExpired.from_states()))
-                    .filter(attempts::lease_expires_at.lt(now)),
-            )
-            .set((
-                attempts::state.eq(AttemptEvent::LeaseExpired.target()),
-                attempts::error.eq(reason),
-                attempts::lease_expires_at.eq(None::<i64>),
-            ))
-            .execute(conn)?;
-            if updated == 1 {
-                refresh_job_status(conn, &job_id, now)?;
-                changed.push(attempt_id);
+            .select(Attempt::as_select())
+            .first(conn)
+            .optional()?;
+        let Some(attempt) = still_expired else {
+            return Ok(None);
+        };
+        if attempt.sent_at.is_none() {
+            let job = get_job(conn, job_id)?;
+            if job.status.is_terminal() {
+                close_unsent(conn, &attempt, NOT_SENT_JOB_FINISHED)?;
+                return Ok(Some(AttemptState::Failed));
             }
+            requeue(conn, &attempt)?;
+            return Ok(Some(AttemptState::Queued));
         }
-        Ok(changed)
+        let reason = "lease expired: the process running this attempt stopped; \
+                      the provider may have received the request";
+        let updated = diesel::update(
+            attempts::table
+                .filter(attempts::id.eq(attempt_id))
+                .filter(attempts::state.eq_any(AttemptEvent::LeaseExpired.from_states())),
+        )
+        .set((
+            attempts::state.eq(AttemptEvent::LeaseExpired.target()),
+            attempts::error.eq(reason),
+            attempts::lease_expires_at.eq(None::<i64>),
+        ))
+        .execute(conn)?;
+        if updated != 1 {
+            return Ok(None);
+        }
+        refresh_job_status(conn, job_id, now_ms())?;
+        Ok(Some(AttemptState::Unknown))
     })
 }

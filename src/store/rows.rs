@@ -55,6 +55,9 @@ pub struct Attempt {
     pub timeout_at: Option<i64>,
     pub finished_at: Option<i64>,
     pub error: Option<String>,
+    /// When the worker confirmed its claim and sent the attempt; `None`:
+    /// never sent.
+    pub sent_at: Option<i64>,
 }
 
 /// A race-log row: an answer that did not win, and why.

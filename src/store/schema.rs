@@ -75,6 +75,7 @@ diesel::table! {
         timeout_at -> Nullable<BigInt>,
         finished_at -> Nullable<BigInt>,
         error -> Nullable<Text>,
+        sent_at -> Nullable<BigInt>,
     }
 }
 

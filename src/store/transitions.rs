@@ -152,6 +152,7 @@ pub fn insert_queued_attempt(
         timeout_at: None,
         finished_at: None,
         error: None,
+        sent_at: None,
     };
     diesel::insert_into(attempts::table)
         .values(&row)

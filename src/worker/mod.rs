@@ -16,18 +16,24 @@ use tokio::time::{sleep, Instant};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::app::{now_ms, App, AppError, Claim};
-use crate::domain::{AttemptId, Outcome};
+use crate::app::{now_ms, App, AppError, Claim, SendPermit};
+use crate::domain::{AttemptId, AttemptState, Outcome};
 
 /// A running worker pool; dropping it does not stop it, [`WorkerHandle::shutdown`] does.
 pub struct WorkerHandle {
     shutdown: CancellationToken,
+    grace_over: CancellationToken,
     tracker: TaskTracker,
 }
 
 impl WorkerHandle {
-    /// Stops claiming, lets in-flight calls reach an answer or their soft timeout,
-    /// stops waiting for late results, and waits at most `grace` for all that.
+    /// A deploy's stop, which strands nothing:
+    /// - claiming stops at once; a claim not yet sent (waiting out a
+    ///   provider's `Retry-After`) goes back to the queue;
+    /// - calls in flight may answer, or reach their soft timeout (the
+    ///   configuration keeps `grace` longer than every soft timeout);
+    /// - writing their outcomes is retried until `grace` ends;
+    /// - waiting for late answers stops (those attempts are already `unknown`).
     pub async fn shutdown(self, grace: Duration) {
         self.shutdown.cancel();
         self.tracker.close();
@@ -35,10 +41,12 @@ impl WorkerHandle {
             .await
             .is_err()
         {
+            self.grace_over.cancel();
             tracing::warn!(
-                "worker tasks still busy after the shutdown grace period; their running \
-                 attempts become unknown when their leases expire"
+                "worker tasks still busy after the shutdown grace period; a running \
+                 attempt whose outcome was not written becomes unknown when its lease expires"
             );
+            let _ = tokio::time::timeout(Duration::from_secs(1), self.tracker.wait()).await;
         }
     }
 }
@@ -55,7 +63,10 @@ struct LateCall {
 struct Worker {
     app: App,
     lease_owner: String,
+    /// Stop claiming and waiting.
     shutdown: CancellationToken,
+    /// The shutdown grace is over: stop retrying writes.
+    grace_over: CancellationToken,
     tracker: TaskTracker,
 }
 
@@ -64,6 +75,7 @@ struct Worker {
 pub fn spawn(app: App) -> WorkerHandle {
     let handle = WorkerHandle {
         shutdown: CancellationToken::new(),
+        grace_over: CancellationToken::new(),
         tracker: TaskTracker::new(),
     };
     let worker = Worker {
@@ -71,6 +83,7 @@ pub fn spawn(app: App) -> WorkerHandle {
         // Kept on the attempt after it finishes: which process ran it.
         lease_owner: format!("pid{}-{}", std::process::id(), uuid::Uuid::now_v7()),
         shutdown: handle.shutdown.clone(),
+        grace_over: handle.grace_over.clone(),
         tracker: handle.tracker.clone(),
     };
     let concurrency = worker.app.config().worker.concurrency;
@@ -121,8 +134,18 @@ impl Worker {
             }
             match self.app.expire_leases().await {
                 Ok(expired) => {
-                    for attempt_id in expired {
-                        tracing::warn!(%attempt_id, "lease expired on a running attempt: now unknown, not re-sent");
+                    for (attempt_id, state) in expired {
+                        match state {
+                            AttemptState::Unknown => {
+                                tracing::warn!(%attempt_id, "lease expired on a sent attempt: now unknown, never re-sent")
+                            }
+                            AttemptState::Queued => {
+                                tracing::warn!(%attempt_id, "lease expired before the attempt was sent: back in the queue")
+                            }
+                            other => {
+                                tracing::warn!(%attempt_id, state = %other, "lease expired before the attempt was sent; its job had finished")
+                            }
+                        }
                     }
                 }
                 Err(error) => tracing::error!(%error, "expiring leases failed"),
@@ -146,13 +169,39 @@ impl Worker {
         heartbeat.tick().await;
         // A provider that asked for a pause (429/529 Retry-After) is not called
         // before it ends; the soft timeout starts only when the request is sent.
+        // The claim is kept alive meanwhile; if it becomes void (the job
+        // finished, the lease was lost) or the process is stopping, nothing
+        // is sent.
         if let Some(until) = dispatch.provider.not_before() {
             tracing::info!("waiting for the provider's Retry-After before sending");
             loop {
                 tokio::select! {
                     _ = tokio::time::sleep_until(until) => break,
-                    _ = heartbeat.tick() => self.renew_lease(&attempt_id).await,
+                    _ = self.shutdown.cancelled() => break,
+                    _ = heartbeat.tick() => {
+                        if !self.renew_lease(&attempt_id).await {
+                            break;
+                        }
+                    }
                 }
+            }
+        }
+        if self.shutdown.is_cancelled() {
+            self.give_back(&attempt_id).await;
+            return;
+        }
+        // The one guarded statement before the send.
+        match self.app.confirm_send(&attempt_id, &self.lease_owner).await {
+            Ok(SendPermit::Granted) => {}
+            Ok(refused) => {
+                tracing::warn!(?refused, "the claim is void: the attempt was not sent");
+                return;
+            }
+            Err(error) => {
+                // Unconfirmed means unsent; the lease will run out and the
+                // attempt go back to the queue.
+                tracing::error!(%error, "confirming the claim failed: the attempt was not sent");
+                return;
             }
         }
         tracing::info!("attempt sent");
@@ -169,7 +218,11 @@ impl Worker {
             tokio::select! {
                 outcome = &mut call => break Some(outcome),
                 _ = tokio::time::sleep_until(soft_deadline) => break None,
-                _ = heartbeat.tick() => self.renew_lease(&attempt_id).await,
+                _ = heartbeat.tick() => {
+                    // Sent already: a lost lease changes nothing here; the
+                    // answer still goes through the compare-and-swap.
+                    self.renew_lease(&attempt_id).await;
+                }
             }
         };
         match answered {
@@ -229,14 +282,46 @@ impl Worker {
         }
     }
 
-    async fn renew_lease(&self, attempt_id: &AttemptId) {
-        match self.app.renew_lease(attempt_id, &self.lease_owner).await {
-            Ok(true) => {}
-            Ok(false) => tracing::warn!(
-                "lease lost: the attempt is no longer running under this process (it may have been \
-                 marked unknown); its answer will still go through the compare-and-swap"
-            ),
-            Err(error) => tracing::error!(%error, "renewing the lease failed"),
+    /// Renews the claim's lease, retrying a few times when the database is
+    /// busy. False when the claim is void (not running under this worker any
+    /// more, or its job finished); an answer still goes through the CAS.
+    async fn renew_lease(&self, attempt_id: &AttemptId) -> bool {
+        let mut delay = Duration::from_millis(50);
+        for attempt in 1..=4 {
+            match self.app.renew_lease(attempt_id, &self.lease_owner).await {
+                Ok(true) => return true,
+                Ok(false) => {
+                    tracing::warn!(
+                        "lease lost: the attempt is no longer running under this process, or its \
+                         job finished"
+                    );
+                    return false;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, attempt, "renewing the lease failed; retrying");
+                    sleep(delay).await;
+                    delay *= 2;
+                }
+            }
+        }
+        // Still unknown whether it holds; treat it as held (the reaper
+        // decides by the database's clock) rather than drop a live call.
+        true
+    }
+
+    /// Gives an unsent claim back (at shutdown).
+    async fn give_back(&self, attempt_id: &AttemptId) {
+        match self
+            .app
+            .give_back_unsent(attempt_id, &self.lease_owner)
+            .await
+        {
+            Ok(outcome) => {
+                tracing::info!(%attempt_id, ?outcome, "unsent claim given back at shutdown")
+            }
+            Err(error) => {
+                tracing::error!(%error, %attempt_id, "giving back an unsent claim failed; its lease will run out and return it to the queue")
+            }
         }
     }
 
@@ -261,12 +346,12 @@ impl Worker {
                     tracing::error!(%error, attempt, "applying an outcome failed; retrying in {delay:?}");
                     tokio::select! {
                         _ = sleep(delay) => {}
-                        _ = self.shutdown.cancelled() => break,
+                        _ = self.grace_over.cancelled() => break,
                     }
                     delay = (delay * 2).min(Duration::from_secs(5));
                 }
             }
         }
-        tracing::error!(%attempt_id, "applying an outcome abandoned at shutdown; the attempt will surface as unknown");
+        tracing::error!(%attempt_id, "applying an outcome given up when the shutdown grace ended; the attempt will surface as unknown");
     }
 }

@@ -1,8 +1,6 @@
 //! Attempts: unknown is not failed, the first result back wins, definite
 //! failures fail over, and a dead process's attempt is never re-sent.
 
-use std::time::Duration;
-
 use diesel::prelude::*;
 use onejob::app::RaceEntry;
 use onejob::domain::{AttemptState, JobId, JsonText};
@@ -528,19 +526,20 @@ async fn an_exhausted_chain_fails_the_job(backend: TestBackend) {
     assert_problem(response, StatusCode::CONFLICT, "job-finished").await;
 }
 
-async fn a_running_attempt_whose_process_died_becomes_unknown_and_is_not_resent(
-    backend: TestBackend,
-) {
-    let prepared =
-        PreparedApp::new(backend, test_config(crate::helpers::DEFAULT_TEST_PROVIDERS)).await;
-    // Another process created the job, claimed its attempt with a short lease,
-    // and died before reporting anything.
+/// What another process did before it died: created a job and claimed its
+/// attempt with a short lease, and, if `sent`, confirmed the claim and sent
+/// it.
+async fn claimed_by_a_process_that_died(
+    prepared: &PreparedApp,
+    key: &'static str,
+    sent: bool,
+) -> (JobId, onejob::domain::AttemptId) {
     let owner = prepared.alice.id.clone();
-    let (job_id, attempt_id) = prepared
+    prepared
         .with_conn(move |conn| {
             let new = job_store::NewJob {
                 owner_id: owner,
-                key: onejob::domain::IdempotencyKey::parse("dead-process").unwrap(),
+                key: onejob::domain::IdempotencyKey::parse(key).unwrap(),
                 task: "summarize".into(),
                 provider: "sim-fast".into(),
                 requested_provider: None,
@@ -552,12 +551,26 @@ async fn a_running_attempt_whose_process_died_becomes_unknown_and_is_not_resent(
                 job_store::CreateOutcome::Created(job) => job,
                 other => panic!("{other:?}"),
             };
-            let claim = queue::claim_next(conn, "a-process-that-died", 200, &|_| 3000)
+            let claim = queue::claim_next(conn, "a-process-that-died", 300, &|_| 3000)
                 .unwrap()
                 .expect("the queued attempt is claimed");
+            if sent {
+                assert_eq!(
+                    queue::confirm_send(conn, &claim.attempt.id, "a-process-that-died", 300)
+                        .unwrap(),
+                    queue::SendPermit::Granted
+                );
+            }
             (job.id, claim.attempt.id)
         })
-        .await;
+        .await
+}
+
+async fn a_sent_attempt_whose_process_died_becomes_unknown_and_is_not_resent(backend: TestBackend) {
+    let prepared =
+        PreparedApp::new(backend, test_config(crate::helpers::DEFAULT_TEST_PROVIDERS)).await;
+    let (job_id, attempt_id) =
+        claimed_by_a_process_that_died(&prepared, "dead-process", true).await;
 
     let app = prepared.start().await;
     let job = app.wait_for_status(&job_id, "unknown", WAIT).await;
@@ -568,21 +581,42 @@ async fn a_running_attempt_whose_process_died_becomes_unknown_and_is_not_resent(
         .unwrap()
         .contains("lease expired"));
 
-    // Give the live workers time to (wrongly) pick it up, then check they did not.
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // The reaper has run; the live workers were free all along. Nothing
+    // was sent again, and no new attempt was started.
+    let rows = attempts_rows(&app, job_id.as_str()).await;
+    assert_eq!(rows.len(), 1, "and no new attempt was started");
+    assert_eq!(rows[0].state, AttemptState::Unknown);
+    assert!(rows[0].sent_at.is_some());
     assert!(
         app.sent("sim-fast").is_empty(),
         "the attempt must never be re-sent: {:?}",
         app.sent("sim-fast")
     );
     assert!(app.sent("sim-slow").is_empty());
-    let job = app.get_job(&app.alice.token, &job_id).await;
+}
+
+async fn a_claimed_attempt_never_sent_by_a_process_that_died_is_requeued_and_sent_once(
+    backend: TestBackend,
+) {
+    let prepared =
+        PreparedApp::new(backend, test_config(crate::helpers::DEFAULT_TEST_PROVIDERS)).await;
+    let (job_id, attempt_id) =
+        claimed_by_a_process_that_died(&prepared, "died-before-sending", false).await;
+    let app = prepared.start().await;
+    let job = app.wait_for_status(&job_id, "succeeded", WAIT).await;
     assert_eq!(
-        job["attempts"].as_array().unwrap().len(),
-        1,
-        "and no new attempt was started"
+        job["completed_by"],
+        attempt_id.as_str(),
+        "the same attempt, not a new one"
     );
-    assert_eq!(job["status"], "unknown");
+    let rows = attempts_rows(&app, job_id.as_str()).await;
+    assert_eq!(rows.len(), 1);
+    assert!(rows[0].sent_at.is_some());
+    assert_eq!(
+        app.sent("sim-fast"),
+        vec![attempt_id.to_string()],
+        "sent exactly once, by a live process"
+    );
 }
 
 on_both_backends!(
@@ -594,5 +628,6 @@ on_both_backends!(
     chain_exhausted_when_every_provider_of_the_chain_was_tried,
     a_definite_failure_fails_over_to_the_next_provider_automatically,
     an_exhausted_chain_fails_the_job,
-    a_running_attempt_whose_process_died_becomes_unknown_and_is_not_resent,
+    a_sent_attempt_whose_process_died_becomes_unknown_and_is_not_resent,
+    a_claimed_attempt_never_sent_by_a_process_that_died_is_requeued_and_sent_once,
 );

@@ -141,6 +141,7 @@ mod tests {
             timeout_at: Some(started + 500),
             finished_at: finished,
             error: None,
+            sent_at: Some(started),
         }
     }
 
