@@ -153,6 +153,10 @@ impl Metrics {
                 self.races.inc();
                 "succeeded"
             }
+            Applied::Discarded(_) => {
+                self.races.inc();
+                return;
+            }
             Applied::FailedOver { .. } | Applied::JobFailed { .. } | Applied::Recorded => "failed",
             Applied::MarkedUnknown => "unknown",
             Applied::Ignored(_) => return,

@@ -19,7 +19,7 @@ impl App {
         provider: &str,
         outcome: Outcome,
     ) -> AppResult<Applied> {
-        let applied = match outcome {
+        let applied = match outcome.printable() {
             Outcome::Succeeded(answer) => self.apply_success(attempt_id, answer).await?,
             Outcome::Failed(error) => self.apply_failure(attempt_id, error).await?,
             Outcome::Unknown(reason) => {
@@ -47,6 +47,9 @@ impl App {
             Applied::JobFailed { reason } => tracing::warn!(%attempt_id, %reason, "job failed"),
             Applied::Recorded => tracing::info!(%attempt_id, "failure recorded"),
             Applied::MarkedUnknown => tracing::warn!(%attempt_id, "attempt is now unknown"),
+            Applied::Discarded(state) => {
+                tracing::warn!(%attempt_id, %state, "an answer for a finished attempt: discarded and written to the race log")
+            }
             Applied::Ignored(state) => {
                 tracing::warn!(%attempt_id, %state, "outcome ignored: the attempt was already finished")
             }

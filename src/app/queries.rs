@@ -6,7 +6,7 @@ use super::{
     require_admin, require_staff, visible_to, App, AppError, AppResult, Attempt, AuditEntry,
     ConsoleCounts, Job, RaceDetail, RaceEntry, UnknownAttempt, User,
 };
-use crate::domain::{JobId, QualificationStatus};
+use crate::domain::{AttemptId, JobId, QualificationStatus};
 use crate::store::{console, jobs as job_store, now_ms};
 
 /// One cell of the provider × task qualification matrix.
@@ -63,10 +63,18 @@ impl App {
             .await?)
     }
 
-    /// Every attempt in `unknown`, oldest first (support, admin).
-    pub async fn unknown_queue(&self, actor: &User) -> AppResult<Vec<UnknownAttempt>> {
+    /// Attempts in `unknown`, oldest first, a page at a time (support, admin).
+    pub async fn unknown_queue(
+        &self,
+        actor: &User,
+        after: Option<AttemptId>,
+        limit: i64,
+    ) -> AppResult<Vec<UnknownAttempt>> {
         require_staff(actor)?;
-        Ok(self.store().run(console::unknown_attempts).await?)
+        Ok(self
+            .store()
+            .run(move |conn| console::unknown_attempts(conn, after.as_ref(), limit))
+            .await?)
     }
 
     /// Race-log rows, newest first (admin).

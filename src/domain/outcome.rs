@@ -23,7 +23,31 @@ pub enum Outcome {
     Unknown(String),
 }
 
+/// Provider text made safe to store and show: control characters (a NUL
+/// byte would make PostgreSQL refuse the write, forever) are written as
+/// `\u{…}` escapes; new lines and tabs stay.
+pub fn printable(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() && c != '\n' && c != '\t' {
+            out.push_str(&format!("\\u{{{:04x}}}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 impl Outcome {
+    /// The same outcome with its reason made [`printable`].
+    pub fn printable(self) -> Self {
+        match self {
+            Self::Failed(reason) => Self::Failed(printable(&reason)),
+            Self::Unknown(reason) => Self::Unknown(printable(&reason)),
+            answer => answer,
+        }
+    }
+
     /// Why it failed or is unknown; `None` for a success.
     pub fn reason(&self) -> Option<&str> {
         match self {
@@ -92,6 +116,9 @@ pub enum Applied {
     Recorded,
     /// The attempt is now `unknown`.
     MarkedUnknown,
+    /// An answer for an attempt that had already finished (it had failed,
+    /// or had answered before): discarded, and written to the race log.
+    Discarded(AttemptState),
     /// The attempt was not in a state that takes this outcome.
     Ignored(AttemptState),
 }
@@ -104,7 +131,24 @@ impl Applied {
             Self::Lost { .. } => "lost",
             Self::FailedOver { .. } | Self::JobFailed { .. } | Self::Recorded => "failed",
             Self::MarkedUnknown => "unknown",
-            Self::Ignored(_) => "ignored",
+            Self::Discarded(_) | Self::Ignored(_) => "ignored",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_characters_in_provider_text_are_escaped_and_lines_kept() {
+        assert_eq!(
+            printable("a\0b\u{1b}[31m\nc\td"),
+            "a\\u{0000}b\\u{001b}[31m\nc\td"
+        );
+        assert_eq!(
+            Outcome::Failed("nul\0".into()).printable(),
+            Outcome::Failed("nul\\u{0000}".into())
+        );
     }
 }

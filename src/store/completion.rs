@@ -6,7 +6,7 @@ use diesel::prelude::*;
 use serde_json::Value;
 
 use super::connection::write_transaction;
-use super::rows::{Attempt, RaceEntry};
+use super::rows::{Attempt, Job, RaceEntry};
 use super::schema::{attempts, jobs, race_log};
 use super::transitions::{
     attempts_of, fail_job, get_job, insert_queued_attempt, lock_attempt_and_job,
@@ -28,18 +28,30 @@ pub fn complete_success(
     write_transaction(conn, |conn| {
         let now = now_ms();
         let attempt = lock_attempt_and_job(conn, attempt_id)?.ok_or(StoreError::NotFound)?;
+        let payload_text = canonical_json(payload);
         if AttemptEvent::ProviderSucceeded
             .apply(attempt.state)
             .is_err()
         {
-            return Ok(Applied::Ignored(attempt.state));
+            // Every success that is not applied is in the race log, with why.
+            let job = get_job(conn, &attempt.job_id)?;
+            let reason = match (attempt.state, &attempt.error) {
+                (AttemptState::Succeeded, _) => {
+                    "a repeated answer: the attempt had already answered".to_owned()
+                }
+                (AttemptState::Failed, Some(error)) => {
+                    format!("the attempt had already been recorded as failed ({error})")
+                }
+                (state, _) => format!("the attempt was {state} and takes no answer"),
+            };
+            log_race(conn, &attempt, &job, &payload_text, reason, now)?;
+            return Ok(Applied::Discarded(attempt.state));
         }
         let version_read = attempt.version_read.ok_or_else(|| {
             StoreError::corrupt(format!(
                 "attempt {attempt_id} has a result but never started"
             ))
         })?;
-        let payload_text = canonical_json(payload);
         let won = cas_job_result(
             conn,
             &attempt.job_id,
@@ -67,26 +79,40 @@ pub fn complete_success(
             (None, JobStatus::Failed) => "the job had already been finalized as failed".to_owned(),
             (None, _) => "the job's version changed since the attempt started".to_owned(),
         };
-        let entry = RaceEntry {
-            id: uuid::Uuid::now_v7().to_string(),
-            job_id: attempt.job_id.clone(),
-            losing_attempt_id: attempt_id.clone(),
-            winning_attempt_id: job.completed_by.clone(),
-            reason,
-            version_read,
-            version_found: job.version,
-            provider: attempt.provider.clone(),
-            payload_sha256: sha256_hex(payload_text.as_bytes()),
-            loser_started_at: attempt.started_at,
-            lost_at: now,
-        };
-        diesel::insert_into(race_log::table)
-            .values(&entry)
-            .execute(conn)?;
+        log_race(conn, &attempt, &job, &payload_text, reason, now)?;
         Ok(Applied::Lost {
             winner: job.completed_by,
         })
     })
+}
+
+/// Writes the race-log row of an answer that was not applied.
+fn log_race(
+    conn: &mut DbConnection,
+    attempt: &Attempt,
+    job: &Job,
+    payload_text: &str,
+    reason: String,
+    now: i64,
+) -> StoreResult<()> {
+    let entry = RaceEntry {
+        id: uuid::Uuid::now_v7().to_string(),
+        job_id: attempt.job_id.clone(),
+        losing_attempt_id: attempt.id.clone(),
+        winning_attempt_id: job.completed_by.clone(),
+        reason,
+        // An attempt that was never claimed read no version: the job's.
+        version_read: attempt.version_read.unwrap_or(job.version),
+        version_found: job.version,
+        provider: attempt.provider.clone(),
+        payload_sha256: sha256_hex(payload_text.as_bytes()),
+        loser_started_at: attempt.started_at,
+        lost_at: now,
+    };
+    diesel::insert_into(race_log::table)
+        .values(&entry)
+        .execute(conn)?;
+    Ok(())
 }
 
 /// The single conditional statement that decides the winner.

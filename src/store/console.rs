@@ -6,7 +6,7 @@ use diesel::prelude::*;
 use super::rows::RaceEntry;
 use super::schema::{attempts, audit_log, jobs, race_log, users};
 use super::{DbConnection, StoreResult};
-use crate::domain::{AttemptId, AttemptState, JobId};
+use crate::domain::{AttemptId, AttemptState, JobId, JobStatus};
 
 /// An attempt stuck in `unknown`, with what is known about it.
 #[derive(Debug, Clone, Queryable)]
@@ -20,14 +20,23 @@ pub struct UnknownAttempt {
     pub started_at: Option<i64>,
     pub timeout_at: Option<i64>,
     pub error: Option<String>,
+    /// The job's status: an unknown attempt of a job that another attempt
+    /// already won can only lose; support may abandon it without a worry.
+    pub job_status: JobStatus,
 }
 
-/// Every attempt in `unknown`, oldest first.
-pub fn unknown_attempts(conn: &mut DbConnection) -> StoreResult<Vec<UnknownAttempt>> {
-    Ok(attempts::table
+/// Attempts in `unknown`, oldest first, `limit` at a time, after the attempt
+/// `after` (the last one of the previous page) when given.
+pub fn unknown_attempts(
+    conn: &mut DbConnection,
+    after: Option<&AttemptId>,
+    limit: i64,
+) -> StoreResult<Vec<UnknownAttempt>> {
+    let mut query = attempts::table
         .inner_join(jobs::table.inner_join(users::table))
         .filter(attempts::state.eq(AttemptState::Unknown))
         .order((attempts::started_at.asc(), attempts::id.asc()))
+        .limit(limit)
         .select((
             attempts::id,
             attempts::job_id,
@@ -38,8 +47,24 @@ pub fn unknown_attempts(conn: &mut DbConnection) -> StoreResult<Vec<UnknownAttem
             attempts::started_at,
             attempts::timeout_at,
             attempts::error,
+            jobs::status,
         ))
-        .load(conn)?)
+        .into_boxed();
+    if let Some(after) = after {
+        let started: Option<Option<i64>> = attempts::table
+            .find(after)
+            .select(attempts::started_at)
+            .first(conn)
+            .optional()?;
+        if let Some(started) = started.flatten() {
+            query = query.filter(
+                attempts::started_at.gt(started).or(attempts::started_at
+                    .eq(started)
+                    .and(attempts::id.gt(after.clone()))),
+            );
+        }
+    }
+    Ok(query.load(conn)?)
 }
 
 /// Race-log rows, newest first.

@@ -87,7 +87,9 @@ pub fn lock_attempt_and_job(
 }
 
 /// Moves an attempt along `event` if it is in one of the event's from-states.
-/// Returns whether the row changed.
+/// Returns whether the row changed. `error`, when given, replaces the
+/// attempt's error text; without one (a success) the earlier text (a soft
+/// timeout, a lost lease) is kept as the attempt's history.
 pub fn transition(
     conn: &mut DbConnection,
     attempt_id: &AttemptId,
@@ -98,18 +100,20 @@ pub fn transition(
     let target = event.target();
     let finished_at =
         matches!(target, AttemptState::Succeeded | AttemptState::Failed).then_some(now);
-    let changed = diesel::update(
-        attempts::table
-            .filter(attempts::id.eq(attempt_id))
-            .filter(attempts::state.eq_any(event.from_states())),
-    )
-    .set((
+    let guarded = attempts::table
+        .filter(attempts::id.eq(attempt_id))
+        .filter(attempts::state.eq_any(event.from_states()));
+    let moved = (
         attempts::state.eq(target),
         attempts::finished_at.eq(finished_at),
-        attempts::error.eq(error),
         attempts::lease_expires_at.eq(None::<i64>),
-    ))
-    .execute(conn)?;
+    );
+    let changed = match error {
+        Some(error) => diesel::update(guarded)
+            .set((moved, attempts::error.eq(error)))
+            .execute(conn)?,
+        None => diesel::update(guarded).set(moved).execute(conn)?,
+    };
     Ok(changed == 1)
 }
 

@@ -52,11 +52,23 @@ pub async fn abandon_attempt(
     Ok(HttpResponse::Ok().json(AttemptView::from(&attempt)))
 }
 
-/// Attempts stuck in `unknown`, oldest first (support/admin).
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct UnknownQuery {
+    /// How many rows, 1-500 (default 100), oldest first.
+    pub limit: Option<i64>,
+    /// Continue after this attempt (the last `attempt_id` of the previous page).
+    pub after: Option<String>,
+}
+
+/// Attempts stuck in `unknown`, oldest first, a page at a time (support/admin).
 #[utoipa::path(
     get, path = "/api/v1/admin/unknown", tag = "support",
+    params(UnknownQuery),
     responses(
         (status = 200, body = Vec<UnknownAttemptView>),
+        (status = 400, body = Problem, content_type = "application/problem+json"),
         (status = 401, body = Problem, content_type = "application/problem+json"),
         (status = 403, body = Problem, content_type = "application/problem+json"),
     ),
@@ -65,8 +77,24 @@ pub async fn abandon_attempt(
 pub async fn unknown_attempts(
     app: web::Data<App>,
     caller: Caller,
+    req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
-    let rows = app.unknown_queue(&caller.0).await?;
+    require_staff(&caller.0)?;
+    let query: UnknownQuery = parse_query(&req)?;
+    let limit = query.limit.unwrap_or(100);
+    if !(1..=500).contains(&limit) {
+        return Err(ApiError::new(
+            ProblemType::InvalidQuery,
+            "`limit` must be between 1 and 500",
+        ));
+    }
+    let after = match query.after {
+        Some(raw) => Some(AttemptId::parse(&raw).ok_or_else(|| {
+            ApiError::new(ProblemType::InvalidQuery, "`after` must be an attempt id")
+        })?),
+        None => None,
+    };
+    let rows = app.unknown_queue(&caller.0, after, limit).await?;
     let now = now_ms();
     Ok(HttpResponse::Ok().json(
         rows.iter()

@@ -201,6 +201,9 @@ pub struct UnknownAttemptView {
     /// Milliseconds since the attempt was sent.
     pub age_ms: i64,
     pub error: Option<String>,
+    /// The job's status; `succeeded` means another attempt already won, so
+    /// this one's answer can only lose.
+    pub job_status: String,
 }
 
 impl UnknownAttemptView {
@@ -216,6 +219,7 @@ impl UnknownAttemptView {
             timeout_at: rfc3339_opt(u.timeout_at),
             age_ms: u.started_at.map_or(0, |s| (now - s).max(0)),
             error: u.error.clone(),
+            job_status: u.job_status.as_str().to_owned(),
         }
     }
 }

@@ -51,6 +51,9 @@ impl WorkerHandle {
     }
 }
 
+/// How a failure reads when the provider's outcome itself could not be stored.
+const UNRECORDABLE: &str = "the provider's outcome could not be recorded";
+
 /// A call that outlasted its soft timeout and is kept open for late news.
 struct LateCall {
     attempt_id: AttemptId,
@@ -325,12 +328,15 @@ impl Worker {
         }
     }
 
-    /// Applies an outcome, retrying until it is written: an answer must not
-    /// be lost to a database that is busy or briefly away. Gives up only at
-    /// shutdown; the attempt then surfaces as `unknown` (its lease expires),
-    /// which is the truth.
+    /// Applies an outcome, retrying while the database is busy or away: an
+    /// answer must not be lost. Gives up only when the shutdown grace ends;
+    /// the attempt then surfaces as `unknown` (its lease expires), which is
+    /// the truth. An error a retry cannot fix (the database refuses what
+    /// was sent) is not retried forever: the attempt fails, with the reason.
     async fn apply(&self, attempt_id: &AttemptId, provider: &str, outcome: Outcome) {
+        let mut outcome = outcome;
         let mut delay = Duration::from_millis(100);
+        let mut refused = 0;
         for attempt in 1.. {
             match self
                 .app
@@ -342,15 +348,32 @@ impl Worker {
                     tracing::error!(%attempt_id, "the attempt is gone; its outcome cannot be applied");
                     return;
                 }
+                Err(AppError::Unavailable(reason)) => {
+                    tracing::warn!(%reason, attempt, "applying an outcome failed; retrying in {delay:?}");
+                }
                 Err(error) => {
-                    tracing::error!(%error, attempt, "applying an outcome failed; retrying in {delay:?}");
-                    tokio::select! {
-                        _ = sleep(delay) => {}
-                        _ = self.grace_over.cancelled() => break,
+                    refused += 1;
+                    tracing::error!(%error, attempt, "the database refused an outcome");
+                    if refused >= 3 {
+                        if matches!(outcome, Outcome::Failed(ref r) if r.starts_with(UNRECORDABLE))
+                        {
+                            tracing::error!(%attempt_id, "even the failure could not be recorded; the attempt will surface as unknown");
+                            return;
+                        }
+                        outcome = Outcome::Failed(format!(
+                            "{UNRECORDABLE} ({}): {error}",
+                            outcome.label()
+                        ));
+                        refused = 0;
+                        continue;
                     }
-                    delay = (delay * 2).min(Duration::from_secs(5));
                 }
             }
+            tokio::select! {
+                _ = sleep(delay) => {}
+                _ = self.grace_over.cancelled() => break,
+            }
+            delay = (delay * 2).min(Duration::from_secs(5));
         }
         tracing::error!(%attempt_id, "applying an outcome given up when the shutdown grace ended; the attempt will surface as unknown");
     }

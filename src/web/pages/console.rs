@@ -8,7 +8,7 @@ use serde::Deserialize;
 use super::{duration, render, see_other, when, Nav, PageError, SignedIn};
 use crate::app::now_ms;
 use crate::app::{App, AttemptBrief};
-use crate::domain::{AttemptId, QualificationStatus};
+use crate::domain::{AttemptId, JobStatus, QualificationStatus};
 
 #[derive(Template)]
 #[template(path = "admin_home.html")]
@@ -37,6 +37,8 @@ pub async fn console(app: web::Data<App>, user: SignedIn) -> Result<HttpResponse
 }
 
 struct UnknownRow {
+    /// Set when the job finished meanwhile.
+    job_finished: &'static str,
     attempt_id: String,
     job_id: String,
     owner: String,
@@ -54,17 +56,55 @@ struct UnknownRow {
 struct UnknownPage {
     nav: Nav,
     rows: Vec<UnknownRow>,
+    /// The next (older) page, if there is one.
+    next: Option<String>,
 }
 
-/// `GET /admin/unknown`: every attempt stuck in `unknown`, oldest first.
-pub async fn unknown_queue(app: web::Data<App>, user: SignedIn) -> Result<HttpResponse, PageError> {
-    let rows = app.unknown_queue(&user.user).await?;
+#[derive(Deserialize)]
+pub struct UnknownPageQuery {
+    after: Option<String>,
+}
+
+/// Rows per page of the unknown queue.
+const UNKNOWN_PER_PAGE: i64 = 50;
+
+/// `GET /admin/unknown`: attempts stuck in `unknown`, oldest first, a page
+/// at a time.
+pub async fn unknown_queue(
+    app: web::Data<App>,
+    user: SignedIn,
+    query: web::Query<UnknownPageQuery>,
+) -> Result<HttpResponse, PageError> {
+    let after = match &query.after {
+        Some(raw) => Some(
+            AttemptId::parse(raw)
+                .ok_or_else(|| PageError::bad_request("That page link is not valid."))?,
+        ),
+        None => None,
+    };
+    let mut rows = app
+        .unknown_queue(&user.user, after, UNKNOWN_PER_PAGE + 1)
+        .await?;
+    let more = rows.len() as i64 > UNKNOWN_PER_PAGE;
+    rows.truncate(UNKNOWN_PER_PAGE as usize);
+    let next = more
+        .then(|| {
+            rows.last()
+                .map(|u| format!("/admin/unknown?after={}", u.attempt_id))
+        })
+        .flatten();
     let now = now_ms();
     Ok(render(&UnknownPage {
         nav: user.nav(),
+        next,
         rows: rows
             .into_iter()
             .map(|u| UnknownRow {
+                job_finished: match u.job_status {
+                    JobStatus::Succeeded => "The job already succeeded: this answer can only lose.",
+                    JobStatus::Failed => "The job was already marked failed.",
+                    _ => "",
+                },
                 age: u.started_at.map(|s| duration(now - s)).unwrap_or_default(),
                 sent_at: u.started_at.map(when).unwrap_or_default(),
                 timeout_at: u.timeout_at.map(when).unwrap_or_default(),

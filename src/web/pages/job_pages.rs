@@ -241,7 +241,11 @@ impl AttemptLine {
                 (Some(s), Some(f)) => duration(f - s),
                 _ => String::new(),
             },
-            error: a.error.clone().unwrap_or_default(),
+            // A success keeps the text of what it recovered from.
+            error: match (&a.error, a.state) {
+                (Some(earlier), AttemptState::Succeeded) => format!("earlier: {earlier}"),
+                (error, _) => error.clone().unwrap_or_default(),
+            },
         }
     }
 }
