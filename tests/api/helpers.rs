@@ -667,3 +667,11 @@ pub fn hidden_value(html: &str, name: &str) -> String {
         + marker.len();
     html[start..].split('"').next().unwrap().to_owned()
 }
+
+/// Keeps a bounded run's figures (load, chaos) where `.ci/run` prints them
+/// after the suite: `target/test-figures/NAME.txt`.
+pub fn record_figures(name: &str, figures: &str) {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-figures");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(format!("{name}.txt")), format!("{figures}\n")).unwrap();
+}

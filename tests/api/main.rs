@@ -16,6 +16,7 @@ mod callbacks;
 mod classification;
 mod concurrency;
 mod constraints;
+mod deploys;
 mod edges;
 mod fake_provider;
 mod health;

@@ -16,6 +16,33 @@ pub struct ServerProcess {
     stderr_path: PathBuf,
 }
 
+/// Waits for a server that someone else started on `port`.
+pub struct Probe {
+    base: String,
+}
+
+impl ServerProcess {
+    /// A handle that only waits for `127.0.0.1:port` to be ready.
+    pub fn probe(port: u16) -> Probe {
+        Probe {
+            base: format!("http://127.0.0.1:{port}"),
+        }
+    }
+}
+
+impl Probe {
+    pub async fn wait_ready_url(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !reqwest::get(format!("{}/readyz", self.base))
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
+            assert!(Instant::now() < deadline, "{} not ready in 30 s", self.base);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
 /// A free port on 127.0.0.1 (bound, then released for the process to take).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

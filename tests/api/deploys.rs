@@ -1,0 +1,486 @@
+//! Deploys and crashes with real `onejob serve` processes: a SIGTERM lets a
+//! call in flight land its answer, gives an unsent claim back to the queue
+//! (sent once after the restart), and a chaos run (kills, restarts, a
+//! rolling restart, clients retrying every intent several times) loses and
+//! duplicates nothing.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use diesel::prelude::*;
+use onejob::domain::{AttemptState, JobStatus};
+use onejob::store::schema::{attempts, jobs};
+use onejob::store::{Attempt, Store};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+use crate::fake_provider::{strict_task_toml, Behaviour, FakeProvider, Shape};
+use crate::helpers::{
+    postgres_available, summarize, test_config, TestBackend, TestDb, DEFAULT_TEST_PROVIDERS,
+};
+use crate::server_process::{free_port, ServerProcess};
+
+/// A configuration file for the processes: one fake provider, two tasks.
+fn write_config(dir: &Path, fake: &FakeProvider, extra: &str) -> PathBuf {
+    let toml = format!(
+        r#"
+[server]
+shutdown_grace_ms = 8000
+
+[database]
+pool_timeout_ms = 1000
+sqlite_busy_timeout_ms = 1000
+postgres_lock_timeout_ms = 1000
+
+[worker]
+concurrency = 4
+poll_interval_ms = 50
+lease_ms = 4000
+{extra}
+
+[[providers]]
+name = "fake"
+kind = "openai"
+base_url = "{base}"
+model = "fake-model"
+api_key_env = "ONEJOB_TEST_FAKE_KEY"
+timeout_ms = 5000
+late_result_ms = 5000
+{task}{direct}"#,
+        base = fake.base_url,
+        task = strict_task_toml("summarize", &["fake"], "Summarize: {{ text }}"),
+        direct = strict_task_toml("direct", &["fake"], "Directly: {{ text }}"),
+    );
+    let path = dir.join("onejob.toml");
+    std::fs::write(&path, toml).unwrap();
+    path
+}
+
+/// The database's store and an API token for a user made in it.
+async fn seed(db: &TestDb) -> (Store, String) {
+    let url = db.url.clone();
+    tokio::task::spawn_blocking(move || {
+        let store =
+            onejob::startup::open_store(&url, &test_config(DEFAULT_TEST_PROVIDERS)).unwrap();
+        let (_, token) = onejob::store::users::add_user(
+            &mut store.conn().unwrap(),
+            "client",
+            onejob::domain::Role::User,
+        )
+        .unwrap();
+        (store, token.0)
+    })
+    .await
+    .unwrap()
+}
+
+async fn attempts(store: &Store) -> Vec<Attempt> {
+    let store = store.clone();
+    tokio::task::spawn_blocking(move || {
+        attempts::table
+            .select(Attempt::as_select())
+            .order(attempts::created_at)
+            .load(&mut store.conn().unwrap())
+            .unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+async fn wait_for(store: &Store, what: &str, done: impl Fn(&[Attempt]) -> bool) -> Vec<Attempt> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let rows = attempts(store).await;
+        if done(&rows) {
+            return rows;
+        }
+        assert!(Instant::now() < deadline, "{what}: {rows:#?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn post(
+    base: &str,
+    token: &str,
+    key: &str,
+    body: &Value,
+) -> reqwest::Result<reqwest::Response> {
+    reqwest::Client::new()
+        .post(format!("{base}/api/v1/jobs"))
+        .bearer_auth(token)
+        .header("Idempotency-Key", key)
+        .json(body)
+        .send()
+        .await
+}
+
+/// Waits until the server no longer accepts connections (it is stopping).
+async fn wait_stopped_serving(base: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while reqwest::get(format!("{base}/healthz")).await.is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "still serving 10 s after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn a_sigterm_mid_call_lets_the_answer_land_inside_the_grace(backend: TestBackend) {
+    let db = TestDb::create(backend);
+    let (store, token) = seed(&db).await;
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeProvider::start(Shape::OpenAi).await;
+    fake.set_default(Behaviour::Hold);
+    let config = write_config(dir.path(), &fake, "");
+    let mut server = ServerProcess::spawn(dir.path(), "server", &config, db.url.as_str());
+    server.wait_ready().await;
+    let response = post(&server.base, &token, "mid-call", &summarize("x"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let job: Value = response.json().await.unwrap();
+    let attempt_id = job["attempts"][0]["id"].as_str().unwrap().to_owned();
+    fake.wait_held(&attempt_id).await;
+
+    server.terminate();
+    wait_stopped_serving(&server.base).await;
+    // The deploy is under way; the provider answers inside the grace.
+    fake.release(&attempt_id, Behaviour::Answer(json!({"summary": "landed"})));
+    let status = server.wait_exit(Duration::from_secs(20)).await;
+    assert!(status.success(), "exit {status}:\n{}", server.stderr());
+
+    let rows = attempts(&store).await;
+    assert_eq!(rows.len(), 1);
+    assert_eq!(
+        rows[0].state,
+        AttemptState::Succeeded,
+        "not unknown: {:#?}",
+        rows[0]
+    );
+    assert_eq!(fake.requests_for(&attempt_id), 1);
+}
+
+async fn a_claim_unsent_at_sigterm_is_requeued_and_sent_once_after_the_restart(
+    backend: TestBackend,
+) {
+    let db = TestDb::create(backend);
+    let (store, token) = seed(&db).await;
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeProvider::start(Shape::OpenAi).await;
+    let config = write_config(dir.path(), &fake, "");
+    let port = free_port();
+    let mut server = ServerProcess::spawn_on(dir.path(), "first", &config, db.url.as_str(), port);
+    server.wait_ready().await;
+    // The provider asks this process for a minute's pause.
+    fake.push(Behaviour::Status {
+        status: 429,
+        retry_after: Some(60),
+        body: "{}".into(),
+    });
+    let mut direct = summarize("pause please");
+    direct["task"] = "direct".into();
+    assert_eq!(
+        post(&server.base, &token, "pause", &direct)
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::CREATED
+    );
+    wait_for(&store, "the 429 recorded", |a| {
+        a.len() == 1 && a[0].state == AttemptState::Failed
+    })
+    .await;
+    // The next attempt is claimed and waits out the pause, unsent.
+    let response = post(&server.base, &token, "waits", &summarize("x"))
+        .await
+        .unwrap();
+    let job: Value = response.json().await.unwrap();
+    let attempt_id = job["attempts"][0]["id"].as_str().unwrap().to_owned();
+    wait_for(&store, "the attempt claimed", |a| {
+        a.iter()
+            .any(|a| a.id.as_str() == attempt_id && a.state == AttemptState::Running)
+    })
+    .await;
+
+    server.terminate();
+    let status = server.wait_exit(Duration::from_secs(20)).await;
+    assert!(status.success(), "exit {status}:\n{}", server.stderr());
+    let rows = attempts(&store).await;
+    let waiting = rows.iter().find(|a| a.id.as_str() == attempt_id).unwrap();
+    assert_eq!(
+        waiting.state,
+        AttemptState::Queued,
+        "given back: {waiting:#?}"
+    );
+    assert!(waiting.sent_at.is_none());
+    assert_eq!(fake.requests_for(&attempt_id), 0, "nothing was sent");
+
+    // The next version starts on the same port and sends it, once.
+    let mut restarted =
+        ServerProcess::spawn_on(dir.path(), "second", &config, db.url.as_str(), port);
+    restarted.wait_ready().await;
+    let rows = wait_for(&store, "sent after the restart", |a| {
+        a.iter()
+            .any(|a| a.id.as_str() == attempt_id && a.state == AttemptState::Succeeded)
+    })
+    .await;
+    assert_eq!(rows.len(), 2, "the same attempt, no new one");
+    assert_eq!(fake.requests_for(&attempt_id), 1, "sent exactly once");
+}
+
+/// What the chaos clients saw.
+#[derive(Default)]
+struct Tally {
+    requests: AtomicUsize,
+    connection_errors: AtomicUsize,
+    unavailable: AtomicUsize,
+    /// Statuses that must never be seen: other 5xx, 409, anything unexpected.
+    wrong: Mutex<Vec<String>>,
+    /// The job id each key was acknowledged with, every time.
+    acknowledged: Mutex<HashMap<String, Vec<String>>>,
+}
+
+/// PostgreSQL only: several processes sharing one database is what
+/// PostgreSQL is for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chaos_kills_restarts_and_retries_lose_nothing_and_send_nothing_twice() {
+    if !postgres_available() {
+        return;
+    }
+    const PROCESSES: usize = 3;
+    const INTENTS: usize = 240;
+    const SENDS: usize = 3;
+    const CLIENTS: usize = 12;
+    let started = Instant::now();
+    let db = TestDb::create(TestBackend::Postgres);
+    let (store, token) = seed(&db).await;
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeProvider::start(Shape::OpenAi).await;
+    fake.set_default(Behaviour::Delay {
+        ms: 30,
+        then: Box::new(Behaviour::Answer(json!({"summary": "fake summary"}))),
+    });
+    let config = write_config(dir.path(), &fake, "");
+    let url = db.url.as_str().to_owned();
+    let ports: Vec<u16> = (0..PROCESSES).map(|_| free_port()).collect();
+    let servers: Arc<Mutex<Vec<Option<ServerProcess>>>> = Arc::new(Mutex::new(
+        ports
+            .iter()
+            .enumerate()
+            .map(|(i, port)| {
+                Some(ServerProcess::spawn_on(
+                    dir.path(),
+                    &format!("p{i}-0"),
+                    &config,
+                    &url,
+                    *port,
+                ))
+            })
+            .collect(),
+    ));
+    for port in &ports {
+        let mut probe = ServerProcess::probe(*port);
+        probe.wait_ready_url().await;
+    }
+
+    // Clients: every intent sent SENDS times, to random processes, retried
+    // (same key) on connection errors and 503s until acknowledged.
+    let tally = Arc::new(Tally::default());
+    let work: Arc<Mutex<Vec<(String, usize)>>> = Arc::new(Mutex::new(
+        (0..INTENTS)
+            .flat_map(|i| (0..SENDS).map(move |s| (format!("intent-{i}"), s)))
+            .collect(),
+    ));
+    {
+        // Shuffle so duplicates of one intent are spread out in time.
+        let mut work = work.lock().unwrap();
+        let mut state = 0x9e3779b97f4a7c15u64;
+        for i in (1..work.len()).rev() {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            work.swap(i, (state % (i as u64 + 1)) as usize);
+        }
+    }
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|c| {
+            let (work, tally, token, ports) =
+                (work.clone(), tally.clone(), token.clone(), ports.clone());
+            tokio::spawn(async move {
+                let mut pick = c;
+                loop {
+                    let Some((key, _)) = work.lock().unwrap().pop() else {
+                        return;
+                    };
+                    let body = summarize(&key);
+                    loop {
+                        pick = pick.wrapping_mul(31).wrapping_add(7);
+                        let base = format!("http://127.0.0.1:{}", ports[pick % ports.len()]);
+                        tally.requests.fetch_add(1, Ordering::Relaxed);
+                        match post(&base, &token, &key, &body).await {
+                            Err(_) => {
+                                tally.connection_errors.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Ok(response) => match response.status() {
+                                StatusCode::CREATED | StatusCode::OK => {
+                                    let job: Value = response.json().await.unwrap();
+                                    tally
+                                        .acknowledged
+                                        .lock()
+                                        .unwrap()
+                                        .entry(key.clone())
+                                        .or_default()
+                                        .push(job["id"].as_str().unwrap().to_owned());
+                                    break;
+                                }
+                                StatusCode::SERVICE_UNAVAILABLE => {
+                                    tally.unavailable.fetch_add(1, Ordering::Relaxed);
+                                }
+                                other => {
+                                    let text = response.text().await.unwrap_or_default();
+                                    tally.wrong.lock().unwrap().push(format!("{other}: {text}"));
+                                    break;
+                                }
+                            },
+                        }
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            })
+        })
+        .collect();
+
+    // Chaos while the clients work: kill a process (SIGKILL) and start it
+    // again, a few times.
+    let mut kills = 0;
+    let mut generation = 1;
+    while work.lock().unwrap().len() > INTENTS * SENDS / 4 && kills < 4 {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let victim = kills % PROCESSES;
+        {
+            let mut servers = servers.lock().unwrap();
+            if let Some(server) = servers[victim].as_mut() {
+                server.kill();
+            }
+            servers[victim] = None;
+        }
+        kills += 1;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let restarted = ServerProcess::spawn_on(
+            dir.path(),
+            &format!("p{victim}-{generation}"),
+            &config,
+            &url,
+            ports[victim],
+        );
+        generation += 1;
+        servers.lock().unwrap()[victim] = Some(restarted);
+    }
+    for client in clients {
+        client.await.unwrap();
+    }
+    // Then a rolling restart of all of them, one at a time, by SIGTERM.
+    let mut rolled = 0;
+    for (i, port) in ports.iter().enumerate() {
+        let old = servers.lock().unwrap()[i].take();
+        if let Some(mut old) = old {
+            old.terminate();
+            let status = old.wait_exit(Duration::from_secs(30)).await;
+            assert!(status.success(), "p{i} exited {status}:\n{}", old.stderr());
+        }
+        let mut fresh =
+            ServerProcess::spawn_on(dir.path(), &format!("p{i}-rolled"), &config, &url, *port);
+        fresh.wait_ready().await;
+        servers.lock().unwrap()[i] = Some(fresh);
+        rolled += 1;
+    }
+    // Let every attempt settle: nothing may stay queued or running.
+    let rows = wait_for(&store, "attempts left queued or running", |rows| {
+        rows.iter()
+            .all(|a| !matches!(a.state, AttemptState::Queued | AttemptState::Running))
+    })
+    .await;
+
+    let acknowledged = tally.acknowledged.lock().unwrap().clone();
+    let stored: Vec<(String, String, JobStatus)> = {
+        let store = store.clone();
+        tokio::task::spawn_blocking(move || {
+            jobs::table
+                .select((jobs::idempotency_key, jobs::id, jobs::status))
+                .load::<(String, onejob::domain::JobId, JobStatus)>(&mut store.conn().unwrap())
+                .unwrap()
+                .into_iter()
+                .map(|(k, id, s)| (k, id.to_string(), s))
+                .collect()
+        })
+        .await
+        .unwrap()
+    };
+    let by_key: HashMap<&str, &str> = stored
+        .iter()
+        .map(|(k, id, _)| (k.as_str(), id.as_str()))
+        .collect();
+    let requests = fake.requests();
+    let mut seen = HashSet::new();
+    let sent_twice: Vec<&str> = requests
+        .iter()
+        .filter_map(|r| r.header("x-request-id"))
+        .filter(|id| !seen.insert(*id))
+        .collect();
+    let unknown = rows
+        .iter()
+        .filter(|a| a.state == AttemptState::Unknown)
+        .count();
+    let succeeded = stored
+        .iter()
+        .filter(|(_, _, s)| *s == JobStatus::Succeeded)
+        .count();
+    let figures = format!(
+        "chaos: {INTENTS} intents × {SENDS} sends by {CLIENTS} clients to {PROCESSES} processes in {:.1} s; \
+         {} requests ({} connection errors, {} answered 503); {kills} SIGKILLs, {rolled} rolling SIGTERM restarts; \
+         {} jobs stored ({succeeded} succeeded), {} attempts ({unknown} unknown after a kill), \
+         {} provider calls, {} attempt ids sent twice",
+        started.elapsed().as_secs_f64(),
+        tally.requests.load(Ordering::Relaxed),
+        tally.connection_errors.load(Ordering::Relaxed),
+        tally.unavailable.load(Ordering::Relaxed),
+        stored.len(),
+        rows.len(),
+        requests.len(),
+        sent_twice.len(),
+    );
+    eprintln!("{figures}");
+    crate::helpers::record_figures("chaos", &figures);
+    let wrong = tally.wrong.lock().unwrap().clone();
+    assert!(
+        wrong.is_empty(),
+        "answers other than 2xx and 503: {wrong:#?}"
+    );
+    assert_eq!(acknowledged.len(), INTENTS, "every intent acknowledged");
+    assert_eq!(stored.len(), INTENTS, "no duplicate job, none missing");
+    for (key, ids) in &acknowledged {
+        assert_eq!(ids.len(), SENDS, "{key}: every send acknowledged");
+        assert!(
+            ids.iter()
+                .all(|id| Some(id.as_str()) == by_key.get(key.as_str()).copied()),
+            "{key}: {ids:?}"
+        );
+    }
+    assert!(
+        sent_twice.is_empty(),
+        "attempt ids sent twice: {sent_twice:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(240),
+        "bounded in time"
+    );
+}
+
+on_both_backends!(
+    a_sigterm_mid_call_lets_the_answer_land_inside_the_grace,
+    a_claim_unsent_at_sigterm_is_requeued_and_sent_once_after_the_restart,
+);
