@@ -6,7 +6,7 @@ use super::{
     require_admin, require_staff, visible_to, App, AppError, AppResult, Attempt, AuditEntry,
     ConsoleCounts, Job, RaceDetail, RaceEntry, UnknownAttempt, User,
 };
-use crate::domain::{AttemptId, JobId, QualificationStatus};
+use crate::domain::{AttemptId, IdempotencyKey, JobId, QualificationStatus};
 use crate::store::{console, jobs as job_store, now_ms};
 
 /// One cell of the provider × task qualification matrix.
@@ -37,6 +37,15 @@ impl App {
             Some((job, attempts)) if visible_to(&job, viewer) => Ok((job, attempts)),
             _ => Err(AppError::NotFound),
         }
+    }
+
+    /// The job `owner`'s key already made, if any.
+    pub async fn job_by_key(&self, owner: &User, key: &IdempotencyKey) -> AppResult<Option<Job>> {
+        let (owner, key) = (owner.id.clone(), key.as_str().to_owned());
+        Ok(self
+            .store()
+            .run(move |conn| job_store::find_by_key(conn, &owner, &key))
+            .await?)
     }
 
     /// The owner's jobs, newest first, `limit` at a time, older than `before`.

@@ -653,8 +653,24 @@ impl FormClient {
             StatusCode::SEE_OTHER,
             "sign-in as {name}"
         );
-        let form = self.get("/jobs/new").await.text().await.unwrap();
-        hidden_value(&form, "csrf")
+        let page = self.get("/jobs").await.text().await.unwrap();
+        hidden_value(&page, "csrf")
+    }
+
+    /// Opens the submit form as a browser does: `/jobs/new` redirects to a
+    /// URL that carries the form's key; returns that URL's path and the page.
+    pub async fn open_submit_form(&self, query: &str) -> (String, String) {
+        let response = self.get(&format!("/jobs/new{query}")).await;
+        assert_eq!(
+            response.status(),
+            StatusCode::SEE_OTHER,
+            "a fresh form gets its key first"
+        );
+        let location = response.headers()["location"].to_str().unwrap().to_owned();
+        assert!(location.starts_with("/jobs/new?key="), "{location}");
+        let page = self.get(&location).await;
+        assert_eq!(page.status(), StatusCode::OK);
+        (location, page.text().await.unwrap())
     }
 }
 

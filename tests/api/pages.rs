@@ -12,8 +12,9 @@ async fn the_submit_form_without_javascript_makes_one_job_however_often_it_is_po
     app.set_password("alice", "alice-password").await;
     let browser = FormClient::new(&app);
     let csrf = browser.sign_in("alice", "alice-password").await;
-    let form = browser.get("/jobs/new").await.text().await.unwrap();
+    let (form_url, form) = browser.open_submit_form("").await;
     let key = hidden_value(&form, "idempotency_key");
+    assert!(form_url.ends_with(&key), "the form's URL carries its key");
     let fields = [
         ("csrf", csrf.as_str()),
         ("idempotency_key", key.as_str()),
@@ -52,8 +53,20 @@ async fn the_submit_form_without_javascript_makes_one_job_however_often_it_is_po
         "links the existing job"
     );
     assert_eq!(app.job_count(&app.alice.id).await, 1);
+    // Back to the form's own URL: it knows it was submitted, and says so.
+    let again = browser.get(&form_url).await.text().await.unwrap();
+    assert!(again.contains("This form was already submitted"), "{again}");
+    assert!(
+        again.contains(&format!("href=\"{location}\"")),
+        "links the job"
+    );
+    assert_eq!(hidden_value(&again, "idempotency_key"), key, "the same key");
+    assert!(
+        again.contains(">hello</textarea>"),
+        "filled with what it sent"
+    );
     // A fresh form carries a fresh key.
-    let fresh = browser.get("/jobs/new").await.text().await.unwrap();
+    let (_, fresh) = browser.open_submit_form("").await;
     assert_ne!(hidden_value(&fresh, "idempotency_key"), key);
 }
 
@@ -74,10 +87,7 @@ async fn an_invalid_form_is_shown_again_with_the_same_key_and_nothing_stored(bac
     app.set_password("alice", "alice-password").await;
     let browser = FormClient::new(&app);
     let csrf = browser.sign_in("alice", "alice-password").await;
-    let key = hidden_value(
-        &browser.get("/jobs/new").await.text().await.unwrap(),
-        "idempotency_key",
-    );
+    let key = hidden_value(&browser.open_submit_form("").await.1, "idempotency_key");
     let response = submit_form(&browser, &csrf, &key, "  ").await;
     assert_eq!(response.status(), StatusCode::UNPROCESSABLE_ENTITY);
     let page = response.text().await.unwrap();
@@ -193,9 +203,12 @@ async fn pages_need_a_session_and_sign_out_ends_it(backend: TestBackend) {
     let app = spawn_app(backend).await;
     app.set_password("alice", "alice-password").await;
     let browser = FormClient::new(&app);
-    let response = browser.get("/jobs/new").await;
+    let response = browser.get("/jobs/new?key=k1").await;
     assert_eq!(response.status(), StatusCode::SEE_OTHER);
-    assert_eq!(response.headers()["location"], "/login?next=/jobs/new");
+    assert_eq!(
+        response.headers()["location"],
+        "/login?next=/jobs/new%3Fkey%3Dk1"
+    );
     let csrf = browser.sign_in("alice", "alice-password").await;
     assert_eq!(browser.get("/jobs").await.status(), StatusCode::OK);
     let response = browser.post_form("/logout", &[("csrf", &csrf)]).await;

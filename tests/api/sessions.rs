@@ -34,7 +34,7 @@ async fn sign_in_by_hand(base: &str, name: &str, password: &str) -> (String, Str
     let session = cookie_pair(&response);
     assert!(session.starts_with("onejob_session="), "{session}");
     let form = client
-        .get(format!("{base}/jobs/new"))
+        .get(format!("{base}/jobs"))
         .header("Cookie", &session)
         .send()
         .await

@@ -36,49 +36,100 @@ struct SubmitPage<'a> {
     input_json: String,
     params_json: String,
     error: Option<String>,
+    /// The job this form's key already made, if it made one.
+    submitted: Option<String>,
 }
 
 #[derive(Deserialize)]
 pub struct NewJobQuery {
     task: Option<String>,
+    key: Option<String>,
 }
 
 fn fresh_key() -> String {
     uuid::Uuid::now_v7().to_string()
 }
 
-/// `GET /jobs/new`: a fresh form with a fresh idempotency key.
+/// `GET /jobs/new`: the submit form. A form's idempotency key is in its URL
+/// (`/jobs/new?key=…`; without one, the server redirects to a fresh key), so
+/// Back, a reload or a restored tab shows the same form with the same key,
+/// whatever the browser's cache or script settings. A form whose key
+/// already made a job says so, links to it, and is filled with what it
+/// sent: submitting it again unchanged returns that job; edited, it is
+/// refused.
 pub async fn new_job_form(
     app: web::Data<App>,
     user: SignedIn,
+    req: HttpRequest,
     query: web::Query<NewJobQuery>,
 ) -> Result<HttpResponse, PageError> {
+    let Some(raw_key) = &query.key else {
+        let mut target = format!("/jobs/new?key={}", fresh_key());
+        if let Some(task) = &query.task {
+            target.push_str(&format!("&task={}", super::percent_encode(task)));
+        }
+        return Ok(see_other(&target));
+    };
+    let key = IdempotencyKey::parse(raw_key).map_err(|e| {
+        PageError::bad_request(format!(
+            "That form's link is not valid ({e}). Open a fresh form."
+        ))
+    })?;
     let contracts = &app.config().contracts;
-    let contract = match &query.task {
+    let existing = app.job_by_key(&user.user, &key).await?;
+    let task_name = existing
+        .as_ref()
+        .map(|job| job.task.clone())
+        .or_else(|| query.task.clone());
+    let contract = match &task_name {
         Some(name) => contracts.get(name),
         None => contracts.first().cloned(),
     }
     .ok_or_else(PageError::not_found)?;
     let task = &contract.definition;
+    let sent = existing.as_ref().map(|job| job.input.value());
     let fields = task
         .input_fields
         .iter()
         .map(|f| Field {
             name: f.clone(),
-            value: String::new(),
+            value: sent
+                .as_ref()
+                .and_then(|input| input.get(f))
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
         })
         .collect();
-    Ok(render(&SubmitPage {
+    let mut response = render(&SubmitPage {
         nav: user.nav(),
         tasks: contracts.names(),
         task,
-        idempotency_key: fresh_key(),
-        provider: String::new(),
+        idempotency_key: key.as_str().to_owned(),
+        provider: existing
+            .as_ref()
+            .and_then(|job| job.requested_provider.clone())
+            .unwrap_or_default(),
         fields,
-        input_json: "{}".into(),
-        params_json: String::new(),
+        input_json: existing
+            .as_ref()
+            .map_or_else(|| "{}".to_owned(), |job| job.input.as_str().to_owned()),
+        params_json: existing
+            .as_ref()
+            .map(|job| job.params.as_str().to_owned())
+            .filter(|p| p != "{}")
+            .unwrap_or_default(),
         error: None,
-    }))
+        submitted: existing.map(|job| job.id.to_string()),
+    });
+    // A boosted navigation shows this URL, key and all.
+    if let Ok(url) = actix_web::http::header::HeaderValue::from_str(&req.uri().to_string()) {
+        response.headers_mut().insert(
+            actix_web::http::header::HeaderName::from_static("hx-push-url"),
+            url,
+        );
+    }
+    Ok(response)
 }
 
 #[derive(Template)]
@@ -164,6 +215,7 @@ pub async fn submit_job(
                 input_json: input_json.clone(),
                 params_json: params_json.clone(),
                 error: Some(error),
+                submitted: None,
             },
         )
     };
