@@ -62,9 +62,21 @@ pub enum UsersCommand {
         role: RoleArg,
     },
     /// Issue a further API token for a user; prints it alone.
-    Token { name: String },
-    /// Give a user a new random password for browser sign-in; prints it alone.
+    Token {
+        name: String,
+        /// The token expires after this many days (default: never).
+        #[arg(long)]
+        days: Option<u32>,
+    },
+    /// Give a user a new random password for browser sign-in; prints it
+    /// alone. Their sessions end.
     Password { name: String },
+    /// Disable a user: their sessions and API tokens stop working at once.
+    Disable { name: String },
+    /// Enable a disabled user again.
+    Enable { name: String },
+    /// Delete every API token of a user.
+    RevokeTokens { name: String },
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -129,9 +141,21 @@ async fn users_command(app: &App, command: UsersCommand) -> CliResult {
             );
             println!("{}", token.0);
         }
-        UsersCommand::Token { name } => {
-            let token = app.issue_token(&name).await?;
+        UsersCommand::Token { name, days } => {
+            let token = app.issue_token(&name, days).await?;
             println!("{}", token.0);
+        }
+        UsersCommand::Disable { name } => {
+            app.set_disabled_by_name(&name, true).await?;
+            eprintln!("disabled {name}: their sessions and tokens no longer work");
+        }
+        UsersCommand::Enable { name } => {
+            app.set_disabled_by_name(&name, false).await?;
+            eprintln!("enabled {name}");
+        }
+        UsersCommand::RevokeTokens { name } => {
+            let n = app.revoke_tokens_by_name(&name).await?;
+            eprintln!("revoked {n} API token(s) of {name}");
         }
         UsersCommand::Password { name } => {
             let password = app.reset_password(&name).await?;

@@ -1,12 +1,53 @@
 //! Users, API tokens and browser sessions.
+//!
+//! Signing in never holds a database connection while a password is hashed:
+//! the name is checked first (no database, no hashing, for a name that
+//! cannot exist), the throttle and the stored hash are read, the connection
+//! goes back to the pool, and argon2 runs on a blocking thread behind a
+//! small concurrency limit; a flood of sign-ins gets `503` (with
+//! `Retry-After`) rather than starving every other request and the worker's
+//! lease renewals of connections or CPU.
 
-use super::{App, AppResult, User};
-use crate::domain::Role;
-use crate::store::sessions::{self, SignIn};
-use crate::store::users::{self, IssuedToken, UserError};
+use std::sync::Arc;
+
+use tokio::sync::Semaphore;
+
+use super::{require_admin, App, AppError, AppResult, User};
+use crate::domain::password::{generate_password, hash_password, verify_password, UserName};
+use crate::domain::{throttle, Reason, Role, UserId};
+use crate::store::now_ms;
+use crate::store::operator::record_user_audit;
+use crate::store::sessions::{self, CleanedUp, Reservation};
+use crate::store::users::{self, IssuedToken, UserError, UserSummary};
+
+/// How a sign-in went.
+#[derive(Debug)]
+pub enum SignIn {
+    Ok(User),
+    /// Wrong name or password (which, is not said).
+    BadCredentials,
+    /// The right password, for a disabled user.
+    Disabled,
+    /// Too many failures from this address (for this name): wait this long.
+    Throttled {
+        retry_after_s: i64,
+    },
+    /// Every password-hashing slot is busy: try again shortly.
+    Busy,
+}
+
+/// The limit on concurrent password hashing.
+pub fn password_slots(configured: usize) -> Arc<Semaphore> {
+    let slots = if configured == 0 {
+        std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
+    } else {
+        configured
+    };
+    Arc::new(Semaphore::new(slots))
+}
 
 impl App {
-    /// The user a bearer token belongs to, if any.
+    /// The user a bearer token belongs to, if the token is live.
     pub async fn user_for_token(&self, token: &str) -> AppResult<Option<User>> {
         let token = token.to_owned();
         Ok(self
@@ -24,13 +65,62 @@ impl App {
             .await?)
     }
 
-    /// Checks a name and password, counting failures per name.
-    pub async fn sign_in(&self, name: &str, password: &str) -> AppResult<SignIn> {
-        let (name, password) = (name.to_owned(), password.to_owned());
-        Ok(self
+    /// Checks a name and password from `address`.
+    pub async fn sign_in(
+        &self,
+        raw_name: &str,
+        password: &str,
+        address: &str,
+    ) -> AppResult<SignIn> {
+        let Some(name) = UserName::parse(raw_name) else {
+            return Ok(SignIn::BadCredentials);
+        };
+        let scopes = throttle::scopes(name.as_str(), address);
+        let names: Vec<String> = scopes.iter().map(|(scope, _)| scope.clone()).collect();
+        let now = now_ms();
+        let lookup = name.as_str().to_owned();
+        let (reservation, credentials) = self
             .store()
-            .run(move |conn| sessions::sign_in(conn, &name, &password))
-            .await?)
+            .run(move |conn| {
+                let reservation = sessions::reserve_attempt(conn, &scopes, now)?;
+                let credentials = match reservation {
+                    Reservation::Blocked { .. } => None,
+                    Reservation::Allowed => sessions::credentials(conn, &lookup)?,
+                };
+                Ok((reservation, credentials))
+            })
+            .await?;
+        if let Reservation::Blocked { until } = reservation {
+            return Ok(SignIn::Throttled {
+                retry_after_s: ((until - now) as f64 / 1000.0).ceil().max(1.0) as i64,
+            });
+        }
+        let Ok(permit) = self.inner.password_slots.clone().try_acquire_owned() else {
+            return Ok(SignIn::Busy);
+        };
+        let stored = credentials.as_ref().and_then(|c| c.password_hash.clone());
+        let password = password.to_owned();
+        let verified = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            verify_password(&password, stored.as_deref())
+        })
+        .await
+        .map_err(|_| AppError::Internal)?;
+        match credentials {
+            Some(credentials) if verified => {
+                // A good password: this name's count at this address (and
+                // the address's) starts again.
+                self.store()
+                    .run(move |conn| sessions::clear_scopes(conn, &names))
+                    .await?;
+                if credentials.disabled {
+                    return Ok(SignIn::Disabled);
+                }
+                Ok(SignIn::Ok(credentials.user))
+            }
+            // Counted already, in the reservation.
+            _ => Ok(SignIn::BadCredentials),
+        }
     }
 
     /// Starts a session for `user`; returns the cookie's token.
@@ -51,42 +141,105 @@ impl App {
             .await?)
     }
 
+    /// Removes expired sessions and quiet sign-in failure counters.
+    pub async fn clean_up(&self) -> AppResult<CleanedUp> {
+        let now = now_ms();
+        Ok(self
+            .store()
+            .run(move |conn| sessions::clean_up(conn, now))
+            .await?)
+    }
+
+    /// Hashes a password on a blocking thread, waiting for a hashing slot.
+    async fn hash(&self, password: &str) -> AppResult<String> {
+        let permit = self
+            .inner
+            .password_slots
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| AppError::Internal)?;
+        let password = password.to_owned();
+        tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            hash_password(&password)
+        })
+        .await
+        .map_err(|_| AppError::Internal)
+    }
+
     /// On a database without users, creates `admin` and returns its password
     /// (to be printed once).
     pub async fn ensure_first_admin(&self) -> AppResult<Option<String>> {
-        Ok(self.store().run(sessions::ensure_first_admin).await?)
+        if !self.store().run(sessions::no_users_yet).await? {
+            return Ok(None);
+        }
+        let password = generate_password();
+        let hash = self.hash(&password).await?;
+        let created = self
+            .store()
+            .run(move |conn| sessions::create_first_admin(conn, &hash))
+            .await?;
+        Ok(created.then_some(password))
     }
 
-    /// Creates a user and its first API token.
+    /// Creates a user and its first API token (the command line).
     pub async fn add_user(&self, name: &str, role: Role) -> Result<(User, IssuedToken), UserError> {
         let name = name.to_owned();
         self.blocking_users(move |conn| users::add_user(conn, &name, role))
             .await
     }
 
-    /// Issues a further API token for a user.
-    pub async fn issue_token(&self, name: &str) -> Result<IssuedToken, UserError> {
+    /// Issues a further API token for a user, valid for `days` when given.
+    pub async fn issue_token(
+        &self,
+        name: &str,
+        days: Option<u32>,
+    ) -> Result<IssuedToken, UserError> {
         let name = name.to_owned();
-        self.blocking_users(move |conn| users::issue_token(conn, &name))
+        let expires_at = days.map(|d| now_ms() + i64::from(d) * 86_400_000);
+        self.blocking_users(move |conn| users::issue_token(conn, &name, expires_at))
             .await
     }
 
     /// Gives a user a new random password; returns it (to be shown once).
+    /// Their sessions end, and any sign-in throttle on the name is lifted.
     pub async fn reset_password(&self, name: &str) -> Result<String, UserError> {
+        let password = generate_password();
+        self.set_password(name, &password).await?;
+        Ok(password)
+    }
+
+    /// Sets a user's password; their sessions end, throttles are lifted.
+    pub async fn set_password(&self, name: &str, password: &str) -> Result<(), UserError> {
+        let hash = self
+            .hash(password)
+            .await
+            .map_err(|e| UserError::Failed(e.to_string()))?;
+        let name = name.to_owned();
+        self.blocking_users(move |conn| sessions::set_password_hash(conn, &name, &hash).map(drop))
+            .await
+    }
+
+    /// Disables (or enables) a user from the command line.
+    pub async fn set_disabled_by_name(&self, name: &str, disabled: bool) -> Result<(), UserError> {
         let name = name.to_owned();
         self.blocking_users(move |conn| {
-            let password = sessions::generate_password();
-            sessions::set_password(conn, &name, &password)?;
-            Ok(password)
+            let id = users::id_of(conn, &name)?;
+            users::set_disabled(conn, &id, disabled)?;
+            Ok(())
         })
         .await
     }
 
-    /// Sets a user's password.
-    pub async fn set_password(&self, name: &str, password: &str) -> Result<(), UserError> {
-        let (name, password) = (name.to_owned(), password.to_owned());
-        self.blocking_users(move |conn| sessions::set_password(conn, &name, &password))
-            .await
+    /// Deletes every API token of a user from the command line; how many.
+    pub async fn revoke_tokens_by_name(&self, name: &str) -> Result<usize, UserError> {
+        let name = name.to_owned();
+        self.blocking_users(move |conn| {
+            let id = users::id_of(conn, &name)?;
+            Ok(users::revoke_tokens(conn, &id)?)
+        })
+        .await
     }
 
     async fn blocking_users<T: Send + 'static>(
@@ -97,5 +250,174 @@ impl App {
             .run(move |conn| Ok(f(conn)))
             .await
             .map_err(UserError::Store)?
+    }
+}
+
+/// What an admin does on the Users page; each is audited with a reason.
+#[derive(Debug, Clone)]
+pub enum UserAction {
+    Add { name: String, role: Role },
+    ResetPassword,
+    RevokeTokens,
+    Disable,
+    Enable,
+    SetRole(Role),
+}
+
+impl UserAction {
+    fn audit_name(&self) -> &'static str {
+        match self {
+            Self::Add { .. } => "add_user",
+            Self::ResetPassword => "reset_password",
+            Self::RevokeTokens => "revoke_tokens",
+            Self::Disable => "disable_user",
+            Self::Enable => "enable_user",
+            Self::SetRole(_) => "set_role",
+        }
+    }
+}
+
+/// What a Users-page action produced.
+#[derive(Debug)]
+pub struct UserActionDone {
+    pub user: String,
+    /// A new password, to be shown once.
+    pub password: Option<String>,
+    pub note: String,
+}
+
+impl App {
+    /// Every user, for the Users page (admin).
+    pub async fn list_users(&self, actor: &User) -> AppResult<Vec<UserSummary>> {
+        require_admin(actor)?;
+        Ok(self.store().run(users::list_users).await?)
+    }
+
+    /// Runs a Users-page action on `subject` (a user's name; for `Add`, the
+    /// new name), audited with `reason` (admin).
+    pub async fn user_action(
+        &self,
+        actor: &User,
+        subject: &str,
+        action: UserAction,
+        reason: &str,
+    ) -> AppResult<UserActionDone> {
+        require_admin(actor)?;
+        let reason = Reason::parse(reason).map_err(AppError::bad_reason)?;
+        let name = match &action {
+            UserAction::Add { name, .. } => UserName::parse(name),
+            _ => UserName::parse(subject),
+        }
+        .ok_or_else(|| AppError::InvalidBody {
+            detail: "user names are 1-64 characters of letters, digits, '-', '_' or '.'".into(),
+            field: Some("name".into()),
+        })?;
+        if matches!(
+            action,
+            UserAction::Disable | UserAction::SetRole(Role::User | Role::Support)
+        ) && name.as_str() == actor.name
+        {
+            return Err(AppError::invalid_body(
+                "admins cannot disable or demote themselves here; another admin can",
+            ));
+        }
+        let password = match &action {
+            UserAction::Add { .. } | UserAction::ResetPassword => Some(generate_password()),
+            _ => None,
+        };
+        let hash = match &password {
+            Some(p) => Some(self.hash(p).await?),
+            None => None,
+        };
+        let (actor_id, audit) = (actor.id.clone(), action.audit_name());
+        let subject_name = name.as_str().to_owned();
+        let note = self
+            .store()
+            .run(move |conn| {
+                crate::store::connection::write_transaction(conn, |conn| {
+                    user_action_in(
+                        conn,
+                        &actor_id,
+                        &subject_name,
+                        &action,
+                        hash.as_deref(),
+                        reason.as_str(),
+                        audit,
+                    )
+                })
+            })
+            .await?
+            .map_err(|e| match e {
+                UserError::NoSuchUser(_) => AppError::NotFound,
+                UserError::NameTaken(name) => {
+                    AppError::invalid_body(format!("a user named {name:?} already exists"))
+                }
+                UserError::InvalidName => AppError::invalid_body(e.to_string()),
+                UserError::Store(e) => e.into(),
+                UserError::Failed(detail) => AppError::invalid_body(detail),
+            })?;
+        Ok(UserActionDone {
+            user: name.as_str().to_owned(),
+            password,
+            note,
+        })
+    }
+}
+
+/// One Users-page action and its audit entry, in one transaction.
+fn user_action_in(
+    conn: &mut crate::store::DbConnection,
+    actor: &UserId,
+    name: &str,
+    action: &UserAction,
+    hash: Option<&str>,
+    reason: &str,
+    audit: &str,
+) -> Result<Result<String, UserError>, crate::store::StoreError> {
+    let now = now_ms();
+    let done: Result<(UserId, String), UserError> = (|| match action {
+        UserAction::Add { role, .. } => {
+            let user = users::add_user_with_password(conn, name, *role, hash.expect("hashed"))?;
+            Ok((user.id, format!("added {name} as {role}")))
+        }
+        UserAction::ResetPassword => {
+            let id = sessions::set_password_hash(conn, name, hash.expect("hashed"))?;
+            Ok((id, format!("new password for {name}; their sessions ended")))
+        }
+        UserAction::RevokeTokens => {
+            let id = users::id_of(conn, name)?;
+            let n = users::revoke_tokens(conn, &id)?;
+            Ok((id, format!("revoked {n} API token(s) of {name}")))
+        }
+        UserAction::Disable => {
+            let id = users::id_of(conn, name)?;
+            users::set_disabled(conn, &id, true)?;
+            Ok((id, format!("disabled {name}")))
+        }
+        UserAction::Enable => {
+            let id = users::id_of(conn, name)?;
+            users::set_disabled(conn, &id, false)?;
+            Ok((id, format!("enabled {name}")))
+        }
+        UserAction::SetRole(role) => {
+            let id = users::id_of(conn, name)?;
+            users::set_role(conn, &id, *role)?;
+            Ok((id, format!("{name} is now {role}")))
+        }
+    })();
+    match done {
+        Ok((subject, note)) => {
+            record_user_audit(
+                conn,
+                actor,
+                audit,
+                &subject,
+                &format!("{note}: {reason}"),
+                now,
+            )?;
+            Ok(Ok(note))
+        }
+        Err(UserError::Store(e)) => Err(e),
+        Err(other) => Ok(Err(other)),
     }
 }

@@ -41,9 +41,9 @@ pub use crate::store::console::{
 };
 pub use crate::store::now_ms;
 pub use crate::store::queue::{Claim, SendPermit};
-pub use crate::store::sessions::SignIn;
 pub use crate::store::users::User;
 pub use crate::store::{Attempt, Job, QualificationRun, RaceEntry};
+pub use accounts::SignIn;
 pub use error::{AppError, AppResult};
 
 use crate::config::Config;
@@ -67,6 +67,8 @@ struct Inner {
     /// has finished; the failover gate waits for it.
     startup_qualified: watch::Sender<bool>,
     metrics: metrics::Metrics,
+    /// Argon2 runs here, a few at a time (see `accounts`).
+    password_slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl App {
@@ -86,6 +88,9 @@ impl App {
         }));
         Self {
             inner: Arc::new(Inner {
+                password_slots: accounts::password_slots(
+                    config.server.password_hashing_concurrency,
+                ),
                 store,
                 config,
                 providers,

@@ -10,12 +10,38 @@ fn provider<'a>(file: &'a ConfigFile, name: &str) -> Option<&'a ProviderSettings
     file.providers.iter().find(|p| p.name == name)
 }
 
+/// Whether `url` is `http://` to a host other than this machine: keys and
+/// callback secrets would cross the network in clear text.
+fn insecure_remote_http(url: &str) -> bool {
+    let Ok(parsed) = reqwest::Url::parse(url) else {
+        return false;
+    };
+    if parsed.scheme() != "http" {
+        return false;
+    }
+    match parsed.host() {
+        Some(url::Host::Domain(name)) => name != "localhost",
+        Some(url::Host::Ipv4(ip)) => !ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => !ip.is_loopback(),
+        None => true,
+    }
+}
+
 /// Checks what serde cannot; the error names the offending key.
 pub fn check_file(file: &ConfigFile) -> Result<(), (String, String)> {
     let this = file;
     let invalid = |key: String, message: &str| Err((key, message.to_owned()));
     if this.server.body_limit_bytes == 0 {
         return invalid("server.body_limit_bytes".into(), "must be greater than 0");
+    }
+    if let Some(url) = &this.server.public_url {
+        if insecure_remote_http(url) && !this.server.allow_insecure_http {
+            return invalid(
+                "server.public_url".into(),
+                "is http:// to another host: callback secrets would travel in clear text; use \
+                 https://, or set server.allow_insecure_http = true if the network is trusted",
+            );
+        }
     }
     if this.server.session_hours == 0 {
         return invalid("server.session_hours".into(), "must be at least 1");

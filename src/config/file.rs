@@ -36,12 +36,36 @@ pub struct ServerSettings {
     pub shutdown_grace_ms: u64,
     /// How long a browser sign-in lasts.
     pub session_hours: u64,
+    /// How many passwords may be hashed at once (sign-ins, resets); 0 means
+    /// half the CPU cores, at least one. A sign-in finding every slot busy
+    /// answers 503 with Retry-After.
+    pub password_hashing_concurrency: usize,
     /// The address providers reach this server at, for callback URLs
     /// (e.g. `https://onejob.example.com`).
     pub public_url: Option<String>,
     /// The environment variable holding the key that per-attempt callback
     /// secrets are derived from; unset means callbacks are off.
     pub callback_secret_env: Option<String>,
+    /// Whether cookies are `Secure` (with the `__Host-` prefix); default: on
+    /// when `public_url` is https.
+    pub secure_cookies: Option<bool>,
+    /// Reverse proxies whose `X-Forwarded-For` is believed (their IP
+    /// addresses); from anyone else, the socket's address is the client's.
+    pub trusted_proxies: Vec<std::net::IpAddr>,
+    /// Allows `http://` for a non-loopback `public_url` or provider
+    /// `base_url` (keys and callback secrets would travel in clear text).
+    pub allow_insecure_http: bool,
+}
+
+impl ServerSettings {
+    /// Whether cookies carry `Secure`.
+    pub fn secure_cookies(&self) -> bool {
+        self.secure_cookies.unwrap_or_else(|| {
+            self.public_url
+                .as_deref()
+                .is_some_and(|url| url.starts_with("https://"))
+        })
+    }
 }
 
 impl Default for ServerSettings {
@@ -52,8 +76,12 @@ impl Default for ServerSettings {
             http_workers: 0,
             shutdown_grace_ms: 0,
             session_hours: 12,
+            password_hashing_concurrency: 0,
             public_url: None,
             callback_secret_env: None,
+            secure_cookies: None,
+            trusted_proxies: Vec::new(),
+            allow_insecure_http: false,
         }
     }
 }

@@ -152,6 +152,16 @@ fn resolve(raw: file::ConfigFile, env: &Environment) -> Result<Config, (String, 
                     format!("the environment variable {var} is not set"),
                 )
             })?;
+            if key.len() < 32 {
+                return Err((
+                    "server.callback_secret_env".to_owned(),
+                    format!(
+                        "the key in {var} is {} bytes long; use at least 32 random bytes \
+                         (e.g. `openssl rand -hex 32`)",
+                        key.len()
+                    ),
+                ));
+            }
             let public_url = raw.server.public_url.as_deref().ok_or_else(|| {
                 (
                     "server.public_url".to_owned(),

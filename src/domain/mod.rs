@@ -7,14 +7,16 @@ pub mod callback_key;
 pub mod failover;
 pub mod fingerprint;
 pub mod idempotency_key;
-pub mod jcs;
 pub mod ids;
+pub mod jcs;
 pub mod json_text;
 pub mod outcome;
+pub mod password;
 pub mod reason;
 pub mod role;
 pub mod secret;
 pub mod state;
+pub mod throttle;
 
 pub use callback_key::CallbackKey;
 pub use failover::{failover_order, next_provider, AllowedProviders, QualificationStatus};

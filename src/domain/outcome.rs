@@ -23,6 +23,27 @@ pub enum Outcome {
     Unknown(String),
 }
 
+/// Where a reason's own words end and the provider's text (an error body,
+/// a connection error naming hosts) begins. Owners see the words before it;
+/// support staff see all (`summary_of`).
+pub const DETAIL_MARKER: &str = "\n— the provider said: ";
+
+/// A reason with the provider's text after it, when there is any.
+pub fn with_detail(summary: impl Into<String>, detail: &str) -> String {
+    let summary = summary.into();
+    let detail = detail.trim();
+    if detail.is_empty() {
+        summary
+    } else {
+        format!("{summary}{DETAIL_MARKER}{detail}")
+    }
+}
+
+/// A reason without the provider's text: what a job's owner is shown.
+pub fn summary_of(reason: &str) -> &str {
+    reason.split(DETAIL_MARKER).next().unwrap_or(reason)
+}
+
 /// Provider text made safe to store and show: control characters (a NUL
 /// byte would make PostgreSQL refuse the write, forever) are written as
 /// `\u{…}` escapes; new lines and tabs stay.
@@ -139,6 +160,21 @@ impl Applied {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_providers_own_text_is_kept_apart_from_the_reason() {
+        let reason = with_detail(
+            "the provider refused the request with 400",
+            "db-7.internal: quota",
+        );
+        assert_eq!(
+            summary_of(&reason),
+            "the provider refused the request with 400"
+        );
+        assert!(reason.ends_with("db-7.internal: quota"));
+        assert_eq!(with_detail("timeout", "  "), "timeout");
+        assert_eq!(summary_of("no detail here"), "no detail here");
+    }
 
     #[test]
     fn control_characters_in_provider_text_are_escaped_and_lines_kept() {

@@ -14,6 +14,8 @@
 
 use std::time::Duration;
 
+use crate::domain::outcome::with_detail;
+
 /// The classification of a non-2xx HTTP status.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StatusClass {
@@ -33,30 +35,26 @@ pub fn classify_status(
     retry_after: Option<Duration>,
     body_excerpt: &str,
 ) -> StatusClass {
-    let detail = if body_excerpt.is_empty() {
-        String::new()
-    } else {
-        format!(": {body_excerpt}")
-    };
+    let reason = |summary: String| with_detail(summary, body_excerpt);
     match status {
         400 | 401 | 403 | 404 | 422 => StatusClass::Definite {
-            reason: format!("the provider refused the request with {status}{detail}"),
+            reason: reason(format!("the provider refused the request with {status}")),
             retry_after: None,
         },
         429 => StatusClass::Definite {
-            reason: format!("rate limited (429){detail}"),
+            reason: reason("rate limited (429)".to_owned()),
             retry_after: retry_after.or(Some(Duration::from_secs(1))),
         },
         529 => StatusClass::Definite {
-            reason: format!("the provider is overloaded (529){detail}"),
+            reason: reason("the provider is overloaded (529)".to_owned()),
             retry_after,
         },
         // Anything else may have been acted on (a 409 can mean "a request with
         // this key is still running"): when in doubt, unknown.
         _ => StatusClass::Unknown {
-            reason: format!(
-                "the provider answered {status}; it may or may not have done the work{detail}"
-            ),
+            reason: reason(format!(
+                "the provider answered {status}; it may or may not have done the work"
+            )),
         },
     }
 }

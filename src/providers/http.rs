@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use super::classify::{classify_status, parse_retry_after, StatusClass};
 use super::{BoxFuture, Call, ProviderClient, ProviderKind, ProviderSettings};
+use crate::domain::outcome::with_detail;
 use crate::domain::{Outcome, Secret};
 
 /// The Anthropic API version this client speaks.
@@ -29,6 +30,7 @@ pub struct HttpClient {
     api_key: Option<Secret>,
     max_tokens: u32,
     temperature: Option<f64>,
+    max_response_bytes: usize,
     /// After a 429 or 529, later calls wait until this instant.
     not_before: Mutex<Option<Instant>>,
 }
@@ -58,6 +60,7 @@ impl HttpClient {
             api_key: config.api_key.clone(),
             max_tokens: config.max_tokens,
             temperature: config.temperature,
+            max_response_bytes: config.max_response_bytes,
             not_before: Mutex::new(None),
         }
     }
@@ -194,15 +197,15 @@ impl HttpClient {
             Ok(response) => response,
             // Nothing reached the provider: refused, DNS, TLS, connect timeout.
             Err(e) if e.is_connect() => {
-                return Outcome::Failed(format!(
-                    "could not connect to the provider: {}",
-                    error_chain(&e)
+                return Outcome::Failed(with_detail(
+                    "could not connect to the provider",
+                    &error_chain(&e),
                 ))
             }
             Err(e) => {
-                return Outcome::Unknown(format!(
-                    "the connection failed after the request was sent: {}",
-                    error_chain(&e)
+                return Outcome::Unknown(with_detail(
+                    "the connection failed after the request was sent",
+                    &error_chain(&e),
                 ))
             }
         };
@@ -213,15 +216,21 @@ impl HttpClient {
                 .get("retry-after")
                 .and_then(|v| v.to_str().ok()),
         );
-        let bytes = match response.bytes().await {
-            Ok(bytes) => bytes,
+        let (bytes, complete) = match read_capped(response, self.max_response_bytes).await {
+            Ok(read) => read,
             Err(e) => {
-                return Outcome::Unknown(format!(
-                    "the answer was cut off ({status}): {}",
-                    error_chain(&e)
+                return Outcome::Unknown(with_detail(
+                    format!("the answer was cut off ({status})"),
+                    &error_chain(&e),
                 ))
             }
         };
+        if status.is_success() && !complete {
+            return Outcome::Failed(format!(
+                "invalid_output: the answer is larger than the {} bytes allowed (max_response_bytes)",
+                self.max_response_bytes
+            ));
+        }
         if !status.is_success() {
             // Shortened only after redaction (see `call`).
             let excerpt = String::from_utf8_lossy(&bytes).into_owned();
@@ -241,8 +250,9 @@ impl HttpClient {
         let envelope: Value = match serde_json::from_slice(&bytes) {
             Ok(v) => v,
             Err(e) => {
-                return Outcome::Unknown(format!(
-                    "the answer is truncated or garbled ({status}): {e}"
+                return Outcome::Unknown(with_detail(
+                    format!("the answer is truncated or garbled ({status})"),
+                    &e.to_string(),
                 ))
             }
         };
@@ -296,6 +306,23 @@ impl ProviderClient for HttpClient {
     fn not_before(&self) -> Option<Instant> {
         HttpClient::not_before(self)
     }
+}
+
+/// Reads a response body in chunks, keeping at most `cap` bytes; whether
+/// the whole body fit.
+async fn read_capped(
+    mut response: reqwest::Response,
+    cap: usize,
+) -> Result<(Vec<u8>, bool), reqwest::Error> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await? {
+        if body.len() + chunk.len() > cap {
+            body.extend_from_slice(&chunk[..cap - body.len()]);
+            return Ok((body, false));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok((body, true))
 }
 
 /// OpenAI schema names allow `[a-zA-Z0-9_-]`.

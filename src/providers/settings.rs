@@ -78,6 +78,10 @@ pub struct ProviderSettings {
     pub connect_timeout_ms: u64,
     #[serde(default = "default_max_tokens")]
     pub max_tokens: u32,
+    /// HTTP kinds: the largest response body read, in bytes; a larger
+    /// answer is refused (`invalid_output`), never read whole.
+    #[serde(default = "default_max_response_bytes")]
+    pub max_response_bytes: usize,
     /// Sampling temperature for ordinary calls; qualification uses the task's.
     pub temperature: Option<f64>,
     /// The context budget in tokens (prompt + max_tokens must fit).
@@ -91,6 +95,10 @@ pub struct ProviderSettings {
 fn default_connect_timeout_ms() -> u64 {
     5_000
 }
+fn default_max_response_bytes() -> usize {
+    4 * 1024 * 1024
+}
+
 fn default_max_tokens() -> u32 {
     1_024
 }

@@ -201,6 +201,9 @@ pub fn complete_failure(
                 })
             }
             None => {
+                // The job's reason is for its owner: the provider's own text
+                // stays on the attempt, for support.
+                let error = crate::domain::outcome::summary_of(error);
                 let reason = if gate.skipped.is_empty() {
                     format!(
                         "every provider in the chain failed ({}); last error: {error}",

@@ -69,6 +69,28 @@ pub fn record_audit(
     Ok(())
 }
 
+/// Records a console action on a user (not a job).
+pub fn record_user_audit(
+    conn: &mut DbConnection,
+    actor_id: &UserId,
+    action: &str,
+    subject: &UserId,
+    reason: &str,
+    at: i64,
+) -> QueryResult<()> {
+    diesel::insert_into(audit_log::table)
+        .values((
+            audit_log::id.eq(uuid::Uuid::now_v7().to_string()),
+            audit_log::actor_id.eq(actor_id),
+            audit_log::action.eq(action),
+            audit_log::subject_user_id.eq(subject),
+            audit_log::reason.eq(reason),
+            audit_log::at.eq(at),
+        ))
+        .execute(conn)?;
+    Ok(())
+}
+
 /// Queues a new attempt on `provider`, or on the next untried provider of
 /// `order` (the gated failover order). `actor`, when given, is support staff
 /// acting on someone's job: the action goes to the audit log.

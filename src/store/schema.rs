@@ -8,6 +8,8 @@ diesel::table! {
         role -> Text,
         created_at -> BigInt,
         password_hash -> Nullable<Text>,
+        disabled_at -> Nullable<BigInt>,
+        last_sign_in_at -> Nullable<BigInt>,
     }
 }
 
@@ -22,10 +24,11 @@ diesel::table! {
 }
 
 diesel::table! {
-    login_failures (id) {
-        id -> Text,
-        user_name -> Text,
-        at -> BigInt,
+    sign_in_throttle (scope) {
+        scope -> Text,
+        failures -> Integer,
+        last_failure_at -> BigInt,
+        blocked_until -> BigInt,
     }
 }
 
@@ -35,6 +38,7 @@ diesel::table! {
         user_id -> Text,
         token_sha256 -> Text,
         created_at -> BigInt,
+        expires_at -> Nullable<BigInt>,
     }
 }
 
@@ -104,6 +108,7 @@ diesel::table! {
         attempt_id -> Nullable<Text>,
         reason -> Text,
         at -> BigInt,
+        subject_user_id -> Nullable<Text>,
     }
 }
 
@@ -121,7 +126,7 @@ diesel::allow_tables_to_appear_in_same_query!(
     race_log,
     audit_log,
     sessions,
-    login_failures,
+    sign_in_throttle,
     qualifications
 );
 diesel::joinable!(jobs -> users (owner_id));

@@ -1,79 +1,200 @@
-//! Browser sign-in: argon2id passwords, server-side sessions and throttled
-//! failed sign-ins. The session cookie carries a random token; only its
-//! SHA-256 is stored, so a copy of the database opens no session.
+//! Browser sign-in's storage: credentials, server-side sessions (the cookie
+//! carries a random token; only its SHA-256 is stored, so a copy of the
+//! database opens no session), and the atomic failed-sign-in counters.
+//! Password hashing happens elsewhere, never while a connection is held.
 
-use argon2::password_hash::rand_core::OsRng;
-use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
-use argon2::Argon2;
 use diesel::prelude::*;
 
 use super::connection::write_transaction;
-use super::schema::{login_failures, sessions, users};
+use super::schema::{sessions, sign_in_throttle, users};
 use super::users::{token_digest, User, UserError};
 use super::{now_ms, DbConnection, StoreResult};
+use crate::domain::throttle::{self, Policy};
 use crate::domain::{Role, UserId};
 
-/// Failed sign-ins allowed per user name within [`THROTTLE_WINDOW_MS`].
-pub const MAX_FAILED_SIGN_INS: i64 = 5;
-pub const THROTTLE_WINDOW_MS: i64 = 15 * 60 * 1000;
-
-/// A readable random password: 20 characters from an unambiguous alphabet.
-pub fn generate_password() -> String {
-    const ALPHABET: &[u8] = b"abcdefghjkmnpqrstuvwxyzABCDEFGHJKMNPQRSTUVWXYZ23456789";
-    let mut bytes = [0u8; 20];
-    getrandom::fill(&mut bytes).expect("the operating system's random source is available");
-    bytes
-        .iter()
-        .map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char)
-        .collect()
+/// What signing in as a name needs to know.
+#[derive(Debug, Clone)]
+pub struct Credentials {
+    pub user: User,
+    pub password_hash: Option<String>,
+    pub disabled: bool,
 }
 
-pub fn hash_password(password: &str) -> String {
-    let salt = SaltString::generate(&mut OsRng);
-    Argon2::default()
-        .hash_password(password.as_bytes(), &salt)
-        .expect("argon2id hashing with default parameters")
-        .to_string()
+pub fn credentials(conn: &mut DbConnection, name: &str) -> StoreResult<Option<Credentials>> {
+    let found: Option<(UserId, String, Role, Option<String>, Option<i64>)> = users::table
+        .filter(users::name.eq(name))
+        .select((
+            users::id,
+            users::name,
+            users::role,
+            users::password_hash,
+            users::disabled_at,
+        ))
+        .first(conn)
+        .optional()?;
+    Ok(
+        found.map(|(id, name, role, password_hash, disabled_at)| Credentials {
+            user: User { id, name, role },
+            password_hash,
+            disabled: disabled_at.is_some(),
+        }),
+    )
 }
 
-fn verify_password(password: &str, stored: &str) -> bool {
-    PasswordHash::new(stored)
-        .map(|hash| {
-            Argon2::default()
-                .verify_password(password.as_bytes(), &hash)
-                .is_ok()
-        })
-        .unwrap_or(false)
+/// Whether a sign-in may go on to check its password.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reservation {
+    /// It may; it was counted as a failure in advance (a good password
+    /// clears the count).
+    Allowed,
+    /// A scope must wait until then; nothing was counted.
+    Blocked { until: i64 },
 }
 
-/// Sets (or replaces) a user's password.
-pub fn set_password(conn: &mut DbConnection, name: &str, password: &str) -> Result<(), UserError> {
-    let hash = hash_password(password);
-    let updated = diesel::update(users::table.filter(users::name.eq(name)))
-        .set(users::password_hash.eq(hash))
-        .execute(conn)?;
-    if updated == 0 {
-        return Err(UserError::NoSuchUser(name.to_owned()));
+/// Counts a sign-in against its scopes before its password is checked,
+/// atomically: the scopes' rows are locked (in one order), and if any must
+/// still wait the sign-in is refused without being counted; otherwise each
+/// count goes up and its wait is set as if the password were wrong. So
+/// parallel guesses from one address are refused once the allowance is
+/// spent, however many arrive at once.
+pub fn reserve_attempt(
+    conn: &mut DbConnection,
+    scopes: &[(String, Policy)],
+    now: i64,
+) -> StoreResult<Reservation> {
+    let mut scopes: Vec<&(String, Policy)> = scopes.iter().collect();
+    scopes.sort_by(|a, b| a.0.cmp(&b.0));
+    write_transaction(conn, |conn| {
+        let mut rows = Vec::new();
+        for (scope, policy) in &scopes {
+            rows.push((lock_scope(conn, scope, now)?, scope, *policy));
+        }
+        if let Some(until) = rows
+            .iter()
+            .map(|((_, _, blocked_until), _, _)| *blocked_until)
+            .filter(|until| *until > now)
+            .max()
+        {
+            return Ok(Reservation::Blocked { until });
+        }
+        for ((failures, last_failure_at, _), scope, policy) in rows {
+            let failures = if last_failure_at < now - throttle::QUIET_WINDOW_MS {
+                1
+            } else {
+                failures + 1
+            };
+            diesel::update(sign_in_throttle::table.find(scope))
+                .set((
+                    sign_in_throttle::failures.eq(failures),
+                    sign_in_throttle::last_failure_at.eq(now),
+                    sign_in_throttle::blocked_until
+                        .eq(now + policy.wait_after(i64::from(failures))),
+                ))
+                .execute(conn)?;
+        }
+        Ok(Reservation::Allowed)
+    })
+}
+
+/// Makes sure the scope's row exists and locks it (PostgreSQL; SQLite's
+/// write transaction already excludes other writers): its failures, last
+/// failure and wait.
+fn lock_scope(conn: &mut DbConnection, scope: &str, now: i64) -> QueryResult<(i32, i64, i64)> {
+    use sign_in_throttle::dsl as t;
+    let row = (
+        t::scope.eq(scope),
+        t::failures.eq(0),
+        t::last_failure_at.eq(now),
+        t::blocked_until.eq(0i64),
+    );
+    let query =
+        t::sign_in_throttle
+            .find(scope)
+            .select((t::failures, t::last_failure_at, t::blocked_until));
+    match conn {
+        DbConnection::Sqlite(c) => {
+            diesel::insert_into(t::sign_in_throttle)
+                .values(row)
+                .on_conflict(t::scope)
+                .do_nothing()
+                .execute(c)?;
+            query.first(c)
+        }
+        DbConnection::Postgresql(c) => {
+            diesel::insert_into(t::sign_in_throttle)
+                .values(row)
+                .on_conflict(t::scope)
+                .do_nothing()
+                .execute(c)?;
+            query.for_update().first(c)
+        }
     }
+}
+
+/// Forgets the failures of these scopes (after a good sign-in).
+pub fn clear_scopes(conn: &mut DbConnection, scopes: &[String]) -> StoreResult<()> {
+    diesel::delete(sign_in_throttle::table.filter(sign_in_throttle::scope.eq_any(scopes)))
+        .execute(conn)?;
     Ok(())
 }
 
-/// On a database without users, creates `admin` with a fresh password and
-/// returns that password (to be printed once). Several processes starting at
-/// once are safe: the unique user name lets exactly one of them create it.
-pub fn ensure_first_admin(conn: &mut DbConnection) -> StoreResult<Option<String>> {
+/// Forgets every failure counted against a name, at any address.
+fn clear_name(conn: &mut DbConnection, name: &str) -> QueryResult<usize> {
+    let pattern = format!(
+        "{}%",
+        throttle::name_prefix(name)
+            .replace('\\', "\\\\")
+            .replace('%', "\\%")
+            .replace('_', "\\_")
+    );
+    diesel::delete(
+        sign_in_throttle::table.filter(sign_in_throttle::scope.like(pattern).escape('\\')),
+    )
+    .execute(conn)
+}
+
+/// Sets (or replaces) a user's password hash. Every session of that user
+/// ends, and every throttle on the name is lifted.
+pub fn set_password_hash(
+    conn: &mut DbConnection,
+    name: &str,
+    hash: &str,
+) -> Result<UserId, UserError> {
     write_transaction(conn, |conn| {
-        let existing: i64 = users::table.count().get_result(conn)?;
-        if existing > 0 {
-            return Ok(None);
+        let id: UserId = users::table
+            .filter(users::name.eq(name))
+            .select(users::id)
+            .first(conn)
+            .optional()?
+            .ok_or_else(|| UserError::NoSuchUser(name.to_owned()))?;
+        diesel::update(users::table.find(&id))
+            .set(users::password_hash.eq(hash))
+            .execute(conn)?;
+        diesel::delete(sessions::table.filter(sessions::user_id.eq(&id))).execute(conn)?;
+        clear_name(conn, name)?;
+        Ok(id)
+    })
+}
+
+/// Whether the database has no users yet.
+pub fn no_users_yet(conn: &mut DbConnection) -> StoreResult<bool> {
+    Ok(users::table.count().get_result::<i64>(conn)? == 0)
+}
+
+/// On a database without users, creates `admin` with this password hash.
+/// Several processes starting at once are safe: the unique user name lets
+/// exactly one of them create it. Returns whether this call did.
+pub fn create_first_admin(conn: &mut DbConnection, password_hash: &str) -> StoreResult<bool> {
+    write_transaction(conn, |conn| {
+        if !no_users_yet(conn)? {
+            return Ok(false);
         }
-        let password = generate_password();
         let row = (
             users::id.eq(UserId::new()),
             users::name.eq("admin"),
             users::role.eq(Role::Admin),
             users::created_at.eq(now_ms()),
-            users::password_hash.eq(Some(hash_password(&password))),
+            users::password_hash.eq(Some(password_hash)),
         );
         let inserted = match conn {
             DbConnection::Sqlite(c) => diesel::insert_into(users::table)
@@ -87,71 +208,12 @@ pub fn ensure_first_admin(conn: &mut DbConnection) -> StoreResult<Option<String>
                 .do_nothing()
                 .execute(c)?,
         };
-        Ok((inserted == 1).then_some(password))
+        Ok(inserted == 1)
     })
 }
 
-#[derive(Debug)]
-pub enum SignIn {
-    Ok(User),
-    BadCredentials,
-    /// Too many failures for this name: try again after this many seconds.
-    Throttled {
-        retry_after_s: i64,
-    },
-}
-
-/// Checks a name and password, counting failures per name.
-pub fn sign_in(conn: &mut DbConnection, name: &str, password: &str) -> StoreResult<SignIn> {
-    let now = now_ms();
-    let since = now - THROTTLE_WINDOW_MS;
-    let failures: Vec<i64> = login_failures::table
-        .filter(login_failures::user_name.eq(name))
-        .filter(login_failures::at.gt(since))
-        .order(login_failures::at.asc())
-        .select(login_failures::at)
-        .load(conn)?;
-    if failures.len() as i64 >= MAX_FAILED_SIGN_INS {
-        let oldest = failures[failures.len() - MAX_FAILED_SIGN_INS as usize];
-        return Ok(SignIn::Throttled {
-            retry_after_s: ((oldest + THROTTLE_WINDOW_MS - now) / 1000).max(1),
-        });
-    }
-    let found: Option<(UserId, String, Role, Option<String>)> = users::table
-        .filter(users::name.eq(name))
-        .select((users::id, users::name, users::role, users::password_hash))
-        .first(conn)
-        .optional()?;
-    let verified = match &found {
-        Some((_, _, _, Some(hash))) => verify_password(password, hash),
-        _ => {
-            // Spend the same work for unknown names, so timing does not tell.
-            let _ = verify_password(
-                password,
-                DUMMY_HASH.get_or_init(|| hash_password("not a password")),
-            );
-            false
-        }
-    };
-    if !verified {
-        diesel::insert_into(login_failures::table)
-            .values((
-                login_failures::id.eq(uuid::Uuid::now_v7().to_string()),
-                login_failures::user_name.eq(name),
-                login_failures::at.eq(now),
-            ))
-            .execute(conn)?;
-        return Ok(SignIn::BadCredentials);
-    }
-    diesel::delete(login_failures::table.filter(login_failures::user_name.eq(name)))
-        .execute(conn)?;
-    let (id, name, role, _) = found.expect("verified implies found");
-    Ok(SignIn::Ok(User { id, name, role }))
-}
-
-static DUMMY_HASH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-
-/// Starts a session; returns the token for the cookie (shown nowhere else).
+/// Starts a session and notes the sign-in; returns the token for the
+/// cookie (shown nowhere else).
 pub fn create_session(
     conn: &mut DbConnection,
     user_id: &UserId,
@@ -159,23 +221,30 @@ pub fn create_session(
 ) -> StoreResult<String> {
     let token = crate::domain::secret::random_hex_token();
     let now = now_ms();
-    diesel::insert_into(sessions::table)
-        .values((
-            sessions::id.eq(uuid::Uuid::now_v7().to_string()),
-            sessions::token_sha256.eq(token_digest(&token)),
-            sessions::user_id.eq(user_id),
-            sessions::created_at.eq(now),
-            sessions::expires_at.eq(now + ttl_ms),
-        ))
-        .execute(conn)?;
-    Ok(token)
+    write_transaction(conn, |conn| {
+        diesel::insert_into(sessions::table)
+            .values((
+                sessions::id.eq(uuid::Uuid::now_v7().to_string()),
+                sessions::token_sha256.eq(token_digest(&token)),
+                sessions::user_id.eq(user_id),
+                sessions::created_at.eq(now),
+                sessions::expires_at.eq(now + ttl_ms),
+            ))
+            .execute(conn)?;
+        diesel::update(users::table.find(user_id))
+            .set(users::last_sign_in_at.eq(now))
+            .execute(conn)?;
+        Ok(token)
+    })
 }
 
+/// The user of a live session; a disabled user's sessions open nothing.
 pub fn user_for_session(conn: &mut DbConnection, token: &str) -> StoreResult<Option<User>> {
     Ok(sessions::table
         .inner_join(users::table)
         .filter(sessions::token_sha256.eq(token_digest(token)))
         .filter(sessions::expires_at.gt(now_ms()))
+        .filter(users::disabled_at.is_null())
         .select((users::id, users::name, users::role))
         .first::<User>(conn)
         .optional()?)
@@ -187,23 +256,26 @@ pub fn end_session(conn: &mut DbConnection, token: &str) -> StoreResult<()> {
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// What a cleanup removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CleanedUp {
+    pub sessions: usize,
+    pub throttles: usize,
+}
 
-    #[test]
-    fn passwords_hash_with_argon2id_and_verify() {
-        let hash = hash_password("correct horse");
-        assert!(hash.starts_with("$argon2id$"));
-        assert!(verify_password("correct horse", &hash));
-        assert!(!verify_password("wrong horse", &hash));
-        assert!(!verify_password("anything", "not a hash"));
-    }
-
-    #[test]
-    fn generated_passwords_are_long_and_differ() {
-        let a = generate_password();
-        assert_eq!(a.len(), 20);
-        assert_ne!(a, generate_password());
-    }
+/// Removes expired sessions, and failure counters that are quiet and no
+/// longer make anyone wait.
+pub fn clean_up(conn: &mut DbConnection, now: i64) -> StoreResult<CleanedUp> {
+    let sessions =
+        diesel::delete(sessions::table.filter(sessions::expires_at.le(now))).execute(conn)?;
+    let throttles = diesel::delete(
+        sign_in_throttle::table
+            .filter(sign_in_throttle::last_failure_at.lt(now - throttle::QUIET_WINDOW_MS))
+            .filter(sign_in_throttle::blocked_until.le(now)),
+    )
+    .execute(conn)?;
+    Ok(CleanedUp {
+        sessions,
+        throttles,
+    })
 }

@@ -27,6 +27,8 @@ pub enum UserError {
     NoSuchUser(String),
     #[error("user names are 1-64 characters of letters, digits, '-', '_' or '.'")]
     InvalidName,
+    #[error("{0}")]
+    Failed(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -61,51 +63,83 @@ pub fn add_user(
     name: &str,
     role: Role,
 ) -> Result<(User, IssuedToken), UserError> {
+    super::connection::write_transaction(conn, |conn| {
+        let user = insert_user(conn, name, role, None)?;
+        let token = insert_token(conn, &user.id, None)?;
+        Ok((user, token))
+    })
+}
+
+/// Creates a user who signs in with a password (this hash), without a token.
+pub fn add_user_with_password(
+    conn: &mut DbConnection,
+    name: &str,
+    role: Role,
+    password_hash: &str,
+) -> Result<User, UserError> {
+    insert_user(conn, name, role, Some(password_hash))
+}
+
+fn insert_user(
+    conn: &mut DbConnection,
+    name: &str,
+    role: Role,
+    password_hash: Option<&str>,
+) -> Result<User, UserError> {
     if !is_valid_user_name(name) {
         return Err(UserError::InvalidName);
     }
-    super::connection::write_transaction(conn, |conn| {
-        let id = UserId::new();
-        let inserted = diesel::insert_into(users::table)
-            .values((
-                users::id.eq(&id),
-                users::name.eq(name),
-                users::role.eq(role),
-                users::created_at.eq(now_ms()),
-            ))
-            .execute(conn);
-        match inserted {
-            Err(e) if super::connection::is_unique_violation(&e) => {
-                return Err(UserError::NameTaken(name.to_owned()))
-            }
-            other => other?,
-        };
-        let token = insert_token(conn, &id)?;
-        Ok((
-            User {
-                id,
-                name: name.to_owned(),
-                role,
-            },
-            token,
+    let id = UserId::new();
+    let inserted = diesel::insert_into(users::table)
+        .values((
+            users::id.eq(&id),
+            users::name.eq(name),
+            users::role.eq(role),
+            users::created_at.eq(now_ms()),
+            users::password_hash.eq(password_hash),
         ))
+        .execute(conn);
+    match inserted {
+        Err(e) if super::connection::is_unique_violation(&e) => {
+            return Err(UserError::NameTaken(name.to_owned()))
+        }
+        other => other?,
+    };
+    Ok(User {
+        id,
+        name: name.to_owned(),
+        role,
     })
 }
 
-/// Issues a further token for an existing user.
-pub fn issue_token(conn: &mut DbConnection, name: &str) -> Result<IssuedToken, UserError> {
+/// The id of the user with this name.
+pub fn id_of(conn: &mut DbConnection, name: &str) -> Result<UserId, UserError> {
+    users::table
+        .filter(users::name.eq(name))
+        .select(users::id)
+        .first(conn)
+        .optional()?
+        .ok_or_else(|| UserError::NoSuchUser(name.to_owned()))
+}
+
+/// Issues a further token for an existing user, valid until `expires_at`
+/// (Unix ms) when given.
+pub fn issue_token(
+    conn: &mut DbConnection,
+    name: &str,
+    expires_at: Option<i64>,
+) -> Result<IssuedToken, UserError> {
     super::connection::write_transaction(conn, |conn| {
-        let id: UserId = users::table
-            .filter(users::name.eq(name))
-            .select(users::id)
-            .first(conn)
-            .optional()?
-            .ok_or_else(|| UserError::NoSuchUser(name.to_owned()))?;
-        Ok(insert_token(conn, &id)?)
+        let id = id_of(conn, name)?;
+        Ok(insert_token(conn, &id, expires_at)?)
     })
 }
 
-fn insert_token(conn: &mut DbConnection, user_id: &UserId) -> StoreResult<IssuedToken> {
+fn insert_token(
+    conn: &mut DbConnection,
+    user_id: &UserId,
+    expires_at: Option<i64>,
+) -> StoreResult<IssuedToken> {
     let token = generate_token();
     diesel::insert_into(api_tokens::table)
         .values((
@@ -113,19 +147,124 @@ fn insert_token(conn: &mut DbConnection, user_id: &UserId) -> StoreResult<Issued
             api_tokens::user_id.eq(user_id),
             api_tokens::token_sha256.eq(token_digest(&token)),
             api_tokens::created_at.eq(now_ms()),
+            api_tokens::expires_at.eq(expires_at),
         ))
         .execute(conn)?;
     Ok(IssuedToken(token))
 }
 
-/// The user a bearer token belongs to, if any.
+/// The user a bearer token belongs to, if the token is live and the user
+/// not disabled.
 pub fn user_for_token(conn: &mut DbConnection, token: &str) -> StoreResult<Option<User>> {
     Ok(api_tokens::table
         .inner_join(users::table)
         .filter(api_tokens::token_sha256.eq(token_digest(token)))
+        .filter(
+            api_tokens::expires_at
+                .is_null()
+                .or(api_tokens::expires_at.gt(now_ms())),
+        )
+        .filter(users::disabled_at.is_null())
         .select((users::id, users::name, users::role))
         .first::<User>(conn)
         .optional()?)
+}
+
+/// A user as the Users page lists them.
+#[derive(Debug, Clone, PartialEq, Eq, Queryable)]
+pub struct UserSummary {
+    pub id: UserId,
+    pub name: String,
+    pub role: Role,
+    pub created_at: i64,
+    pub last_sign_in_at: Option<i64>,
+    pub disabled_at: Option<i64>,
+    pub has_password: bool,
+    /// Live API tokens.
+    pub tokens: i64,
+}
+
+/// Every user, by name, with their live token counts.
+pub fn list_users(conn: &mut DbConnection) -> StoreResult<Vec<UserSummary>> {
+    let now = now_ms();
+    let rows: Vec<(
+        UserId,
+        String,
+        Role,
+        i64,
+        Option<i64>,
+        Option<i64>,
+        Option<String>,
+    )> = users::table
+        .order(users::name.asc())
+        .select((
+            users::id,
+            users::name,
+            users::role,
+            users::created_at,
+            users::last_sign_in_at,
+            users::disabled_at,
+            users::password_hash,
+        ))
+        .load(conn)?;
+    let counts: Vec<(UserId, i64)> = api_tokens::table
+        .filter(
+            api_tokens::expires_at
+                .is_null()
+                .or(api_tokens::expires_at.gt(now)),
+        )
+        .group_by(api_tokens::user_id)
+        .select((api_tokens::user_id, diesel::dsl::count_star()))
+        .load(conn)?;
+    Ok(rows
+        .into_iter()
+        .map(
+            |(id, name, role, created_at, last_sign_in_at, disabled_at, hash)| UserSummary {
+                tokens: counts
+                    .iter()
+                    .find(|(user, _)| *user == id)
+                    .map_or(0, |(_, n)| *n),
+                id,
+                name,
+                role,
+                created_at,
+                last_sign_in_at,
+                disabled_at,
+                has_password: hash.is_some(),
+            },
+        )
+        .collect())
+}
+
+/// Changes a user's role.
+pub fn set_role(conn: &mut DbConnection, id: &UserId, role: Role) -> StoreResult<bool> {
+    Ok(diesel::update(users::table.find(id))
+        .set(users::role.eq(role))
+        .execute(conn)?
+        == 1)
+}
+
+/// Disables a user (their sessions end; tokens and sessions stop working at
+/// once), or enables them again.
+pub fn set_disabled(conn: &mut DbConnection, id: &UserId, disabled: bool) -> StoreResult<bool> {
+    super::connection::write_transaction(conn, |conn| {
+        let at = disabled.then(now_ms);
+        let changed = diesel::update(users::table.find(id))
+            .set(users::disabled_at.eq(at))
+            .execute(conn)?;
+        if disabled {
+            diesel::delete(
+                super::schema::sessions::table.filter(super::schema::sessions::user_id.eq(id)),
+            )
+            .execute(conn)?;
+        }
+        Ok(changed == 1)
+    })
+}
+
+/// Deletes every API token of a user; returns how many there were.
+pub fn revoke_tokens(conn: &mut DbConnection, id: &UserId) -> StoreResult<usize> {
+    Ok(diesel::delete(api_tokens::table.filter(api_tokens::user_id.eq(id))).execute(conn)?)
 }
 
 pub fn find_by_name(conn: &mut DbConnection, name: &str) -> StoreResult<Option<User>> {

@@ -4,6 +4,7 @@
 
 use actix_web::{web, HttpRequest, HttpResponse};
 
+use super::body::limited_body;
 use super::error::ApiError;
 use super::views::Problem;
 use crate::app::callbacks::{CallbackBody, CallbackOutcome};
@@ -22,6 +23,7 @@ use crate::domain::AttemptId;
         (status = 200, body = CallbackOutcome),
         (status = 401, description = "Missing or wrong signature; nothing changed", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "Callbacks are off, or no such attempt", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body larger than `server.body_limit_bytes`", body = Problem, content_type = "application/problem+json"),
         (status = 422, body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -29,8 +31,9 @@ pub async fn receive(
     app: web::Data<App>,
     req: HttpRequest,
     path: web::Path<String>,
-    body: web::Bytes,
+    payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
+    let body = limited_body(&req, payload, app.config().server.body_limit_bytes).await?;
     let attempt_id = AttemptId::parse(&path).ok_or_else(ApiError::not_found)?;
     let signature = req
         .headers()

@@ -67,7 +67,11 @@ pub async fn create_job(
     if created.replayed {
         response.insert_header(("Idempotent-Replayed", "true"));
     }
-    Ok(response.json(JobView::new(&created.job, &created.attempts)))
+    Ok(response.json(JobView::new(
+        &created.job,
+        &created.attempts,
+        caller.0.role.is_staff(),
+    )))
 }
 
 /// Parses a job id from the path; anything else is simply not found.
@@ -92,7 +96,7 @@ pub async fn get_job(
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let (job, attempts) = app.job_for(&caller.0, &job_id(&path)?).await?;
-    Ok(HttpResponse::Ok().json(JobView::new(&job, &attempts)))
+    Ok(HttpResponse::Ok().json(JobView::new(&job, &attempts, caller.0.role.is_staff())))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

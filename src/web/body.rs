@@ -14,12 +14,12 @@ pub enum EmptyBody<T> {
     Is(T),
 }
 
-pub async fn json_body<T: DeserializeOwned>(
+/// Reads a body of at most `limit` bytes (413 beyond it).
+pub async fn limited_body(
     req: &HttpRequest,
     mut payload: web::Payload,
     limit: usize,
-    empty: EmptyBody<T>,
-) -> Result<T, ApiError> {
+) -> Result<web::Bytes, ApiError> {
     let too_large = || {
         ApiError::new(
             ProblemType::PayloadTooLarge,
@@ -47,6 +47,16 @@ pub async fn json_body<T: DeserializeOwned>(
         }
         body.extend_from_slice(&chunk);
     }
+    Ok(body.freeze())
+}
+
+pub async fn json_body<T: DeserializeOwned>(
+    req: &HttpRequest,
+    payload: web::Payload,
+    limit: usize,
+    empty: EmptyBody<T>,
+) -> Result<T, ApiError> {
+    let body = limited_body(req, payload, limit).await?;
     if body.is_empty() {
         if let EmptyBody::Is(value) = empty {
             return Ok(value);

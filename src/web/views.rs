@@ -88,6 +88,19 @@ pub struct AttemptView {
     pub error: Option<String>,
 }
 
+impl AttemptView {
+    /// The attempt as its job's owner sees it: the reason without the
+    /// provider's own text (which can name internal hosts or accounts).
+    pub fn for_owner(a: &Attempt) -> Self {
+        let mut view = Self::from(a);
+        view.error = a
+            .error
+            .as_deref()
+            .map(|e| crate::domain::outcome::summary_of(e).to_owned());
+        view
+    }
+}
+
 impl From<&Attempt> for AttemptView {
     fn from(a: &Attempt) -> Self {
         Self {
@@ -133,7 +146,9 @@ pub struct JobView {
 }
 
 impl JobView {
-    pub fn new(job: &Job, attempts: &[Attempt]) -> Self {
+    /// The job for `staff` (everything) or for its owner (reasons without
+    /// the providers' own text).
+    pub fn new(job: &Job, attempts: &[Attempt], staff: bool) -> Self {
         Self {
             id: job.id.to_string(),
             status: job.status.as_str().to_owned(),
@@ -148,7 +163,16 @@ impl JobView {
             failure_reason: job.failure_reason.clone(),
             created_at: rfc3339(job.created_at),
             updated_at: rfc3339(job.updated_at),
-            attempts: attempts.iter().map(AttemptView::from).collect(),
+            attempts: attempts
+                .iter()
+                .map(|a| {
+                    if staff {
+                        AttemptView::from(a)
+                    } else {
+                        AttemptView::for_owner(a)
+                    }
+                })
+                .collect(),
         }
     }
 }

@@ -51,6 +51,10 @@ impl WorkerHandle {
     }
 }
 
+/// How often each process removes expired sessions and quiet sign-in
+/// failure counters.
+const CLEANUP_EVERY: Duration = Duration::from_secs(60);
+
 /// How a failure reads when the provider's outcome itself could not be stored.
 const UNRECORDABLE: &str = "the provider's outcome could not be recorded";
 
@@ -127,13 +131,25 @@ impl Worker {
         }
     }
 
-    /// Makes running attempts of dead processes `unknown`.
+    /// Reaps the leases of dead processes, and now and then removes expired
+    /// sessions and quiet sign-in counters.
     async fn reaper_loop(self) {
         let every = Duration::from_millis((self.app.config().worker.lease_ms / 2).max(100));
+        let mut last_cleanup = Instant::now();
         loop {
             tokio::select! {
                 _ = sleep(every) => {}
                 _ = self.shutdown.cancelled() => return,
+            }
+            if last_cleanup.elapsed() >= CLEANUP_EVERY {
+                last_cleanup = Instant::now();
+                match self.app.clean_up().await {
+                    Ok(cleaned) => tracing::debug!(
+                        ?cleaned,
+                        "cleaned up expired sessions and sign-in counters"
+                    ),
+                    Err(error) => tracing::warn!(%error, "cleaning up failed"),
+                }
             }
             match self.app.expire_leases().await {
                 Ok(expired) => {

@@ -271,7 +271,7 @@ input = { text = "golden example" }
 /// The API key the fake providers expect (`api_key_env = "ONEJOB_TEST_FAKE_KEY"`).
 pub const FAKE_API_KEY: &str = "sk-onejob-test-0123456789abcdef";
 /// The callback key (`callback_secret_env = "ONEJOB_TEST_CALLBACK_KEY"`).
-pub const CALLBACK_KEY: &str = "callback-key-for-tests";
+pub const CALLBACK_KEY: &str = "callback-key-for-tests-0123456789abcdef0123456789";
 
 /// The environment test configurations are resolved in: given explicitly,
 /// never set on the test process.
@@ -589,11 +589,7 @@ pub async fn assert_problem(response: Response, status: StatusCode, slug: &str) 
 impl TestApp {
     /// Gives a test user a browser password.
     pub async fn set_password(&self, name: &str, password: &str) {
-        let (name, password) = (name.to_owned(), password.to_owned());
-        self.with_conn(move |conn| {
-            onejob::store::sessions::set_password(conn, &name, &password).unwrap()
-        })
-        .await;
+        self.app.set_password(name, password).await.unwrap();
     }
 }
 

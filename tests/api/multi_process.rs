@@ -102,7 +102,7 @@ async fn three_processes_start_together_share_the_queue_and_never_send_an_attemp
             )
             .get_result(&mut conn)
             .unwrap();
-            let token = user_store::issue_token(&mut conn, "admin").unwrap();
+            let token = user_store::issue_token(&mut conn, "admin", None).unwrap();
             (admins, migrations, token.0)
         })
         .await

@@ -148,19 +148,50 @@ async fn a_cross_site_post_is_refused_and_changes_nothing(backend: TestBackend) 
     assert_eq!(response.status(), StatusCode::FORBIDDEN);
 }
 
-async fn sign_in_refuses_wrong_passwords_and_throttles_repeated_failures(backend: TestBackend) {
-    let app = spawn_app(backend).await;
-    app.set_password("bob", "bob-password").await;
-    let browser = FormClient::new(&app);
-    let page = browser.get("/login").await.text().await.unwrap();
+/// Posts the sign-in form from `address` (via a trusted proxy's
+/// `X-Forwarded-For`).
+async fn sign_in_from(
+    browser: &FormClient,
+    csrf: &str,
+    address: &str,
+    name: &str,
+    password: &str,
+) -> reqwest::Response {
+    browser
+        .http
+        .post(format!("{}/login", browser.base))
+        .header("X-Forwarded-For", address)
+        .form(&[("name", name), ("password", password), ("csrf", csrf)])
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn throttle_rows(app: &crate::helpers::TestApp) -> Vec<(String, i32)> {
+    use diesel::prelude::*;
+    use onejob::store::schema::sign_in_throttle as t;
+    app.with_conn(|conn| {
+        t::table
+            .order(t::scope)
+            .select((t::scope, t::failures))
+            .load(conn)
+            .unwrap()
+    })
+    .await
+}
+
+async fn wrong_passwords_slow_one_address_down_and_never_lock_out_another(backend: TestBackend) {
+    let mut config = crate::helpers::test_config(crate::helpers::DEFAULT_TEST_PROVIDERS);
+    config.server.trusted_proxies = vec!["127.0.0.1".parse().unwrap()];
+    let app = crate::helpers::spawn_app_with(backend, config).await;
+    app.set_password("ada", "ada-password").await;
+    let attacker = FormClient::new(&app);
+    let page = attacker.get("/login").await.text().await.unwrap();
     let csrf = hidden_value(&page, "csrf");
-    for _ in 0..5 {
-        let response = browser
-            .post_form(
-                "/login",
-                &[("name", "bob"), ("password", "nope"), ("csrf", &csrf)],
-            )
-            .await;
+    let free = onejob::domain::throttle::NAME_AT_ADDRESS.free;
+    // Guesses at `ada` from one address: free tries, then a growing wait.
+    for _ in 0..=free {
+        let response = sign_in_from(&attacker, &csrf, "203.0.113.9", "ada", "guess").await;
         assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
         assert!(response
             .text()
@@ -168,35 +199,103 @@ async fn sign_in_refuses_wrong_passwords_and_throttles_repeated_failures(backend
             .unwrap()
             .contains("Wrong name or password"));
     }
-    let response = browser
-        .post_form(
-            "/login",
-            &[
-                ("name", "bob"),
-                ("password", "bob-password"),
-                ("csrf", &csrf),
-            ],
-        )
-        .await;
+    let response = sign_in_from(&attacker, &csrf, "203.0.113.9", "ada", "ada-password").await;
     assert_eq!(
         response.status(),
         StatusCode::TOO_MANY_REQUESTS,
-        "even the right password waits"
+        "that address waits, even with the right password"
     );
     assert!(response.headers().contains_key("retry-after"));
-    // Another name is not affected.
-    app.set_password("alice", "alice-password").await;
+    assert_eq!(
+        throttle_rows(&app).await,
+        vec![
+            ("addr:203.0.113.9".to_owned(), free as i32 + 1),
+            ("name:ada@203.0.113.9".to_owned(), free as i32 + 1),
+        ],
+        "counted per name and address, and per address; the refused try not counted"
+    );
+    // The admin, from anywhere else, signs in at once.
+    let admin = FormClient::new(&app);
+    let page = admin.get("/login").await.text().await.unwrap();
+    let admin_csrf = hidden_value(&page, "csrf");
+    let response = sign_in_from(&admin, &admin_csrf, "198.51.100.7", "ada", "ada-password").await;
+    assert_eq!(response.status(), StatusCode::SEE_OTHER, "never locked out");
+    // A password reset lifts every wait on the name.
+    app.set_password("ada", "new-password").await;
+    assert_eq!(
+        throttle_rows(&app).await,
+        vec![("addr:203.0.113.9".to_owned(), free as i32 + 1)]
+    );
+    // Without a trusted proxy the header is ignored: it is the socket's address.
+    let response = attacker
+        .post_form(
+            "/login",
+            &[("name", "bob"), ("password", "nope"), ("csrf", &csrf)],
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    assert!(throttle_rows(&app)
+        .await
+        .iter()
+        .any(|(scope, _)| scope == "name:bob@127.0.0.1"));
+}
+
+async fn parallel_guesses_cannot_spend_more_than_the_allowance(backend: TestBackend) {
+    let app = spawn_app(backend).await;
+    app.set_password("bob", "bob-password").await;
+    let browser = std::sync::Arc::new(FormClient::new(&app));
+    let page = browser.get("/login").await.text().await.unwrap();
+    let csrf = hidden_value(&page, "csrf");
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(20));
+    let guesses: Vec<_> = (0..20)
+        .map(|_| {
+            let (browser, barrier, csrf) = (browser.clone(), barrier.clone(), csrf.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                browser
+                    .post_form(
+                        "/login",
+                        &[("name", "bob"), ("password", "guess"), ("csrf", &csrf)],
+                    )
+                    .await
+                    .status()
+            })
+        })
+        .collect();
+    let mut checked = 0;
+    for guess in guesses {
+        match guess.await.unwrap() {
+            StatusCode::UNAUTHORIZED => checked += 1,
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => {}
+            other => panic!("unexpected {other}"),
+        }
+    }
+    let free = onejob::domain::throttle::NAME_AT_ADDRESS.free as usize;
+    assert!(
+        checked <= free + 1,
+        "{checked} of 20 simultaneous guesses had their password checked; at most {} may",
+        free + 1
+    );
+}
+
+async fn a_name_that_cannot_exist_costs_nothing_and_is_not_stored(backend: TestBackend) {
+    let app = spawn_app(backend).await;
+    let browser = FormClient::new(&app);
+    let page = browser.get("/login").await.text().await.unwrap();
+    let csrf = hidden_value(&page, "csrf");
+    let huge = "x".repeat(60 * 1024);
     let response = browser
         .post_form(
             "/login",
-            &[
-                ("name", "alice"),
-                ("password", "alice-password"),
-                ("csrf", &csrf),
-            ],
+            &[("name", &huge), ("password", "p"), ("csrf", &csrf)],
         )
         .await;
-    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    assert!(
+        !response.text().await.unwrap().contains(&huge[..100]),
+        "not shown again"
+    );
+    assert!(throttle_rows(&app).await.is_empty(), "nothing stored");
 }
 
 async fn pages_need_a_session_and_sign_out_ends_it(backend: TestBackend) {
@@ -583,7 +682,9 @@ on_both_backends!(
     the_submit_form_without_javascript_makes_one_job_however_often_it_is_posted,
     an_invalid_form_is_shown_again_with_the_same_key_and_nothing_stored,
     a_cross_site_post_is_refused_and_changes_nothing,
-    sign_in_refuses_wrong_passwords_and_throttles_repeated_failures,
+    wrong_passwords_slow_one_address_down_and_never_lock_out_another,
+    parallel_guesses_cannot_spend_more_than_the_allowance,
+    a_name_that_cannot_exist_costs_nothing_and_is_not_stored,
     pages_need_a_session_and_sign_out_ends_it,
     the_session_cookie_is_http_only_and_same_site,
     html_in_a_jobs_input_renders_as_text,

@@ -4,7 +4,7 @@
 //! failed sign-ins stop counting once the throttle window has passed.
 
 use diesel::prelude::*;
-use onejob::store::schema::{login_failures, sessions};
+use onejob::store::schema::{sessions, sign_in_throttle};
 use reqwest::StatusCode;
 
 use crate::helpers::{
@@ -160,7 +160,7 @@ async fn every_process_on_the_database_honours_the_same_sessions(backend: TestBa
     second_server.abort();
 }
 
-async fn failed_sign_ins_older_than_the_throttle_window_no_longer_count(backend: TestBackend) {
+async fn failed_sign_ins_older_than_the_quiet_window_no_longer_count(backend: TestBackend) {
     let app = spawn_app(backend).await;
     app.set_password("bob", "bob-password").await;
     let client = plain_client();
@@ -174,7 +174,8 @@ async fn failed_sign_ins_older_than_the_throttle_window_no_longer_count(backend:
             .form(&[("name", "bob"), ("password", password), ("csrf", &csrf)])
             .send()
     };
-    for _ in 0..5 {
+    let free = onejob::domain::throttle::NAME_AT_ADDRESS.free;
+    for _ in 0..=free {
         assert_eq!(
             attempt("nope").await.unwrap().status(),
             StatusCode::UNAUTHORIZED
@@ -183,13 +184,16 @@ async fn failed_sign_ins_older_than_the_throttle_window_no_longer_count(backend:
     assert_eq!(
         attempt("bob-password").await.unwrap().status(),
         StatusCode::TOO_MANY_REQUESTS,
-        "throttled inside the window"
+        "waiting inside the window, even with the right password"
     );
-    // The window passes: move every failure back past it.
-    let window = onejob::store::sessions::THROTTLE_WINDOW_MS;
+    // The quiet window passes: move every failure, and its wait, back past it.
+    let window = onejob::domain::throttle::QUIET_WINDOW_MS + 1000;
     app.with_conn(move |conn| {
-        diesel::update(login_failures::table)
-            .set(login_failures::at.eq(login_failures::at - window - 1000))
+        diesel::update(sign_in_throttle::table)
+            .set((
+                sign_in_throttle::last_failure_at.eq(sign_in_throttle::last_failure_at - window),
+                sign_in_throttle::blocked_until.eq(sign_in_throttle::blocked_until - window),
+            ))
             .execute(conn)
             .unwrap()
     })
@@ -199,11 +203,15 @@ async fn failed_sign_ins_older_than_the_throttle_window_no_longer_count(backend:
         StatusCode::SEE_OTHER,
         "the right password works once the window has passed"
     );
+    let rows: i64 = app
+        .with_conn(|conn| sign_in_throttle::table.count().get_result(conn).unwrap())
+        .await;
+    assert_eq!(rows, 0, "a good sign-in clears its counters");
 }
 
 on_both_backends!(
     signing_out_ends_the_session_on_the_server,
     an_expired_session_signs_no_one_in,
     every_process_on_the_database_honours_the_same_sessions,
-    failed_sign_ins_older_than_the_throttle_window_no_longer_count,
+    failed_sign_ins_older_than_the_quiet_window_no_longer_count,
 );

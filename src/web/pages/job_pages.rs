@@ -281,7 +281,15 @@ struct AttemptLine {
 }
 
 impl AttemptLine {
-    fn new(a: &Attempt) -> Self {
+    /// Staff see the provider's own text; the owner sees the reason.
+    fn new(a: &Attempt, staff: bool) -> Self {
+        let error = a.error.as_deref().map(|e| {
+            if staff {
+                e.to_owned()
+            } else {
+                crate::domain::outcome::summary_of(e).to_owned()
+            }
+        });
         Self {
             number: a.number,
             provider: a.provider.clone(),
@@ -294,9 +302,9 @@ impl AttemptLine {
                 _ => String::new(),
             },
             // A success keeps the text of what it recovered from.
-            error: match (&a.error, a.state) {
+            error: match (error, a.state) {
                 (Some(earlier), AttemptState::Succeeded) => format!("earlier: {earlier}"),
-                (error, _) => error.clone().unwrap_or_default(),
+                (error, _) => error.unwrap_or_default(),
             },
         }
     }
@@ -370,7 +378,10 @@ fn job_live(user: &SignedIn, job: &Job, attempts: &[Attempt], allowed: Vec<Strin
             .map(|r| pretty(&r.value()))
             .unwrap_or_default(),
         failure_reason: job.failure_reason.clone().unwrap_or_default(),
-        attempts: attempts.iter().map(AttemptLine::new).collect(),
+        attempts: attempts
+            .iter()
+            .map(|a| AttemptLine::new(a, staff))
+            .collect(),
         timeline: timeline::layout(job.created_at, attempts, now_ms()),
         can_fail: staff && live.is_none() && !job.status.is_terminal(),
         staff,

@@ -18,6 +18,7 @@ use serde::Deserialize;
 use super::{render_with, see_other, Nav, PageError, HTMX_PATH};
 use crate::app::SignIn;
 use crate::app::{App, User};
+use crate::domain::password::UserName;
 use crate::domain::secret::random_hex_token;
 use crate::domain::sha256_hex;
 
@@ -116,8 +117,12 @@ impl FromRequest for SignedIn {
     }
 }
 
+/// Whether cookies carry `Secure` (and the `__Host-` prefix): the
+/// configuration decides (`server.secure_cookies`, by default on when
+/// `public_url` is https), never a header a client could send.
 fn secure(req: &HttpRequest) -> bool {
-    req.connection_info().scheme() == "https"
+    req.app_data::<web::Data<App>>()
+        .is_some_and(|app| app.config().server.secure_cookies())
 }
 
 fn cookie<'a>(
@@ -226,8 +231,15 @@ pub async fn sign_in(
             "This sign-in form did not come from this site, or it expired. Open the sign-in page again.",
         ));
     }
-    let name = form.name.trim().to_owned();
-    match app.sign_in(&name, &form.password).await? {
+    // Only a name that could exist is logged or shown again.
+    let name = UserName::parse(&form.name)
+        .map(|n| n.as_str().to_owned())
+        .unwrap_or_default();
+    let address = crate::web::client_address(&req, &app.config().server.trusted_proxies);
+    match app
+        .sign_in(&form.name, &form.password, &address.to_string())
+        .await?
+    {
         SignIn::Ok(user) => {
             let token = app.start_session(&user).await?;
             tracing::info!(user = %user.name, "signed in");
@@ -242,7 +254,7 @@ pub async fn sign_in(
             Ok(response)
         }
         SignIn::BadCredentials => {
-            tracing::warn!(user = %name, "failed sign-in");
+            tracing::warn!(user = %name, %address, "failed sign-in");
             Ok(sign_in_page(
                 &req,
                 StatusCode::UNAUTHORIZED,
@@ -251,12 +263,42 @@ pub async fn sign_in(
                 Some("Wrong name or password."),
             ))
         }
-        SignIn::Throttled { retry_after_s } => {
-            tracing::warn!(user = %name, "sign-in throttled");
-            let message = format!(
-                "Too many failed sign-ins for this name. Try again in {} minute(s).",
-                (retry_after_s + 59) / 60
+        SignIn::Disabled => {
+            tracing::warn!(user = %name, "sign-in refused: the user is disabled");
+            Ok(sign_in_page(
+                &req,
+                StatusCode::FORBIDDEN,
+                &next,
+                &name,
+                Some("This account is disabled. Ask an admin to enable it."),
+            ))
+        }
+        SignIn::Busy => {
+            let mut response = sign_in_page(
+                &req,
+                StatusCode::SERVICE_UNAVAILABLE,
+                &next,
+                &name,
+                Some("Signing in is busy right now. Try again in a moment."),
             );
+            response.headers_mut().insert(
+                actix_web::http::header::RETRY_AFTER,
+                actix_web::http::header::HeaderValue::from(1),
+            );
+            Ok(response)
+        }
+        SignIn::Throttled { retry_after_s } => {
+            tracing::warn!(user = %name, %address, "sign-in throttled");
+            let message = if retry_after_s < 60 {
+                format!(
+                    "Too many failed sign-ins from here. Try again in {retry_after_s} second(s)."
+                )
+            } else {
+                format!(
+                    "Too many failed sign-ins from here. Try again in {} minute(s).",
+                    (retry_after_s + 59) / 60
+                )
+            };
             let mut response = sign_in_page(
                 &req,
                 StatusCode::TOO_MANY_REQUESTS,
