@@ -7,6 +7,7 @@ use super::{
     ConsoleCounts, Job, RaceDetail, RaceEntry, UnknownAttempt, User,
 };
 use crate::domain::{AttemptId, IdempotencyKey, JobId, QualificationStatus};
+pub use crate::store::console::{JobFilter, JobListing};
 use crate::store::{console, jobs as job_store, now_ms};
 
 /// One cell of the provider × task qualification matrix.
@@ -156,5 +157,42 @@ impl App {
             .run(|conn| Ok(conn.batch_execute("SELECT 1")?))
             .await?;
         Ok(())
+    }
+}
+
+/// What support sees on a job's page beyond what its owner sees.
+#[derive(Debug, Clone)]
+pub struct StaffNotes {
+    pub owner: String,
+    pub audit: Vec<AuditEntry>,
+}
+
+impl App {
+    /// Jobs of every owner, newest first, narrowed by `filter` (support, admin).
+    pub async fn search_jobs(
+        &self,
+        actor: &User,
+        filter: JobFilter,
+        limit: i64,
+    ) -> AppResult<Vec<JobListing>> {
+        require_staff(actor)?;
+        Ok(self
+            .store()
+            .run(move |conn| console::find_jobs(conn, &filter, limit))
+            .await?)
+    }
+
+    /// A job's owner and its audit entries (support, admin).
+    pub async fn staff_notes(&self, actor: &User, job: &Job) -> AppResult<StaffNotes> {
+        require_staff(actor)?;
+        let (job_id, owner_id) = (job.id.clone(), job.owner_id.clone());
+        Ok(self
+            .store()
+            .run(move |conn| {
+                let owner = crate::store::users::name_of(conn, &owner_id)?;
+                let audit = console::audit_for_job(conn, &job_id)?;
+                Ok(StaffNotes { owner, audit })
+            })
+            .await?)
     }
 }

@@ -115,6 +115,24 @@ pub fn check_file(file: &ConfigFile) -> Result<(), (String, String)> {
                     )
                 }
             }
+            if provider
+                .base_url
+                .as_deref()
+                .is_some_and(insecure_remote_http)
+                && !this.server.allow_insecure_http
+            {
+                return invalid(
+                    format!("providers[{i}].base_url"),
+                    "is http:// to another host: the API key would travel in clear text; use \
+                     https://, or set server.allow_insecure_http = true if the network is trusted",
+                );
+            }
+            if provider.max_response_bytes == 0 {
+                return invalid(
+                    format!("providers[{i}].max_response_bytes"),
+                    "must be greater than 0",
+                );
+            }
             if provider.model.as_deref().is_none_or(str::is_empty) {
                 return invalid(format!("providers[{i}].model"), "a model name is required");
             }

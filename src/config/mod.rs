@@ -337,6 +337,61 @@ mod tests {
     }
 
     #[test]
+    fn clear_text_http_to_another_host_is_refused_unless_allowed() {
+        let provider = |url: &str| {
+            format!(
+                "[[providers]]\nname = \"a\"\nkind = \"openai\"\nbase_url = \"{url}\"\nmodel = \"m\"\n\
+                 [[tasks]]\nname = \"t\"\nproviders = [\"a\"]\ntemplate = \"{{{{ text }}}}\"\n"
+            )
+        };
+        assert_eq!(
+            invalid_key(&provider("http://api.example.com")),
+            "providers[0].base_url"
+        );
+        for fine in [
+            "https://api.example.com",
+            "http://127.0.0.1:8000",
+            "http://localhost:11434/v1",
+            "http://[::1]:9",
+        ] {
+            assert!(
+                Config::from_toml(&provider(fine), "test", &no_env()).is_ok(),
+                "{fine}"
+            );
+        }
+        let allowed = format!(
+            "[server]\nallow_insecure_http = true\n{}",
+            provider("http://gpu-box:8000")
+        );
+        assert!(Config::from_toml(&allowed, "test", &no_env()).is_ok());
+        let public = format!(
+            "[server]\npublic_url = \"http://onejob.example.com\"\n{}",
+            provider("https://x.example")
+        );
+        assert_eq!(invalid_key(&public), "server.public_url");
+    }
+
+    #[test]
+    fn a_short_callback_key_is_refused() {
+        let toml = "[server]\npublic_url = \"https://onejob.example.com\"\ncallback_secret_env = \"CB\"\n\
+                    [[providers]]\nname = \"a\"\nkind = \"simulated\"\n[[tasks]]\nname = \"t\"\nproviders = [\"a\"]\n";
+        let short = Environment::from_pairs([("CB", "tooshort")]);
+        match Config::from_toml(toml, "test", &short) {
+            Err(ConfigError::Invalid { key, message, .. }) => {
+                assert_eq!(key, "server.callback_secret_env");
+                assert!(message.contains("at least 32"), "{message}");
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        let long = Environment::from_pairs([("CB", "0123456789abcdef0123456789abcdef")]);
+        let config = Config::from_toml(toml, "test", &long).unwrap();
+        assert!(
+            config.server.secure_cookies(),
+            "https public_url: Secure cookies by default"
+        );
+    }
+
+    #[test]
     fn api_keys_come_from_the_environment_given_at_load_and_stay_secret() {
         let toml = r#"
             [[providers]]

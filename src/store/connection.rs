@@ -191,11 +191,17 @@ where
     F: FnOnce(&mut DbConnection) -> Result<T, E>,
     E: From<diesel::result::Error>,
 {
+    type Manager = <DbConnection as Connection>::TransactionManager;
+    let nested = Manager::transaction_manager_status_mut(conn)
+        .transaction_depth()?
+        .is_some();
     match conn {
+        // Inside a transaction already: a savepoint (the write lock, on
+        // SQLite, is held by the outer transaction).
+        _ if nested => conn.transaction(f),
         DbConnection::Postgresql(_) => conn.transaction(f),
         DbConnection::Sqlite(sqlite) => {
             AnsiTransactionManager::begin_transaction_sql(sqlite, "BEGIN IMMEDIATE")?;
-            type Manager = <DbConnection as Connection>::TransactionManager;
             match f(conn) {
                 Ok(value) => match Manager::commit_transaction(conn) {
                     Ok(()) => Ok(value),

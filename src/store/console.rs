@@ -89,7 +89,43 @@ pub struct AuditEntry {
 }
 
 pub fn audit_entries(conn: &mut DbConnection, limit: i64) -> StoreResult<Vec<AuditEntry>> {
-    Ok(audit_log::table
+    audit_query(None, limit).load(conn).map_err(Into::into)
+}
+
+/// The audit entries about one job, newest first.
+pub fn audit_for_job(conn: &mut DbConnection, job_id: &JobId) -> StoreResult<Vec<AuditEntry>> {
+    audit_query(Some(job_id), 200)
+        .load(conn)
+        .map_err(Into::into)
+}
+
+type AuditQuery<'a> = diesel::dsl::IntoBoxed<
+    'a,
+    diesel::dsl::Select<
+        diesel::dsl::Limit<
+            diesel::dsl::Order<
+                diesel::dsl::InnerJoin<audit_log::table, users::table>,
+                (
+                    diesel::dsl::Desc<audit_log::at>,
+                    diesel::dsl::Desc<audit_log::id>,
+                ),
+            >,
+        >,
+        (
+            audit_log::id,
+            users::name,
+            audit_log::action,
+            audit_log::job_id,
+            audit_log::attempt_id,
+            audit_log::reason,
+            audit_log::at,
+        ),
+    >,
+    <DbConnection as diesel::Connection>::Backend,
+>;
+
+fn audit_query(job_id: Option<&JobId>, limit: i64) -> AuditQuery<'static> {
+    let query = audit_log::table
         .inner_join(users::table)
         .order((audit_log::at.desc(), audit_log::id.desc()))
         .limit(limit)
@@ -102,7 +138,79 @@ pub fn audit_entries(conn: &mut DbConnection, limit: i64) -> StoreResult<Vec<Aud
             audit_log::reason,
             audit_log::at,
         ))
-        .load(conn)?)
+        .into_boxed();
+    match job_id {
+        Some(job_id) => query.filter(audit_log::job_id.eq(job_id.clone())),
+        None => query,
+    }
+}
+
+/// What staff search jobs by; every field optional.
+#[derive(Debug, Clone, Default)]
+pub struct JobFilter {
+    pub owner_name: Option<String>,
+    pub idempotency_key: Option<String>,
+    pub status: Option<JobStatus>,
+    pub provider: Option<String>,
+    /// Jobs older than this one (the last of the previous page).
+    pub before: Option<JobId>,
+}
+
+/// A job in the staff's list: with its owner's name.
+#[derive(Debug, Clone, Queryable)]
+pub struct JobListing {
+    pub id: JobId,
+    pub owner: String,
+    pub idempotency_key: String,
+    pub task: String,
+    pub provider: String,
+    pub status: JobStatus,
+    pub created_at: i64,
+}
+
+/// Jobs of every owner, newest first, `limit` at a time, narrowed by the
+/// filter. `provider` matches any attempt's provider, not only the first.
+pub fn find_jobs(
+    conn: &mut DbConnection,
+    filter: &JobFilter,
+    limit: i64,
+) -> StoreResult<Vec<JobListing>> {
+    let mut query = jobs::table
+        .inner_join(users::table)
+        .order(jobs::id.desc())
+        .limit(limit)
+        .select((
+            jobs::id,
+            users::name,
+            jobs::idempotency_key,
+            jobs::task,
+            jobs::provider,
+            jobs::status,
+            jobs::created_at,
+        ))
+        .into_boxed();
+    if let Some(owner) = &filter.owner_name {
+        query = query.filter(users::name.eq(owner.clone()));
+    }
+    if let Some(key) = &filter.idempotency_key {
+        query = query.filter(jobs::idempotency_key.eq(key.clone()));
+    }
+    if let Some(status) = filter.status {
+        query = query.filter(jobs::status.eq(status));
+    }
+    if let Some(provider) = &filter.provider {
+        query = query.filter(
+            jobs::id.eq_any(
+                attempts::table
+                    .filter(attempts::provider.eq(provider.clone()))
+                    .select(attempts::job_id),
+            ),
+        );
+    }
+    if let Some(before) = &filter.before {
+        query = query.filter(jobs::id.lt(before.clone()));
+    }
+    Ok(query.load(conn)?)
 }
 
 /// The numbers on the console's front page.

@@ -112,6 +112,11 @@ fn insert_user(
     })
 }
 
+/// The name of a user.
+pub fn name_of(conn: &mut DbConnection, id: &UserId) -> StoreResult<String> {
+    Ok(users::table.find(id).select(users::name).first(conn)?)
+}
+
 /// The id of the user with this name.
 pub fn id_of(conn: &mut DbConnection, name: &str) -> Result<UserId, UserError> {
     users::table

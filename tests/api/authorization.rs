@@ -11,7 +11,7 @@ use crate::helpers::{spawn_app_with, summarize, test_config, FormClient, TestApp
 
 /// sim-hang never answers, so a job sent to it stays unknown for the whole
 /// test; nothing moves unless a request is let through.
-const PROVIDERS: &str = r#"
+pub const PROVIDERS: &str = r#"
 [[providers]]
 name = "sim-fast"
 kind = "simulated"
@@ -363,6 +363,70 @@ async fn every_state_changing_route_refuses_wrong_credentials_and_changes_nothin
             Csrf::Wrong,
             Refused::Status(StatusCode::FORBIDDEN),
         ),
+        // The Users page: admins only.
+        (
+            "/admin/users",
+            &[("name", "mallory"), ("role", "admin"), ("reason", "x")],
+            As::Nobody,
+            Csrf::Wrong,
+            Refused::ToSignIn,
+        ),
+        (
+            "/admin/users",
+            &[("name", "mallory"), ("role", "admin"), ("reason", "x")],
+            As::User("sue"),
+            Csrf::Right,
+            Refused::Status(StatusCode::FORBIDDEN),
+        ),
+        (
+            "/admin/users",
+            &[("name", "mallory"), ("role", "admin"), ("reason", "x")],
+            As::User("ada"),
+            Csrf::Missing,
+            Refused::Status(StatusCode::FORBIDDEN),
+        ),
+        (
+            "/admin/users",
+            &[("name", "mallory"), ("role", "admin"), ("reason", "x")],
+            As::User("ada"),
+            Csrf::Wrong,
+            Refused::Status(StatusCode::FORBIDDEN),
+        ),
+        (
+            "/admin/users/bob/act",
+            &[("action", "role-admin"), ("reason", "x")],
+            As::Nobody,
+            Csrf::Wrong,
+            Refused::ToSignIn,
+        ),
+        (
+            "/admin/users/bob/act",
+            &[("action", "role-admin"), ("reason", "x")],
+            As::User("bob"),
+            Csrf::Right,
+            Refused::Status(StatusCode::FORBIDDEN),
+        ),
+        (
+            "/admin/users/bob/act",
+            &[("action", "role-admin"), ("reason", "x")],
+            As::User("sue"),
+            Csrf::Right,
+            Refused::Status(StatusCode::FORBIDDEN),
+        ),
+        (
+            "/admin/users/bob/act",
+            &[("action", "role-admin"), ("reason", "x")],
+            As::User("ada"),
+            Csrf::Missing,
+            Refused::Status(StatusCode::FORBIDDEN),
+        ),
+        (
+            "/admin/users/bob/act",
+            &[("action", "role-admin"), ("reason", "x")],
+            As::User("ada"),
+            Csrf::Wrong,
+            Refused::Status(StatusCode::FORBIDDEN),
+        ),
         // Signing out needs the session's token too.
         (
             "/logout",
@@ -467,6 +531,20 @@ async fn every_state_changing_route_refuses_wrong_credentials_and_changes_nothin
     assert_eq!(
         sue.get("/admin/races?provider=nope").await.status(),
         StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        sue.get("/admin/users").await.status(),
+        StatusCode::FORBIDDEN
+    );
+    let (alice, _) = browsers.get(As::User("alice"));
+    assert_eq!(
+        alice.get("/admin/jobs?owner=bob").await.status(),
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        alice.get("/admin/jobs?status=nope").await.status(),
+        StatusCode::FORBIDDEN,
+        "the role before the filter"
     );
     for (who, status) in [
         (As::Nobody, StatusCode::UNAUTHORIZED),

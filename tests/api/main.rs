@@ -7,6 +7,7 @@
 #[macro_use]
 mod helpers;
 
+mod accounts;
 mod admin;
 mod attempts;
 mod authorization;

@@ -6,9 +6,12 @@ use askama::Template;
 use serde::Deserialize;
 
 use super::{duration, render, see_other, when, Nav, PageError, SignedIn};
+use crate::app::accounts::{UserAction, UserActionDone};
 use crate::app::now_ms;
+use crate::app::queries::JobFilter;
 use crate::app::{App, AttemptBrief};
 use crate::domain::{AttemptId, JobStatus, QualificationStatus};
+use crate::domain::{JobId, Role};
 
 #[derive(Template)]
 #[template(path = "admin_home.html")]
@@ -339,4 +342,283 @@ pub async fn qualify(
     app.qualify(Some(&user.user), &form.provider, &form.task)
         .await?;
     Ok(see_other("/admin/providers"))
+}
+
+struct UserLine {
+    name: String,
+    role: &'static str,
+    last_sign_in: String,
+    tokens: i64,
+    disabled: bool,
+}
+
+#[derive(Template)]
+#[template(path = "admin_users.html")]
+struct UsersPage {
+    nav: Nav,
+    users: Vec<UserLine>,
+}
+
+/// `GET /admin/users` (admin): every user, their role, last sign-in and
+/// tokens, with the actions an admin may take.
+pub async fn users(app: web::Data<App>, user: SignedIn) -> Result<HttpResponse, PageError> {
+    let users = app.list_users(&user.user).await?;
+    Ok(render(&UsersPage {
+        nav: user.nav(),
+        users: users
+            .into_iter()
+            .map(|u| UserLine {
+                last_sign_in: u
+                    .last_sign_in_at
+                    .map(when)
+                    .unwrap_or_else(|| "never".into()),
+                role: u.role.as_str(),
+                tokens: u.tokens,
+                disabled: u.disabled_at.is_some(),
+                name: u.name,
+            })
+            .collect(),
+    }))
+}
+
+#[derive(Template)]
+#[template(path = "admin_user_done.html")]
+struct UserDonePage {
+    nav: Nav,
+    user: String,
+    note: String,
+    password: Option<String>,
+}
+
+fn user_done(user: &SignedIn, done: UserActionDone) -> HttpResponse {
+    if done.password.is_none() {
+        return see_other("/admin/users");
+    }
+    render(&UserDonePage {
+        nav: user.nav(),
+        user: done.user,
+        note: done.note,
+        password: done.password,
+    })
+}
+
+#[derive(Deserialize)]
+pub struct AddUserForm {
+    csrf: Option<String>,
+    name: Option<String>,
+    role: Option<String>,
+    reason: Option<String>,
+}
+
+/// `POST /admin/users` (admin): adds a user; shows their password once.
+pub async fn add_user(
+    app: web::Data<App>,
+    user: SignedIn,
+    form: web::Form<AddUserForm>,
+) -> Result<HttpResponse, PageError> {
+    user.check_csrf(form.csrf.as_deref())?;
+    let role = Role::parse(form.role.as_deref().unwrap_or_default())
+        .ok_or_else(|| PageError::bad_request("Choose a role: user, support or admin."))?;
+    let name = form.name.clone().unwrap_or_default();
+    let done = app
+        .user_action(
+            &user.user,
+            &name,
+            UserAction::Add {
+                name: name.clone(),
+                role,
+            },
+            form.reason.as_deref().unwrap_or_default(),
+        )
+        .await?;
+    Ok(user_done(&user, done))
+}
+
+#[derive(Deserialize)]
+pub struct UserActForm {
+    csrf: Option<String>,
+    action: Option<String>,
+    reason: Option<String>,
+}
+
+/// `POST /admin/users/{name}/act` (admin): reset a password (shown once),
+/// revoke tokens, disable, enable, or change the role.
+pub async fn user_act(
+    app: web::Data<App>,
+    user: SignedIn,
+    path: web::Path<String>,
+    form: web::Form<UserActForm>,
+) -> Result<HttpResponse, PageError> {
+    user.check_csrf(form.csrf.as_deref())?;
+    let action = match form.action.as_deref().unwrap_or_default() {
+        "reset-password" => UserAction::ResetPassword,
+        "revoke-tokens" => UserAction::RevokeTokens,
+        "disable" => UserAction::Disable,
+        "enable" => UserAction::Enable,
+        "role-user" => UserAction::SetRole(Role::User),
+        "role-support" => UserAction::SetRole(Role::Support),
+        "role-admin" => UserAction::SetRole(Role::Admin),
+        _ => return Err(PageError::bad_request("Choose an action.")),
+    };
+    let done = app
+        .user_action(
+            &user.user,
+            &path,
+            action,
+            form.reason.as_deref().unwrap_or_default(),
+        )
+        .await?;
+    Ok(user_done(&user, done))
+}
+
+struct JobLine {
+    id: String,
+    owner: String,
+    key: String,
+    task: String,
+    provider: String,
+    status: &'static str,
+    created: String,
+}
+
+/// The search form's fields, echoed back.
+#[derive(Default)]
+struct SearchEcho {
+    job: String,
+    owner: String,
+    key: String,
+    status: String,
+    provider: String,
+}
+
+#[derive(Template)]
+#[template(path = "admin_jobs.html")]
+struct JobsSearchPage {
+    nav: Nav,
+    query: SearchEcho,
+    statuses: Vec<&'static str>,
+    providers: Vec<String>,
+    rows: Vec<JobLine>,
+    message: Option<String>,
+    next: Option<String>,
+}
+
+#[derive(Deserialize)]
+pub struct JobSearchQuery {
+    job: Option<String>,
+    owner: Option<String>,
+    key: Option<String>,
+    status: Option<String>,
+    provider: Option<String>,
+    before: Option<String>,
+}
+
+const JOBS_SEARCHED_PER_PAGE: i64 = 50;
+
+/// `GET /admin/jobs` (support, admin): find a job a customer asks about by
+/// its id, by their idempotency key, or by owner; or list every job by
+/// status and provider.
+pub async fn jobs_search(
+    app: web::Data<App>,
+    user: SignedIn,
+    query: web::Query<JobSearchQuery>,
+) -> Result<HttpResponse, PageError> {
+    crate::app::require_staff(&user.user)?;
+    let text = |v: &Option<String>| {
+        v.as_deref()
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+            .map(str::to_owned)
+    };
+    let echo = SearchEcho {
+        job: text(&query.job).unwrap_or_default(),
+        owner: text(&query.owner).unwrap_or_default(),
+        key: text(&query.key).unwrap_or_default(),
+        status: text(&query.status).unwrap_or_default(),
+        provider: text(&query.provider).unwrap_or_default(),
+    };
+    let mut message = None;
+    if let Some(raw) = text(&query.job) {
+        match JobId::parse(&raw) {
+            Some(id) => match app.job_for(&user.user, &id).await {
+                Ok((job, _)) => return Ok(see_other(&format!("/jobs/{}", job.id))),
+                Err(crate::app::AppError::NotFound) => {
+                    message = Some(format!("No job has the id {raw}."))
+                }
+                Err(other) => return Err(other.into()),
+            },
+            None => message = Some(format!("{raw} is not a job id.")),
+        }
+    }
+    let status = match text(&query.status) {
+        Some(s) => Some(
+            JobStatus::parse(&s)
+                .ok_or_else(|| PageError::bad_request("That is not a job status."))?,
+        ),
+        None => None,
+    };
+    let before = match text(&query.before) {
+        Some(b) => Some(
+            JobId::parse(&b)
+                .ok_or_else(|| PageError::bad_request("That page link is not valid."))?,
+        ),
+        None => None,
+    };
+    let filter = JobFilter {
+        owner_name: text(&query.owner),
+        idempotency_key: text(&query.key),
+        status,
+        provider: text(&query.provider),
+        before,
+    };
+    let mut rows = if message.is_some() {
+        Vec::new()
+    } else {
+        app.search_jobs(&user.user, filter, JOBS_SEARCHED_PER_PAGE + 1)
+            .await?
+    };
+    let more = rows.len() as i64 > JOBS_SEARCHED_PER_PAGE;
+    rows.truncate(JOBS_SEARCHED_PER_PAGE as usize);
+    if rows.is_empty() && message.is_none() {
+        message = Some("No job matches.".into());
+    }
+    let next = more
+        .then(|| {
+            rows.last().map(|last| {
+                format!(
+                    "/admin/jobs?owner={}&key={}&status={}&provider={}&before={}",
+                    super::percent_encode(&echo.owner),
+                    super::percent_encode(&echo.key),
+                    super::percent_encode(&echo.status),
+                    super::percent_encode(&echo.provider),
+                    last.id
+                )
+            })
+        })
+        .flatten();
+    Ok(render(&JobsSearchPage {
+        nav: user.nav(),
+        statuses: JobStatus::ALL.iter().map(|s| s.as_str()).collect(),
+        providers: app
+            .config()
+            .providers
+            .iter()
+            .map(|p| p.name.clone())
+            .collect(),
+        rows: rows
+            .into_iter()
+            .map(|j| JobLine {
+                id: j.id.to_string(),
+                owner: j.owner,
+                key: j.idempotency_key,
+                task: j.task,
+                provider: j.provider,
+                status: j.status.as_str(),
+                created: when(j.created_at),
+            })
+            .collect(),
+        query: echo,
+        message,
+        next,
+    }))
 }

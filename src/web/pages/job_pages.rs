@@ -310,11 +310,23 @@ impl AttemptLine {
     }
 }
 
+/// One audit entry about the job, for staff.
+struct AuditLine {
+    at: String,
+    actor: String,
+    action: String,
+    reason: String,
+}
+
 #[derive(Template)]
 #[template(path = "job.html")]
 struct JobPage {
     nav: Nav,
     live: JobLive,
+    /// For staff: whose job it is.
+    owner: Option<String>,
+    /// For staff: what support did to it.
+    audit: Vec<AuditLine>,
 }
 
 /// The part of the job page that refreshes itself while the job is live.
@@ -413,9 +425,27 @@ pub async fn job_page(
     if wants_partial(&req) {
         return Ok(render(&live));
     }
+    let (owner, audit) = if user.user.role.is_staff() {
+        let notes = app.staff_notes(&user.user, &job).await?;
+        let audit = notes
+            .audit
+            .into_iter()
+            .map(|e| AuditLine {
+                at: when(e.at),
+                actor: e.actor,
+                action: e.action.replace('_', " "),
+                reason: e.reason,
+            })
+            .collect();
+        (Some(notes.owner), audit)
+    } else {
+        (None, Vec::new())
+    };
     Ok(render(&JobPage {
         nav: user.nav(),
         live,
+        owner,
+        audit,
     }))
 }
 
