@@ -13,11 +13,27 @@ use serde_json::Value;
 
 use crate::domain::{canonical_json, failover_order, sha256_hex, Outcome};
 
+/// What a task's input is and what its providers are sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskKind {
+    /// The input's fields fill a prompt template; the answer is JSON held to
+    /// the output schema.
+    #[default]
+    Prompt,
+    /// A chat route: the input is an OpenAI Chat Completions request,
+    /// passed through to the providers; the answer is the assistant's
+    /// message. Clients name the route as their `model`.
+    Chat,
+}
+
 /// A `[[tasks]]` entry of the configuration, as written.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TaskDefinition {
     pub name: String,
+    #[serde(default)]
+    pub kind: TaskKind,
     /// Primary first, then fallbacks.
     pub providers: Vec<String>,
     /// Input fields that must be present as non-empty strings (and the fields
@@ -65,6 +81,26 @@ impl TaskDefinition {
     /// key (relative to the task) and what is wrong.
     pub fn check(&self) -> Result<(), (String, String)> {
         let task = self;
+    if task.kind == TaskKind::Chat {
+        for (key, set) in [
+            ("template", task.template.is_some()),
+            ("output_schema", task.output_schema.is_some()),
+            ("input_fields", !task.input_fields.is_empty()),
+        ] {
+            if set {
+                return Err((
+                    key.to_owned(),
+                    "a chat route passes the client's messages through; it takes no template, \
+                     output schema or input fields"
+                        .into(),
+                ));
+            }
+        }
+        for (i, golden) in task.golden.iter().enumerate() {
+            check_chat_request(&golden.input)
+                .map_err(|e| (format!("golden[{i}].input"), e))?;
+        }
+    }
         if let Some(template) = &task.template {
             environment()
                 .template_from_str(template)
@@ -165,7 +201,14 @@ impl TaskContract {
     }
 
     pub fn check_input(&self, input: &Value) -> Result<(), String> {
+        if self.definition.kind == TaskKind::Chat {
+            return check_chat_request(input);
+        }
         check_against(self.input_validator.as_ref(), input, "the input")
+    }
+
+    pub fn is_chat(&self) -> bool {
+        self.definition.kind == TaskKind::Chat
     }
 
     pub fn check_output(&self, output: &Value) -> Result<(), String> {
@@ -213,6 +256,28 @@ fn check_against(
             errors.join("; ")
         ))
     }
+}
+
+/// A chat request's shape: `messages`, a non-empty list of messages with a
+/// known role and content.
+pub fn check_chat_request(request: &Value) -> Result<(), String> {
+    let messages = request["messages"]
+        .as_array()
+        .filter(|m| !m.is_empty())
+        .ok_or("`messages` must be a non-empty array")?;
+    for (i, message) in messages.iter().enumerate() {
+        let role = message["role"].as_str().unwrap_or_default();
+        if !["system", "developer", "user", "assistant", "tool"].contains(&role) {
+            return Err(format!("`messages[{i}].role` must be system, developer, user, assistant or tool"));
+        }
+        if !(message["content"].is_string() || message["content"].is_array() || message["content"].is_null()) {
+            return Err(format!("`messages[{i}].content` must be a string or an array of parts"));
+        }
+    }
+    if request.get("n").and_then(Value::as_u64).is_some_and(|n| n != 1) {
+        return Err("`n` must be 1: one request, one answer".into());
+    }
+    Ok(())
 }
 
 /// Golden expectations that do not hold: `pointer: expected X, got Y`.
@@ -280,6 +345,7 @@ mod tests {
     fn task(template: Option<&str>, output_schema: Option<Value>) -> TaskContract {
         TaskContract::compile(&TaskDefinition {
             name: "t".into(),
+            kind: TaskKind::Prompt,
             providers: vec!["p".into()],
             input_fields: vec![],
             template: template.map(str::to_owned),
@@ -345,6 +411,7 @@ mod tests {
     fn invalid_templates_and_schemas_are_refused_with_their_key() {
         let mut config = TaskDefinition {
             name: "t".into(),
+            kind: TaskKind::Prompt,
             providers: vec![],
             input_fields: vec![],
             template: Some("{{ unclosed".into()),

@@ -33,7 +33,11 @@ impl Dispatch {
         temperature: Option<f64>,
         callback: Option<CallbackTarget>,
     ) -> Result<Self, Outcome> {
-        let prompt = contract.render_prompt(input).map_err(Outcome::Failed)?;
+        let (prompt, chat) = if contract.is_chat() {
+            (String::new(), Some(input.clone()))
+        } else {
+            (contract.render_prompt(input).map_err(Outcome::Failed)?, None)
+        };
         let call = Call {
             request_id,
             attempt_number,
@@ -42,6 +46,7 @@ impl Dispatch {
             output_schema: contract.definition.output_schema.clone(),
             temperature,
             callback,
+            chat,
         };
         Ok(Self {
             provider,

@@ -29,6 +29,7 @@ pub mod qualification;
 pub mod queries;
 pub mod resolve;
 pub mod retry;
+pub mod waiting;
 pub mod work;
 
 use std::sync::Arc;
@@ -67,6 +68,9 @@ struct Inner {
     /// has finished; the failover gate waits for it.
     startup_qualified: watch::Sender<bool>,
     metrics: metrics::Metrics,
+    /// Woken whenever a job finishes in this process (waiters re-read their
+    /// job; jobs other processes finish are seen by polling).
+    job_finished: Notify,
     /// Argon2 runs here, a few at a time (see `accounts`).
     password_slots: Arc<tokio::sync::Semaphore>,
 }
@@ -95,6 +99,7 @@ impl App {
                 config,
                 providers,
                 queued: Notify::new(),
+                job_finished: Notify::new(),
                 startup_qualified,
                 metrics,
             }),
@@ -120,6 +125,11 @@ impl App {
     /// Tells an idle worker that an attempt was queued.
     pub fn notify_queued(&self) {
         self.inner.queued.notify_one();
+    }
+
+    /// Tells waiting requests that some job finished.
+    pub fn notify_job_finished(&self) {
+        self.inner.job_finished.notify_waiters();
     }
 
     /// Resolves when an attempt is queued (or was, since the last wait).

@@ -30,6 +30,9 @@ impl App {
             }
         };
         self.metrics().record_applied(provider, &applied);
+        if matches!(applied, Applied::Won | Applied::JobFailed { .. }) {
+            self.notify_job_finished();
+        }
         match &applied {
             Applied::Won => {
                 tracing::info!(%attempt_id, "attempt won: its answer is the job's result")

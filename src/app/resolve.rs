@@ -45,6 +45,7 @@ impl App {
                 ))
             })
             .await??;
+        self.notify_job_finished();
         tracing::info!(job_id = %job.id, actor = %actor.name, "job marked failed by support");
         Ok(job)
     }

@@ -127,6 +127,15 @@ pub fn check_file(file: &ConfigFile) -> Result<(), (String, String)> {
                      https://, or set server.allow_insecure_http = true if the network is trusted",
                 );
             }
+            if provider.connect_timeout_ms >= provider.timeout_ms {
+                // A connect that hangs has sent nothing: it must fail as
+                // definite before the soft timeout calls it unknown.
+                return invalid(
+                    format!("providers[{i}].connect_timeout_ms"),
+                    "must be shorter than timeout_ms: a connection that never opens sent nothing, \
+                     and must fail as such before the soft timeout makes the attempt unknown",
+                );
+            }
             if provider.max_response_bytes == 0 {
                 return invalid(
                     format!("providers[{i}].max_response_bytes"),
@@ -187,7 +196,10 @@ pub fn check_file(file: &ConfigFile) -> Result<(), (String, String)> {
             if !seen.insert(name) {
                 return invalid(format!("tasks[{i}].providers[{j}]"), "listed twice");
             }
-            if provider(this, name).is_some_and(|p| p.kind.is_http()) && task.template.is_none() {
+            if provider(this, name).is_some_and(|p| p.kind.is_http())
+                && task.template.is_none()
+                && task.kind == crate::contracts::TaskKind::Prompt
+            {
                 return invalid(
                     format!("tasks[{i}].template"),
                     &format!(

@@ -52,6 +52,10 @@ pub struct ServerSettings {
     /// Reverse proxies whose `X-Forwarded-For` is believed (their IP
     /// addresses); from anyone else, the socket's address is the client's.
     pub trusted_proxies: Vec<std::net::IpAddr>,
+    /// The longest a request may wait for its job to finish: `Prefer: wait=N`
+    /// on the jobs API is capped to it, and a chat completion waits this long
+    /// before answering 503 (retry: the retry rejoins the same job).
+    pub max_wait_seconds: u64,
     /// Allows `http://` for a non-loopback `public_url` or provider
     /// `base_url` (keys and callback secrets would travel in clear text).
     pub allow_insecure_http: bool,
@@ -81,6 +85,7 @@ impl Default for ServerSettings {
             callback_secret_env: None,
             secure_cookies: None,
             trusted_proxies: Vec::new(),
+            max_wait_seconds: 60,
             allow_insecure_http: false,
         }
     }

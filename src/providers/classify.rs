@@ -3,7 +3,7 @@
 //!
 //! | what happened | outcome | failover |
 //! |---|---|---|
-//! | connection refused, DNS or TLS failure (nothing was sent) | definite failure | yes |
+//! | connection refused, DNS or TLS failure, connect timeout (nothing was sent) | definite failure | yes |
 //! | 400, 401, 403, 404, 422 (the provider refused the request) | definite failure, not retried on that provider | yes |
 //! | 429 rate limited; 529 overloaded | definite failure; later calls to that provider wait for `Retry-After` | yes |
 //! | soft timeout, connection reset after sending, truncated body | unknown | no |

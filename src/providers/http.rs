@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use super::classify::{classify_status, parse_retry_after, StatusClass};
-use super::{BoxFuture, Call, ProviderClient, ProviderKind, ProviderSettings};
+use super::{chat, BoxFuture, Call, MaxTokensField, ProviderClient, ProviderKind, ProviderSettings};
 use crate::domain::outcome::with_detail;
 use crate::domain::{Outcome, Secret};
 
@@ -31,17 +31,14 @@ pub struct HttpClient {
     max_tokens: u32,
     temperature: Option<f64>,
     max_response_bytes: usize,
+    max_tokens_field: MaxTokensField,
     /// After a 429 or 529, later calls wait until this instant.
     not_before: Mutex<Option<Instant>>,
 }
 
 impl HttpClient {
     pub fn from_settings(config: &ProviderSettings) -> Self {
-        let base = config
-            .base_url
-            .as_deref()
-            .unwrap_or_default()
-            .trim_end_matches('/');
+        let base = api_root(config.base_url.as_deref().unwrap_or_default());
         let path = match config.kind {
             ProviderKind::Anthropic => "/v1/messages",
             _ => "/v1/chat/completions",
@@ -61,11 +58,25 @@ impl HttpClient {
             max_tokens: config.max_tokens,
             temperature: config.temperature,
             max_response_bytes: config.max_response_bytes,
+            max_tokens_field: config.max_tokens_field,
             not_before: Mutex::new(None),
         }
     }
 
     fn body(&self, call: &Call) -> Value {
+        if let Some(request) = &call.chat {
+            let mut body = chat::request_body(
+                self.kind,
+                &self.model,
+                self.max_tokens_field,
+                self.max_tokens,
+                request,
+            );
+            if let Some(t) = call.temperature {
+                body["temperature"] = json!(t);
+            }
+            return body;
+        }
         let temperature = call.temperature.or(self.temperature);
         let messages = json!([{ "role": "user", "content": call.prompt }]);
         let mut body =
@@ -256,6 +267,12 @@ impl HttpClient {
                 ))
             }
         };
+        if call.chat.is_some() {
+            return match chat::answer(self.kind, &envelope) {
+                Ok(answer) => Outcome::Succeeded(answer),
+                Err(reason) => Outcome::Failed(format!("invalid_output: {reason}")),
+            };
+        }
         let text = match self.answer_text(&envelope) {
             Ok(text) => text,
             Err(reason) => return Outcome::Failed(format!("invalid_output: {reason}")),
@@ -306,6 +323,13 @@ impl ProviderClient for HttpClient {
     fn not_before(&self) -> Option<Instant> {
         HttpClient::not_before(self)
     }
+}
+
+/// The server root of a `base_url` given with or without its `/v1` (the
+/// OpenAI SDK, vLLM and Ollama all write `…/v1`): never `/v1/v1`.
+pub fn api_root(base_url: &str) -> &str {
+    let base = base_url.trim_end_matches('/');
+    base.strip_suffix("/v1").unwrap_or(base)
 }
 
 /// Reads a response body in chunks, keeping at most `cap` bytes; whether
@@ -380,6 +404,7 @@ mod tests {
             output_schema: None,
             temperature: None,
             callback: Some(target.clone()),
+            chat: None,
         };
         // The key straddles the 400-character cut.
         let text = format!("{}{key} and {}", "x".repeat(390), target.secret.expose());
@@ -388,6 +413,14 @@ mod tests {
         assert!(!redacted.contains("cb-secret"), "{redacted}");
         assert!(redacted.chars().count() <= 401);
         assert!(!format!("{client:?}").contains(key), "Debug hides the key");
+    }
+
+    #[test]
+    fn base_urls_with_or_without_v1_reach_the_same_endpoint() {
+        for base in ["http://h:1", "http://h:1/", "http://h:1/v1", "http://h:1/v1/"] {
+            assert_eq!(api_root(base), "http://h:1", "{base}");
+        }
+        assert_eq!(api_root("https://proxy.example/openai/v1"), "https://proxy.example/openai");
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! [`ProviderClient`] is the seam: the simulated and HTTP clients implement
 //! it, and tests may inject their own.
 
+pub mod chat;
 pub mod classify;
 pub mod http;
 pub mod settings;
@@ -23,7 +24,7 @@ use tokio::time::Instant;
 
 use crate::domain::{Outcome, Secret};
 use http::HttpClient;
-pub use settings::{ProviderKind, ProviderSettings, ScriptStep, SimulatedFailure};
+pub use settings::{MaxTokensField, ProviderKind, ProviderSettings, ScriptStep, SimulatedFailure};
 use simulated::SimulatedClient;
 
 /// One call, ready to send: the prompt is rendered, the identity chosen.
@@ -43,6 +44,9 @@ pub struct Call {
     pub temperature: Option<f64>,
     /// Where and with which secret the provider may call back late.
     pub callback: Option<CallbackTarget>,
+    /// For a chat route: the client's Chat Completions request, passed
+    /// through (`prompt` and `output_schema` are then unused).
+    pub chat: Option<Value>,
 }
 
 /// A callback URL and the attempt's secret, sent to providers that answer

@@ -31,6 +31,17 @@ impl ProviderKind {
     }
 }
 
+/// What an OpenAI-compatible provider calls the answer's token limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MaxTokensField {
+    /// `max_tokens`: most servers (vLLM, llama.cpp, Ollama, older OpenAI models).
+    #[default]
+    MaxTokens,
+    /// `max_completion_tokens`: OpenAI's reasoning models, which refuse `max_tokens`.
+    MaxCompletionTokens,
+}
+
 /// How a simulated provider misbehaves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -78,6 +89,9 @@ pub struct ProviderSettings {
     pub connect_timeout_ms: u64,
     #[serde(default = "default_max_tokens")]
     pub max_tokens: u32,
+    /// OpenAI-compatible kinds: the name the token limit is sent under.
+    #[serde(default)]
+    pub max_tokens_field: MaxTokensField,
     /// HTTP kinds: the largest response body read, in bytes; a larger
     /// answer is refused (`invalid_output`), never read whole.
     #[serde(default = "default_max_response_bytes")]

@@ -61,7 +61,10 @@ impl SimulatedClient {
             SimulatedFailure::TimeoutForever => std::future::pending().await,
             SimulatedFailure::None => {
                 tokio::time::sleep(latency).await;
-                Outcome::Succeeded(answer(&self.name, call))
+                Outcome::Succeeded(match &call.chat {
+                    Some(request) => chat_answer(&self.name, request),
+                    None => answer(&self.name, call),
+                })
             }
         }
     }
@@ -88,6 +91,18 @@ fn answer(provider_name: &str, call: &Call) -> serde_json::Value {
     })
 }
 
+/// The deterministic reply to a chat request.
+fn chat_answer(provider_name: &str, request: &serde_json::Value) -> serde_json::Value {
+    let said = super::chat::last_user_text(request);
+    let content = format!("simulated reply from {provider_name} to: {said}");
+    let (prompt, completion) = (said.split_whitespace().count(), content.split_whitespace().count());
+    json!({
+        "message": {"role": "assistant", "content": content},
+        "finish_reason": "stop",
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -110,6 +125,7 @@ mod tests {
             output_schema: None,
             temperature: None,
             callback: None,
+            chat: None,
         }
     }
 

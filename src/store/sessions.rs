@@ -20,8 +20,11 @@ pub struct Credentials {
     pub disabled: bool,
 }
 
+/// A user's row as signing in reads it.
+type CredentialRow = (UserId, String, Role, Option<String>, Option<i64>);
+
 pub fn credentials(conn: &mut DbConnection, name: &str) -> StoreResult<Option<Credentials>> {
-    let found: Option<(UserId, String, Role, Option<String>, Option<i64>)> = users::table
+    let found: Option<CredentialRow> = users::table
         .filter(users::name.eq(name))
         .select((
             users::id,

@@ -189,18 +189,21 @@ pub struct UserSummary {
     pub tokens: i64,
 }
 
+/// A user's row as the Users page reads it.
+type UserRow = (
+    UserId,
+    String,
+    Role,
+    i64,
+    Option<i64>,
+    Option<i64>,
+    Option<String>,
+);
+
 /// Every user, by name, with their live token counts.
 pub fn list_users(conn: &mut DbConnection) -> StoreResult<Vec<UserSummary>> {
     let now = now_ms();
-    let rows: Vec<(
-        UserId,
-        String,
-        Role,
-        i64,
-        Option<i64>,
-        Option<i64>,
-        Option<String>,
-    )> = users::table
+    let rows: Vec<UserRow> = users::table
         .order(users::name.asc())
         .select((
             users::id,

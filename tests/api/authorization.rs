@@ -143,6 +143,9 @@ async fn call_api(
         .unwrap()
 }
 
+/// One form post of the matrix: path, fields, who, CSRF, the refusal.
+type PageRow<'a> = (&'a str, &'a [(&'a str, &'a str)], As, Csrf, Refused);
+
 /// What a refusal looks like.
 #[derive(Clone, Copy, Debug)]
 enum Refused {
@@ -223,7 +226,7 @@ async fn every_state_changing_route_refuses_wrong_credentials_and_changes_nothin
     let attempts_path = format!("/jobs/{open_job}/attempts");
     let fail_path = format!("/jobs/{open_job}/fail");
     let abandon_path = format!("/admin/attempts/{unknown_attempt}/abandon");
-    let page_rows: Vec<(&str, &[(&str, &str)], As, Csrf, Refused)> = vec![
+    let page_rows: Vec<PageRow> = vec![
         // The submit form.
         ("/jobs", &submit, As::Nobody, Csrf::Wrong, Refused::ToSignIn),
         (

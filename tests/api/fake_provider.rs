@@ -504,7 +504,7 @@ model = "fake-model"
 api_key_env = "ONEJOB_TEST_FAKE_KEY"
 timeout_ms = 400
 late_result_ms = 60000
-connect_timeout_ms = 1000
+connect_timeout_ms = 300
 {extra}
 "#
     )

@@ -25,7 +25,6 @@ mod idempotency;
 mod late_answers;
 mod multi_process;
 mod pages;
-mod providers;
 mod qualification;
 mod secrecy;
 mod server_process;

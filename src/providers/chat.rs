@@ -1,0 +1,203 @@
+//! Chat routes: a client's OpenAI Chat Completions request passed through to
+//! a provider, and the provider's answer brought back to one shape.
+//!
+//! - OpenAI-compatible providers get the client's body as it is, with the
+//!   provider's own model, `stream` off (onejob streams the finished answer
+//!   itself), and the token limit under the name the provider wants.
+//! - Anthropic gets the same conversation translated: system messages to
+//!   `system`, the rest as `messages`, `stop` to `stop_sequences`.
+//!
+//! Every answer becomes `{"message": {"role": "assistant", "content": …},
+//! "finish_reason": …, "usage": {"prompt_tokens", "completion_tokens",
+//! "total_tokens"}}`, whichever provider gave it.
+
+use serde_json::{json, Map, Value};
+
+use super::settings::MaxTokensField;
+use super::ProviderKind;
+
+/// Request members onejob decides, not the client.
+const MANAGED: [&str; 3] = ["model", "stream", "stream_options"];
+
+/// The body to send for a chat request.
+pub fn request_body(
+    kind: ProviderKind,
+    model: &str,
+    max_tokens_field: MaxTokensField,
+    default_max_tokens: u32,
+    request: &Value,
+) -> Value {
+    match kind {
+        ProviderKind::Anthropic => anthropic_body(model, default_max_tokens, request),
+        _ => openai_body(model, max_tokens_field, request),
+    }
+}
+
+fn openai_body(model: &str, field: MaxTokensField, request: &Value) -> Value {
+    let mut body: Map<String, Value> = request
+        .as_object()
+        .map(|o| {
+            o.iter()
+                .filter(|(k, _)| !MANAGED.contains(&k.as_str()))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        })
+        .unwrap_or_default();
+    body.insert("model".into(), json!(model));
+    // Reasoning models refuse `max_tokens`; older servers know no other.
+    let limit = body
+        .remove("max_completion_tokens")
+        .or_else(|| body.remove("max_tokens"));
+    if let Some(limit) = limit {
+        let name = match field {
+            MaxTokensField::MaxTokens => "max_tokens",
+            MaxTokensField::MaxCompletionTokens => "max_completion_tokens",
+        };
+        body.insert(name.into(), limit);
+    }
+    Value::Object(body)
+}
+
+/// The text of a message's content: a string, or the text parts of an array.
+fn content_text(content: &Value) -> String {
+    match content {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => parts
+            .iter()
+            .filter_map(|p| p["text"].as_str())
+            .collect::<Vec<_>>()
+            .join(""),
+        _ => String::new(),
+    }
+}
+
+fn anthropic_body(model: &str, default_max_tokens: u32, request: &Value) -> Value {
+    let messages = request["messages"].as_array().cloned().unwrap_or_default();
+    let system: Vec<String> = messages
+        .iter()
+        .filter(|m| m["role"] == "system" || m["role"] == "developer")
+        .map(|m| content_text(&m["content"]))
+        .collect();
+    let conversation: Vec<Value> = messages
+        .iter()
+        .filter(|m| m["role"] == "user" || m["role"] == "assistant")
+        .map(|m| json!({"role": m["role"], "content": content_text(&m["content"])}))
+        .collect();
+    let max_tokens = request["max_completion_tokens"]
+        .as_u64()
+        .or_else(|| request["max_tokens"].as_u64())
+        .unwrap_or(u64::from(default_max_tokens));
+    let mut body = json!({"model": model, "max_tokens": max_tokens, "messages": conversation});
+    if !system.is_empty() {
+        body["system"] = json!(system.join("\n\n"));
+    }
+    for name in ["temperature", "top_p"] {
+        if let Some(v) = request.get(name) {
+            body[name] = v.clone();
+        }
+    }
+    match &request["stop"] {
+        Value::String(s) => body["stop_sequences"] = json!([s]),
+        Value::Array(list) => body["stop_sequences"] = json!(list),
+        _ => {}
+    }
+    body
+}
+
+/// The answer out of a provider's chat response, in onejob's one shape.
+pub fn answer(kind: ProviderKind, envelope: &Value) -> Result<Value, String> {
+    match kind {
+        ProviderKind::Anthropic => {
+            let parts = envelope["content"]
+                .as_array()
+                .ok_or("the response has no content")?;
+            let text: String = parts.iter().filter_map(|p| p["text"].as_str()).collect();
+            let finish_reason = match envelope["stop_reason"].as_str() {
+                Some("max_tokens") => "length",
+                Some("tool_use") => "tool_calls",
+                _ => "stop",
+            };
+            let input = envelope["usage"]["input_tokens"].as_u64().unwrap_or(0);
+            let output = envelope["usage"]["output_tokens"].as_u64().unwrap_or(0);
+            Ok(json!({
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": finish_reason,
+                "usage": {"prompt_tokens": input, "completion_tokens": output, "total_tokens": input + output},
+            }))
+        }
+        _ => {
+            let choice = &envelope["choices"][0];
+            let message = choice["message"].as_object().ok_or("the response has no message")?;
+            let mut message = message.clone();
+            message.insert("role".into(), json!("assistant"));
+            Ok(json!({
+                "message": message,
+                "finish_reason": choice["finish_reason"].as_str().unwrap_or("stop"),
+                "usage": envelope.get("usage").cloned().unwrap_or_else(|| json!({
+                    "prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0
+                })),
+            }))
+        }
+    }
+}
+
+/// The last user message's text, for simulated replies.
+pub fn last_user_text(request: &Value) -> String {
+    request["messages"]
+        .as_array()
+        .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
+        .map(|m| content_text(&m["content"]))
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request() -> Value {
+        json!({
+            "model": "gpt-safe",
+            "stream": true,
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": [{"type": "text", "text": "Hi"}]},
+            ],
+            "max_tokens": 50,
+            "temperature": 0.2,
+            "stop": "END",
+        })
+    }
+
+    #[test]
+    fn openai_providers_get_the_body_with_their_model_no_stream_and_their_limit_name() {
+        let body = request_body(ProviderKind::Openai, "o3", MaxTokensField::MaxCompletionTokens, 100, &request());
+        assert_eq!(body["model"], "o3");
+        assert!(body.get("stream").is_none());
+        assert_eq!(body["max_completion_tokens"], 50);
+        assert!(body.get("max_tokens").is_none());
+        assert_eq!(body["messages"], request()["messages"]);
+        let body = request_body(ProviderKind::Openai, "m", MaxTokensField::MaxTokens, 100, &request());
+        assert_eq!(body["max_tokens"], 50);
+    }
+
+    #[test]
+    fn anthropic_gets_the_conversation_translated() {
+        let body = request_body(ProviderKind::Anthropic, "claude", MaxTokensField::MaxTokens, 100, &request());
+        assert_eq!(body["system"], "Be brief.");
+        assert_eq!(body["messages"], json!([{"role": "user", "content": "Hi"}]));
+        assert_eq!(body["max_tokens"], 50);
+        assert_eq!(body["stop_sequences"], json!(["END"]));
+        assert_eq!(body["temperature"], 0.2);
+    }
+
+    #[test]
+    fn answers_come_back_in_one_shape() {
+        let anthropic = json!({"content": [{"type": "text", "text": "Hello"}], "stop_reason": "end_turn",
+                               "usage": {"input_tokens": 3, "output_tokens": 1}});
+        let openai = json!({"choices": [{"message": {"role": "assistant", "content": "Hello"}, "finish_reason": "stop"}],
+                            "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}});
+        let a = answer(ProviderKind::Anthropic, &anthropic).unwrap();
+        let o = answer(ProviderKind::Openai, &openai).unwrap();
+        assert_eq!(a, o);
+    }
+}
