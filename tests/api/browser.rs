@@ -1,20 +1,34 @@
-//! Real headless Chromium, driven through chromedriver: a real double click,
-//! the console's flows, and the screenshots in the README.
+//! Real headless Chromium, driven through chromedriver: a real double click
+//! (with htmx, with htmx's boost turned off, and with JavaScript off), the
+//! console's flows, and the screenshots in the README.
 //!
 //! Chromium and chromedriver come from Debian's packages (`.ci/run` installs
 //! them). In CI a missing browser fails these tests; elsewhere they are
 //! skipped with a loud line.
+//!
+//! Every process a browser test starts ends with the test, whether it passes,
+//! fails or panics: see [`BrowserProcesses`]. Nothing here waits a fixed time
+//! to order events: a test waits for a condition (a fresh page, a row, a held
+//! provider request), with a deadline.
 
 use std::io::Write;
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use diesel::prelude::*;
 use fantoccini::actions::{InputSource, MouseActions, PointerAction, MOUSE_BUTTON_LEFT};
 use fantoccini::{Client, ClientBuilder, Locator};
+use onejob::store::schema::{attempts, audit_log, jobs, race_log};
 use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{oneshot, Notify};
+use tokio::task::{AbortHandle, JoinSet};
 
+use crate::fake_provider::{config_of, strict_task_toml, Behaviour, FakeProvider, Shape};
 use crate::helpers::{
     in_ci, spawn_app, spawn_app_with, summarize, test_config, TestApp, TestBackend,
 };
@@ -23,23 +37,135 @@ const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 const CHROMIUM: &str = "/usr/bin/chromium";
 const WAIT: Duration = Duration::from_secs(15);
 
-pub struct Browser {
-    pub client: Client,
+/// The environment variable that marks every process of one browser: set on
+/// chromedriver, inherited by Chromium and everything Chromium starts.
+const MARKER_VAR: &str = "ONEJOB_TEST_BROWSER";
+
+/// The processes of one browser, ended (SIGKILL) when this is dropped, also
+/// while a failing test unwinds.
+///
+/// chromedriver leads a process group of its own, and Chromium, its zygotes,
+/// renderers and utility processes stay in it, so one signal to the group
+/// ends them. Chromium's crashpad handlers start sessions of their own and
+/// leave the group; they, and anything else that leaves it, are found by the
+/// marker in their environment (or this browser's `--user-data-dir` on their
+/// command line) and ended one by one. Other tests' browsers carry other
+/// markers and are never touched.
+struct BrowserProcesses {
     driver: Child,
-    _profile: tempfile::TempDir,
+    marker: String,
+    profile: PathBuf,
 }
 
-impl Drop for Browser {
-    fn drop(&mut self) {
-        let _ = self.driver.kill();
-        let _ = self.driver.wait();
+impl BrowserProcesses {
+    fn spawn(port: u16, profile: &Path) -> Self {
+        let marker = uuid::Uuid::now_v7().simple().to_string();
+        let driver = Command::new(CHROMEDRIVER)
+            .arg(format!("--port={port}"))
+            .env(MARKER_VAR, &marker)
+            .process_group(0)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start chromedriver");
+        Self {
+            driver,
+            marker,
+            profile: profile.to_owned(),
+        }
     }
+
+    /// Live processes of this browser, wherever they are (zombies have an
+    /// empty environment and command line, so they are not listed).
+    fn remaining(&self) -> Vec<u32> {
+        let me = std::process::id();
+        let env_mark = format!("{MARKER_VAR}={}", self.marker);
+        let profile_arg = format!("--user-data-dir={}", self.profile.display());
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        entries
+            .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|&pid| pid != me)
+            .filter(|pid| {
+                let has = |file: &str, wanted: &[u8]| {
+                    std::fs::read(format!("/proc/{pid}/{file}"))
+                        .unwrap_or_default()
+                        .split(|byte| *byte == 0)
+                        .any(|item| item == wanted)
+                };
+                has("environ", env_mark.as_bytes()) || has("cmdline", profile_arg.as_bytes())
+            })
+            .collect()
+    }
+}
+
+fn kill(args: &[String]) {
+    let _ = Command::new("kill")
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+impl Drop for BrowserProcesses {
+    fn drop(&mut self) {
+        // The group first, before chromedriver is reaped: until then its
+        // pid, which is the group's id, cannot be reused.
+        kill(&[
+            "-KILL".into(),
+            "--".into(),
+            format!("-{}", self.driver.id()),
+        ]);
+        let _ = self.driver.wait();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let left = self.remaining();
+            if left.is_empty() {
+                return;
+            }
+            if Instant::now() > deadline {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "!!! browser processes {left:?} survived SIGKILL for 10 s"
+                );
+                return;
+            }
+            let mut args = vec!["-KILL".to_owned(), "--".to_owned()];
+            args.extend(left.iter().map(u32::to_string));
+            kill(&args);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+pub struct Browser {
+    pub client: Client,
+    /// chromedriver's address, for the commands fantoccini does not speak.
+    driver_url: String,
+    /// Where pages are loaded from when not from the app itself (a proxy).
+    origin: Option<String>,
+    // Fields drop in this order: the processes end before the profile they
+    // write to is removed.
+    processes: BrowserProcesses,
+    _profile: tempfile::TempDir,
 }
 
 impl Browser {
     /// Starts chromedriver and a headless Chromium session, or `None` (skip
     /// loudly) when they are not installed outside CI.
     pub async fn start() -> Option<Self> {
+        Self::start_with(true).await
+    }
+
+    /// The same, with page scripts blocked by Chromium's JavaScript content
+    /// setting (WebDriver's own scripts still run).
+    async fn start_without_javascript() -> Option<Self> {
+        Self::start_with(false).await
+    }
+
+    async fn start_with(javascript: bool) -> Option<Self> {
         if !std::path::Path::new(CHROMEDRIVER).exists() || !std::path::Path::new(CHROMIUM).exists()
         {
             if in_ci() {
@@ -56,37 +182,38 @@ impl Browser {
             .local_addr()
             .unwrap()
             .port();
-        let driver = Command::new(CHROMEDRIVER)
-            .arg(format!("--port={port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start chromedriver");
         let profile = tempfile::tempdir().unwrap();
+        // From here on, a panic drops `processes` and ends them.
+        let processes = BrowserProcesses::spawn(port, profile.path());
+        let mut options = json!({
+            "binary": CHROMIUM,
+            "args": [
+                "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                "--disable-dev-shm-usage", "--window-size=1280,900",
+                format!("--user-data-dir={}", profile.path().display()),
+            ],
+            // The performance log lists the requests the page sent.
+            "perfLoggingPrefs": {"enableNetwork": true},
+        });
+        if !javascript {
+            options["prefs"] = json!({"profile.managed_default_content_settings.javascript": 2});
+        }
         let mut caps = serde_json::Map::new();
-        caps.insert(
-            "goog:chromeOptions".into(),
-            json!({
-                "binary": CHROMIUM,
-                "args": [
-                    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                    "--disable-dev-shm-usage", "--window-size=1280,900",
-                    format!("--user-data-dir={}", profile.path().display()),
-                ]
-            }),
-        );
+        caps.insert("goog:chromeOptions".into(), options);
+        caps.insert("goog:loggingPrefs".into(), json!({"performance": "ALL"}));
+        let driver_url = format!("http://127.0.0.1:{port}");
         let started = Instant::now();
         let client = loop {
             match ClientBuilder::rustls()
                 .unwrap()
                 .capabilities(caps.clone())
-                .connect(&format!("http://127.0.0.1:{port}"))
+                .connect(&driver_url)
                 .await
             {
                 Ok(client) => break client,
-                Err(e) if started.elapsed() < Duration::from_secs(20) => {
-                    let _ = e;
+                // chromedriver is not listening yet.
+                Err(_) if started.elapsed() < Duration::from_secs(20) => {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
                 Err(e) => panic!("could not start a Chromium session: {e}"),
@@ -94,13 +221,33 @@ impl Browser {
         };
         Some(Self {
             client,
-            driver,
+            driver_url,
+            origin: None,
+            processes,
             _profile: profile,
         })
     }
 
+    /// Ends the WebDriver session politely (Chromium closes its windows and
+    /// quits), then, on drop, whatever is left.
+    pub async fn close(self) {
+        let closed =
+            tokio::time::timeout(Duration::from_secs(10), self.client.clone().close()).await;
+        if !matches!(closed, Ok(Ok(()))) {
+            let _ = writeln!(
+                std::io::stderr(),
+                "the WebDriver session did not close politely ({closed:?}); killing it"
+            );
+        }
+        drop(self);
+    }
+
+    /// Loads `path` (no query) and waits until it is loaded.
     pub async fn goto(&self, app: &TestApp, path: &str) {
-        self.client.goto(&app.url(path)).await.unwrap();
+        let mark = self.mark_document().await;
+        let origin = self.origin.as_deref().unwrap_or(&app.address);
+        self.client.goto(&format!("{origin}{path}")).await.unwrap();
+        self.wait_for_fresh_page(&mark, |p| p == path).await;
     }
 
     pub async fn sign_in(&self, app: &TestApp, name: &str, password: &str) {
@@ -133,6 +280,32 @@ impl Browser {
             .unwrap();
     }
 
+    /// Two real clicks (pointer down, up, down, up) on the element matching
+    /// `css`, in one WebDriver action sequence.
+    pub async fn double_click(&self, css: &str) {
+        let element = self.client.find(Locator::Css(css)).await.unwrap();
+        let double_click = MouseActions::new("mouse".into())
+            .then(PointerAction::MoveToElement {
+                element,
+                duration: None,
+                x: 0.0,
+                y: 0.0,
+            })
+            .then(PointerAction::Down {
+                button: MOUSE_BUTTON_LEFT,
+            })
+            .then(PointerAction::Up {
+                button: MOUSE_BUTTON_LEFT,
+            })
+            .then(PointerAction::Down {
+                button: MOUSE_BUTTON_LEFT,
+            })
+            .then(PointerAction::Up {
+                button: MOUSE_BUTTON_LEFT,
+            });
+        self.client.perform_actions(double_click).await.unwrap();
+    }
+
     pub async fn click_link(&self, text: &str) {
         self.client
             .find(Locator::LinkText(text))
@@ -155,6 +328,53 @@ impl Browser {
                 return path;
             }
             assert!(Instant::now() < deadline, "the browser stayed on {path}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Marks the document shown now (a property of its `window`), so that
+    /// [`Browser::wait_for_fresh_page`] can tell a newly loaded one from it.
+    /// An htmx swap keeps the document, and the mark; a page load drops it.
+    pub async fn mark_document(&self) -> String {
+        let mark = uuid::Uuid::now_v7().to_string();
+        let set = self
+            .client
+            .execute(
+                "window.__onejob_marker = arguments[0]; return window.__onejob_marker;",
+                vec![json!(mark)],
+            )
+            .await
+            .unwrap();
+        assert_eq!(set, json!(mark), "the document could not be marked");
+        mark
+    }
+
+    /// Waits until a document other than the one marked with `mark` has
+    /// loaded, and its path satisfies `ok`; returns the path.
+    pub async fn wait_for_fresh_page(&self, mark: &str, ok: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            // An error means a navigation is under way: ask again.
+            let state = self
+                .client
+                .execute(
+                    "return window.__onejob_marker === arguments[0] ? 'marked' : document.readyState;",
+                    vec![json!(mark)],
+                )
+                .await;
+            if let Ok(Value::String(state)) = state {
+                if state == "complete" {
+                    let path = self.path().await;
+                    if ok(&path) {
+                        return path;
+                    }
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no fresh page replaced the marked one (the browser is on {})",
+                self.path().await
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
@@ -182,17 +402,47 @@ impl Browser {
         self.client.find_all(Locator::Css(css)).await.unwrap().len()
     }
 
+    /// Runs a script in the page and returns its value.
+    pub async fn eval(&self, script: &str) -> Value {
+        self.client.execute(script, vec![]).await.unwrap()
+    }
+
     /// Saves the page at 1280 and 390 px wide to `target/screenshots/NAME-WIDTH.png`.
     pub async fn screenshots(&self, name: &str) {
         let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/screenshots");
         std::fs::create_dir_all(&dir).unwrap();
         for (width, height) in [(1280, 900), (390, 844)] {
             self.client.set_window_size(width, height).await.unwrap();
-            tokio::time::sleep(Duration::from_millis(150)).await;
+            self.wait_for_layout(width).await;
             let png = self.client.screenshot().await.unwrap();
             std::fs::write(dir.join(format!("{name}-{width}.png")), png).unwrap();
         }
         self.client.set_window_size(1280, 900).await.unwrap();
+    }
+
+    /// Waits until the page is laid out for a window `width` px wide: the
+    /// viewport has that width, and two animation frames have passed since.
+    async fn wait_for_layout(&self, width: u32) {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let inner = self.eval("return window.innerWidth;").await;
+            if inner.as_u64() == Some(u64::from(width)) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the viewport is {inner} px wide, not {width}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.client
+            .execute_async(
+                "const done = arguments[arguments.length - 1];
+                 requestAnimationFrame(() => requestAnimationFrame(() => done(true)));",
+                vec![],
+            )
+            .await
+            .unwrap();
     }
 
     /// Posts a form with these fields from inside the page, natively (no
@@ -227,11 +477,727 @@ impl Browser {
             .unwrap()
             .unwrap_or_default()
     }
+
+    /// The requests Chromium sent since the last call, from its performance
+    /// log (`Network.requestWillBeSent`; reading drains the log).
+    async fn sent_requests(&self) -> Vec<SentRequest> {
+        let session = self
+            .client
+            .session_id()
+            .await
+            .unwrap()
+            .expect("a WebDriver session");
+        let log: Value = reqwest::Client::new()
+            .post(format!("{}/session/{session}/se/log", self.driver_url))
+            .json(&json!({"type": "performance"}))
+            .send()
+            .await
+            .expect("chromedriver answers")
+            .json()
+            .await
+            .expect("a JSON log");
+        let entries = log["value"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no performance log: {log}"));
+        entries
+            .iter()
+            .filter_map(|entry| {
+                let message: Value = serde_json::from_str(entry["message"].as_str()?).ok()?;
+                let message = &message["message"];
+                if message["method"] != "Network.requestWillBeSent" {
+                    return None;
+                }
+                let params = &message["params"];
+                let request = &params["request"];
+                let url = reqwest::Url::parse(request["url"].as_str()?).ok()?;
+                Some(SentRequest {
+                    method: request["method"].as_str()?.to_owned(),
+                    path: url.path().to_owned(),
+                    kind: params["type"].as_str().unwrap_or_default().to_owned(),
+                    headers: request["headers"].as_object().cloned().unwrap_or_default(),
+                    post_data: request["postData"].as_str().map(str::to_owned),
+                })
+            })
+            .collect()
+    }
+}
+
+/// One request Chromium sent, as its performance log tells it.
+#[derive(Debug)]
+struct SentRequest {
+    method: String,
+    path: String,
+    /// `Document` for a navigation (a native form submission), `XHR` or
+    /// `Fetch` for a script's request.
+    kind: String,
+    headers: serde_json::Map<String, Value>,
+    post_data: Option<String>,
+}
+
+impl SentRequest {
+    fn has_header(&self, name: &str) -> bool {
+        self.headers
+            .keys()
+            .any(|key| key.eq_ignore_ascii_case(name))
+    }
 }
 
 fn is_job_path(path: &str) -> bool {
     path.strip_prefix("/jobs/")
         .is_some_and(|id| onejob::domain::JobId::parse(id).is_some())
+}
+
+/// A DevTools-protocol connection straight to one page of a browser (a
+/// WebSocket to the port Chromium wrote into its profile), for what
+/// chromedriver cannot do.
+struct DevTools {
+    socket: tokio::net::TcpStream,
+    next_id: u64,
+}
+
+impl DevTools {
+    /// Connects to the browser's page whose URL is `url`.
+    async fn connect(browser: &Browser, url: &str) -> Self {
+        let active = std::fs::read_to_string(browser.processes.profile.join("DevToolsActivePort"))
+            .expect("Chromium wrote its DevTools port");
+        let port: u16 = active.lines().next().unwrap().parse().unwrap();
+        let targets: Value = reqwest::get(format!("http://127.0.0.1:{port}/json/list"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let target = targets
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["type"] == "page" && t["url"] == url)
+            .unwrap_or_else(|| panic!("no page at {url}: {targets:#}"));
+        let socket_url = target["webSocketDebuggerUrl"].as_str().unwrap();
+        let path = socket_url
+            .strip_prefix(&format!("ws://127.0.0.1:{port}"))
+            .unwrap_or_else(|| panic!("an unexpected DevTools address: {socket_url}"));
+        let mut socket = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        socket
+            .write_all(
+                format!(
+                    "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n\
+                     Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+                     Sec-WebSocket-Version: 13\r\n\r\n"
+                )
+                .as_bytes(),
+            )
+            .await
+            .unwrap();
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            head.push(socket.read_u8().await.unwrap());
+        }
+        let head = String::from_utf8_lossy(&head);
+        assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+        Self { socket, next_id: 1 }
+    }
+
+    /// Calls a method and returns its result.
+    async fn call(&mut self, method: &str, params: Value) -> Value {
+        let id = self.next_id;
+        self.next_id += 1;
+        let message = json!({"id": id, "method": method, "params": params}).to_string();
+        // A client's frames are masked; one final text frame.
+        let mask = [0x6f, 0x6e, 0x65, 0x6a];
+        let mut frame = vec![0x81];
+        match message.len() {
+            len if len < 126 => frame.push(0x80 | len as u8),
+            len if len <= 0xffff => {
+                frame.push(0x80 | 126);
+                frame.extend((len as u16).to_be_bytes());
+            }
+            len => {
+                frame.push(0x80 | 127);
+                frame.extend((len as u64).to_be_bytes());
+            }
+        }
+        frame.extend(mask);
+        frame.extend(message.bytes().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+        self.socket.write_all(&frame).await.unwrap();
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let reply = tokio::time::timeout_at(deadline, self.read_message())
+                .await
+                .unwrap_or_else(|_| panic!("DevTools did not answer {method} in {WAIT:?}"));
+            let reply: Value = serde_json::from_str(&reply).unwrap();
+            if reply["id"] == id {
+                assert!(reply["error"].is_null(), "{method}: {reply}");
+                return reply["result"].clone();
+            }
+        }
+    }
+
+    /// Reads one whole message (text), skipping control frames.
+    async fn read_message(&mut self) -> String {
+        let mut message = Vec::new();
+        loop {
+            let first = self.socket.read_u8().await.unwrap();
+            let second = self.socket.read_u8().await.unwrap();
+            let len = match second & 0x7f {
+                126 => u64::from(self.socket.read_u16().await.unwrap()),
+                127 => self.socket.read_u64().await.unwrap(),
+                len => u64::from(len),
+            };
+            let mut mask = [0u8; 4];
+            if second & 0x80 != 0 {
+                self.socket.read_exact(&mut mask).await.unwrap();
+            }
+            let mut payload = vec![0u8; len as usize];
+            self.socket.read_exact(&mut payload).await.unwrap();
+            if second & 0x80 != 0 {
+                for (i, byte) in payload.iter_mut().enumerate() {
+                    *byte ^= mask[i % 4];
+                }
+            }
+            match first & 0x0f {
+                0x8 => panic!("DevTools closed the connection"),
+                0x9 | 0xa => continue,
+                _ => message.extend(payload),
+            }
+            if first & 0x80 != 0 {
+                return String::from_utf8(message).unwrap();
+            }
+        }
+    }
+
+    /// A left click at (`x`, `y`) (CSS pixels of the viewport): the pointer
+    /// moves there, presses and releases; `count` is the click's place in a
+    /// multi-click (2 for the second click of a double click).
+    async fn click(&mut self, x: f64, y: f64, count: u32) {
+        for (kind, buttons) in [("mouseMoved", 0), ("mousePressed", 1), ("mouseReleased", 0)] {
+            let mut params = json!({"type": kind, "x": x, "y": y, "buttons": buttons});
+            if kind != "mouseMoved" {
+                params["button"] = json!("left");
+                params["clickCount"] = json!(count);
+            }
+            self.call("Input.dispatchMouseEvent", params).await;
+        }
+    }
+}
+
+// What the server counted and stored.
+
+/// One sample of a Prometheus text exposition.
+struct Sample<'a> {
+    name: &'a str,
+    labels: Vec<(String, String)>,
+    value: f64,
+}
+
+impl Sample<'_> {
+    fn has(&self, key: &str, value: &str) -> bool {
+        self.labels.iter().any(|(k, v)| k == key && v == value)
+    }
+}
+
+/// Reads one sample line (`name{key="value",…} number`); `None` for
+/// comments and anything else.
+fn parse_sample(line: &str) -> Option<Sample<'_>> {
+    if line.starts_with('#') {
+        return None;
+    }
+    let name_end = line.find(['{', ' '])?;
+    let name = &line[..name_end];
+    let mut rest = &line[name_end..];
+    let mut labels = Vec::new();
+    if let Some(mut set) = rest.strip_prefix('{') {
+        loop {
+            set = set.trim_start_matches(',');
+            if let Some(after) = set.strip_prefix('}') {
+                rest = after;
+                break;
+            }
+            let (key, quoted) = set.split_once("=\"")?;
+            let (mut value, mut escaped, mut end) = (String::new(), false, None);
+            for (i, c) in quoted.char_indices() {
+                match (escaped, c) {
+                    (true, 'n') => value.push('\n'),
+                    (true, other) => value.push(other),
+                    (false, '\\') => {
+                        escaped = true;
+                        continue;
+                    }
+                    (false, '"') => {
+                        end = Some(i);
+                        break;
+                    }
+                    (false, other) => value.push(other),
+                }
+                escaped = false;
+            }
+            labels.push((key.to_owned(), value));
+            set = &quoted[end? + 1..];
+        }
+    }
+    let value = rest.split_whitespace().next()?.parse().ok()?;
+    Some(Sample {
+        name,
+        labels,
+        value,
+    })
+}
+
+/// The sum of the samples called `name` whose labels include all of `labels`.
+fn metric_sum(exposition: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    exposition
+        .lines()
+        .filter_map(parse_sample)
+        .filter(|sample| sample.name == name && labels.iter().all(|(k, v)| sample.has(k, v)))
+        .map(|sample| sample.value)
+        .sum()
+}
+
+async fn metrics(app: &TestApp) -> String {
+    let response = app.get(&app.ada.token, "/metrics").await;
+    assert_eq!(response.status(), 200, "GET /metrics");
+    response.text().await.unwrap()
+}
+
+/// How many `POST /jobs` (the submit form) the server has answered, any status.
+async fn form_posts_served(app: &TestApp) -> u64 {
+    let exposition = metrics(app).await;
+    metric_sum(
+        &exposition,
+        "onejob_http_request_seconds_count",
+        &[("method", "POST"), ("route", "/jobs")],
+    ) as u64
+}
+
+/// A job row, as stored (JSON columns as their text).
+#[derive(Debug, Queryable)]
+struct JobRow {
+    id: String,
+    idempotency_key: String,
+    status: String,
+    input: String,
+    result: Option<String>,
+    completed_by: Option<String>,
+}
+
+impl JobRow {
+    fn input(&self) -> Value {
+        serde_json::from_str(&self.input).unwrap()
+    }
+
+    fn result(&self) -> Option<Value> {
+        self.result
+            .as_deref()
+            .map(|result| serde_json::from_str(result).unwrap())
+    }
+}
+
+/// Every job the user owns, oldest first.
+async fn job_rows(app: &TestApp, owner: &onejob::domain::UserId) -> Vec<JobRow> {
+    let owner = owner.clone();
+    app.with_conn(move |conn| {
+        jobs::table
+            .filter(jobs::owner_id.eq(owner))
+            .order(jobs::created_at)
+            .select((
+                jobs::id,
+                jobs::idempotency_key,
+                jobs::status,
+                jobs::input,
+                jobs::result,
+                jobs::completed_by,
+            ))
+            .load(conn)
+            .unwrap()
+    })
+    .await
+}
+
+/// An attempt row, as stored.
+#[derive(Debug, Queryable)]
+struct AttemptRow {
+    id: String,
+    number: i32,
+    provider: String,
+    state: String,
+    outcome: Option<String>,
+}
+
+/// The job's attempts, by number.
+async fn attempt_rows(app: &TestApp, job_id: &str) -> Vec<AttemptRow> {
+    let job_id = job_id.to_owned();
+    app.with_conn(move |conn| {
+        attempts::table
+            .filter(attempts::job_id.eq(job_id))
+            .order(attempts::number)
+            .select((
+                attempts::id,
+                attempts::number,
+                attempts::provider,
+                attempts::state,
+                attempts::outcome,
+            ))
+            .load(conn)
+            .unwrap()
+    })
+    .await
+}
+
+/// What attempt rows say: (number, provider, state, outcome) each.
+fn summary(rows: &[AttemptRow]) -> Vec<(i32, &str, &str, Option<&str>)> {
+    rows.iter()
+        .map(|a| {
+            (
+                a.number,
+                a.provider.as_str(),
+                a.state.as_str(),
+                a.outcome.as_deref(),
+            )
+        })
+        .collect()
+}
+
+/// An audit-log row, as stored.
+#[derive(Debug, Queryable)]
+struct AuditRow {
+    actor_id: String,
+    action: String,
+    job_id: Option<String>,
+    attempt_id: Option<String>,
+    reason: String,
+}
+
+/// The whole audit log, oldest first.
+async fn audit_rows(app: &TestApp) -> Vec<AuditRow> {
+    app.with_conn(|conn| {
+        audit_log::table
+            .order((audit_log::at, audit_log::id))
+            .select((
+                audit_log::actor_id,
+                audit_log::action,
+                audit_log::job_id,
+                audit_log::attempt_id,
+                audit_log::reason,
+            ))
+            .load(conn)
+            .unwrap()
+    })
+    .await
+}
+
+/// A race-log row, as stored.
+#[derive(Debug, Queryable)]
+struct RaceRow {
+    losing_attempt_id: String,
+    winning_attempt_id: Option<String>,
+    provider: String,
+    version_read: i64,
+    version_found: i64,
+    payload_sha256: String,
+}
+
+/// The job's race-log rows.
+async fn race_rows(app: &TestApp, job_id: &str) -> Vec<RaceRow> {
+    let job_id = job_id.to_owned();
+    app.with_conn(move |conn| {
+        race_log::table
+            .filter(race_log::job_id.eq(job_id))
+            .select((
+                race_log::losing_attempt_id,
+                race_log::winning_attempt_id,
+                race_log::provider,
+                race_log::version_read,
+                race_log::version_found,
+                race_log::payload_sha256,
+            ))
+            .load(conn)
+            .unwrap()
+    })
+    .await
+}
+
+/// Polls the database until `done` holds for the job's attempts (panics
+/// after `WAIT`).
+async fn wait_for_attempts(
+    app: &TestApp,
+    job_id: &str,
+    done: impl Fn(&[AttemptRow]) -> bool,
+) -> Vec<AttemptRow> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let rows = attempt_rows(app, job_id).await;
+        if done(&rows) {
+            return rows;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the attempts of job {job_id} never reached the expected state: {rows:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+// Fake providers that hold every answer until the test releases it.
+
+/// An OpenAI-compatible fake provider. `timeout_ms` is its soft timeout (the
+/// connect timeout is shorter, as the configuration requires); the
+/// late-result window is long, so that a held answer released after the soft
+/// timeout is still heard, however slow the machine.
+fn held_provider_toml(name: &str, base_url: &str, timeout_ms: u64) -> String {
+    format!(
+        r#"
+[[providers]]
+name = "{name}"
+kind = "openai"
+base_url = "{base_url}"
+model = "fake-model"
+api_key_env = "ONEJOB_TEST_FAKE_KEY"
+timeout_ms = {timeout_ms}
+late_result_ms = 600000
+connect_timeout_ms = {connect_timeout_ms}
+"#,
+        connect_timeout_ms = (timeout_ms / 2).min(1000)
+    )
+}
+
+fn answer(summary: &str) -> Behaviour {
+    Behaviour::Answer(json!({ "summary": summary }))
+}
+
+/// onejob with one task, `summarize`, on one fake provider that holds every
+/// call until the test releases it, with a soft timeout long enough that a
+/// held call stays `running`.
+async fn app_with_a_held_provider(backend: TestBackend) -> (TestApp, FakeProvider) {
+    let fake = FakeProvider::start(Shape::OpenAi).await;
+    fake.set_default(Behaviour::Hold);
+    let toml = [
+        held_provider_toml("held", &fake.base_url, 600_000),
+        strict_task_toml("summarize", &["held"], "Summarize: {{ text }}"),
+    ]
+    .concat();
+    (spawn_app_with(backend, config_of(&toml)).await, fake)
+}
+
+// A proxy that keeps one answer from the browser.
+
+/// One request the proxy passed to the app, and the app's answer.
+#[derive(Clone, Debug)]
+struct ProxiedRequest {
+    method: String,
+    path: String,
+    /// Whether it carried `HX-Request` (htmx sent it).
+    from_htmx: bool,
+    status: u16,
+}
+
+#[derive(Default)]
+struct ProxyState {
+    /// Hold the app's answer to the next `POST /jobs`.
+    hold_next_form_post: bool,
+    /// The held answer's release.
+    held: Option<oneshot::Sender<()>>,
+    /// How many answers have been held in all.
+    held_count: usize,
+    passed: Vec<ProxiedRequest>,
+}
+
+#[derive(Default)]
+struct ProxyShared {
+    state: std::sync::Mutex<ProxyState>,
+    changed: Notify,
+}
+
+impl ProxyShared {
+    fn state(&self) -> std::sync::MutexGuard<'_, ProxyState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// A reverse proxy on 127.0.0.1 between the browser and the app, one request
+/// per connection. It passes every request on at once, and can keep the
+/// app's answer to one `POST /jobs` from the browser until the test releases
+/// it: the app has handled that submission, but the browser, still waiting,
+/// shows the form, so a second click lands while the first submission is in
+/// flight. The test, not the clock, orders the two.
+struct HoldingProxy {
+    origin: String,
+    shared: Arc<ProxyShared>,
+    server: AbortHandle,
+}
+
+impl HoldingProxy {
+    async fn start(app: &TestApp) -> Self {
+        let upstream: std::net::SocketAddr = app
+            .address
+            .strip_prefix("http://")
+            .unwrap()
+            .parse()
+            .unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let origin = format!("http://{}", listener.local_addr().unwrap());
+        let shared = Arc::new(ProxyShared::default());
+        let accept = {
+            let shared = shared.clone();
+            async move {
+                // Dropping the set (when the loop is aborted) aborts every
+                // connection, held ones too.
+                let mut connections = JoinSet::new();
+                loop {
+                    let Ok((stream, _)) = listener.accept().await else {
+                        continue;
+                    };
+                    while connections.try_join_next().is_some() {}
+                    connections.spawn(proxy_connection(stream, upstream, shared.clone()));
+                }
+            }
+        };
+        let server = tokio::spawn(accept).abort_handle();
+        Self {
+            origin,
+            shared,
+            server,
+        }
+    }
+
+    /// Holds the app's answer to the next `POST /jobs`.
+    fn hold_next_form_post(&self) {
+        self.shared.state().hold_next_form_post = true;
+    }
+
+    /// Waits until an answer is held (panics after `WAIT`).
+    async fn wait_held(&self) {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let changed = self.shared.changed.notified();
+            if self.shared.state().held.is_some() {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                panic!("no POST /jobs reached the proxy in {WAIT:?}");
+            }
+        }
+    }
+
+    /// Lets the held answer go to the browser (which may have moved on).
+    fn release(&self) {
+        let held = self.shared.state().held.take().expect("an answer is held");
+        let _ = held.send(());
+    }
+
+    fn held_count(&self) -> usize {
+        self.shared.state().held_count
+    }
+
+    /// The requests passed to the app so far, oldest first.
+    fn passed(&self) -> Vec<ProxiedRequest> {
+        self.shared.state().passed.clone()
+    }
+}
+
+impl Drop for HoldingProxy {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+/// Reads one request, passes it to the app with `Connection: close`, reads
+/// the whole answer, holds it if asked to, and writes it back.
+async fn proxy_connection(
+    mut browser: tokio::net::TcpStream,
+    upstream: std::net::SocketAddr,
+    shared: Arc<ProxyShared>,
+) {
+    let mut buf = Vec::new();
+    let head_end = loop {
+        if let Some(pos) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break pos;
+        }
+        let mut chunk = [0u8; 8192];
+        match browser.read(&mut chunk).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    };
+    let Ok(head) = std::str::from_utf8(&buf[..head_end]) else {
+        return;
+    };
+    let mut lines = head.split("\r\n");
+    let request_line = lines.next().unwrap_or_default().to_owned();
+    let mut parts = request_line.split(' ');
+    let method = parts.next().unwrap_or_default().to_owned();
+    let path = parts.next().unwrap_or_default().to_owned();
+    let mut forwarded = format!("{request_line}\r\n");
+    let (mut length, mut from_htmx) = (0, false);
+    for line in lines {
+        let Some((name, value)) = line.split_once(':') else {
+            continue;
+        };
+        let name = name.trim().to_ascii_lowercase();
+        match name.as_str() {
+            "connection" | "keep-alive" | "proxy-connection" => continue,
+            "content-length" => length = value.trim().parse().unwrap_or(0),
+            "hx-request" => from_htmx = true,
+            _ => {}
+        }
+        forwarded.push_str(line);
+        forwarded.push_str("\r\n");
+    }
+    forwarded.push_str("Connection: close\r\n\r\n");
+    let mut body = buf.split_off(head_end + 4);
+    while body.len() < length {
+        let mut chunk = [0u8; 8192];
+        match browser.read(&mut chunk).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => body.extend_from_slice(&chunk[..n]),
+        }
+    }
+
+    let Ok(mut app) = tokio::net::TcpStream::connect(upstream).await else {
+        return;
+    };
+    let mut answer = Vec::new();
+    let sent = async {
+        app.write_all(forwarded.as_bytes()).await?;
+        app.write_all(&body).await?;
+        app.read_to_end(&mut answer).await
+    };
+    if sent.await.is_err() {
+        return;
+    }
+    let status = std::str::from_utf8(&answer[..answer.len().min(12)])
+        .ok()
+        .and_then(|line| line.get(9..12)?.parse().ok())
+        .unwrap_or(0);
+
+    let held = {
+        let mut state = shared.state();
+        state.passed.push(ProxiedRequest {
+            method: method.clone(),
+            path: path.clone(),
+            from_htmx,
+            status,
+        });
+        if state.hold_next_form_post && method == "POST" && path == "/jobs" {
+            let (release, released) = oneshot::channel();
+            state.hold_next_form_post = false;
+            state.held = Some(release);
+            state.held_count += 1;
+            Some(released)
+        } else {
+            None
+        }
+    };
+    shared.changed.notify_waiters();
+    if let Some(released) = held {
+        let _ = released.await;
+    }
+    // The app was asked to close, so its answer says `Connection: close`.
+    let _ = browser.write_all(&answer).await;
+    let _ = browser.shutdown().await;
 }
 
 async fn a_real_double_click_on_submit_makes_one_job_and_lands_on_it(backend: TestBackend) {
@@ -250,31 +1216,7 @@ async fn a_real_double_click_on_submit_makes_one_job_and_lands_on_it(backend: Te
     }
     let key = browser.value_of("input[name=idempotency_key]").await;
     let csrf = browser.value_of("#submit-form input[name=csrf]").await;
-    let button = browser
-        .client
-        .find(Locator::Id("submit-button"))
-        .await
-        .unwrap();
-    let double_click = MouseActions::new("mouse".into())
-        .then(PointerAction::MoveToElement {
-            element: button,
-            duration: None,
-            x: 0.0,
-            y: 0.0,
-        })
-        .then(PointerAction::Down {
-            button: MOUSE_BUTTON_LEFT,
-        })
-        .then(PointerAction::Up {
-            button: MOUSE_BUTTON_LEFT,
-        })
-        .then(PointerAction::Down {
-            button: MOUSE_BUTTON_LEFT,
-        })
-        .then(PointerAction::Up {
-            button: MOUSE_BUTTON_LEFT,
-        });
-    browser.client.perform_actions(double_click).await.unwrap();
+    browser.double_click("#submit-button").await;
     let landed = browser.wait_for_path(is_job_path).await;
     assert_eq!(
         app.job_count(&app.alice.id).await,
@@ -282,7 +1224,9 @@ async fn a_real_double_click_on_submit_makes_one_job_and_lands_on_it(backend: Te
         "a double click made one job"
     );
 
-    // The same form submitted again (a reload that re-POSTs): the same job.
+    // The same form submitted again (a reload that re-POSTs): the same job,
+    // shown by a freshly loaded page.
+    let mark = browser.mark_document().await;
     browser
         .post_natively(
             "/jobs",
@@ -295,9 +1239,8 @@ async fn a_real_double_click_on_submit_makes_one_job_and_lands_on_it(backend: Te
             ],
         )
         .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
-        browser.wait_for_path(is_job_path).await,
+        browser.wait_for_fresh_page(&mark, is_job_path).await,
         landed,
         "lands on the same job"
     );
@@ -305,6 +1248,257 @@ async fn a_real_double_click_on_submit_makes_one_job_and_lands_on_it(backend: Te
     browser
         .wait_for_text("#job-status", |s| s == "succeeded")
         .await;
+
+    // The one job row is the form's key's, and it was sent once.
+    let rows = job_rows(&app, &app.alice.id).await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let job = &rows[0];
+    assert_eq!(landed, format!("/jobs/{}", job.id));
+    assert_eq!(job.idempotency_key, key);
+    assert_eq!(job.status, "succeeded");
+    assert_eq!(job.input(), json!({"text": "Summarize this, once."}));
+    let attempts = attempt_rows(&app, &job.id).await;
+    assert_eq!(
+        summary(&attempts),
+        vec![(1, "sim-fast", "succeeded", Some("won"))],
+        "one attempt, sent once"
+    );
+    assert_eq!(job.completed_by.as_deref(), Some(attempts[0].id.as_str()));
+    browser.close().await;
+}
+
+/// Double-clicks the element matching `css` with real input events (mouse
+/// presses and releases sent to Chromium's input pipeline; the second press
+/// carries `clickCount: 2`), the second click landing while the first click's
+/// submission is in flight: the app has answered it, but the proxy holds the
+/// answer, so the browser still shows the form. (Clicks a few milliseconds
+/// apart, before the first submission has started, are folded into one
+/// navigation by Chromium itself: then the server is never asked twice.)
+///
+/// The clicks go over the DevTools protocol straight to the page, because
+/// chromedriver answers no command while a navigation is under way.
+async fn double_click_while_the_first_submission_is_in_flight(
+    browser: &Browser,
+    proxy: &HoldingProxy,
+    css: &str,
+) {
+    let centre = browser
+        .client
+        .execute(
+            "const element = document.querySelector(arguments[0]);
+             element.scrollIntoView({block: 'center'});
+             const r = element.getBoundingClientRect();
+             return [r.left + r.width / 2, r.top + r.height / 2];",
+            vec![json!(css)],
+        )
+        .await
+        .unwrap();
+    let (x, y) = (centre[0].as_f64().unwrap(), centre[1].as_f64().unwrap());
+    let page = browser.client.current_url().await.unwrap().to_string();
+    let mut devtools = DevTools::connect(browser, &page).await;
+    proxy.hold_next_form_post();
+    devtools.click(x, y, 1).await;
+    // The first submission reached the app and was answered; the answer is
+    // held, so the form is still on screen.
+    proxy.wait_held().await;
+    devtools.click(x, y, 2).await;
+}
+
+/// A double click on the submit form that only the server can keep to one
+/// job: both clicks leave the browser as native form submissions (Chromium's
+/// own log of what it sent, and the proxy's of what reached the app), the
+/// server answers both (its metrics), and one job with one provider call is
+/// stored (its rows). Returns the job's id.
+async fn assert_a_double_click_reached_the_server_twice_and_made_one_job(
+    app: &TestApp,
+    browser: &Browser,
+    proxy: &HoldingProxy,
+    fake: &FakeProvider,
+    text: &str,
+) -> String {
+    let key = browser.value_of("input[name=idempotency_key]").await;
+    browser.fill("textarea[name='input.text']", text).await;
+    let served_before = form_posts_served(app).await;
+    let _ = browser.sent_requests().await;
+
+    let mark = browser.mark_document().await;
+    double_click_while_the_first_submission_is_in_flight(browser, proxy, "#submit-button").await;
+    let landed = browser.wait_for_fresh_page(&mark, is_job_path).await;
+    // The second submission's answer brought the job page; the first's was
+    // held all along.
+    assert_eq!(proxy.held_count(), 1);
+    proxy.release();
+
+    // What the browser sent: two POSTs of the form, both page navigations
+    // (native submissions), neither from a script.
+    let posts: Vec<SentRequest> = browser
+        .sent_requests()
+        .await
+        .into_iter()
+        .filter(|r| r.method == "POST" && r.path == "/jobs")
+        .collect();
+    assert!(posts.len() >= 2, "the double click sent {posts:#?}");
+    for post in &posts {
+        assert_eq!(post.kind, "Document", "a native submission: {post:#?}");
+        assert!(!post.has_header("HX-Request"), "not htmx: {post:#?}");
+        if let Some(body) = &post.post_data {
+            assert!(body.contains(&key), "the form's key is sent: {body}");
+        }
+    }
+    // What reached the app, and how it answered: both, with the job.
+    let reached: Vec<ProxiedRequest> = proxy
+        .passed()
+        .into_iter()
+        .filter(|r| r.method == "POST" && r.path == "/jobs")
+        .collect();
+    assert!(reached.len() >= 2, "{reached:?}");
+    for post in &reached {
+        assert!(!post.from_htmx, "not htmx: {post:?}");
+        assert_eq!(post.status, 303, "redirected to the job: {post:?}");
+    }
+    // What the server counted.
+    let served = form_posts_served(app).await - served_before;
+    assert!(
+        served >= 2,
+        "the server answered {served} POST /jobs for a double click (the browser sent {})",
+        posts.len()
+    );
+    let exposition = metrics(app).await;
+    assert_eq!(
+        metric_sum(&exposition, "onejob_jobs_created_total", &[]),
+        1.0,
+        "one job created"
+    );
+    assert!(
+        metric_sum(&exposition, "onejob_jobs_replayed_total", &[]) >= 1.0,
+        "the second POST was answered with the first's job"
+    );
+
+    // What is stored: one job, under the form's key, with one attempt, sent
+    // to the provider once.
+    assert_eq!(app.job_count(&app.alice.id).await, 1, "one job");
+    let rows = job_rows(app, &app.alice.id).await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let job = &rows[0];
+    assert_eq!(landed, format!("/jobs/{}", job.id), "lands on the job");
+    assert_eq!(job.idempotency_key, key);
+    assert_eq!(job.input(), json!({ "text": text }));
+    let attempts = attempt_rows(app, &job.id).await;
+    assert_eq!(attempts.len(), 1, "{attempts:?}");
+    fake.wait_held(&attempts[0].id).await;
+    assert_eq!(fake.total_requests(), 1, "the provider was called once");
+    job.id.clone()
+}
+
+/// Releases the held call and waits for the page and the rows to show the
+/// job succeeded.
+async fn release_and_see_the_job_succeed(
+    app: &TestApp,
+    browser: &Browser,
+    fake: &FakeProvider,
+    job_id: &str,
+) {
+    let attempt = attempt_rows(app, job_id).await.remove(0);
+    fake.release(&attempt.id, answer("summarized once"));
+    browser
+        .wait_for_text("#job-status", |s| s == "succeeded")
+        .await;
+    let rows = job_rows(app, &app.alice.id).await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].status, "succeeded");
+    assert_eq!(
+        rows[0].result(),
+        Some(json!({"summary": "summarized once"}))
+    );
+    assert_eq!(rows[0].completed_by.as_deref(), Some(attempt.id.as_str()));
+    assert_eq!(
+        summary(&attempt_rows(app, job_id).await),
+        vec![(1, "held", "succeeded", Some("won"))]
+    );
+    assert_eq!(fake.total_requests(), 1, "still one provider call");
+}
+
+async fn a_double_click_with_htmx_boost_off_sends_two_native_posts_and_makes_one_job(
+    backend: TestBackend,
+) {
+    let (app, fake) = app_with_a_held_provider(backend).await;
+    app.set_password("alice", "alice-pw").await;
+    let proxy = HoldingProxy::start(&app).await;
+    let Some(mut browser) = Browser::start().await else {
+        return;
+    };
+    browser.origin = Some(proxy.origin.clone());
+    browser.sign_in(&app, "alice", "alice-pw").await;
+    browser.goto(&app, "/jobs/new").await;
+    // htmx runs on this page; the form is boosted through <body hx-boost>.
+    // Turn the boost off and let htmx process the page again, which unbinds
+    // the form's boosted submit handler.
+    let boost = browser
+        .eval(
+            "if (typeof htmx !== 'object') return 'htmx is not loaded';
+             const form = document.getElementById('submit-form');
+             if (form.closest('[hx-boost]').getAttribute('hx-boost') !== 'true') return 'not boosted';
+             document.body.setAttribute('hx-boost', 'false');
+             form.setAttribute('hx-boost', 'false');
+             htmx.process(document.body);
+             return form.closest('[hx-boost]').getAttribute('hx-boost');",
+        )
+        .await;
+    assert_eq!(boost, json!("false"), "htmx boost turned off");
+
+    let job_id = assert_a_double_click_reached_the_server_twice_and_made_one_job(
+        &app,
+        &browser,
+        &proxy,
+        &fake,
+        "Summarize this, once, without the boost.",
+    )
+    .await;
+    // Scripts run in this browser: the job page's <noscript> is inert text,
+    // and htmx polls the live page.
+    assert_eq!(browser.eval("return typeof htmx;").await, json!("object"));
+    assert_eq!(browser.count("noscript meta[http-equiv=refresh]").await, 0);
+    release_and_see_the_job_succeed(&app, &browser, &fake, &job_id).await;
+    browser.close().await;
+}
+
+async fn a_double_click_with_javascript_off_sends_two_posts_and_makes_one_job(
+    backend: TestBackend,
+) {
+    let (app, fake) = app_with_a_held_provider(backend).await;
+    app.set_password("alice", "alice-pw").await;
+    let proxy = HoldingProxy::start(&app).await;
+    let Some(mut browser) = Browser::start_without_javascript().await else {
+        return;
+    };
+    browser.origin = Some(proxy.origin.clone());
+    browser.sign_in(&app, "alice", "alice-pw").await;
+    browser.goto(&app, "/jobs/new").await;
+    // The page loads htmx, but its scripts do not run (WebDriver's own
+    // scripts still do).
+    assert_eq!(browser.count("script[src*=htmx]").await, 1);
+    assert_eq!(
+        browser.eval("return typeof htmx;").await,
+        json!("undefined")
+    );
+
+    let job_id = assert_a_double_click_reached_the_server_twice_and_made_one_job(
+        &app,
+        &browser,
+        &proxy,
+        &fake,
+        "Summarize this, once, without JavaScript.",
+    )
+    .await;
+    // Scripting is off: the live job page's <noscript> is parsed, and its
+    // refresh is what brings the result.
+    assert_eq!(browser.count("noscript meta[http-equiv=refresh]").await, 1);
+    assert_eq!(
+        browser.eval("return typeof htmx;").await,
+        json!("undefined")
+    );
+    release_and_see_the_job_succeed(&app, &browser, &fake, &job_id).await;
+    browser.close().await;
 }
 
 async fn changed_content_under_the_same_key_explains_itself_and_makes_no_second_job(
@@ -325,6 +1519,7 @@ async fn changed_content_under_the_same_key_explains_itself_and_makes_no_second_
     browser.click("#submit-button").await;
     let job_path = browser.wait_for_path(is_job_path).await;
     // Back, edit, resubmit: the old form's key with new content.
+    let mark = browser.mark_document().await;
     browser
         .post_natively(
             "/jobs",
@@ -337,13 +1532,30 @@ async fn changed_content_under_the_same_key_explains_itself_and_makes_no_second_
             ],
         )
         .await;
+    assert_eq!(
+        browser.wait_for_fresh_page(&mark, |p| p == "/jobs").await,
+        "/jobs"
+    );
     let notice = browser
         .wait_for_text("#key-reused h1", |t| !t.is_empty())
         .await;
     assert!(notice.contains("already submitted"), "{notice}");
     assert_eq!(app.job_count(&app.alice.id).await, 1, "no second job");
+    // The stored job is the first version's, unchanged.
+    let rows = job_rows(&app, &app.alice.id).await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(job_path, format!("/jobs/{}", rows[0].id));
+    assert_eq!(rows[0].idempotency_key, key);
+    assert_eq!(rows[0].input(), json!({"text": "first version"}));
+    let exposition = metrics(&app).await;
+    assert_eq!(
+        metric_sum(&exposition, "onejob_idempotency_conflicts_total", &[]),
+        1.0,
+        "the edited resubmission was refused as a conflict"
+    );
     browser.click_link("See the existing job").await;
     assert_eq!(browser.wait_for_path(is_job_path).await, job_path);
+    browser.close().await;
 }
 
 async fn support_abandons_an_unknown_attempt_from_the_queue_and_starts_the_next_one(
@@ -355,6 +1567,11 @@ async fn support_abandons_an_unknown_attempt_from_the_queue_and_starts_the_next_
         .create_job(&app.alice.token, "stuck", &summarize("will hang"))
         .await;
     app.wait_for_status(&job_id, "unknown", WAIT).await;
+    let first = attempt_rows(&app, &job_id).await.remove(0);
+    assert_eq!(
+        (first.provider.as_str(), first.state.as_str()),
+        ("sim-hang", "unknown")
+    );
     let Some(browser) = Browser::start().await else {
         return;
     };
@@ -376,6 +1593,12 @@ async fn support_abandons_an_unknown_attempt_from_the_queue_and_starts_the_next_
     browser
         .wait_for_path(|p| p == format!("/jobs/{job_id}"))
         .await;
+    let abandoned = attempt_rows(&app, &job_id).await;
+    assert_eq!(
+        summary(&abandoned),
+        vec![(1, "sim-hang", "abandoned", None)],
+        "abandoned, and nothing started yet"
+    );
     browser
         .client
         .find(Locator::Css("select[name=provider]"))
@@ -403,30 +1626,150 @@ async fn support_abandons_an_unknown_attempt_from_the_queue_and_starts_the_next_
         vec!["start_attempt", "abandon_attempt"],
         "both actions are audited"
     );
+
+    // The rows: the first attempt abandoned, the second (on the provider sue
+    // chose) won, and both actions audited as sue's, on this job.
+    let attempts = attempt_rows(&app, &job_id).await;
+    assert_eq!(
+        summary(&attempts),
+        vec![
+            (1, "sim-hang", "abandoned", None),
+            (2, "sim-fast", "succeeded", Some("won")),
+        ]
+    );
+    let jobs = job_rows(&app, &app.alice.id).await;
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    assert_eq!(jobs[0].status, "succeeded");
+    assert_eq!(
+        jobs[0].completed_by.as_deref(),
+        Some(attempts[1].id.as_str())
+    );
+    let audit = audit_rows(&app).await;
+    assert_eq!(audit.len(), 2, "{audit:?}");
+    let (abandon, start) = (&audit[0], &audit[1]);
+    assert_eq!(abandon.action, "abandon_attempt");
+    assert_eq!(abandon.attempt_id.as_deref(), Some(first.id.as_str()));
+    assert_eq!(abandon.reason, "provider status page shows an outage");
+    assert_eq!(start.action, "start_attempt");
+    assert_eq!(start.attempt_id.as_deref(), Some(attempts[1].id.as_str()));
+    assert_eq!(start.reason, "started attempt 2 on sim-fast");
+    for row in &audit {
+        assert_eq!(row.actor_id, app.sue.id.as_str(), "{row:?}");
+        assert_eq!(row.job_id.as_deref(), Some(job_id.as_str()), "{row:?}");
+    }
+    browser.close().await;
 }
 
 async fn the_race_log_shows_a_reverse_order_finish_and_links_to_the_job(backend: TestBackend) {
-    let app = spawn_app(backend).await;
+    // Two fake providers that hold every call until the test releases it:
+    // the test, not the clock, orders the race.
+    let primary = FakeProvider::start(Shape::OpenAi).await;
+    let fallback = FakeProvider::start(Shape::OpenAi).await;
+    let toml = [
+        // The primary's soft timeout makes its held call unknown; the
+        // fallback's is long, so its call stays running until released.
+        held_provider_toml("primary", &primary.base_url, 1000),
+        held_provider_toml("fallback", &fallback.base_url, 600_000),
+        strict_task_toml(
+            "summarize",
+            &["primary", "fallback"],
+            "Summarize: {{ text }}",
+        ),
+    ]
+    .concat();
+    let app = spawn_app_with(backend, config_of(&toml)).await;
     app.set_password("ada", "ada-pw").await;
+    // A new attempt may go to the fallback only once it is qualified (the
+    // check calls it, so it answers before the holding starts).
+    assert!(app
+        .app
+        .qualify(None, "fallback", "summarize")
+        .await
+        .unwrap()
+        .passed());
+    primary.set_default(Behaviour::Hold);
+    fallback.set_default(Behaviour::Hold);
+
     let mut body = summarize("race");
-    body["provider"] = "sim-slow".into();
+    body["provider"] = "primary".into();
     let job_id = app.create_job(&app.alice.token, "race", &body).await;
+    // The primary holds the call past its soft timeout: unknown.
     let job = app.wait_for_status(&job_id, "unknown", WAIT).await;
     let first = job["attempts"][0]["id"].as_str().unwrap().to_owned();
+    primary.wait_held(&first).await;
+    assert_eq!(
+        summary(&attempt_rows(&app, &job_id).await),
+        vec![(1, "primary", "unknown", None)]
+    );
+
+    // Support abandons it and the next attempt goes to the fallback, which
+    // answers: the job succeeds while the primary still holds its answer.
     assert_eq!(
         app.abandon(&app.sue.token, &first, "fall back")
             .await
             .status(),
         200
     );
+    let response = app.start_attempt(&app.alice.token, &job_id, None).await;
+    assert_eq!(response.status(), 201);
+    let second: Value = response.json().await.unwrap();
+    assert_eq!(second["provider"], "fallback");
+    let second = second["id"].as_str().unwrap().to_owned();
+    fallback.wait_held(&second).await;
+    fallback.release(&second, answer("from the fallback"));
+    app.wait_for_status(&job_id, "succeeded", WAIT).await;
     assert_eq!(
-        app.start_attempt(&app.alice.token, &job_id, None)
-            .await
-            .status(),
-        201
+        summary(&attempt_rows(&app, &job_id).await),
+        vec![
+            (1, "primary", "abandoned", None),
+            (2, "fallback", "succeeded", Some("won")),
+        ]
     );
+
+    // Then the primary's answer arrives: it loses, and is race-logged.
+    primary.release(&first, answer("too late"));
     app.wait_for_job(&job_id, WAIT, |j| j["attempts"][0]["outcome"] == "lost")
         .await;
+    let attempts = wait_for_attempts(&app, &job_id, |rows| {
+        rows.first().and_then(|a| a.outcome.as_deref()) == Some("lost")
+    })
+    .await;
+    assert_eq!(
+        summary(&attempts),
+        vec![
+            (1, "primary", "succeeded", Some("lost")),
+            (2, "fallback", "succeeded", Some("won")),
+        ]
+    );
+    let jobs = job_rows(&app, &app.alice.id).await;
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    assert_eq!(jobs[0].status, "succeeded");
+    assert_eq!(jobs[0].completed_by.as_deref(), Some(second.as_str()));
+    assert_eq!(
+        jobs[0].result(),
+        Some(json!({"summary": "from the fallback"})),
+        "the loser's answer is discarded, not merged"
+    );
+    let races = race_rows(&app, &job_id).await;
+    assert_eq!(races.len(), 1, "{races:?}");
+    assert_eq!(races[0].losing_attempt_id, first);
+    assert_eq!(
+        races[0].winning_attempt_id.as_deref(),
+        Some(second.as_str())
+    );
+    assert_eq!(races[0].provider, "primary");
+    assert_eq!((races[0].version_read, races[0].version_found), (0, 1));
+    assert_eq!(
+        races[0].payload_sha256,
+        onejob::domain::sha256_hex(br#"{"summary":"too late"}"#)
+    );
+    let audit = audit_rows(&app).await;
+    let abandon = audit
+        .iter()
+        .find(|row| row.action == "abandon_attempt")
+        .unwrap_or_else(|| panic!("no abandon in the audit log: {audit:?}"));
+    assert_eq!(abandon.attempt_id.as_deref(), Some(first.as_str()));
+    assert_eq!(abandon.reason, "fall back");
 
     let Some(browser) = Browser::start().await else {
         return;
@@ -443,7 +1786,7 @@ async fn the_race_log_shows_a_reverse_order_finish_and_links_to_the_job(backend:
         .await
         .unwrap();
     assert!(
-        row.contains("#2 sim-fast") && row.contains("#1 sim-slow"),
+        row.contains("#2 fallback") && row.contains("#1 primary"),
         "winner and loser: {row}"
     );
     if backend == TestBackend::Sqlite {
@@ -461,6 +1804,7 @@ async fn the_race_log_shows_a_reverse_order_finish_and_links_to_the_job(backend:
         assert_eq!(browser.count("tr.qualification").await, 2);
         browser.screenshots("providers").await;
     }
+    browser.close().await;
 }
 
 async fn a_user_without_the_role_cannot_open_the_console(backend: TestBackend) {
@@ -480,10 +1824,13 @@ async fn a_user_without_the_role_cannot_open_the_console(backend: TestBackend) {
         let title = browser.wait_for_text("h1", |t| !t.is_empty()).await;
         assert_eq!(title, "Not allowed", "{path}");
     }
+    browser.close().await;
 }
 
 on_both_backends!(
     a_real_double_click_on_submit_makes_one_job_and_lands_on_it,
+    a_double_click_with_htmx_boost_off_sends_two_native_posts_and_makes_one_job,
+    a_double_click_with_javascript_off_sends_two_posts_and_makes_one_job,
     changed_content_under_the_same_key_explains_itself_and_makes_no_second_job,
     support_abandons_an_unknown_attempt_from_the_queue_and_starts_the_next_one,
     the_race_log_shows_a_reverse_order_finish_and_links_to_the_job,
