@@ -11,7 +11,9 @@ use super::error::{job_location, ApiError, ProblemType};
 use super::views::{
     AttemptView, CreateJobRequest, JobPage, JobSummary, JobView, Problem, StartAttemptRequest,
 };
-use crate::app::App;
+use std::time::Duration;
+
+use crate::app::{App, Attempt, Job};
 use crate::domain::{IdempotencyKey, IdempotencyKeyError, JobId};
 
 fn idempotency_key(req: &HttpRequest) -> Result<IdempotencyKey, ApiError> {
@@ -25,14 +27,59 @@ fn idempotency_key(req: &HttpRequest) -> Result<IdempotencyKey, ApiError> {
         .map_err(|e| ApiError::new(ProblemType::InvalidIdempotencyKey, e.to_string()))
 }
 
+/// The wait a client asked for with `Prefer: wait=N` (RFC 7240), in whole
+/// seconds, capped at `cap`. Preferences this server does not know, and a
+/// `wait` that is not a number, are ignored, as the RFC asks.
+pub fn preferred_wait(req: &HttpRequest, cap: Duration) -> Option<Duration> {
+    let seconds = req
+        .headers()
+        .get_all("prefer")
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|preference| {
+            let preference = preference.split(';').next().unwrap_or_default();
+            let (name, value) = preference.split_once('=')?;
+            name.trim()
+                .eq_ignore_ascii_case("wait")
+                .then(|| value.trim().trim_matches('"').parse::<u64>().ok())
+                .flatten()
+        })
+        .next()?;
+    Some(Duration::from_secs(seconds).min(cap))
+}
+
+/// Holds the answer until the job is finished or the preferred wait ends;
+/// the response then says which wait it applied.
+async fn wait_if_preferred(
+    app: &App,
+    req: &HttpRequest,
+    job: Job,
+    attempts: Vec<Attempt>,
+) -> Result<(Job, Vec<Attempt>, Option<String>), ApiError> {
+    let Some(wait) = preferred_wait(req, app.max_wait()) else {
+        return Ok((job, attempts, None));
+    };
+    let applied = format!("wait={}", wait.as_secs());
+    if job.status.is_terminal() {
+        return Ok((job, attempts, Some(applied)));
+    }
+    let (job, attempts) = app.wait_for_job(&job.id, wait).await?;
+    Ok((job, attempts, Some(applied)))
+}
+
 /// Create a job under an idempotency key.
 #[utoipa::path(
     post, path = "/api/v1/jobs", tag = "jobs",
     request_body = CreateJobRequest,
-    params(("Idempotency-Key" = String, Header, description = "1-255 printable ASCII characters; the same key and payload return the same job")),
+    params(
+        ("Idempotency-Key" = String, Header, description = "1-255 printable ASCII characters; the same key and payload return the same job"),
+        ("Prefer" = Option<String>, Header, description = "`wait=N` (RFC 7240): answer once the job is finished or N seconds have passed, at most `server.max_wait_seconds`"),
+    ),
     responses(
-        (status = 201, description = "Created; `Location` names the job", body = JobView),
-        (status = 200, description = "Replay of an earlier request with the same key and payload; header `Idempotent-Replayed: true`", body = JobView),
+        (status = 201, description = "Created; `Location` names the job", body = JobView,
+            headers(("Location" = String), ("Preference-Applied" = String, description = "`wait=N` when a wait was honoured"))),
+        (status = 200, description = "Replay of an earlier request with the same key and payload; header `Idempotent-Replayed: true`", body = JobView,
+            headers(("Location" = String), ("Idempotent-Replayed" = String), ("Preference-Applied" = String))),
         (status = 400, description = "Missing or malformed Idempotency-Key, or malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "No valid bearer token", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The key was used with a different payload (`idempotency-key-reused`)", body = Problem, content_type = "application/problem+json"),
@@ -58,20 +105,22 @@ pub async fn create_job(
     )
     .await?;
     let created = app.create_job(&caller.0, key, body.into()).await?;
+    let (job, attempts, applied) =
+        wait_if_preferred(&app, &req, created.job, created.attempts).await?;
     let mut response = if created.replayed {
         HttpResponse::Ok()
     } else {
         HttpResponse::Created()
     };
-    response.insert_header((header::LOCATION, job_location(&created.job.id)));
+    response.insert_header((header::LOCATION, job_location(&job.id)));
+    response.insert_header((header::VARY, "Prefer"));
     if created.replayed {
         response.insert_header(("Idempotent-Replayed", "true"));
     }
-    Ok(response.json(JobView::new(
-        &created.job,
-        &created.attempts,
-        caller.0.role.is_staff(),
-    )))
+    if let Some(applied) = applied {
+        response.insert_header(("Preference-Applied", applied));
+    }
+    Ok(response.json(JobView::new(&job, &attempts, caller.0.role.is_staff())))
 }
 
 /// Parses a job id from the path; anything else is simply not found.
@@ -82,9 +131,13 @@ pub fn job_id(raw: &str) -> Result<JobId, ApiError> {
 /// A job with its attempts.
 #[utoipa::path(
     get, path = "/api/v1/jobs/{id}", tag = "jobs",
-    params(("id" = String, Path, description = "Job id")),
+    params(
+        ("id" = String, Path, description = "Job id"),
+        ("Prefer" = Option<String>, Header, description = "`wait=N` (RFC 7240): answer once the job is finished or N seconds have passed, at most `server.max_wait_seconds`"),
+    ),
     responses(
-        (status = 200, body = JobView),
+        (status = 200, body = JobView,
+            headers(("Preference-Applied" = String, description = "`wait=N` when a wait was honoured"))),
         (status = 401, body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such job, or another owner's", body = Problem, content_type = "application/problem+json"),
     ),
@@ -93,10 +146,17 @@ pub fn job_id(raw: &str) -> Result<JobId, ApiError> {
 pub async fn get_job(
     app: web::Data<App>,
     caller: Caller,
+    req: HttpRequest,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let (job, attempts) = app.job_for(&caller.0, &job_id(&path)?).await?;
-    Ok(HttpResponse::Ok().json(JobView::new(&job, &attempts, caller.0.role.is_staff())))
+    let (job, attempts, applied) = wait_if_preferred(&app, &req, job, attempts).await?;
+    let mut response = HttpResponse::Ok();
+    response.insert_header((header::VARY, "Prefer"));
+    if let Some(applied) = applied {
+        response.insert_header(("Preference-Applied", applied));
+    }
+    Ok(response.json(JobView::new(&job, &attempts, caller.0.role.is_staff())))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

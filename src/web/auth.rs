@@ -72,7 +72,7 @@ pub async fn require_bearer(
     }
 }
 
-async fn authenticate(req: &ServiceRequest) -> Result<User, ApiError> {
+pub(crate) async fn authenticate(req: &ServiceRequest) -> Result<User, ApiError> {
     let token = bearer_token(req)?;
     let app = req
         .app_data::<web::Data<App>>()

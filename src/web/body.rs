@@ -62,18 +62,7 @@ pub async fn json_body<T: DeserializeOwned>(
             return Ok(value);
         }
     }
-    let is_json = match req.mime_type() {
-        Ok(Some(mime)) => {
-            mime.essence_str() == "application/json" || mime.suffix().is_some_and(|s| s == "json")
-        }
-        _ => false,
-    };
-    if !is_json {
-        return Err(ApiError::new(
-            ProblemType::UnsupportedMediaType,
-            "send the body with `Content-Type: application/json`",
-        ));
-    }
+    require_json_type(req)?;
     serde_json::from_slice(&body).map_err(|e| {
         use serde_json::error::Category;
         match e.classify() {
@@ -83,6 +72,43 @@ pub async fn json_body<T: DeserializeOwned>(
                 format!("the body is not valid JSON: {e}"),
             ),
         }
+    })
+}
+
+/// 415 unless the body is declared as JSON (`application/json` or `+json`).
+fn require_json_type(req: &HttpRequest) -> Result<(), ApiError> {
+    let is_json = match req.mime_type() {
+        Ok(Some(mime)) => {
+            mime.essence_str() == "application/json" || mime.suffix().is_some_and(|s| s == "json")
+        }
+        _ => false,
+    };
+    if is_json {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            ProblemType::UnsupportedMediaType,
+            "send the body with `Content-Type: application/json`",
+        ))
+    }
+}
+
+/// A JSON body kept as the exact text sent (for fingerprints), under the
+/// same rules as [`json_body`]: size, media type, well-formed JSON.
+pub async fn json_text(
+    req: &HttpRequest,
+    payload: web::Payload,
+    limit: usize,
+) -> Result<crate::domain::JsonText, ApiError> {
+    let body = limited_body(req, payload, limit).await?;
+    require_json_type(req)?;
+    let text = String::from_utf8(body.to_vec())
+        .map_err(|_| ApiError::new(ProblemType::MalformedJson, "the body is not valid UTF-8"))?;
+    crate::domain::JsonText::parse(text).map_err(|e| {
+        ApiError::new(
+            ProblemType::MalformedJson,
+            format!("the body is not valid JSON: {e}"),
+        )
     })
 }
 

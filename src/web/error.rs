@@ -33,12 +33,13 @@ pub enum ProblemType {
     InvalidQuery,
     UnsupportedMediaType,
     PayloadTooLarge,
+    MethodNotAllowed,
     ServiceUnavailable,
     Internal,
 }
 
 impl ProblemType {
-    pub const ALL: [ProblemType; 22] = [
+    pub const ALL: [ProblemType; 23] = [
         Self::Unauthorized,
         Self::Forbidden,
         Self::NotFound,
@@ -59,6 +60,7 @@ impl ProblemType {
         Self::InvalidQuery,
         Self::UnsupportedMediaType,
         Self::PayloadTooLarge,
+        Self::MethodNotAllowed,
         Self::ServiceUnavailable,
         Self::Internal,
     ];
@@ -107,6 +109,8 @@ impl ProblemType {
                 "Send the body as `Content-Type: application/json`."),
             Self::PayloadTooLarge => ("payload-too-large", S::PAYLOAD_TOO_LARGE, "Request body too large",
                 "The body is larger than the configured limit (`server.body_limit_bytes`)."),
+            Self::MethodNotAllowed => ("method-not-allowed", S::METHOD_NOT_ALLOWED, "Method not allowed",
+                "The path exists but does not answer this method; the `Allow` header lists those it does."),
             Self::ServiceUnavailable => ("service-unavailable", S::SERVICE_UNAVAILABLE, "Temporarily unavailable",
                 "The database could not serve the request in time. Retry with the same idempotency key."),
             Self::Internal => ("internal", S::INTERNAL_SERVER_ERROR, "Internal error",

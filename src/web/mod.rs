@@ -10,6 +10,7 @@ pub mod auth;
 pub mod body;
 pub mod error;
 pub mod health;
+pub mod openai_compat;
 pub mod openapi;
 pub mod pages;
 pub mod views;
@@ -27,6 +28,46 @@ fn read() -> actix_web::Route {
     web::route().guard(guard::Any(guard::Get()).or(guard::Head()))
 }
 
+/// The methods of a read-only path.
+const READ: &str = "GET, HEAD";
+
+/// A path answering `allow`; any other method gets 405 with `Allow`.
+fn resource(path: &str, allow: &'static str) -> actix_web::Resource {
+    web::resource(path).default_service(web::to(move |req: actix_web::HttpRequest| async move {
+        method_not_allowed(&req, allow)
+    }))
+}
+
+/// 405 in the form of the path's audience: OpenAI's error under `/v1/`,
+/// problem+json under `/api/`, a readable page elsewhere.
+fn method_not_allowed(req: &actix_web::HttpRequest, allow: &str) -> actix_web::HttpResponse {
+    use actix_web::ResponseError;
+    let method = req.method().as_str();
+    let mut response = if req.path().starts_with("/v1/") {
+        openai_compat::OpenAiError::method_not_allowed(method, allow).error_response()
+    } else if req.path().starts_with("/api/") {
+        ApiError::new(
+            error::ProblemType::MethodNotAllowed,
+            format!("{method} is not allowed on this path; allowed: {allow}"),
+        )
+        .with("allow", allow)
+        .error_response()
+    } else {
+        pages::PageError::new(
+            actix_web::http::StatusCode::METHOD_NOT_ALLOWED,
+            "Method not allowed",
+            format!("This address does not answer {method}."),
+        )
+        .error_response()
+    };
+    if let Ok(value) = HeaderValue::from_str(allow) {
+        response
+            .headers_mut()
+            .insert(actix_web::http::header::ALLOW, value);
+    }
+    response
+}
+
 /// Registers every route.
 pub fn routes(cfg: &mut web::ServiceConfig) {
     use pages::{console, job_pages, session};
@@ -41,66 +82,90 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         pages::PageError::bad_request(format!("The link's parameters could not be read: {error}"))
             .into()
     }))
-    .route("/", read().to(pages::home))
-    .route("/static/style.css", read().to(pages::stylesheet))
-    .route(pages::HTMX_PATH, read().to(pages::htmx))
-    .route("/problems/{slug}", read().to(pages::problem))
-    .route("/healthz", read().to(health::healthz))
-    .route("/readyz", read().to(health::readyz))
-    .route("/login", read().to(session::sign_in_form))
-    .route("/login", web::post().to(session::sign_in))
-    .route("/logout", web::post().to(session::sign_out))
-    .route("/jobs/new", read().to(job_pages::new_job_form))
-    .route("/jobs", read().to(job_pages::my_jobs))
-    .route("/jobs", web::post().to(job_pages::submit_job))
-    .route("/jobs/{id}", read().to(job_pages::job_page))
-    .route(
-        "/jobs/{id}/attempts",
-        web::post().to(job_pages::start_attempt),
-    )
-    .route("/jobs/{id}/fail", web::post().to(job_pages::fail_job))
-    .route("/admin", read().to(console::console))
-    .route("/admin/unknown", read().to(console::unknown_queue))
-    .route(
-        "/admin/attempts/{id}/abandon",
-        web::post().to(console::abandon),
-    )
-    .route("/admin/races", read().to(console::races))
-    .route("/admin/audit", read().to(console::audit))
-    .route("/admin/users", read().to(console::users))
-    .route("/admin/users", web::post().to(console::add_user))
-    .route("/admin/users/{name}/act", web::post().to(console::user_act))
-    .route("/admin/jobs", read().to(console::jobs_search))
-    .route("/admin/providers", read().to(console::providers))
-    .route("/admin/providers/qualify", web::post().to(console::qualify))
-    .route("/api/v1/openapi.json", read().to(openapi::openapi_json))
+    .service(resource("/", READ).route(read().to(pages::home)))
+    .service(resource("/static/style.css", READ).route(read().to(pages::stylesheet)))
+    .service(resource(pages::HTMX_PATH, READ).route(read().to(pages::htmx)))
+    .service(resource("/problems/{slug}", READ).route(read().to(pages::problem)))
+    .service(resource("/healthz", READ).route(read().to(health::healthz)))
+    .service(resource("/readyz", READ).route(read().to(health::readyz)))
     .service(
-        web::resource("/metrics")
+        resource("/login", "GET, HEAD, POST")
+            .route(read().to(session::sign_in_form))
+            .route(web::post().to(session::sign_in)),
+    )
+    .service(resource("/logout", "POST").route(web::post().to(session::sign_out)))
+    .service(resource("/jobs/new", READ).route(read().to(job_pages::new_job_form)))
+    .service(
+        resource("/jobs", "GET, HEAD, POST")
+            .route(read().to(job_pages::my_jobs))
+            .route(web::post().to(job_pages::submit_job)),
+    )
+    .service(resource("/jobs/{id}", READ).route(read().to(job_pages::job_page)))
+    .service(
+        resource("/jobs/{id}/attempts", "POST").route(web::post().to(job_pages::start_attempt)),
+    )
+    .service(resource("/jobs/{id}/fail", "POST").route(web::post().to(job_pages::fail_job)))
+    .service(resource("/admin", READ).route(read().to(console::console)))
+    .service(resource("/admin/unknown", READ).route(read().to(console::unknown_queue)))
+    .service(
+        resource("/admin/attempts/{id}/abandon", "POST").route(web::post().to(console::abandon)),
+    )
+    .service(resource("/admin/races", READ).route(read().to(console::races)))
+    .service(resource("/admin/audit", READ).route(read().to(console::audit)))
+    .service(
+        resource("/admin/users", "GET, HEAD, POST")
+            .route(read().to(console::users))
+            .route(web::post().to(console::add_user)),
+    )
+    .service(resource("/admin/users/{name}/act", "POST").route(web::post().to(console::user_act)))
+    .service(resource("/admin/jobs", READ).route(read().to(console::jobs_search)))
+    .service(resource("/admin/providers", READ).route(read().to(console::providers)))
+    .service(resource("/admin/providers/qualify", "POST").route(web::post().to(console::qualify)))
+    .service(resource("/api/v1/openapi.json", READ).route(read().to(openapi::openapi_json)))
+    .service(
+        resource("/metrics", READ)
             .wrap(from_fn(auth::require_bearer))
             .route(read().to(health::metrics)),
     )
     // Signed per attempt, not by a bearer token.
-    .route(
-        "/api/v1/callbacks/attempts/{id}",
-        web::post().to(api_callbacks::receive),
+    .service(
+        resource("/api/v1/callbacks/attempts/{id}", "POST")
+            .route(web::post().to(api_callbacks::receive)),
     )
     .service(
         web::scope("/api/v1")
             .wrap(from_fn(auth::require_bearer))
-            .route("/jobs", web::post().to(api_jobs::create_job))
-            .route("/jobs", read().to(api_jobs::list_jobs))
-            .route("/jobs/{id}", read().to(api_jobs::get_job))
-            .route(
-                "/jobs/{id}/attempts",
-                web::post().to(api_jobs::start_attempt),
+            .service(
+                resource("/jobs", "GET, HEAD, POST")
+                    .route(web::post().to(api_jobs::create_job))
+                    .route(read().to(api_jobs::list_jobs)),
             )
-            .route(
-                "/attempts/{id}/abandon",
-                web::post().to(api_support::abandon_attempt),
+            .service(resource("/jobs/{id}", READ).route(read().to(api_jobs::get_job)))
+            .service(
+                resource("/jobs/{id}/attempts", "POST")
+                    .route(web::post().to(api_jobs::start_attempt)),
             )
-            .route("/admin/unknown", read().to(api_support::unknown_attempts))
-            .route("/admin/races", read().to(api_support::races))
+            .service(
+                resource("/attempts/{id}/abandon", "POST")
+                    .route(web::post().to(api_support::abandon_attempt)),
+            )
+            .service(
+                resource("/admin/unknown", READ).route(read().to(api_support::unknown_attempts)),
+            )
+            .service(resource("/admin/races", READ).route(read().to(api_support::races)))
             .default_service(web::to(not_found)),
+    )
+    // The OpenAI-compatible surface: OpenAI's error shape throughout.
+    .service(
+        web::scope("/v1")
+            .wrap(from_fn(openai_compat::require_bearer))
+            .service(
+                resource("/chat/completions", "POST")
+                    .route(web::post().to(openai_compat::chat_completions)),
+            )
+            .service(resource("/models", READ).route(read().to(openai_compat::list_models)))
+            .service(resource("/models/{model}", READ).route(read().to(openai_compat::get_model)))
+            .default_service(web::to(openai_compat::unknown_path)),
     )
     .default_service(web::to(not_found));
 }

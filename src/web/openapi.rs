@@ -5,6 +5,10 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::views::*;
+use super::openai_compat::{
+    self, ChatCompletion, ChatCompletionRequest, ChatMessage, Choice, Model, ModelList,
+    OpenAiErrorBody, OpenAiErrorDetail,
+};
 use super::{api_callbacks, api_jobs, api_support, health};
 use crate::app::callbacks::{CallbackBody, CallbackOutcome};
 
@@ -47,6 +51,9 @@ impl Modify for BearerAuth {
         health::healthz,
         health::readyz,
         health::metrics,
+        openai_compat::chat_completions,
+        openai_compat::list_models,
+        openai_compat::get_model,
     ),
     components(schemas(
         CreateJobRequest,
@@ -62,6 +69,14 @@ impl Modify for BearerAuth {
         Health,
         CallbackBody,
         CallbackOutcome,
+        ChatCompletionRequest,
+        ChatMessage,
+        ChatCompletion,
+        Choice,
+        Model,
+        ModelList,
+        OpenAiErrorBody,
+        OpenAiErrorDetail,
     )),
     modifiers(&BearerAuth),
     tags(
@@ -70,6 +85,7 @@ impl Modify for BearerAuth {
         (name = "admin", description = "Review races"),
         (name = "callbacks", description = "Late answers from asynchronous providers, signed per attempt"),
         (name = "health", description = "Liveness and readiness"),
+        (name = "openai-compatible", description = "OpenAI Chat Completions wire format: `model` names a chat route; errors in OpenAI's shape"),
     )
 )]
 pub struct ApiDoc;

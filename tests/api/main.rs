@@ -23,6 +23,7 @@ mod fake_provider;
 mod health;
 mod idempotency;
 mod late_answers;
+mod openai_compat;
 mod multi_process;
 mod pages;
 mod qualification;

@@ -1,0 +1,700 @@
+//! The OpenAI-compatible surface under `/v1`: `POST /v1/chat/completions`
+//! and `GET /v1/models`, so a client written against the OpenAI SDK switches
+//! to onejob by changing its `base_url` (and passing an `Idempotency-Key`).
+//!
+//! A chat completion is a job: the request body is the job's input, `model`
+//! names a chat route (a task with `kind = "chat"`), and the answer is the
+//! winning attempt's, in OpenAI's shape. A retry or a concurrent duplicate
+//! under the same key joins the same job; it never calls a provider again.
+//!
+//! Errors carry OpenAI's body (`{"error": {"message", "type", "param",
+//! "code"}}`) and tell the SDKs whether to retry (`x-should-retry`): a wait
+//! that ends before the job does, or an unknown outcome, is a 503 with
+//! `Retry-After` that the SDK retries, and its retry rejoins the job; a key
+//! reused for another body is a 409 that it must not retry.
+
+use actix_web::body::{EitherBody, MessageBody};
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::{header, StatusCode};
+use actix_web::middleware::Next;
+use actix_web::{web, HttpMessage, HttpRequest, HttpResponse, ResponseError};
+use serde_json::{json, Value};
+
+use super::auth::{authenticate, Caller};
+use super::body::json_text;
+use super::error::{ApiError, ProblemType};
+use crate::app::intake::JobRequest;
+use crate::app::{App, AppError, Job};
+use crate::domain::{IdempotencyKey, IdempotencyKeyError, JobStatus};
+
+/// How long a client should wait before rejoining a job still in flight.
+const RETRY_IN_FLIGHT_SECONDS: u64 = 1;
+/// How long before asking again about an unknown outcome, which waits for a
+/// person: long enough not to hammer, inside the SDKs' 60 s cap.
+const RETRY_UNKNOWN_SECONDS: u64 = 30;
+
+/// Whether the SDK should retry an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Retry {
+    /// `x-should-retry: false`: the same request gets the same answer.
+    Never,
+    /// `Retry-After: n` and `x-should-retry: true`.
+    After(u64),
+    /// The SDK's own rule for the status.
+    SdkDefault,
+}
+
+/// An error in OpenAI's wire format.
+#[derive(Debug)]
+pub struct OpenAiError {
+    status: StatusCode,
+    message: Box<str>,
+    kind: &'static str,
+    code: Option<&'static str>,
+    param: Option<Box<str>>,
+    retry: Retry,
+    job_id: Option<Box<str>>,
+}
+
+impl OpenAiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        let kind = match status.as_u16() {
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            409 => "conflict_error",
+            500.. => "server_error",
+            _ => "invalid_request_error",
+        };
+        Self {
+            status,
+            message: message.into().into_boxed_str(),
+            kind,
+            code: None,
+            param: None,
+            retry: Retry::SdkDefault,
+            job_id: None,
+        }
+    }
+
+    fn code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
+    }
+
+    fn param(mut self, param: impl Into<String>) -> Self {
+        self.param = Some(param.into().into_boxed_str());
+        self
+    }
+
+    fn retry(mut self, retry: Retry) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    fn job(mut self, job: &Job) -> Self {
+        self.job_id = Some(job.id.to_string().into_boxed_str());
+        self
+    }
+
+    fn model_not_found(model: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            format!(
+                "The model `{model}` does not exist: it is not a chat route of this server. \
+                 GET /v1/models lists them."
+            ),
+        )
+        .code("model_not_found")
+        .param("model")
+        .retry(Retry::Never)
+    }
+
+    fn not_found(path: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            format!("Unrecognized request URL ({path}). This server answers /v1/chat/completions and /v1/models."),
+        )
+        .code("unknown_url")
+        .retry(Retry::Never)
+    }
+
+    /// 405 for a method the path does not declare; `Allow` is set by the caller.
+    pub fn method_not_allowed(method: &str, allow: &str) -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!("{method} is not allowed here; allowed: {allow}"),
+        )
+        .code("method_not_allowed")
+        .retry(Retry::Never)
+    }
+
+    /// The error document.
+    pub fn body(&self) -> Value {
+        json!({"error": {
+            "message": self.message,
+            "type": self.kind,
+            "param": self.param,
+            "code": self.code,
+        }})
+    }
+}
+
+impl std::fmt::Display for OpenAiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.status, self.message)
+    }
+}
+
+impl ResponseError for OpenAiError {
+    fn status_code(&self) -> StatusCode {
+        self.status
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let mut response = HttpResponse::build(self.status);
+        match self.retry {
+            Retry::Never => {
+                response.insert_header(("x-should-retry", "false"));
+            }
+            Retry::After(seconds) => {
+                response.insert_header((header::RETRY_AFTER, seconds.to_string()));
+                response.insert_header(("x-should-retry", "true"));
+            }
+            Retry::SdkDefault => {}
+        }
+        if self.status == StatusCode::UNAUTHORIZED {
+            response.insert_header((header::WWW_AUTHENTICATE, "Bearer realm=\"onejob\""));
+        }
+        if let Some(job_id) = &self.job_id {
+            response.insert_header(("X-Onejob-Job-Id", &**job_id));
+        }
+        response.json(self.body())
+    }
+}
+
+impl From<ApiError> for OpenAiError {
+    fn from(error: ApiError) -> Self {
+        let status = error.problem.status();
+        let detail = error.detail.clone();
+        let field = error
+            .extensions
+            .get("field")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        match error.problem {
+            ProblemType::Unauthorized => Self::new(status, detail)
+                .code("invalid_api_key")
+                .retry(Retry::Never),
+            ProblemType::MissingIdempotencyKey => Self::new(status, missing_key_message())
+                .code("missing_idempotency_key")
+                .param("Idempotency-Key")
+                .retry(Retry::Never),
+            ProblemType::InvalidIdempotencyKey => Self::new(status, detail)
+                .code("invalid_idempotency_key")
+                .param("Idempotency-Key")
+                .retry(Retry::Never),
+            ProblemType::IdempotencyKeyReused => Self::new(
+                status,
+                "This Idempotency-Key already made a chat completion with a different body. \
+                 Use a new key for a new request.",
+            )
+            .code("idempotency_key_reused")
+            .retry(Retry::Never),
+            ProblemType::MalformedJson => Self::new(status, detail)
+                .code("invalid_json")
+                .retry(Retry::Never),
+            ProblemType::InvalidBody | ProblemType::InvalidInput => {
+                // OpenAI answers a request of the wrong shape with 400.
+                let refusal = Self::new(StatusCode::BAD_REQUEST, detail)
+                    .code("invalid_request")
+                    .retry(Retry::Never);
+                match field {
+                    Some(field) => refusal.param(field.trim_start_matches("input.")),
+                    None => refusal,
+                }
+            }
+            ProblemType::UnsupportedMediaType => Self::new(status, detail)
+                .code("unsupported_media_type")
+                .retry(Retry::Never),
+            ProblemType::PayloadTooLarge => Self::new(status, detail)
+                .code("payload_too_large")
+                .retry(Retry::Never),
+            ProblemType::ServiceUnavailable => Self::new(status, detail)
+                .code("service_unavailable")
+                .retry(Retry::After(1)),
+            ProblemType::Internal => Self::new(status, detail).code("internal_error"),
+            ProblemType::NotFound => Self::new(status, detail).code("not_found"),
+            _ => Self::new(status, detail),
+        }
+    }
+}
+
+impl From<AppError> for OpenAiError {
+    fn from(error: AppError) -> Self {
+        match &error {
+            AppError::UnknownTask { task, .. } => Self::model_not_found(task),
+            _ => ApiError::from(error).into(),
+        }
+    }
+}
+
+/// The 400 for a request without a key, showing how to send one.
+fn missing_key_message() -> String {
+    "onejob needs an Idempotency-Key header on every chat completion, so that a retry \
+     rejoins the same request instead of calling the provider again. Send one key per \
+     intent, the same on every retry; with the OpenAI SDK: \
+     client.chat.completions.create(..., extra_headers={\"Idempotency-Key\": \"<a key for this request>\"})"
+        .to_owned()
+}
+
+/// Middleware for `/v1`: the bearer token is a onejob API token; a refusal
+/// is an OpenAI-shaped 401.
+pub async fn require_bearer(
+    req: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, actix_web::Error> {
+    match authenticate(&req).await {
+        Ok(user) => {
+            req.extensions_mut().insert(user);
+            Ok(next.call(req).await?.map_into_left_body())
+        }
+        Err(refusal) => {
+            let refusal = OpenAiError::from(refusal);
+            Ok(req.error_response(refusal).map_into_right_body())
+        }
+    }
+}
+
+/// Unknown paths under `/v1`.
+pub async fn unknown_path(req: HttpRequest) -> HttpResponse {
+    OpenAiError::not_found(req.path()).error_response()
+}
+
+fn idempotency_key(req: &HttpRequest) -> Result<IdempotencyKey, OpenAiError> {
+    let raw = req.headers().get("Idempotency-Key").ok_or_else(|| {
+        OpenAiError::from(ApiError::new(
+            ProblemType::MissingIdempotencyKey,
+            IdempotencyKeyError::Missing.to_string(),
+        ))
+    })?;
+    IdempotencyKey::parse_bytes(raw.as_bytes()).map_err(|e| {
+        OpenAiError::from(ApiError::new(
+            ProblemType::InvalidIdempotencyKey,
+            e.to_string(),
+        ))
+    })
+}
+
+/// What the request asks of the answer's delivery.
+struct Delivery {
+    stream: bool,
+    include_usage: bool,
+}
+
+/// The route and the delivery options; the rest of the body is the
+/// provider's business, checked against the route's contract.
+fn read_request(body: &Value) -> Result<(String, Delivery), OpenAiError> {
+    let invalid = |message: &str, param: &str| {
+        OpenAiError::new(StatusCode::BAD_REQUEST, message)
+            .code("invalid_request")
+            .param(param)
+            .retry(Retry::Never)
+    };
+    if !body.is_object() {
+        return Err(invalid("the body must be a JSON object", "body"));
+    }
+    let model = match body.get("model") {
+        Some(Value::String(m)) if !m.is_empty() => m.clone(),
+        _ => return Err(invalid("you must provide a model parameter", "model")),
+    };
+    let stream = match body.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(invalid("`stream` must be a boolean", "stream")),
+    };
+    let include_usage = body["stream_options"]["include_usage"]
+        .as_bool()
+        .unwrap_or(false);
+    Ok((
+        model,
+        Delivery {
+            stream,
+            include_usage,
+        },
+    ))
+}
+
+/// `POST /v1/chat/completions`.
+#[utoipa::path(
+    post, path = "/v1/chat/completions", tag = "openai-compatible",
+    request_body(content = ChatCompletionRequest, description = "An OpenAI Chat Completions request; `model` names a chat route (see GET /v1/models). The body, as sent, is the job's input and fingerprint."),
+    params(("Idempotency-Key" = String, Header, description = "Required: 1-255 printable ASCII characters, one per intent, the same on every retry")),
+    responses(
+        (status = 200, description = "The winning answer. `X-Onejob-Job-Id` names the job; `Idempotent-Replayed: true` on a replay or a joined duplicate. With `stream: true`, `text/event-stream` chunks sent once the job is done, ending with `data: [DONE]`.", body = ChatCompletion,
+            headers(("X-Onejob-Job-Id" = String, description = "The job"), ("Idempotent-Replayed" = String, description = "`true` when the key had already made this job"))),
+        (status = 400, description = "Missing or invalid Idempotency-Key, malformed JSON, or a request of the wrong shape", body = OpenAiErrorBody),
+        (status = 401, description = "No valid onejob API token as the bearer", body = OpenAiErrorBody),
+        (status = 404, description = "`model` is not a chat route (`model_not_found`)", body = OpenAiErrorBody),
+        (status = 409, description = "The key already made a request with a different body (`idempotency_key_reused`); not retried", body = OpenAiErrorBody),
+        (status = 413, description = "Body too large", body = OpenAiErrorBody),
+        (status = 415, description = "Not application/json", body = OpenAiErrorBody),
+        (status = 424, description = "The job failed: every provider allowed for the route failed (`job_failed`); not retried", body = OpenAiErrorBody),
+        (status = 503, description = "Still running when the wait ended (`job_in_progress`), outcome unknown pending support (`outcome_unknown`), or database busy; `Retry-After` says when to retry with the same key", body = OpenAiErrorBody,
+            headers(("Retry-After" = String, description = "Seconds"))),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn chat_completions(
+    app: web::Data<App>,
+    caller: Caller,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse, OpenAiError> {
+    let key = idempotency_key(&req)?;
+    let input = json_text(&req, payload, app.config().server.body_limit_bytes).await?;
+    let (model, delivery) = read_request(&input.value())?;
+    // A task that is not a chat route is not a model. An unknown name is
+    // left to creation, which answers a replay before looking at today's
+    // configuration.
+    if let Some(contract) = app.config().contracts.get(&model) {
+        if !contract.is_chat() {
+            return Err(OpenAiError::model_not_found(&model));
+        }
+    }
+    let created = app
+        .create_job(
+            &caller.0,
+            key,
+            JobRequest {
+                task: model,
+                input,
+                provider: None,
+                params: None,
+            },
+        )
+        .await?;
+    let job = if created.job.status.is_terminal() {
+        created.job
+    } else {
+        app.wait_for_job(&created.job.id, app.max_wait()).await?.0
+    };
+    answer(&job, created.replayed, &delivery)
+}
+
+/// The response for a job as the wait left it.
+fn answer(job: &Job, replayed: bool, delivery: &Delivery) -> Result<HttpResponse, OpenAiError> {
+    match job.status {
+        JobStatus::Succeeded => {}
+        JobStatus::Failed => {
+            let reason = job
+                .failure_reason
+                .as_deref()
+                .map(crate::domain::outcome::summary_of)
+                .unwrap_or("no provider could answer");
+            return Err(OpenAiError::new(
+                StatusCode::FAILED_DEPENDENCY,
+                format!("The request failed: {reason}"),
+            )
+            .code("job_failed")
+            .retry(Retry::Never)
+            .job(job));
+        }
+        JobStatus::Unknown => {
+            return Err(OpenAiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "A provider call timed out and its outcome is unknown; onejob will not call \
+                 again until support resolves it. Retry later with the same Idempotency-Key.",
+            )
+            .code("outcome_unknown")
+            .retry(Retry::After(RETRY_UNKNOWN_SECONDS))
+            .job(job));
+        }
+        JobStatus::Pending | JobStatus::Running => {
+            return Err(OpenAiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "The request is still running. Retry with the same Idempotency-Key to rejoin it; \
+                 the provider is not called again.",
+            )
+            .code("job_in_progress")
+            .retry(Retry::After(RETRY_IN_FLIGHT_SECONDS))
+            .job(job));
+        }
+    }
+    let result = job.result.as_ref().map(|r| r.value()).unwrap_or_default();
+    let mut response = HttpResponse::Ok();
+    response.insert_header(("X-Onejob-Job-Id", job.id.to_string()));
+    if replayed {
+        response.insert_header(("Idempotent-Replayed", "true"));
+    }
+    if delivery.stream {
+        response
+            .content_type("text/event-stream")
+            .insert_header((header::CACHE_CONTROL, "no-cache"));
+        Ok(response.body(stream_body(job, &result, delivery.include_usage)))
+    } else {
+        Ok(response.json(completion(job, &result)))
+    }
+}
+
+/// The identity every representation of a job's answer shares.
+fn envelope(job: &Job, object: &str) -> serde_json::Map<String, Value> {
+    let mut map = serde_json::Map::new();
+    map.insert("id".into(), json!(format!("chatcmpl-{}", job.id)));
+    map.insert("object".into(), json!(object));
+    map.insert("created".into(), json!(job.created_at / 1000));
+    map.insert("model".into(), json!(job.task));
+    map.insert("system_fingerprint".into(), Value::Null);
+    map
+}
+
+/// `chat.completion`, from the stored answer.
+fn completion(job: &Job, result: &Value) -> Value {
+    let mut body = envelope(job, "chat.completion");
+    body.insert(
+        "choices".into(),
+        json!([{
+            "index": 0,
+            "message": result["message"],
+            "finish_reason": result["finish_reason"],
+            "logprobs": null,
+        }]),
+    );
+    body.insert("usage".into(), result["usage"].clone());
+    Value::Object(body)
+}
+
+/// The finished answer as `chat.completion.chunk` events: the role, the
+/// content (and tool calls) in one delta, the finish reason, the usage when
+/// asked for, then `[DONE]`.
+fn stream_body(job: &Job, result: &Value, include_usage: bool) -> String {
+    let chunk = |delta: Value, finish_reason: Value| {
+        let mut chunk = envelope(job, "chat.completion.chunk");
+        chunk.insert(
+            "choices".into(),
+            json!([{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": null}]),
+        );
+        if include_usage {
+            chunk.insert("usage".into(), Value::Null);
+        }
+        Value::Object(chunk)
+    };
+    let message = &result["message"];
+    let mut content = serde_json::Map::new();
+    if let Some(text) = message.get("content").filter(|c| !c.is_null()) {
+        content.insert("content".into(), text.clone());
+    }
+    if let Some(Value::Array(calls)) = message.get("tool_calls") {
+        let indexed: Vec<Value> = calls
+            .iter()
+            .enumerate()
+            .map(|(i, call)| {
+                let mut call = call.clone();
+                call["index"] = json!(i);
+                call
+            })
+            .collect();
+        content.insert("tool_calls".into(), Value::Array(indexed));
+    }
+    let mut events = vec![
+        chunk(json!({"role": "assistant", "content": ""}), Value::Null),
+        chunk(Value::Object(content), Value::Null),
+        chunk(json!({}), result["finish_reason"].clone()),
+    ];
+    if include_usage {
+        let mut usage = envelope(job, "chat.completion.chunk");
+        usage.insert("choices".into(), json!([]));
+        usage.insert("usage".into(), result["usage"].clone());
+        events.push(Value::Object(usage));
+    }
+    let mut body: String = events
+        .iter()
+        .map(|event| format!("data: {event}\n\n"))
+        .collect();
+    body.push_str("data: [DONE]\n\n");
+    body
+}
+
+/// One chat route as a model.
+fn model_entry(name: &str) -> Value {
+    json!({"id": name, "object": "model", "created": 0, "owned_by": "onejob"})
+}
+
+/// `GET /v1/models`: the chat routes.
+#[utoipa::path(
+    get, path = "/v1/models", tag = "openai-compatible",
+    responses(
+        (status = 200, description = "The chat routes, as models", body = ModelList),
+        (status = 401, body = OpenAiErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn list_models(app: web::Data<App>, _caller: Caller) -> HttpResponse {
+    let data: Vec<Value> = app
+        .config()
+        .contracts
+        .iter()
+        .filter(|c| c.is_chat())
+        .map(|c| model_entry(c.name()))
+        .collect();
+    HttpResponse::Ok().json(json!({"object": "list", "data": data}))
+}
+
+/// `GET /v1/models/{model}`.
+#[utoipa::path(
+    get, path = "/v1/models/{model}", tag = "openai-compatible",
+    params(("model" = String, Path, description = "A chat route's name")),
+    responses(
+        (status = 200, body = Model),
+        (status = 401, body = OpenAiErrorBody),
+        (status = 404, description = "Not a chat route", body = OpenAiErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn get_model(
+    app: web::Data<App>,
+    _caller: Caller,
+    path: web::Path<String>,
+) -> Result<HttpResponse, OpenAiError> {
+    match app.config().contracts.get(&path) {
+        Some(contract) if contract.is_chat() => {
+            Ok(HttpResponse::Ok().json(model_entry(contract.name())))
+        }
+        _ => Err(OpenAiError::model_not_found(&path)),
+    }
+}
+
+/// Schemas of the OpenAI-compatible routes, for the OpenAPI document.
+#[allow(dead_code)]
+mod schemas {
+    use serde_json::Value;
+    use utoipa::ToSchema;
+
+    /// One message of a conversation.
+    #[derive(ToSchema)]
+    pub struct ChatMessage {
+        /// system, developer, user, assistant or tool
+        #[schema(pattern = "^(system|developer|user|assistant|tool)$")]
+        pub role: String,
+        /// A string, or an array of content parts
+        pub content: Option<Value>,
+    }
+
+    /// An OpenAI Chat Completions request. Members other than these are
+    /// passed to OpenAI-compatible providers as sent.
+    #[derive(ToSchema)]
+    pub struct ChatCompletionRequest {
+        /// A chat route (GET /v1/models)
+        #[schema(min_length = 1)]
+        pub model: String,
+        #[schema(min_items = 1)]
+        pub messages: Vec<ChatMessage>,
+        /// Answer as server-sent events, sent once the job is done
+        pub stream: Option<bool>,
+        pub max_tokens: Option<u32>,
+        /// For reasoning models; sent under the provider's own name for the limit
+        pub max_completion_tokens: Option<u32>,
+        pub temperature: Option<f64>,
+        /// Must be 1 when given: one request, one answer
+        #[schema(minimum = 1, maximum = 1)]
+        pub n: Option<u32>,
+    }
+
+    #[derive(ToSchema)]
+    pub struct Choice {
+        pub index: u32,
+        pub message: Value,
+        pub finish_reason: Option<String>,
+        pub logprobs: Option<Value>,
+    }
+
+    /// `chat.completion`; `id` is `chatcmpl-<job id>`.
+    #[derive(ToSchema)]
+    pub struct ChatCompletion {
+        pub id: String,
+        pub object: String,
+        pub created: i64,
+        pub model: String,
+        pub choices: Vec<Choice>,
+        pub usage: Value,
+        pub system_fingerprint: Option<String>,
+    }
+
+    #[derive(ToSchema)]
+    pub struct Model {
+        pub id: String,
+        pub object: String,
+        pub created: i64,
+        pub owned_by: String,
+    }
+
+    #[derive(ToSchema)]
+    pub struct ModelList {
+        pub object: String,
+        pub data: Vec<Model>,
+    }
+
+    #[derive(ToSchema)]
+    pub struct OpenAiErrorDetail {
+        pub message: String,
+        pub r#type: String,
+        pub param: Option<String>,
+        pub code: Option<String>,
+    }
+
+    /// OpenAI's error body.
+    #[derive(ToSchema)]
+    pub struct OpenAiErrorBody {
+        pub error: OpenAiErrorDetail,
+    }
+}
+
+pub use schemas::{
+    ChatCompletion, ChatCompletionRequest, ChatMessage, Choice, Model, ModelList, OpenAiErrorBody,
+    OpenAiErrorDetail,
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_missing_key_error_shows_how_to_send_one_and_is_not_retried() {
+        let error = OpenAiError::from(ApiError::new(ProblemType::MissingIdempotencyKey, "x"));
+        assert_eq!(error.status, StatusCode::BAD_REQUEST);
+        assert!(error.message.contains("extra_headers={\"Idempotency-Key\""));
+        assert_eq!(error.retry, Retry::Never);
+        let body = error.body();
+        assert_eq!(body["error"]["code"], "missing_idempotency_key");
+        assert_eq!(body["error"]["type"], "invalid_request_error");
+    }
+
+    #[test]
+    fn a_reused_key_is_a_409_the_sdk_does_not_retry() {
+        let error = OpenAiError::from(ApiError::new(ProblemType::IdempotencyKeyReused, "x"));
+        assert_eq!(error.status, StatusCode::CONFLICT);
+        let response = error.error_response();
+        assert_eq!(response.headers().get("x-should-retry").unwrap(), "false");
+    }
+
+    #[test]
+    fn a_busy_database_is_a_503_with_retry_after() {
+        let error = OpenAiError::from(ApiError::new(ProblemType::ServiceUnavailable, "busy"));
+        let response = error.error_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers().get(header::RETRY_AFTER).unwrap(), "1");
+        assert_eq!(response.headers().get("x-should-retry").unwrap(), "true");
+    }
+
+    #[test]
+    fn model_and_stream_are_read_and_checked() {
+        let (model, delivery) = read_request(&json!({"model": "m", "stream": true,
+            "stream_options": {"include_usage": true}}))
+        .unwrap();
+        assert_eq!(model, "m");
+        assert!(delivery.stream && delivery.include_usage);
+        assert!(read_request(&json!({"messages": []})).is_err());
+        assert!(read_request(&json!({"model": "m", "stream": "yes"})).is_err());
+        assert!(read_request(&json!([1])).is_err());
+    }
+}
