@@ -26,6 +26,7 @@ mod late_answers;
 mod multi_process;
 mod pages;
 mod qualification;
+mod schema_rules;
 mod secrecy;
 mod server_process;
 mod sessions;
