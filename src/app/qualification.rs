@@ -253,7 +253,17 @@ impl App {
             .run(move |conn| {
                 qualifications::record(conn, &run)?;
                 if let Some((actor, summary)) = audit {
-                    record_audit(conn, &actor, "qualify", None, None, &summary, now_ms())?;
+                    // About no one's job: filed under its actor.
+                    record_audit(
+                        conn,
+                        &actor,
+                        &actor,
+                        "qualify",
+                        None,
+                        None,
+                        &summary,
+                        now_ms(),
+                    )?;
                 }
                 Ok(())
             })

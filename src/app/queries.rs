@@ -190,7 +190,7 @@ impl App {
             .store()
             .run(move |conn| {
                 let owner = crate::store::users::name_of(conn, &owner_id)?;
-                let audit = console::audit_for_job(conn, &job_id)?;
+                let audit = console::audit_for_job(conn, &owner_id, &job_id)?;
                 Ok(StaffNotes { owner, audit })
             })
             .await?)

@@ -15,7 +15,7 @@ use super::transitions::{
 use super::{now_ms, DbConnection, StoreError, StoreResult};
 use crate::domain::{
     canonical_json, next_provider, sha256_hex, AllowedProviders, Applied, AttemptEvent, AttemptId,
-    AttemptState, JobId, JobStatus, JsonText, RaceResult,
+    AttemptState, JobId, JobStatus, JsonText, RaceResult, UserId,
 };
 
 /// Applies a successful answer with the compare-and-swap (docs/design.md,
@@ -55,6 +55,7 @@ pub fn complete_success(
         let won = cas_job_result(
             conn,
             &attempt.job_id,
+            &attempt.owner_id,
             version_read,
             attempt_id,
             &payload_text,
@@ -66,11 +67,15 @@ pub fn complete_success(
         } else {
             RaceResult::Lost
         };
-        diesel::update(attempts::table.find(attempt_id))
-            .set(attempts::outcome.eq(result))
-            .execute(conn)?;
+        diesel::update(
+            attempts::table
+                .find(attempt_id)
+                .filter(attempts::owner_id.eq(&attempt.owner_id)),
+        )
+        .set(attempts::outcome.eq(result))
+        .execute(conn)?;
         if won {
-            skip_queued_attempts(conn, &attempt.job_id, now)?;
+            skip_queued_attempts(conn, &attempt.job_id, &attempt.owner_id, now)?;
             return Ok(Applied::Won);
         }
         let job = get_job(conn, &attempt.job_id)?;
@@ -98,6 +103,7 @@ fn log_race(
     let entry = RaceEntry {
         id: uuid::Uuid::now_v7().to_string(),
         job_id: attempt.job_id.clone(),
+        owner_id: attempt.owner_id.clone(),
         losing_attempt_id: attempt.id.clone(),
         winning_attempt_id: job.completed_by.clone(),
         reason,
@@ -119,6 +125,7 @@ fn log_race(
 fn cas_job_result(
     conn: &mut DbConnection,
     job_id: &JobId,
+    owner_id: &UserId,
     version_read: i64,
     attempt_id: &AttemptId,
     payload: &str,
@@ -127,6 +134,7 @@ fn cas_job_result(
     let updated = diesel::update(
         jobs::table
             .filter(jobs::id.eq(job_id))
+            .filter(jobs::owner_id.eq(owner_id))
             .filter(jobs::version.eq(version_read))
             .filter(jobs::completed_by.is_null()),
     )
@@ -142,10 +150,16 @@ fn cas_job_result(
 }
 
 /// Once a job is terminal, a queued attempt must never be sent.
-fn skip_queued_attempts(conn: &mut DbConnection, job_id: &JobId, now: i64) -> QueryResult<usize> {
+fn skip_queued_attempts(
+    conn: &mut DbConnection,
+    job_id: &JobId,
+    owner_id: &UserId,
+    now: i64,
+) -> QueryResult<usize> {
     diesel::update(
         attempts::table
             .filter(attempts::job_id.eq(job_id))
+            .filter(attempts::owner_id.eq(owner_id))
             .filter(attempts::state.eq_any(AttemptEvent::Skipped.from_states())),
     )
     .set((
@@ -193,7 +207,8 @@ pub fn complete_failure(
         match next_provider(&order, &tried) {
             Some(provider) => {
                 let number = tried.len() as i32 + 1;
-                let next = insert_queued_attempt(conn, &job.id, number, provider, now)?;
+                let next =
+                    insert_queued_attempt(conn, &job.id, &job.owner_id, number, provider, now)?;
                 refresh_job_status(conn, &job.id, now)?;
                 Ok(Applied::FailedOver {
                     attempt_id: next.id,

@@ -3,10 +3,11 @@
 
 use diesel::prelude::*;
 
+use super::queue::same_job;
 use super::rows::RaceEntry;
 use super::schema::{attempts, audit_log, jobs, race_log, users};
 use super::{DbConnection, StoreResult};
-use crate::domain::{AttemptId, AttemptState, JobId, JobStatus};
+use crate::domain::{AttemptId, AttemptState, JobId, JobStatus, UserId};
 
 /// An attempt stuck in `unknown`, with what is known about it.
 #[derive(Debug, Clone, Queryable)]
@@ -33,7 +34,8 @@ pub fn unknown_attempts(
     limit: i64,
 ) -> StoreResult<Vec<UnknownAttempt>> {
     let mut query = attempts::table
-        .inner_join(jobs::table.inner_join(users::table))
+        .inner_join(jobs::table.on(same_job()))
+        .inner_join(users::table.on(users::id.eq(jobs::owner_id)))
         .filter(attempts::state.eq(AttemptState::Unknown))
         .order((attempts::started_at.asc(), attempts::id.asc()))
         .limit(limit)
@@ -92,9 +94,13 @@ pub fn audit_entries(conn: &mut DbConnection, limit: i64) -> StoreResult<Vec<Aud
     audit_query(None, limit).load(conn).map_err(Into::into)
 }
 
-/// The audit entries about one job, newest first.
-pub fn audit_for_job(conn: &mut DbConnection, job_id: &JobId) -> StoreResult<Vec<AuditEntry>> {
-    audit_query(Some(job_id), 200)
+/// The audit entries about one job of `owner_id`, newest first.
+pub fn audit_for_job(
+    conn: &mut DbConnection,
+    owner_id: &UserId,
+    job_id: &JobId,
+) -> StoreResult<Vec<AuditEntry>> {
+    audit_query(Some((owner_id, job_id)), 200)
         .load(conn)
         .map_err(Into::into)
 }
@@ -124,7 +130,7 @@ type AuditQuery<'a> = diesel::dsl::IntoBoxed<
     <DbConnection as diesel::Connection>::Backend,
 >;
 
-fn audit_query(job_id: Option<&JobId>, limit: i64) -> AuditQuery<'static> {
+fn audit_query(job: Option<(&UserId, &JobId)>, limit: i64) -> AuditQuery<'static> {
     let query = audit_log::table
         .inner_join(users::table)
         .order((audit_log::at.desc(), audit_log::id.desc()))
@@ -139,8 +145,10 @@ fn audit_query(job_id: Option<&JobId>, limit: i64) -> AuditQuery<'static> {
             audit_log::at,
         ))
         .into_boxed();
-    match job_id {
-        Some(job_id) => query.filter(audit_log::job_id.eq(job_id.clone())),
+    match job {
+        Some((owner_id, job_id)) => query
+            .filter(audit_log::owner_id.eq(owner_id.clone()))
+            .filter(audit_log::job_id.eq(job_id.clone())),
         None => query,
     }
 }

@@ -62,7 +62,7 @@ pub fn create_job(conn: &mut DbConnection, new: &NewJob) -> StoreResult<CreateOu
         };
         let inserted = insert_job_unless_key_exists(conn, &row)?;
         if inserted == 1 {
-            insert_queued_attempt(conn, &row.id, 1, &row.provider, now)?;
+            insert_queued_attempt(conn, &row.id, &row.owner_id, 1, &row.provider, now)?;
             return Ok(CreateOutcome::Created(row));
         }
         let existing = find_by_key(conn, &new.owner_id, new.key.as_str())?

@@ -1,6 +1,7 @@
 //! Embedded migrations, one folder per backend with matching names.
 
 use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use super::DbConnection;
@@ -23,7 +24,26 @@ pub fn run_pending(conn: &mut DbConnection) -> Result<Vec<String>, MigrationErro
     }
     match conn {
         DbConnection::Sqlite(sqlite) => {
-            Ok(names(sqlite.run_pending_migrations(SQLITE_MIGRATIONS)?))
+            // SQLite changes a table's keys by rebuilding it, which drops a
+            // table that others reference: foreign keys are not enforced
+            // while migrations run (the pragma is a no-op inside their
+            // transactions, so it is set here), then checked as a whole.
+            sqlite.batch_execute("PRAGMA foreign_keys = OFF")?;
+            let result = sqlite.run_pending_migrations(SQLITE_MIGRATIONS).map(names);
+            let broken = match &result {
+                Ok(applied) if !applied.is_empty() => sqlite_foreign_key_violations(sqlite),
+                _ => Ok(0),
+            };
+            sqlite.batch_execute("PRAGMA foreign_keys = ON")?;
+            let applied = result?;
+            match broken? {
+                0 => Ok(applied),
+                n => Err(format!(
+                    "after migrations {applied:?}, {n} rows break their foreign keys \
+                     (PRAGMA foreign_key_check lists them)"
+                )
+                .into()),
+            }
         }
         DbConnection::Postgresql(pg) => {
             pg.batch_execute(&format!("SELECT pg_advisory_lock({PG_MIGRATION_LOCK})"))?;
@@ -32,4 +52,12 @@ pub fn run_pending(conn: &mut DbConnection) -> Result<Vec<String>, MigrationErro
             Ok(result?)
         }
     }
+}
+
+/// How many rows `PRAGMA foreign_key_check` finds whose parent row is missing.
+fn sqlite_foreign_key_violations(conn: &mut diesel::SqliteConnection) -> QueryResult<i64> {
+    diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(
+        "(SELECT COUNT(*) FROM pragma_foreign_key_check)",
+    ))
+    .get_result(conn)
 }

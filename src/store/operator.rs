@@ -45,10 +45,14 @@ impl From<diesel::result::Error> for ActionError {
     }
 }
 
-/// Records who did what, when and why.
+/// Records who did what, when and why. The entry is filed under `owner_id`:
+/// the owner of the job it is about, or, for an entry about no one's job
+/// (a qualification run), the actor.
+#[allow(clippy::too_many_arguments)]
 pub fn record_audit(
     conn: &mut DbConnection,
     actor_id: &UserId,
+    owner_id: &UserId,
     action: &str,
     job_id: Option<&JobId>,
     attempt_id: Option<&AttemptId>,
@@ -64,12 +68,13 @@ pub fn record_audit(
             audit_log::attempt_id.eq(attempt_id),
             audit_log::reason.eq(reason),
             audit_log::at.eq(at),
+            audit_log::owner_id.eq(owner_id),
         ))
         .execute(conn)?;
     Ok(())
 }
 
-/// Records a console action on a user (not a job).
+/// Records a console action on a user (not a job), filed under that user.
 pub fn record_user_audit(
     conn: &mut DbConnection,
     actor_id: &UserId,
@@ -86,6 +91,7 @@ pub fn record_user_audit(
             audit_log::subject_user_id.eq(subject),
             audit_log::reason.eq(reason),
             audit_log::at.eq(at),
+            audit_log::owner_id.eq(subject),
         ))
         .execute(conn)?;
     Ok(())
@@ -134,7 +140,7 @@ pub fn start_attempt(
         };
         let number = tried.len() as i32 + 1;
         let inserted = conn.transaction(|savepoint| {
-            insert_queued_attempt(savepoint, job_id, number, &provider, now)
+            insert_queued_attempt(savepoint, job_id, &job.owner_id, number, &provider, now)
         });
         let row = match inserted {
             Ok(row) => row,
@@ -149,6 +155,7 @@ pub fn start_attempt(
             record_audit(
                 conn,
                 actor,
+                &job.owner_id,
                 "start_attempt",
                 Some(job_id),
                 Some(&row.id),
@@ -197,7 +204,16 @@ pub fn fail_job_by_operator(
         {
             return Err(ActionError::JobFinished(get_job(conn, job_id)?.status));
         }
-        record_audit(conn, actor, "fail_job", Some(job_id), None, reason, now)?;
+        record_audit(
+            conn,
+            actor,
+            &job.owner_id,
+            "fail_job",
+            Some(job_id),
+            None,
+            reason,
+            now,
+        )?;
         Ok(get_job(conn, job_id)?)
     })
 }
@@ -228,6 +244,7 @@ pub fn abandon(
         record_audit(
             conn,
             actor_id,
+            &attempt.owner_id,
             "abandon_attempt",
             Some(&attempt.job_id),
             Some(attempt_id),

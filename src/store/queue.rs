@@ -17,7 +17,7 @@ use super::transitions::{
     get_attempt, get_job, lock_attempt_and_job, lock_job, refresh_job_status, transition,
 };
 use super::{now_ms, DbConnection, StoreError, StoreResult};
-use crate::domain::{Applied, AttemptEvent, AttemptId, AttemptState, JobId, JobStatus};
+use crate::domain::{Applied, AttemptEvent, AttemptId, AttemptState, JobId, JobStatus, UserId};
 
 /// The database's clock in Unix milliseconds, as SQL for this backend.
 pub fn db_now_ms(conn: &DbConnection) -> &'static str {
@@ -61,29 +61,36 @@ pub fn claim_next(
         // Only attempts of unfinished jobs; on PostgreSQL the attempt and its job
         // are locked without waiting (a row another process holds is skipped).
         let queued = attempts::table
-            .inner_join(jobs::table)
+            .inner_join(jobs::table.on(same_job()))
             .filter(attempts::state.eq(AttemptState::Queued))
             .filter(jobs::status.ne_all(JobStatus::TERMINAL))
             .order((attempts::created_at.asc(), attempts::id.asc()))
-            .select((attempts::id, attempts::job_id, attempts::provider))
+            .select((
+                attempts::id,
+                attempts::job_id,
+                attempts::owner_id,
+                attempts::provider,
+            ))
             .limit(1);
-        let candidate: Option<(AttemptId, JobId, String)> = match conn {
+        let candidate: Option<(AttemptId, JobId, UserId, String)> = match conn {
             DbConnection::Postgresql(pg) => {
                 queued.for_update().skip_locked().first(pg).optional()?
             }
             DbConnection::Sqlite(_) => queued.first(conn).optional()?,
         };
-        let Some((attempt_id, job_id, provider)) = candidate else {
+        let Some((attempt_id, job_id, owner_id, provider)) = candidate else {
             return Ok(None);
         };
         let now = now_ms();
         let version: i64 = jobs::table
             .find(&job_id)
+            .filter(jobs::owner_id.eq(&owner_id))
             .select(jobs::version)
             .first(conn)?;
         let claimed = diesel::update(
             attempts::table
                 .filter(attempts::id.eq(&attempt_id))
+                .filter(attempts::owner_id.eq(&owner_id))
                 .filter(attempts::state.eq_any(AttemptEvent::Claimed.from_states())),
         )
         .set((
@@ -105,6 +112,17 @@ pub fn claim_next(
             job: get_job(conn, &job_id)?,
         }))
     })
+}
+
+/// An attempt's job: the same id and the same owner, so that the join stays
+/// within one owner's rows (docs/scaling.md).
+pub(crate) fn same_job() -> diesel::dsl::And<
+    diesel::dsl::Eq<jobs::id, attempts::job_id>,
+    diesel::dsl::Eq<jobs::owner_id, attempts::owner_id>,
+> {
+    jobs::id
+        .eq(attempts::job_id)
+        .and(jobs::owner_id.eq(attempts::owner_id))
 }
 
 /// The jobs that are not finished, as a subquery.
@@ -222,6 +240,7 @@ fn requeue(conn: &mut DbConnection, attempt: &Attempt) -> StoreResult<()> {
     diesel::update(
         attempts::table
             .filter(attempts::id.eq(&attempt.id))
+            .filter(attempts::owner_id.eq(&attempt.owner_id))
             .filter(attempts::state.eq(AttemptState::Running))
             .filter(attempts::sent_at.is_null()),
     )
@@ -241,6 +260,7 @@ fn close_unsent(conn: &mut DbConnection, attempt: &Attempt, reason: &str) -> Sto
     diesel::update(
         attempts::table
             .filter(attempts::id.eq(&attempt.id))
+            .filter(attempts::owner_id.eq(&attempt.owner_id))
             .filter(attempts::state.eq(AttemptState::Running))
             .filter(attempts::sent_at.is_null()),
     )

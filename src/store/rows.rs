@@ -38,6 +38,8 @@ pub struct Job {
 pub struct Attempt {
     pub id: AttemptId,
     pub job_id: JobId,
+    /// The job's owner: an attempt lives with its job.
+    pub owner_id: UserId,
     pub number: i32,
     pub provider: String,
     pub state: AttemptState,
@@ -66,6 +68,8 @@ pub struct Attempt {
 pub struct RaceEntry {
     pub id: String,
     pub job_id: JobId,
+    /// The job's owner.
+    pub owner_id: UserId,
     pub losing_attempt_id: AttemptId,
     pub winning_attempt_id: Option<AttemptId>,
     pub reason: String,

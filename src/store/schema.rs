@@ -1,5 +1,11 @@
 //! Diesel table definitions, kept in step with both `migrations/` folders by hand
 //! (the same column names and types on SQLite and PostgreSQL).
+//!
+//! `jobs`, `attempts`, `race_log` and `audit_log` are one owner's rows: in
+//! the database their primary keys are `(id, owner_id)`, ready to be
+//! distributed by owner (docs/scaling.md). Here each is keyed by its `id`
+//! alone, the UUIDv7 that identifies a row by itself: what `find` and the
+//! joins below use.
 
 diesel::table! {
     users (id) {
@@ -80,6 +86,8 @@ diesel::table! {
         finished_at -> Nullable<BigInt>,
         error -> Nullable<Text>,
         sent_at -> Nullable<BigInt>,
+        /// The job's owner.
+        owner_id -> Text,
     }
 }
 
@@ -96,6 +104,8 @@ diesel::table! {
         payload_sha256 -> Text,
         loser_started_at -> Nullable<BigInt>,
         lost_at -> BigInt,
+        /// The job's owner.
+        owner_id -> Text,
     }
 }
 
@@ -109,6 +119,9 @@ diesel::table! {
         reason -> Text,
         at -> BigInt,
         subject_user_id -> Nullable<Text>,
+        /// Whom the entry is filed under: the job's owner, the account
+        /// acted on, or else the actor.
+        owner_id -> Text,
     }
 }
 

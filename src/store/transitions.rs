@@ -9,7 +9,7 @@ use diesel::prelude::*;
 use super::rows::{Attempt, Job};
 use super::schema::{attempts, jobs};
 use super::{DbConnection, StoreError, StoreResult};
-use crate::domain::{AttemptEvent, AttemptId, AttemptState, JobId, JobStatus};
+use crate::domain::{AttemptEvent, AttemptId, AttemptState, JobId, JobStatus, UserId};
 
 pub fn find_attempt(
     conn: &mut DbConnection,
@@ -132,11 +132,12 @@ pub fn refresh_job_status(conn: &mut DbConnection, job_id: &JobId, now: i64) -> 
     Ok(())
 }
 
-/// Inserts a queued attempt. The partial unique index refuses it if the job
-/// already has a live attempt.
+/// Inserts a queued attempt of `job_id`, owned by the job's owner. The
+/// partial unique index refuses it if the job already has a live attempt.
 pub fn insert_queued_attempt(
     conn: &mut DbConnection,
     job_id: &JobId,
+    owner_id: &UserId,
     number: i32,
     provider: &str,
     now: i64,
@@ -144,6 +145,7 @@ pub fn insert_queued_attempt(
     let row = Attempt {
         id: AttemptId::new(),
         job_id: job_id.clone(),
+        owner_id: owner_id.clone(),
         number,
         provider: provider.to_owned(),
         state: AttemptState::Queued,

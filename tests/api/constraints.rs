@@ -16,10 +16,16 @@ fn insert_job(id: &str, owner: &onejob::domain::UserId, key: &str) -> String {
     )
 }
 
-fn insert_attempt(id: &str, job: &str, number: i32, state: &str) -> String {
+fn insert_attempt(
+    id: &str,
+    job: &str,
+    owner: &onejob::domain::UserId,
+    number: i32,
+    state: &str,
+) -> String {
     format!(
-        "INSERT INTO attempts (id, job_id, number, provider, state, created_at) \
-         VALUES ('{id}', '{job}', {number}, 'sim-fast', '{state}', 0)"
+        "INSERT INTO attempts (id, job_id, owner_id, number, provider, state, created_at) \
+         VALUES ('{id}', '{job}', '{owner}', {number}, 'sim-fast', '{state}', 0)"
     )
 }
 
@@ -39,7 +45,7 @@ const SECOND_JOB_UNDER_ONE_KEY: Refusal = Refusal {
 const SECOND_LIVE_ATTEMPT: Refusal = Refusal {
     kind: DatabaseErrorKind::UniqueViolation,
     postgres_constraint: "attempts_one_live_per_job",
-    sqlite_message: "UNIQUE constraint failed: attempts.job_id",
+    sqlite_message: "UNIQUE constraint failed: attempts.job_id, attempts.owner_id",
 };
 const UNKNOWN_ATTEMPT_STATE: Refusal = Refusal {
     kind: DatabaseErrorKind::CheckViolation,
@@ -59,6 +65,16 @@ const SUCCEEDED_WITHOUT_WINNER: Refusal = Refusal {
 const ATTEMPT_WITHOUT_JOB: Refusal = Refusal {
     kind: DatabaseErrorKind::ForeignKeyViolation,
     postgres_constraint: "attempts_job_id_fkey",
+    sqlite_message: "FOREIGN KEY constraint failed",
+};
+const RACE_WITHOUT_JOB: Refusal = Refusal {
+    kind: DatabaseErrorKind::ForeignKeyViolation,
+    postgres_constraint: "race_log_job_id_fkey",
+    sqlite_message: "FOREIGN KEY constraint failed",
+};
+const AUDIT_WITHOUT_JOB: Refusal = Refusal {
+    kind: DatabaseErrorKind::ForeignKeyViolation,
+    postgres_constraint: "audit_log_job_id_fkey",
     sqlite_message: "FOREIGN KEY constraint failed",
 };
 const JOB_WITHOUT_OWNER: Refusal = Refusal {
@@ -120,25 +136,25 @@ async fn raw_sql_cannot_insert_a_second_live_attempt_for_one_job(backend: TestBa
         .with_conn(move |conn| {
             conn.batch_execute(&insert_job("job-1", &alice, "k"))
                 .unwrap();
-            conn.batch_execute(&insert_attempt("a1", "job-1", 1, "unknown"))
+            conn.batch_execute(&insert_attempt("a1", "job-1", &alice, 1, "unknown"))
                 .unwrap();
             for (i, live) in ["queued", "running", "unknown"].into_iter().enumerate() {
                 let id = format!("a-live-{i}");
                 assert_refused(
                     conn,
-                    &insert_attempt(&id, "job-1", 10 + i as i32, live),
+                    &insert_attempt(&id, "job-1", &alice, 10 + i as i32, live),
                     &SECOND_LIVE_ATTEMPT,
                 );
             }
             // Finished attempts do not count as live.
-            conn.batch_execute(&insert_attempt("a2", "job-1", 2, "failed"))
+            conn.batch_execute(&insert_attempt("a2", "job-1", &alice, 2, "failed"))
                 .unwrap();
-            conn.batch_execute(&insert_attempt("a3", "job-1", 3, "abandoned"))
+            conn.batch_execute(&insert_attempt("a3", "job-1", &alice, 3, "abandoned"))
                 .unwrap();
             // Once the live one is over, another may start.
             conn.batch_execute("UPDATE attempts SET state = 'abandoned' WHERE id = 'a1'")
                 .unwrap();
-            conn.batch_execute(&insert_attempt("a4", "job-1", 4, "queued"))
+            conn.batch_execute(&insert_attempt("a4", "job-1", &alice, 4, "queued"))
                 .unwrap();
             // An update that would make two live attempts is refused too.
             assert_refused(
@@ -159,7 +175,7 @@ async fn raw_sql_cannot_store_an_unknown_state_or_status(backend: TestBackend) {
                 .unwrap();
             assert_refused(
                 conn,
-                &insert_attempt("a1", "job-1", 1, "done"),
+                &insert_attempt("a1", "job-1", &alice, 1, "done"),
                 &UNKNOWN_ATTEMPT_STATE,
             );
             assert_refused(
@@ -174,7 +190,7 @@ async fn raw_sql_cannot_store_an_unknown_state_or_status(backend: TestBackend) {
             );
             assert_refused(
                 conn,
-                &insert_attempt("a2", "no-such-job", 1, "queued"),
+                &insert_attempt("a2", "no-such-job", &alice, 1, "queued"),
                 &ATTEMPT_WITHOUT_JOB,
             );
             assert_refused(
@@ -186,7 +202,55 @@ async fn raw_sql_cannot_store_an_unknown_state_or_status(backend: TestBackend) {
         .await;
 }
 
+/// A job's attempts, race-log rows and audit entries carry the job's owner
+/// (docs/scaling.md): the foreign keys match on (id, owner), so a row filed
+/// under another owner than its job's is refused.
+async fn raw_sql_cannot_file_a_jobs_rows_under_another_owner(backend: TestBackend) {
+    let prepared = PreparedApp::new(backend, test_config(DEFAULT_TEST_PROVIDERS)).await;
+    let (alice, bob, sue) = (
+        prepared.alice.id.clone(),
+        prepared.bob.id.clone(),
+        prepared.sue.id.clone(),
+    );
+    prepared
+        .with_conn(move |conn| {
+            conn.batch_execute(&insert_job("job-1", &alice, "k"))
+                .unwrap();
+            assert_refused(
+                conn,
+                &insert_attempt("a-bob", "job-1", &bob, 1, "queued"),
+                &ATTEMPT_WITHOUT_JOB,
+            );
+            conn.batch_execute(&insert_attempt("a1", "job-1", &alice, 1, "succeeded"))
+                .unwrap();
+            conn.batch_execute(&insert_job("job-2", &bob, "k")).unwrap();
+            conn.batch_execute(&insert_attempt("b1", "job-2", &bob, 1, "succeeded"))
+                .unwrap();
+            // Bob's attempt, logged as losing a race on Alice's job.
+            let race = |owner: &onejob::domain::UserId, loser: &str| {
+                format!(
+                    "INSERT INTO race_log (id, job_id, owner_id, losing_attempt_id, reason, \
+                     version_read, version_found, provider, payload_sha256, lost_at) \
+                     VALUES ('r-{loser}', 'job-1', '{owner}', '{loser}', 'late', 0, 1, 'sim-fast', '{}', 0)",
+                    "b".repeat(64)
+                )
+            };
+            assert_refused(conn, &race(&bob, "b1"), &RACE_WITHOUT_JOB);
+            conn.batch_execute(&race(&alice, "a1")).unwrap();
+            let audit = |owner: &onejob::domain::UserId| {
+                format!(
+                    "INSERT INTO audit_log (id, actor_id, owner_id, action, job_id, reason, at) \
+                     VALUES ('e-{owner}', '{sue}', '{owner}', 'fail_job', 'job-1', 'why', 0)"
+                )
+            };
+            assert_refused(conn, &audit(&bob), &AUDIT_WITHOUT_JOB);
+            conn.batch_execute(&audit(&alice)).unwrap();
+        })
+        .await;
+}
+
 on_both_backends!(
+    raw_sql_cannot_file_a_jobs_rows_under_another_owner,
     raw_sql_cannot_insert_a_second_job_under_one_owners_key,
     raw_sql_cannot_insert_a_second_live_attempt_for_one_job,
     raw_sql_cannot_store_an_unknown_state_or_status,

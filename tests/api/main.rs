@@ -27,6 +27,7 @@ mod openai_compat;
 mod multi_process;
 mod pages;
 mod qualification;
+mod schema_rules;
 mod secrecy;
 mod server_process;
 mod sessions;

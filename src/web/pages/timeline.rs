@@ -117,7 +117,7 @@ pub fn layout(created_at: i64, attempts: &[Attempt], now: i64) -> Timeline {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{AttemptId, JobId};
+    use crate::domain::{AttemptId, JobId, UserId};
 
     fn attempt(
         number: i32,
@@ -129,6 +129,7 @@ mod tests {
         Attempt {
             id: AttemptId::new(),
             job_id: JobId::new(),
+            owner_id: UserId::new(),
             number,
             provider: format!("p{number}"),
             state,
