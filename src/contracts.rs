@@ -274,8 +274,13 @@ pub fn check_chat_request(request: &Value) -> Result<(), String> {
             return Err(format!("`messages[{i}].content` must be a string or an array of parts"));
         }
     }
-    if request.get("n").and_then(Value::as_u64).is_some_and(|n| n != 1) {
-        return Err("`n` must be 1: one request, one answer".into());
+    match request.get("n") {
+        None | Some(Value::Null) => {}
+        Some(n) if n.as_u64() == Some(1) => {}
+        Some(_) => return Err("`n` must be 1: one request, one answer".into()),
+    }
+    if !matches!(request.get("stream"), None | Some(Value::Null | Value::Bool(_))) {
+        return Err("`stream` must be a boolean".into());
     }
     Ok(())
 }

@@ -23,9 +23,13 @@ macro_rules! uuid_id {
                 Self(Uuid::now_v7().hyphenated().to_string())
             }
 
-            /// Parses the textual form; anything that is not a UUID is refused.
+            /// Parses the hyphenated textual form; anything else is refused.
             /// The stored form is always lowercase and hyphenated.
             pub fn parse(text: &str) -> Option<Self> {
+                // Only the hyphenated form (36 characters), as ids are written.
+                if text.len() != 36 {
+                    return None;
+                }
                 Uuid::try_parse(text)
                     .ok()
                     .map(|uuid| Self(uuid.hyphenated().to_string()))

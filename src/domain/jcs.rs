@@ -10,9 +10,16 @@
 //! RFC 8785 is defined over I-JSON, whose numbers are doubles. A number whose
 //! decimal value no double holds exactly (`123456789012345678901`, `1e400`)
 //! is refused rather than rounded: two different numbers must never make one
-//! fingerprint. Duplicate member names are refused too.
+//! fingerprint. So is any number beyond ±(2^53 − 1), the range I-JSON
+//! (RFC 7493) names for exact integers: past it, neighbouring integers share
+//! a double, and a value such as `1e21` would reach a provider through
+//! software that rounds it. Such values travel as strings. Duplicate member
+//! names are refused too.
 
 use std::cmp::Ordering;
+
+/// 2^53 − 1: the largest magnitude a number may have (I-JSON's safe range).
+pub const MAX_SAFE_INTEGER: f64 = 9_007_199_254_740_991.0;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CanonicalError {
@@ -22,6 +29,10 @@ pub enum CanonicalError {
         "the number {0} cannot be held exactly (it is not an IEEE double); send it as a string"
     )]
     InexactNumber(String),
+    #[error(
+        "the number {0} is beyond ±9007199254740991 (2^53 − 1), where every integer is exact; send it as a string"
+    )]
+    NumberOutOfRange(String),
     #[error("the member name {0:?} appears twice in one object")]
     DuplicateKey(String),
     #[error("a string holds an unpaired UTF-16 surrogate")]
@@ -262,7 +273,11 @@ impl Parser<'_> {
             self.digits();
         }
         let text = std::str::from_utf8(&self.bytes[start..self.at]).expect("ASCII");
-        out.push_str(&canonical_number(text)?);
+        let canonical = canonical_number(text)?;
+        if text.parse::<f64>().is_ok_and(|v| v.abs() > MAX_SAFE_INTEGER) {
+            return Err(CanonicalError::NumberOutOfRange(text.to_owned()));
+        }
+        out.push_str(&canonical);
         Ok(())
     }
 
@@ -439,19 +454,19 @@ mod tests {
             ("5e-324", "5e-324"),
             ("1.7976931348623157e308", "1.7976931348623157e+308"),
         ] {
-            assert_eq!(canon(sent), written, "{sent}");
+            assert_eq!(canonical_number(sent).unwrap(), written, "{sent}");
         }
+        assert_eq!(canon("9007199254740991"), "9007199254740991");
+        assert_eq!(canon("-9.007199254740991e15"), "-9007199254740991");
     }
 
     #[test]
     fn a_number_no_double_holds_exactly_is_refused() {
         for text in [
-            "123456789012345678901",
-            "123456789012345678902",
             "9007199254740993",
-            "1e400",
             "1e-400",
             "0.1000000000000000000000000001",
+            "0.10000000000000000001",
         ] {
             assert_eq!(
                 canonicalize(text),
@@ -459,6 +474,30 @@ mod tests {
                 "{text}"
             );
         }
+    }
+
+    #[test]
+    fn a_number_beyond_the_safe_range_is_refused() {
+        for text in [
+            "9007199254740992",
+            "-9007199254740992",
+            "123456789012345678901",
+            "1e21",
+            "6.02e23",
+            "1.7976931348623157e308",
+        ] {
+            assert!(
+                matches!(
+                    canonicalize(text),
+                    Err(CanonicalError::NumberOutOfRange(_) | CanonicalError::InexactNumber(_))
+                ),
+                "{text}"
+            );
+        }
+        assert_eq!(
+            canonicalize("1e21"),
+            Err(CanonicalError::NumberOutOfRange("1e21".into()))
+        );
     }
 
     #[test]

@@ -164,8 +164,10 @@ pub async fn get_job(
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
     /// Page size, 1-100 (default 20).
+    #[param(minimum = 1, maximum = 100)]
     pub limit: Option<i64>,
     /// Return jobs older than this job id (from `next`).
+    #[param(pattern = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")]
     pub before: Option<String>,
 }
 
@@ -218,11 +220,14 @@ pub async fn list_jobs(
     params(("id" = String, Path, description = "Job id")),
     request_body(content = StartAttemptRequest, description = "Optional; an empty body picks the next untried provider"),
     responses(
-        (status = 201, description = "Queued", body = AttemptView),
+        (status = 201, description = "Queued", body = AttemptView, headers(("Location" = String))),
+        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, body = Problem, content_type = "application/problem+json"),
         (status = 404, body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`attempt-in-flight` (names the blocking attempt), `job-finished`, or `chain-exhausted`", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Provider not in the task's chain", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "A body that is not application/json", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Provider not in the task's chain, or a body of the wrong shape", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]

@@ -21,11 +21,14 @@ use crate::domain::AttemptId;
     request_body = AbandonRequest,
     responses(
         (status = 200, description = "Abandoned; written to the audit log", body = AttemptView),
+        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Not support or admin", body = Problem, content_type = "application/problem+json"),
         (status = 404, body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The attempt is not unknown (`attempt-not-unknown`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Missing or empty reason", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Not application/json", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Missing, blank or too long reason", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
@@ -57,8 +60,10 @@ pub async fn abandon_attempt(
 #[serde(deny_unknown_fields)]
 pub struct UnknownQuery {
     /// How many rows, 1-500 (default 100), oldest first.
+    #[param(minimum = 1, maximum = 500)]
     pub limit: Option<i64>,
     /// Continue after this attempt (the last `attempt_id` of the previous page).
+    #[param(pattern = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")]
     pub after: Option<String>,
 }
 
@@ -108,6 +113,7 @@ pub async fn unknown_attempts(
 #[serde(deny_unknown_fields)]
 pub struct RaceQuery {
     /// How many rows, 1-1000 (default 100), newest first.
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<i64>,
 }
 
@@ -117,6 +123,7 @@ pub struct RaceQuery {
     params(RaceQuery),
     responses(
         (status = 200, body = Vec<RaceView>),
+        (status = 400, description = "A query parameter out of range or unknown", body = Problem, content_type = "application/problem+json"),
         (status = 401, body = Problem, content_type = "application/problem+json"),
         (status = 403, body = Problem, content_type = "application/problem+json"),
     ),

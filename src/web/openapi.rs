@@ -1,6 +1,7 @@
 //! The OpenAPI 3 document, generated from the handlers' annotations.
 
-use actix_web::HttpResponse;
+use actix_web::{web, HttpResponse};
+use serde_json::{json, Value};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
@@ -11,6 +12,8 @@ use super::openai_compat::{
 };
 use super::{api_callbacks, api_jobs, api_support, health};
 use crate::app::callbacks::{CallbackBody, CallbackOutcome};
+use crate::app::App;
+use crate::contracts::Contracts;
 
 struct BearerAuth;
 
@@ -90,8 +93,224 @@ impl Modify for BearerAuth {
 )]
 pub struct ApiDoc;
 
-/// This document.
+/// This document, with what this server's configuration decides.
 #[utoipa::path(get, path = "/api/v1/openapi.json", tag = "health", responses((status = 200, description = "OpenAPI 3 document")))]
-pub async fn openapi_json() -> HttpResponse {
-    HttpResponse::Ok().json(ApiDoc::openapi())
+pub async fn openapi_json(app: web::Data<App>) -> HttpResponse {
+    HttpResponse::Ok().json(document(&app.config().contracts))
+}
+
+/// What a well-formed `Idempotency-Key` header is: 1-255 printable ASCII
+/// characters with no space at either end (HTTP trims them), or the RFC 8941
+/// quoted-string form of such a key (`"…"`, escaping `"` and `\`).
+pub const IDEMPOTENCY_KEY_PATTERN: &str =
+    r#"^(?:[!#-~](?:[ -~]{0,253}[!-~])?|"(?:[ !#-\[\]-~]|\\["\\]){1,255}")$"#;
+
+/// A string holding something besides white space, in Rust's sense of it
+/// (`str::trim`, Unicode White_Space), spelled out because regex dialects
+/// disagree on `\s` (U+0085, U+FEFF).
+pub const NOT_BLANK: &str =
+    r"[^\t-\r \u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]";
+
+/// The generated document, completed with the configuration's truths: the
+/// task names and each task's input rules for `POST /api/v1/jobs`, the chat
+/// routes for `/v1/chat/completions`, and the key's grammar.
+pub fn document(contracts: &Contracts) -> Value {
+    let mut doc = serde_json::to_value(ApiDoc::openapi()).expect("the document is JSON");
+    let schemas = &mut doc["components"]["schemas"];
+    schemas["CreateJobRequest"] = create_job_schema(contracts);
+    let routes: Vec<String> = contracts
+        .iter()
+        .filter(|c| c.is_chat())
+        .map(|c| c.name().to_owned())
+        .collect();
+    schemas["ChatCompletionRequest"] = chat_request_schema(&routes);
+    schemas["JsonValue"] = json_value_schema();
+    let providers: std::collections::BTreeSet<&str> = contracts
+        .iter()
+        .flat_map(|c| c.chain().iter().map(String::as_str))
+        .collect();
+    schemas["StartAttemptRequest"]["properties"]["provider"] = json!({
+        "type": ["string", "null"],
+        "enum": providers.iter().map(|p| json!(p)).chain([Value::Null]).collect::<Vec<_>>(),
+        "description": "A provider of the job's task chain (422 for one outside it); default: the next untried one",
+    });
+    // With `stream: true` the answer is an event stream.
+    doc["paths"]["/v1/chat/completions"]["post"]["responses"]["200"]["content"]["text/event-stream"] = json!({
+        "schema": {
+            "description": "One server-sent event: `data` is a `chat.completion.chunk` as JSON, and the last event's is `[DONE]`",
+            "type": "object",
+            "required": ["data"],
+            "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+        }
+    });
+    for path in ["/api/v1/jobs", "/v1/chat/completions"] {
+        if let Some(parameters) = doc["paths"][path]["post"]["parameters"].as_array_mut() {
+            for parameter in parameters {
+                if parameter["name"] == "Idempotency-Key" {
+                    parameter["schema"] = json!({"type": "string", "pattern": IDEMPOTENCY_KEY_PATTERN});
+                }
+            }
+        }
+    }
+    doc
+}
+
+/// Any JSON value onejob accepts inside `input` or `params`. Numbers must
+/// lie within ±(2^53 − 1) and be written as the double they denote is
+/// (RFC 8785 fingerprints them as doubles; onejob refuses rather than
+/// rounds). One schema, no alternatives: every JSON type, numbers bounded.
+fn json_value_schema() -> Value {
+    let any = json!({"$ref": "#/components/schemas/JsonValue"});
+    json!({
+        "description": "Any JSON value. Numbers lie within ±9007199254740991 (2^53 − 1) and are \
+                        written as the IEEE double they denote is (at most 17 significant digits, \
+                        as any JSON library writes a double); others are refused with 422.",
+        "type": ["string", "boolean", "null", "number", "array", "object"],
+        "minimum": -9_007_199_254_740_991_i64,
+        "maximum": 9_007_199_254_740_991_i64,
+        "items": any,
+        "additionalProperties": any,
+    })
+}
+
+/// A chat request as the server checks it. Other members are passed to
+/// the provider as sent.
+fn chat_request_schema(routes: &[String]) -> Value {
+    let model = if routes.is_empty() {
+        json!({"type": "string", "minLength": 1, "description": "No chat route is configured: every model is unknown (404)"})
+    } else {
+        json!({"type": "string", "enum": routes, "description": "A chat route (GET /v1/models); any other name is 404 `model_not_found`"})
+    };
+    let mut schema = chat_input_schema();
+    schema["required"] = json!(["model", "messages"]);
+    schema["properties"]["model"] = model;
+    schema["description"] = json!(
+        "An OpenAI Chat Completions request. The body as sent is the job's input and its \
+         fingerprint (RFC 8785; numbers must be ones an IEEE double holds exactly). Members \
+         not listed here are passed to OpenAI-compatible providers as sent."
+    );
+    schema
+}
+
+/// The rules every chat request meets, as a route's input.
+fn chat_input_schema() -> Value {
+    let any = json!({"$ref": "#/components/schemas/JsonValue"});
+    json!({
+        "type": "object",
+        "required": ["messages"],
+        "properties": {
+            "messages": {
+                "type": "array",
+                "minItems": 1,
+                "items": {
+                    "type": "object",
+                    "required": ["role"],
+                    "properties": {
+                        "role": {"type": "string", "enum": ["system", "developer", "user", "assistant", "tool"]},
+                        "content": {"type": ["string", "array", "null"], "items": any},
+                    },
+                    "additionalProperties": any,
+                },
+            },
+            "stream": {"type": ["boolean", "null"], "description": "Answer as server-sent events, sent once the job is done"},
+            "n": {"type": ["integer", "null"], "enum": [1, null], "description": "One request, one answer"},
+        },
+        "additionalProperties": any,
+    })
+}
+
+/// `POST /api/v1/jobs`'s body: one alternative per configured task, with
+/// its input rules and its chain.
+fn create_job_schema(contracts: &Contracts) -> Value {
+    let alternatives: Vec<Value> = contracts
+        .iter()
+        .map(|contract| {
+            let input = if contract.is_chat() {
+                chat_input_schema()
+            } else {
+                let fields = &contract.definition.input_fields;
+                let properties: serde_json::Map<String, Value> = fields
+                    .iter()
+                    .map(|f| (f.clone(), json!({"type": "string", "pattern": NOT_BLANK})))
+                    .collect();
+                let mut rules = vec![json!({
+                    "type": "object",
+                    "required": fields,
+                    "properties": properties,
+                    "additionalProperties": {"$ref": "#/components/schemas/JsonValue"},
+                })];
+                if let Some(schema) = &contract.definition.input_schema {
+                    rules.push(schema.clone());
+                }
+                json!({"allOf": rules})
+            };
+            json!({
+                "type": "object",
+                "title": contract.name(),
+                "required": ["task", "input"],
+                "additionalProperties": false,
+                "properties": {
+                    "task": {"type": "string", "const": contract.name()},
+                    "input": input,
+                    "provider": {
+                        "type": ["string", "null"],
+                        "enum": contract.chain().iter().map(|p| json!(p)).chain([Value::Null]).collect::<Vec<_>>(),
+                        "description": "A provider of the task's chain to try first; default: the primary",
+                    },
+                    "params": {
+                        "type": ["object", "null"],
+                        "additionalProperties": {"$ref": "#/components/schemas/JsonValue"},
+                        "description": "Passed to the provider",
+                    },
+                },
+            })
+        })
+        .collect();
+    json!({
+        "description": "A job request for one of the configured tasks. `input` and `params` are \
+                        kept as sent and fingerprinted by their RFC 8785 canonical form; numbers \
+                        must be ones an IEEE double holds exactly (else 422).",
+        "oneOf": alternatives,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The document's "not blank" is the server's: a JSON Schema validator
+    /// accepts a one-character string exactly when `trim` keeps it.
+    #[test]
+    fn not_blank_agrees_with_trim_on_every_character() {
+        let validator =
+            jsonschema::validator_for(&json!({"type": "string", "pattern": NOT_BLANK})).unwrap();
+        for c in (0..=0x3100u32).chain([0xfeff, 0xffff, 0x1f600]).filter_map(char::from_u32) {
+            let text = c.to_string();
+            assert_eq!(
+                validator.is_valid(&json!(text)),
+                !text.trim().is_empty(),
+                "U+{:04X}",
+                c as u32
+            );
+        }
+    }
+
+    #[test]
+    fn the_key_pattern_agrees_with_the_key_parser_on_samples() {
+        let validator =
+            jsonschema::validator_for(&json!({"type": "string", "pattern": IDEMPOTENCY_KEY_PATTERN}))
+                .unwrap();
+        let long = "k".repeat(255);
+        let too_long = "k".repeat(256);
+        for key in [
+            "a", "order-42", "a b", "~", &long, r#""quoted""#, r#""with \" escape""#, r#""""#,
+            "\"", "\"open", &too_long, "", "é", "tab\there",
+        ] {
+            assert_eq!(
+                validator.is_valid(&json!(key)),
+                crate::domain::IdempotencyKey::parse(key).is_ok(),
+                "{key:?}"
+            );
+        }
+    }
 }

@@ -232,9 +232,9 @@ async fn one_and_one_point_zero_are_one_payload(backend: TestBackend) {
 
 async fn numbers_that_differ_are_different_payloads_and_none_is_rounded(backend: TestBackend) {
     let app = spawn_app(backend).await;
-    // Both are doubles, exactly: they differ, so the second is a conflict.
-    let big = r#"{"task":"summarize","input":{"text":"x","seed":9007199254740992}}"#;
-    let bigger = r#"{"task":"summarize","input":{"text":"x","seed":9007199254740994}}"#;
+    // Both are exact (within ±(2^53 − 1)): they differ, so the second is a conflict.
+    let big = r#"{"task":"summarize","input":{"text":"x","seed":9007199254740991}}"#;
+    let bigger = r#"{"task":"summarize","input":{"text":"x","seed":9007199254740990}}"#;
     assert_eq!(
         post_raw(&app, "seed", big).await.status(),
         StatusCode::CREATED
@@ -278,19 +278,31 @@ async fn numbers_that_differ_are_different_payloads_and_none_is_rounded(backend:
             "{problem:#}"
         );
     }
+    // Beyond the range where every integer is exact: refused, to travel as a string.
+    for (key, number) in [("range-1", "9007199254740992"), ("range-2", "6.02e23")] {
+        let body = format!(r#"{{"task":"summarize","input":{{"text":"x","n":{number}}}}}"#);
+        let problem = assert_problem(
+            post_raw(&app, key, &body).await,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid-body",
+        )
+        .await;
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(detail.contains("send it as a string"), "{detail}");
+    }
     assert_eq!(app.job_count(&app.alice.id).await, 1, "nothing else stored");
     // What was accepted is stored and returned digit for digit, as sent.
-    let exact = r#"{"task":"summarize","input":{"text":"x","price":19.90,"big":1e20}}"#;
+    let exact = r#"{"task":"summarize","input":{"text":"x","price":19.90,"big":1e15}}"#;
     let response = post_raw(&app, "exact", exact).await;
     assert_eq!(response.status(), StatusCode::CREATED);
     let text = response.text().await.unwrap();
     assert!(
-        text.contains(r#""input":{"text":"x","price":19.90,"big":1e20}"#),
+        text.contains(r#""input":{"text":"x","price":19.90,"big":1e15}"#),
         "{text}"
     );
     assert_eq!(
         stored_input(&app, "exact").await,
-        r#"{"text":"x","price":19.90,"big":1e20}"#
+        r#"{"text":"x","price":19.90,"big":1e15}"#
     );
 }
 

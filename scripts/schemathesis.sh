@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Schemathesis (every check) against a real onejob server and the OpenAPI
+# document it serves. Bounded in time; prints its figures.
+#
+# Usage: scripts/schemathesis.sh [path/to/onejob] [max seconds]
+# Needs `st` (schemathesis, the version pinned in scripts/requirements-ci.txt)
+# on PATH or in $ST.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+onejob="${1:-target/debug/onejob}"
+budget="${2:-240}"
+st="${ST:-st}"
+
+work=$(mktemp -d)
+server_pid=""
+cleanup() {
+  if [ -n "$server_pid" ]; then kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+cat > "$work/onejob.toml" <<'TOML'
+[server]
+max_wait_seconds = 2
+
+[[providers]]
+name = "sim-fast"
+kind = "simulated"
+latency_ms = 20
+timeout_ms = 5000
+late_result_ms = 10000
+
+[[tasks]]
+name = "summarize"
+providers = ["sim-fast"]
+input_fields = ["text"]
+template = "Summarize: {{ text }}"
+
+[[tasks]]
+name = "chat"
+kind = "chat"
+providers = ["sim-fast"]
+TOML
+
+run() { "$onejob" --config "$work/onejob.toml" --database-url "$work/onejob.db" "$@"; }
+token=$(run users add ada --role admin 2>/dev/null | tail -n 1)
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+RUST_LOG=warn run serve --bind "127.0.0.1:$port" >"$work/server.log" 2>&1 &
+server_pid=$!
+for _ in $(seq 1 100); do
+  curl -fsS "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break
+  sleep 0.2
+done
+
+started=$(date +%s)
+set +e
+"$st" run "http://127.0.0.1:$port/api/v1/openapi.json" \
+  --checks all \
+  --header "Authorization: Bearer $token" \
+  --max-time "$budget" \
+  --request-timeout 10 \
+  --seed 20261130 \
+  --workers 2 \
+  --no-color \
+  "${@:3}"
+status=$?
+set -e
+echo "schemathesis: finished in $(( $(date +%s) - started )) s with status $status"
+if ! kill -0 "$server_pid" 2>/dev/null; then
+  echo "schemathesis: the server died during the run:"; tail -n 50 "$work/server.log"; exit 1
+fi
+if grep -E "panicked|ERROR" "$work/server.log" | head -n 20 | grep -q .; then
+  echo "schemathesis: the server logged errors:"; grep -E "panicked|ERROR" "$work/server.log" | head -n 20
+fi
+exit "$status"

@@ -1,0 +1,319 @@
+#!/usr/bin/env python3
+"""The official OpenAI Python SDK against a real onejob server.
+
+Starts a fake OpenAI-compatible upstream (a real HTTP server in this
+process that counts every call it receives), a `onejob serve` process on a
+fresh SQLite file with a chat route to that upstream, and drives the SDK
+against onejob's /v1 the way an existing client would: only `base_url`,
+`api_key` and an `Idempotency-Key` per request change.
+
+It asserts that:
+- the SDK times out and retries, yet the upstream is called once per key
+  and the SDK's final answer is the upstream's;
+- twenty concurrent calls with one key make one upstream call and one answer;
+- the same key with different messages raises `openai.ConflictError` at
+  once (no retries);
+- streaming works through the SDK, and a replay streams the same answer;
+- a request without a key raises `openai.BadRequestError` saying how to
+  send one; `models.list()` lists the chat route.
+
+Usage: python3 scripts/sdk_check.py --onejob target/debug/onejob
+Prints its figures; exits non-zero on the first failed check.
+"""
+
+import argparse
+import concurrent.futures
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import openai
+
+# The SDK's HTTP client library: httpx2 in the pinned SDK, httpx before it.
+try:
+    import httpx2 as httpx
+except ImportError:
+    import httpx
+
+UPSTREAM_KEY = "sk-upstream-for-the-sdk-check"
+
+
+class Upstream:
+    """A fake OpenAI-compatible provider. A user message `slow:<s>:<text>`
+    is answered after <s> seconds; the answer is `echo: <text>`."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.calls = {}  # the last user message -> calls received
+        upstream = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                length = int(self.headers.get("Content-Length", "0"))
+                body = json.loads(self.rfile.read(length) or b"{}")
+                if self.headers.get("Authorization") != f"Bearer {UPSTREAM_KEY}":
+                    return self.reply(401, {"error": {"message": "bad key"}})
+                said = body["messages"][-1]["content"]
+                with upstream.lock:
+                    upstream.calls[said] = upstream.calls.get(said, 0) + 1
+                text = said
+                if said.startswith("slow:"):
+                    _, seconds, text = said.split(":", 2)
+                    time.sleep(float(seconds))
+                self.reply(200, {
+                    "id": "chatcmpl-upstream",
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": body["model"],
+                    "choices": [{
+                        "index": 0,
+                        "message": {"role": "assistant", "content": f"echo: {text}"},
+                        "finish_reason": "stop",
+                    }],
+                    "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+                })
+
+            def reply(self, status, document):
+                data = json.dumps(document).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def calls_for(self, said):
+        with self.lock:
+            return self.calls.get(said, 0)
+
+    def total(self):
+        with self.lock:
+            return sum(self.calls.values())
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Onejob:
+    """A `onejob serve` process on a fresh SQLite file."""
+
+    def __init__(self, binary, workdir, upstream_port):
+        self.binary = binary
+        self.config = os.path.join(workdir, "onejob.toml")
+        self.database = os.path.join(workdir, "onejob.db")
+        with open(self.config, "w") as f:
+            f.write(f"""
+[server]
+max_wait_seconds = 30
+
+[[providers]]
+name = "upstream"
+kind = "openai"
+base_url = "http://127.0.0.1:{upstream_port}/v1"
+model = "upstream-model"
+api_key_env = "SDK_CHECK_UPSTREAM_KEY"
+timeout_ms = 20000
+connect_timeout_ms = 2000
+
+[[tasks]]
+name = "gpt-safe"
+kind = "chat"
+providers = ["upstream"]
+""")
+        self.env = dict(os.environ, SDK_CHECK_UPSTREAM_KEY=UPSTREAM_KEY, RUST_LOG="warn")
+        self.token = self.cli("users", "add", "alice").strip().splitlines()[-1]
+        self.port = free_port()
+        self.log = open(os.path.join(workdir, "server.log"), "w")
+        self.process = subprocess.Popen(
+            self.command("serve", "--bind", f"127.0.0.1:{self.port}"),
+            env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
+        )
+        self.base = f"http://127.0.0.1:{self.port}"
+        deadline = time.time() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{self.base}/readyz", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.time() > deadline or self.process.poll() is not None:
+                raise SystemExit(f"onejob did not become ready; see {self.log.name}")
+            time.sleep(0.1)
+
+    def command(self, *args):
+        return [self.binary, "--config", self.config, "--database-url", self.database, *args]
+
+    def cli(self, *args):
+        return subprocess.run(self.command(*args), env=self.env, check=True,
+                              capture_output=True, text=True).stdout
+
+    def stop(self):
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+class Counting(httpx.Client):
+    """An httpx client that counts the requests the SDK sends."""
+
+    def __init__(self, **kwargs):
+        self.sent = 0
+        self.lock = threading.Lock()
+        super().__init__(event_hooks={"request": [self._count]}, **kwargs)
+
+    def _count(self, request):
+        with self.lock:
+            self.sent += 1
+
+
+def check(condition, message):
+    if not condition:
+        raise SystemExit(f"sdk check FAILED: {message}")
+    print(f"  ok: {message}")
+
+
+def client(server, **options):
+    http = Counting()
+    sdk = openai.OpenAI(base_url=f"{server.base}/v1", api_key=server.token,
+                        http_client=http, **options)
+    return sdk, http
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--onejob", default="target/debug/onejob")
+    args = parser.parse_args()
+    started = time.time()
+    print(f"sdk check: openai {openai.__version__}, httpx {httpx.__version__}")
+    upstream = Upstream()
+    with tempfile.TemporaryDirectory() as workdir:
+        server = Onejob(os.path.abspath(args.onejob), workdir, upstream.port)
+        try:
+            run_checks(server, upstream)
+        finally:
+            server.stop()
+    print(f"sdk check: passed in {time.time() - started:.1f} s; "
+          f"upstream calls in all: {upstream.total()}")
+
+
+def run_checks(server, upstream):
+    # 1. Client timeout shorter than the upstream: the SDK retries, onejob
+    #    rejoins the job, the upstream is called once.
+    sdk, http = client(server, max_retries=4, timeout=1.0)
+    said = "slow:2.5:timeouts and retries"
+    t0 = time.time()
+    answer = sdk.chat.completions.create(
+        model="gpt-safe", messages=[{"role": "user", "content": said}],
+        extra_headers={"Idempotency-Key": "sdk-retry-1"},
+    )
+    print(f"  retries: the SDK sent {http.sent} requests in {time.time() - t0:.1f} s")
+    check(http.sent >= 2, "the SDK timed out and retried")
+    check(upstream.calls_for(said) == 1, "the upstream received exactly one call")
+    check(answer.choices[0].message.content == "echo: timeouts and retries",
+          "the SDK's final answer is the upstream's")
+    check(answer.model == "gpt-safe" and answer.id.startswith("chatcmpl-"),
+          "the answer names the route and the job")
+
+    # 2. Twenty concurrent calls with one key.
+    sdk, http = client(server, max_retries=2, timeout=30.0)
+    said = "slow:1:twenty at once"
+
+    def one_call(_):
+        return sdk.chat.completions.create(
+            model="gpt-safe", messages=[{"role": "user", "content": said}],
+            extra_headers={"Idempotency-Key": "sdk-storm"},
+        )
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=20) as pool:
+        answers = list(pool.map(one_call, range(20)))
+    print(f"  storm: {http.sent} requests, {upstream.calls_for(said)} upstream call(s)")
+    check(upstream.calls_for(said) == 1, "twenty concurrent calls, one upstream call")
+    check(len({a.id for a in answers}) == 1, "twenty concurrent calls, one answer")
+    check(all(a.choices[0].message.content == "echo: twenty at once" for a in answers),
+          "every caller got the upstream's answer")
+
+    # 3. Same key, different messages: ConflictError at once.
+    sdk, http = client(server, max_retries=3, timeout=30.0)
+    sdk.chat.completions.create(
+        model="gpt-safe", messages=[{"role": "user", "content": "first body"}],
+        extra_headers={"Idempotency-Key": "sdk-conflict"},
+    )
+    http.sent = 0
+    try:
+        sdk.chat.completions.create(
+            model="gpt-safe", messages=[{"role": "user", "content": "another body"}],
+            extra_headers={"Idempotency-Key": "sdk-conflict"},
+        )
+        check(False, "a reused key raises ConflictError")
+    except openai.ConflictError as error:
+        check(error.status_code == 409, "a reused key raises openai.ConflictError (409)")
+        check(http.sent == 1, "the SDK did not retry the conflict")
+    check(upstream.calls_for("another body") == 0, "the conflicting body reached no provider")
+
+    # 4. Streaming, and a replay that streams too.
+    sdk, http = client(server, max_retries=2, timeout=30.0)
+    for round_ in ("first", "replay"):
+        stream = sdk.chat.completions.create(
+            model="gpt-safe", messages=[{"role": "user", "content": "stream me"}],
+            stream=True, stream_options={"include_usage": True},
+            extra_headers={"Idempotency-Key": "sdk-stream"},
+        )
+        text, usage, finish = "", None, None
+        for chunk in stream:
+            if chunk.choices:
+                text += chunk.choices[0].delta.content or ""
+                finish = chunk.choices[0].finish_reason or finish
+            if chunk.usage:
+                usage = chunk.usage
+        check(text == "echo: stream me" and finish == "stop",
+              f"streaming through the SDK ({round_}) gives the answer")
+        check(usage is not None and usage.total_tokens == 7,
+              f"the stream ({round_}) ends with the usage")
+    check(upstream.calls_for("stream me") == 1, "the streamed request reached the upstream once")
+
+    # 5. No key: a 400 that says how to send one.
+    sdk, http = client(server, max_retries=2, timeout=30.0)
+    try:
+        sdk.chat.completions.create(model="gpt-safe",
+                                    messages=[{"role": "user", "content": "no key"}])
+        check(False, "a request without a key is refused")
+    except openai.BadRequestError as error:
+        check("extra_headers" in str(error), "without a key: BadRequestError showing extra_headers")
+    check(upstream.calls_for("no key") == 0, "the keyless request reached no provider")
+
+    # 6. Models, and an unknown model.
+    models = [m.id for m in sdk.models.list()]
+    check(models == ["gpt-safe"], "models.list() lists the chat route")
+    try:
+        sdk.chat.completions.create(model="gpt-none",
+                                    messages=[{"role": "user", "content": "x"}],
+                                    extra_headers={"Idempotency-Key": "sdk-unknown-model"})
+        check(False, "an unknown model is refused")
+    except openai.NotFoundError:
+        check(True, "an unknown model raises openai.NotFoundError")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
