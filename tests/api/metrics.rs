@@ -52,8 +52,12 @@ async fn scrape(app: &TestApp) -> Scrape {
     let response = app.get(&app.ada.token, "/metrics").await;
     assert_eq!(response.status(), StatusCode::OK);
     let content_type = response.headers()["content-type"].to_str().unwrap();
-    assert!(content_type.starts_with("text/plain"), "{content_type}");
+    assert_eq!(
+        content_type, "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        "what the text is: counters' samples end in _total, and # EOF ends it"
+    );
     let text = response.text().await.unwrap();
+    assert!(text.ends_with("# EOF\n"), "{text}");
     let samples = text
         .lines()
         .filter(|l| !l.starts_with('#') && !l.is_empty())
