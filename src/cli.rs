@@ -1,4 +1,4 @@
-//! The command line: `serve`, `migrate`, `users add`, `users token`.
+//! The command line: `serve`, `migrate`, `qualify`, `users …`, `prune`.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -51,6 +51,10 @@ pub enum Command {
         #[command(subcommand)]
         command: UsersCommand,
     },
+    /// Remove finished jobs (their attempts, freeing their idempotency
+    /// keys) and race- and audit-log entries older than the `[retention]`
+    /// windows; prints what went. The server also does this every minute.
+    Prune,
 }
 
 #[derive(Debug, Subcommand)]
@@ -118,6 +122,10 @@ pub async fn execute(cli: Cli) -> CliResult {
         Command::Qualify { provider, task } => {
             let app = App::new(open(&url, &config).await?, config);
             qualify_command(&app, &provider, &task).await
+        }
+        Command::Prune => {
+            let app = App::new(open(&url, &config).await?, config);
+            prune_command(&app).await
         }
     }
 }
@@ -201,6 +209,36 @@ async fn qualify_command(app: &App, provider: &str, task: &str) -> CliResult {
             Err(format!("not qualified: {} failed: {}", check.name, check.detail).into())
         }
     }
+}
+
+async fn prune_command(app: &App) -> CliResult {
+    let windows = &app.config().retention;
+    if !windows.prunes_anything() {
+        println!("nothing to prune: no [retention] window is set, so everything is kept");
+        return Ok(());
+    }
+    let pruned = app.prune_expired(crate::app::now_ms()).await?;
+    let window = |days: Option<u32>, what: &str| match days {
+        Some(days) => format!("{what} more than {days} days ago"),
+        None => "none: kept forever".to_owned(),
+    };
+    let jobs_note = match windows.jobs_days {
+        Some(_) => window(windows.jobs_days, "finished") + "; their keys are free again",
+        None => window(None, ""),
+    };
+    println!("jobs       {:>9}  {jobs_note}", pruned.jobs);
+    println!("attempts   {:>9}  of those jobs", pruned.attempts);
+    println!(
+        "race log   {:>9}  {}",
+        pruned.race_entries,
+        window(windows.races_days, "written")
+    );
+    println!(
+        "audit log  {:>9}  {}",
+        pruned.audit_entries,
+        window(windows.audit_days, "written")
+    );
+    Ok(())
 }
 
 async fn serve(config: Config, url: DatabaseUrl, bind: Option<String>) -> CliResult {

@@ -38,6 +38,12 @@ pub struct HttpLabels {
     pub status: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TableLabel {
+    /// jobs | attempts | race_log | audit_log
+    pub table: String,
+}
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn seconds_histogram() -> Histogram {
@@ -57,6 +63,7 @@ pub struct Metrics {
     pub claim_lag_seconds: Histogram,
     pub pool_wait_seconds: Histogram,
     pub http_request_seconds: HistogramFamily<HttpLabels>,
+    pub pruned_rows: Family<TableLabel, Counter>,
     unknown_attempts: Gauge,
     oldest_unknown_seconds: Gauge<f64, AtomicU64>,
 }
@@ -80,6 +87,7 @@ impl Metrics {
             claim_lag_seconds: seconds_histogram(),
             pool_wait_seconds: seconds_histogram(),
             http_request_seconds: Family::new_with_constructor(seconds_histogram),
+            pruned_rows: Family::default(),
             unknown_attempts: Gauge::default(),
             oldest_unknown_seconds: Gauge::default(),
             registry: Registry::default(),
@@ -130,6 +138,11 @@ impl Metrics {
             metrics.http_request_seconds.clone(),
         );
         registry.register(
+            "onejob_pruned_rows",
+            "Rows retention removed, by table",
+            metrics.pruned_rows.clone(),
+        );
+        registry.register(
             "onejob_unknown_attempts",
             "Attempts whose outcome is unknown now (read at scrape time)",
             metrics.unknown_attempts.clone(),
@@ -171,6 +184,37 @@ impl Metrics {
                 state: state.to_owned(),
             })
             .inc();
+    }
+
+    /// Writes the series of each provider (and of each table retention
+    /// prunes) at zero from the start: Prometheus reads a missing series as
+    /// no data, so a rate or an alert over one would stay silent until its
+    /// first event.
+    pub fn start_at_zero<'a>(&self, providers: impl IntoIterator<Item = &'a str>) {
+        for provider in providers {
+            for state in ["succeeded", "failed", "unknown", "abandoned"] {
+                let _ = self.attempts.get_or_create(&AttemptLabels {
+                    provider: provider.to_owned(),
+                    state: state.to_owned(),
+                });
+            }
+            let _ = self.provider_call_seconds.get_or_create(&ProviderLabel {
+                provider: provider.to_owned(),
+            });
+        }
+        for table in ["jobs", "attempts", "race_log", "audit_log"] {
+            let _ = self.pruned_rows.get_or_create(&TableLabel {
+                table: table.to_owned(),
+            });
+        }
+    }
+
+    pub fn count_pruned(&self, table: &str, rows: u64) {
+        self.pruned_rows
+            .get_or_create(&TableLabel {
+                table: table.to_owned(),
+            })
+            .inc_by(rows);
     }
 
     pub fn observe_provider_call(&self, provider: &str, took: Duration) {

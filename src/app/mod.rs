@@ -28,6 +28,7 @@ pub mod outcomes;
 pub mod qualification;
 pub mod queries;
 pub mod resolve;
+pub mod retention;
 pub mod retry;
 pub mod waiting;
 pub mod work;
@@ -86,6 +87,7 @@ impl App {
     pub fn with_providers(store: Store, config: Config, providers: Providers) -> Self {
         let (startup_qualified, _) = watch::channel(true);
         let metrics = metrics::Metrics::new();
+        metrics.start_at_zero(config.providers.iter().map(|p| p.name.as_str()));
         let pool_wait = metrics.pool_wait_seconds.clone();
         let store = store.observing_pool_wait(Arc::new(move |waited| {
             pool_wait.observe(waited.as_secs_f64())

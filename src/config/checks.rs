@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 
-use super::file::ConfigFile;
+use super::file::{ConfigFile, RetentionSettings};
 use crate::providers::ProviderSettings;
 
 fn provider<'a>(file: &'a ConfigFile, name: &str) -> Option<&'a ProviderSettings> {
@@ -84,6 +84,26 @@ pub fn check_file(file: &ConfigFile) -> Result<(), (String, String)> {
                  have it computed"
             ),
         );
+    }
+    for (key, days) in this.retention.windows() {
+        match days {
+            Some(0) => {
+                return invalid(
+                    key.into(),
+                    "must be at least 1; leave it out to keep everything",
+                )
+            }
+            Some(days) if days > RetentionSettings::MAX_DAYS => {
+                return invalid(
+                    key.into(),
+                    &format!(
+                        "must be at most {} (a century); leave it out to keep everything",
+                        RetentionSettings::MAX_DAYS
+                    ),
+                )
+            }
+            _ => {}
+        }
     }
     if this.worker.poll_interval_ms == 0 {
         return invalid("worker.poll_interval_ms".into(), "must be greater than 0");

@@ -16,6 +16,8 @@ pub struct ConfigFile {
     #[serde(default)]
     pub worker: WorkerSettings,
     #[serde(default)]
+    pub retention: RetentionSettings,
+    #[serde(default)]
     pub providers: Vec<ProviderSettings>,
     #[serde(default)]
     pub tasks: Vec<TaskDefinition>,
@@ -111,5 +113,39 @@ impl Default for WorkerSettings {
             poll_interval_ms: 250,
             lease_ms: 30_000,
         }
+    }
+}
+
+/// How long finished work and the logs are kept, in days. A window left out
+/// keeps everything (the default).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetentionSettings {
+    /// Days a finished (succeeded or failed) job, its attempts and its
+    /// idempotency key are kept after it finished; then the key may make a
+    /// new job. A job with race- or audit-log entries is kept while they are.
+    pub jobs_days: Option<u32>,
+    /// Days a race-log entry is kept after the race.
+    pub races_days: Option<u32>,
+    /// Days an audit-log entry is kept after the action.
+    pub audit_days: Option<u32>,
+}
+
+impl RetentionSettings {
+    /// The longest window accepted: a century.
+    pub const MAX_DAYS: u32 = 36_500;
+
+    /// Whether any window is set (else nothing is ever pruned).
+    pub fn prunes_anything(&self) -> bool {
+        self.jobs_days.is_some() || self.races_days.is_some() || self.audit_days.is_some()
+    }
+
+    /// The windows with their keys, for checks and reports.
+    pub fn windows(&self) -> [(&'static str, Option<u32>); 3] {
+        [
+            ("retention.jobs_days", self.jobs_days),
+            ("retention.races_days", self.races_days),
+            ("retention.audit_days", self.audit_days),
+        ]
     }
 }

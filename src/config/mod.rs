@@ -15,7 +15,7 @@ mod file;
 use std::collections::HashMap;
 use std::path::Path;
 
-pub use file::{ServerSettings, WorkerSettings};
+pub use file::{RetentionSettings, ServerSettings, WorkerSettings};
 
 use crate::contracts::Contracts;
 use crate::domain::{CallbackKey, Secret};
@@ -67,6 +67,8 @@ pub struct Config {
     pub server: ServerSettings,
     pub database: DatabaseSettings,
     pub worker: WorkerSettings,
+    /// How long finished jobs and the logs are kept.
+    pub retention: RetentionSettings,
     /// Every provider, with its API key resolved.
     pub providers: Vec<ProviderSettings>,
     /// Every task's contract, compiled, in configuration order.
@@ -183,6 +185,7 @@ fn resolve(raw: file::ConfigFile, env: &Environment) -> Result<Config, (String, 
         server,
         database: raw.database,
         worker: raw.worker,
+        retention: raw.retention,
         providers,
         contracts,
         callbacks,
@@ -389,6 +392,52 @@ mod tests {
             config.server.secure_cookies(),
             "https public_url: Secure cookies by default"
         );
+    }
+
+    #[test]
+    fn retention_keeps_everything_unless_a_window_is_set() {
+        let config = Config::load(None, &no_env()).unwrap();
+        assert_eq!(config.retention, RetentionSettings::default());
+        assert!(!config.retention.prunes_anything());
+        let task = "[[providers]]\nname = \"a\"\nkind = \"simulated\"\n\
+                    [[tasks]]\nname = \"t\"\nproviders = [\"a\"]\n";
+        let toml = format!("[retention]\njobs_days = 30\naudit_days = 365\n{task}");
+        let config = Config::from_toml(&toml, "test", &no_env()).unwrap();
+        assert_eq!(
+            config.retention,
+            RetentionSettings {
+                jobs_days: Some(30),
+                races_days: None,
+                audit_days: Some(365),
+            }
+        );
+    }
+
+    #[test]
+    fn retention_windows_of_zero_or_past_a_century_or_misspelt_are_refused() {
+        let task = "[[providers]]\nname = \"a\"\nkind = \"simulated\"\n\
+                    [[tasks]]\nname = \"t\"\nproviders = [\"a\"]\n";
+        let refused = |section: &str| match Config::from_toml(
+            &format!("[retention]\n{section}\n{task}"),
+            "test",
+            &no_env(),
+        ) {
+            Err(ConfigError::Invalid { key, message, .. }) => format!("{key}: {message}"),
+            Err(ConfigError::Parse { source, .. }) => format!("parse: {source}"),
+            Ok(_) => panic!("accepted: {section}"),
+            Err(other) => panic!("{other}"),
+        };
+        let zero = refused("jobs_days = 0");
+        assert!(
+            zero.starts_with("retention.jobs_days: must be at least 1")
+                && zero.contains("leave it out to keep everything"),
+            "{zero}"
+        );
+        assert!(refused("races_days = 36501")
+            .starts_with("retention.races_days: must be at most 36500"));
+        assert!(refused("audit_days = -1").contains("audit_days"));
+        assert!(refused("job_days = 7").contains("job_days"));
+        assert!(refused("audit_days = \"90d\"").contains("audit_days"));
     }
 
     #[test]

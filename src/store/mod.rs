@@ -11,6 +11,7 @@ pub mod migrations;
 pub mod operator;
 pub mod qualifications;
 pub mod queue;
+pub mod retention;
 pub mod rows;
 pub mod schema;
 pub mod sessions;

@@ -33,11 +33,11 @@ pub async fn readyz(app: web::Data<App>) -> Result<HttpResponse, ApiError> {
     }))
 }
 
-/// Prometheus metrics in the text exposition format (admins' API tokens).
+/// Prometheus metrics in the OpenMetrics text format (admins' API tokens).
 #[utoipa::path(
     get, path = "/metrics", tag = "health",
     responses(
-        (status = 200, description = "Prometheus text exposition format", content_type = "text/plain"),
+        (status = 200, description = "OpenMetrics text exposition format", content_type = "application/openmetrics-text"),
         (status = 401, body = Problem, content_type = "application/problem+json"),
         (status = 403, body = Problem, content_type = "application/problem+json"),
     ),
@@ -46,7 +46,10 @@ pub async fn readyz(app: web::Data<App>) -> Result<HttpResponse, ApiError> {
 pub async fn metrics(app: web::Data<App>, caller: Caller) -> Result<HttpResponse, ApiError> {
     crate::app::require_admin(&caller.0)?;
     let text = app.scrape_metrics().await?;
+    // What the encoder writes (counters' samples end in `_total` under a
+    // family without it, and `# EOF` ends the text): labelled as Prometheus'
+    // older text format, a scraper would take every counter as untyped.
     Ok(HttpResponse::Ok()
-        .content_type("text/plain; version=0.0.4; charset=utf-8")
+        .content_type("application/openmetrics-text; version=1.0.0; charset=utf-8")
         .body(text))
 }

@@ -51,8 +51,8 @@ impl WorkerHandle {
     }
 }
 
-/// How often each process removes expired sessions and quiet sign-in
-/// failure counters.
+/// How often each process removes expired sessions, quiet sign-in failure
+/// counters, and what retention says has expired.
 const CLEANUP_EVERY: Duration = Duration::from_secs(60);
 
 /// How a failure reads when the provider's outcome itself could not be stored.
@@ -78,7 +78,7 @@ struct Worker {
 }
 
 /// Starts `worker.concurrency` claim loops (0: this process sends
-/// nothing) and the lease reaper.
+/// nothing), the lease reaper and the housekeeping.
 pub fn spawn(app: App) -> WorkerHandle {
     let handle = WorkerHandle {
         shutdown: CancellationToken::new(),
@@ -101,9 +101,13 @@ pub fn spawn(app: App) -> WorkerHandle {
     }
     // Every process reaps expired leases, even one that sends nothing itself:
     // a dead worker's attempts must surface as unknown.
+    let reaper = worker.clone();
     handle
         .tracker
-        .spawn(async move { worker.reaper_loop().await });
+        .spawn(async move { reaper.reaper_loop().await });
+    handle
+        .tracker
+        .spawn(async move { worker.housekeeping_loop().await });
     handle
 }
 
@@ -131,25 +135,43 @@ impl Worker {
         }
     }
 
-    /// Reaps the leases of dead processes, and now and then removes expired
-    /// sessions and quiet sign-in counters.
+    /// Now and then removes expired sessions, quiet sign-in counters and,
+    /// when `[retention]` sets a window, expired jobs and log entries. A loop
+    /// of its own: pruning a backlog never delays the reaper.
+    async fn housekeeping_loop(self) {
+        loop {
+            tokio::select! {
+                _ = sleep(CLEANUP_EVERY) => {}
+                _ = self.shutdown.cancelled() => return,
+            }
+            match self.app.clean_up().await {
+                Ok(cleaned) => {
+                    tracing::debug!(?cleaned, "cleaned up expired sessions and sign-in counters")
+                }
+                Err(error) => tracing::warn!(%error, "cleaning up failed"),
+            }
+            if !self.app.config().retention.prunes_anything() {
+                continue;
+            }
+            // Stopping mid-run is safe: each batch commits or rolls back whole.
+            tokio::select! {
+                pruned = self.app.prune_expired(now_ms()) => match pruned {
+                    Ok(pruned) if pruned.is_empty() => {}
+                    Ok(pruned) => tracing::info!(?pruned, "retention removed expired rows"),
+                    Err(error) => tracing::warn!(%error, "pruning expired rows failed"),
+                },
+                _ = self.shutdown.cancelled() => return,
+            }
+        }
+    }
+
+    /// Reaps the leases of dead processes.
     async fn reaper_loop(self) {
         let every = Duration::from_millis((self.app.config().worker.lease_ms / 2).max(100));
-        let mut last_cleanup = Instant::now();
         loop {
             tokio::select! {
                 _ = sleep(every) => {}
                 _ = self.shutdown.cancelled() => return,
-            }
-            if last_cleanup.elapsed() >= CLEANUP_EVERY {
-                last_cleanup = Instant::now();
-                match self.app.clean_up().await {
-                    Ok(cleaned) => tracing::debug!(
-                        ?cleaned,
-                        "cleaned up expired sessions and sign-in counters"
-                    ),
-                    Err(error) => tracing::warn!(%error, "cleaning up failed"),
-                }
             }
             match self.app.expire_leases().await {
                 Ok(expired) => {

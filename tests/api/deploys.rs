@@ -48,6 +48,7 @@ base_url = "{base}"
 model = "fake-model"
 api_key_env = "ONEJOB_TEST_FAKE_KEY"
 timeout_ms = 5000
+connect_timeout_ms = 1000
 late_result_ms = 5000
 {task}{direct}"#,
         base = fake.base_url,

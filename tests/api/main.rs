@@ -32,3 +32,5 @@ mod secrecy;
 mod server_process;
 mod sessions;
 mod storage;
+mod metrics;
+mod retention;

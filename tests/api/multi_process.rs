@@ -32,7 +32,7 @@ fn config_file(
 [worker]
 concurrency = {concurrency}
 poll_interval_ms = 50
-lease_ms = 10000
+lease_ms = 20000
 
 [[providers]]
 name = "fake"

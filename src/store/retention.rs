@@ -1,0 +1,223 @@
+//! Retention's storage: deleting finished jobs with their attempts (which
+//! frees their idempotency keys) and old race- and audit-log entries, at
+//! most one batch per statement or transaction, so that no lock is held for
+//! long.
+//!
+//! A job may go when it is finished (succeeded or failed), finished before
+//! the cutoff, has no live attempt (a finished job can still have one whose
+//! answer is awaited), and nothing in the race or audit log refers to it or
+//! to its attempts: the logs keep their own windows, and their rows keep
+//! pointing at something real. Live jobs and their attempts are never
+//! touched.
+//!
+//! Candidates are found through the primary key: ids are UUIDv7, so every
+//! job created before the cutoff sorts before [`id_bound`] of the cutoff,
+//! and a run reads only the jobs created before it, never the newer bulk.
+//! The finish time (`updated_at`) decides; the id only narrows the search.
+
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
+use diesel::sql_types::{BigInt, Nullable, Text};
+
+use super::connection::write_transaction;
+use super::schema::{attempts, jobs};
+use super::{DbConnection, StoreResult};
+use crate::domain::JobId;
+
+/// The most jobs (or log entries) one statement or transaction removes.
+pub const BATCH_ROWS: i64 = 500;
+
+/// What one batch of finished jobs removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JobsBatch {
+    pub jobs: u64,
+    pub attempts: u64,
+    /// The greatest id removed: the next batch looks after it.
+    pub last_id: Option<JobId>,
+}
+
+/// The smallest text an id made at `ms` (Unix milliseconds) can have: the
+/// 48-bit timestamp that starts a UUIDv7, as its first twelve hex digits
+/// are written. Every id made earlier sorts before it, every id made at
+/// `ms` or later after it (in byte order and in PostgreSQL's collations,
+/// which compare the digits in the same places alike).
+pub fn id_bound(ms: i64) -> String {
+    let ms = ms.clamp(0, (1 << 48) - 1) as u64;
+    format!("{:08x}-{:04x}", ms >> 16, ms & 0xffff)
+}
+
+/// Finished jobs that may go, oldest id first: `$1` the id to look after,
+/// `$2` the id bound, `$3` the cutoff, `$4` the batch size. Every link is
+/// matched on the owner too, as the keys are (docs/scaling.md).
+const PRUNABLE_JOBS: &str = "
+    SELECT j.id, j.owner_id FROM jobs j
+    WHERE j.id > $1 AND j.id < $2
+      AND j.status IN ('succeeded', 'failed')
+      AND j.updated_at < $3
+      AND NOT EXISTS (SELECT 1 FROM attempts a
+                      WHERE a.job_id = j.id AND a.owner_id = j.owner_id
+                        AND a.state IN ('queued', 'running', 'unknown'))
+      AND NOT EXISTS (SELECT 1 FROM race_log r
+                      WHERE r.job_id = j.id AND r.owner_id = j.owner_id)
+      AND NOT EXISTS (SELECT 1 FROM audit_log l
+                      WHERE l.job_id = j.id AND l.owner_id = j.owner_id)
+      AND NOT EXISTS (SELECT 1 FROM attempts a
+                      JOIN audit_log l ON l.attempt_id = a.id AND l.owner_id = a.owner_id
+                      WHERE a.job_id = j.id AND a.owner_id = j.owner_id)
+    ORDER BY j.id
+    LIMIT $4";
+
+#[derive(QueryableByName)]
+struct Id {
+    #[diesel(sql_type = Text)]
+    id: String,
+}
+
+#[derive(QueryableByName)]
+struct Removed {
+    #[diesel(sql_type = BigInt)]
+    jobs: i64,
+    #[diesel(sql_type = BigInt)]
+    attempts: i64,
+    #[diesel(sql_type = Nullable<Text>)]
+    last_id: Option<String>,
+}
+
+/// Removes up to `limit` finished jobs that finished before `cutoff`, with
+/// their attempts, looking only at ids after `after`. A batch smaller than
+/// `limit` means none is left.
+///
+/// A job and its attempts refer to each other (`completed_by`, `job_id`),
+/// and neither foreign key may be checked between the two deletions:
+/// PostgreSQL deletes both in one statement (checked at its end), SQLite in
+/// one transaction with the checks deferred to the commit.
+pub fn prune_finished_jobs(
+    conn: &mut DbConnection,
+    cutoff: i64,
+    after: Option<&JobId>,
+    limit: i64,
+) -> StoreResult<JobsBatch> {
+    let after = after.map_or("", JobId::as_str).to_owned();
+    let bound = id_bound(cutoff);
+    match conn {
+        DbConnection::Postgresql(pg) => {
+            // SKIP LOCKED: a job another process is pruning (or a late
+            // answer is writing about) is left for the next run.
+            let statement = format!(
+                "WITH doomed AS ({PRUNABLE_JOBS} FOR UPDATE OF j SKIP LOCKED),
+                 gone_attempts AS (
+                     DELETE FROM attempts WHERE (job_id, owner_id) IN (SELECT id, owner_id FROM doomed)
+                     RETURNING id),
+                 gone_jobs AS (
+                     DELETE FROM jobs WHERE (id, owner_id) IN (SELECT id, owner_id FROM doomed)
+                     RETURNING id)
+                 SELECT (SELECT count(*) FROM gone_jobs) AS jobs,
+                        (SELECT count(*) FROM gone_attempts) AS attempts,
+                        (SELECT max(id) FROM gone_jobs) AS last_id"
+            );
+            let removed: Removed = diesel::sql_query(statement)
+                .bind::<Text, _>(&after)
+                .bind::<Text, _>(&bound)
+                .bind::<BigInt, _>(cutoff)
+                .bind::<BigInt, _>(limit)
+                .get_result(pg)?;
+            Ok(JobsBatch {
+                jobs: removed.jobs as u64,
+                attempts: removed.attempts as u64,
+                last_id: removed.last_id.map(JobId::from_stored),
+            })
+        }
+        DbConnection::Sqlite(_) => write_transaction(conn, |conn| {
+            // Switched off again by the commit or rollback. Ids are unique
+            // by construction, so here they alone name the rows.
+            conn.batch_execute("PRAGMA defer_foreign_keys = ON")?;
+            let ids: Vec<String> = diesel::sql_query(PRUNABLE_JOBS.replace('$', "?"))
+                .bind::<Text, _>(&after)
+                .bind::<Text, _>(&bound)
+                .bind::<BigInt, _>(cutoff)
+                .bind::<BigInt, _>(limit)
+                .load::<Id>(conn)?
+                .into_iter()
+                .map(|row| row.id)
+                .collect();
+            if ids.is_empty() {
+                return Ok(JobsBatch::default());
+            }
+            let attempts = diesel::delete(attempts::table.filter(attempts::job_id.eq_any(&ids)))
+                .execute(conn)?;
+            let jobs = diesel::delete(jobs::table.filter(jobs::id.eq_any(&ids))).execute(conn)?;
+            Ok(JobsBatch {
+                jobs: jobs as u64,
+                attempts: attempts as u64,
+                last_id: ids.into_iter().max().map(JobId::from_stored),
+            })
+        }),
+    }
+}
+
+/// The append-only logs retention trims by age.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Log {
+    /// `race_log`, aged by `lost_at`.
+    Races,
+    /// `audit_log`, aged by `at`.
+    Audit,
+}
+
+impl Log {
+    fn table_and_time(self) -> (&'static str, &'static str) {
+        match self {
+            Self::Races => ("race_log", "lost_at"),
+            Self::Audit => ("audit_log", "at"),
+        }
+    }
+}
+
+/// Removes up to `limit` entries of `log` written before `cutoff`, oldest
+/// first, in one statement; returns how many went. Nothing refers to log
+/// entries, so they go alone.
+pub fn prune_log(conn: &mut DbConnection, log: Log, cutoff: i64, limit: i64) -> StoreResult<u64> {
+    let (table, time) = log.table_and_time();
+    let oldest = format!("SELECT id FROM {table} WHERE {time} < $1 ORDER BY {time} LIMIT $2");
+    let removed = match conn {
+        DbConnection::Postgresql(pg) => diesel::sql_query(format!(
+            "DELETE FROM {table} WHERE id IN ({oldest} FOR UPDATE SKIP LOCKED)"
+        ))
+        .bind::<BigInt, _>(cutoff)
+        .bind::<BigInt, _>(limit)
+        .execute(pg)?,
+        DbConnection::Sqlite(sqlite) => diesel::sql_query(format!(
+            "DELETE FROM {table} WHERE id IN ({})",
+            oldest.replace('$', "?")
+        ))
+        .bind::<BigInt, _>(cutoff)
+        .bind::<BigInt, _>(limit)
+        .execute(sqlite)?,
+    };
+    Ok(removed as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_id_bound_splits_uuid_v7_ids_at_their_millisecond() {
+        let at = |ms: u64| {
+            uuid::Builder::from_unix_timestamp_millis(ms, &[0xff; 10])
+                .into_uuid()
+                .hyphenated()
+                .to_string()
+        };
+        let cutoff: i64 = 1_764_460_800_123;
+        let bound = id_bound(cutoff);
+        assert_eq!(bound.len(), 13);
+        for ms in [0, 1, cutoff as u64 - 1] {
+            assert!(at(ms) < bound, "{} made at {ms}", at(ms));
+        }
+        for ms in [cutoff as u64, cutoff as u64 + 1, 1 << 47] {
+            assert!(at(ms) > bound, "{} made at {ms}", at(ms));
+        }
+        assert_eq!(id_bound(-5), "00000000-0000");
+    }
+}
