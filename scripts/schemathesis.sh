@@ -2,13 +2,13 @@
 # Schemathesis (every check) against a real onejob server and the OpenAPI
 # document it serves. Bounded in time; prints its figures.
 #
-# Usage: scripts/schemathesis.sh [path/to/onejob] [max seconds]
+# Usage: scripts/schemathesis.sh [path/to/onejob] [examples per operation]
 # Needs `st` (schemathesis, the version pinned in scripts/requirements-ci.txt)
 # on PATH or in $ST.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 onejob="${1:-target/debug/onejob}"
-budget="${2:-240}"
+examples="${2:-150}"
 st="${ST:-st}"
 
 work=$(mktemp -d)
@@ -57,9 +57,10 @@ set +e
 "$st" run "http://127.0.0.1:$port/api/v1/openapi.json" \
   --checks all \
   --header "Authorization: Bearer $token" \
-  --max-time "$budget" \
+  --max-examples "$examples" \
+  --generation-deterministic \
   --request-timeout 10 \
-  --seed 20261130 \
+  --seed 1 \
   --workers 2 \
   --no-color \
   "${@:3}"
@@ -69,7 +70,11 @@ echo "schemathesis: finished in $(( $(date +%s) - started )) s with status $stat
 if ! kill -0 "$server_pid" 2>/dev/null; then
   echo "schemathesis: the server died during the run:"; tail -n 50 "$work/server.log"; exit 1
 fi
-if grep -E "panicked|ERROR" "$work/server.log" | head -n 20 | grep -q .; then
-  echo "schemathesis: the server logged errors:"; grep -E "panicked|ERROR" "$work/server.log" | head -n 20
+# Malformed requests are the client's fault and actix logs them; anything
+# else at ERROR, or a panic, fails the run.
+errors=$(grep -E "panicked|ERROR" "$work/server.log" | grep -v "actix_http::h1::dispatcher" || true)
+if [ -n "$errors" ]; then
+  echo "schemathesis: the server logged errors:"; echo "$errors" | head -n 20
+  status=1
 fi
 exit "$status"
