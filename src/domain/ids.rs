@@ -99,8 +99,11 @@ mod tests {
         let id = JobId::new();
         let upper = id.as_str().to_uppercase();
         assert_eq!(JobId::parse(&upper), Some(id.clone()));
+        // Only the hyphenated form is an id, as the API documents it.
         let simple = id.as_str().replace('-', "");
-        assert_eq!(JobId::parse(&simple), Some(id));
+        assert_eq!(JobId::parse(&simple), None);
+        assert_eq!(JobId::parse(&format!("{{{id}}}")), None);
+        assert_eq!(JobId::parse(&format!("urn:uuid:{id}")), None);
     }
 
     #[test]

@@ -523,7 +523,8 @@ async fn a_sign_in_flood_starves_neither_the_api_nor_lease_renewals(backend: Tes
     config.providers[0].timeout_ms = 60_000;
     config.server.trusted_proxies = vec!["127.0.0.1".parse().unwrap()];
     config.server.shutdown_grace_ms = 61_000;
-    config.worker.lease_ms = 1500;
+    // Six times shorter than the default lease: renewals must get through.
+    config.worker.lease_ms = 5000;
     let app = std::sync::Arc::new(spawn_app_with(backend, config).await);
     fake.set_default(Behaviour::Hold);
     let job_id = app
