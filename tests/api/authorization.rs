@@ -469,6 +469,14 @@ async fn every_state_changing_route_refuses_wrong_credentials_and_changes_nothin
             As::Nobody,
             StatusCode::UNAUTHORIZED,
         ),
+        // The OpenAI-compatible route creates jobs too.
+        (
+            Method::POST,
+            "/v1/chat/completions".into(),
+            Some(json!({"model": "summarize", "messages": [{"role": "user", "content": "x"}]})),
+            As::Nobody,
+            StatusCode::UNAUTHORIZED,
+        ),
         (
             Method::POST,
             format!("/api/v1/jobs/{open_job}/attempts"),
