@@ -8,7 +8,7 @@ use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{Payload, ServiceRequest, ServiceResponse};
 use actix_web::http::header;
 use actix_web::middleware::Next;
-use actix_web::{web, FromRequest, HttpMessage, HttpRequest};
+use actix_web::{web, FromRequest, HttpMessage, HttpRequest, ResponseError};
 
 use super::error::{ApiError, ProblemType};
 use crate::app::{App, User};
@@ -63,16 +63,27 @@ pub async fn require_bearer(
     req: ServiceRequest,
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, actix_web::Error> {
+    authenticate_or(req, next, |refusal| refusal.error_response()).await
+}
+
+/// Resolves the bearer token and runs the rest of the chain as that user,
+/// or answers with `refuse`'s rendering of why not (each surface words
+/// refusals in its own format).
+pub(crate) async fn authenticate_or<B: MessageBody>(
+    req: ServiceRequest,
+    next: Next<B>,
+    refuse: impl FnOnce(ApiError) -> actix_web::HttpResponse,
+) -> Result<ServiceResponse<EitherBody<B>>, actix_web::Error> {
     match authenticate(&req).await {
         Ok(user) => {
             req.extensions_mut().insert(user);
             Ok(next.call(req).await?.map_into_left_body())
         }
-        Err(refusal) => Ok(req.error_response(refusal).map_into_right_body()),
+        Err(refusal) => Ok(req.into_response(refuse(refusal)).map_into_right_body()),
     }
 }
 
-pub(crate) async fn authenticate(req: &ServiceRequest) -> Result<User, ApiError> {
+async fn authenticate(req: &ServiceRequest) -> Result<User, ApiError> {
     let token = bearer_token(req)?;
     let app = req
         .app_data::<web::Data<App>>()

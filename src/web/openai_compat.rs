@@ -17,10 +17,10 @@ use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::{header, StatusCode};
 use actix_web::middleware::Next;
-use actix_web::{web, HttpMessage, HttpRequest, HttpResponse, ResponseError};
+use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 use serde_json::{json, Value};
 
-use super::auth::{authenticate, Caller};
+use super::auth::{authenticate_or, Caller};
 use super::body::json_text;
 use super::error::{ApiError, ProblemType};
 use crate::app::intake::JobRequest;
@@ -254,16 +254,10 @@ pub async fn require_bearer(
     req: ServiceRequest,
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, actix_web::Error> {
-    match authenticate(&req).await {
-        Ok(user) => {
-            req.extensions_mut().insert(user);
-            Ok(next.call(req).await?.map_into_left_body())
-        }
-        Err(refusal) => {
-            let refusal = OpenAiError::from(refusal);
-            Ok(req.error_response(refusal).map_into_right_body())
-        }
-    }
+    authenticate_or(req, next, |refusal| {
+        OpenAiError::from(refusal).error_response()
+    })
+    .await
 }
 
 /// Unknown paths under `/v1`.

@@ -76,6 +76,35 @@ async fn chat(app: &TestApp, key: Option<&str>, body: &Value) -> reqwest::Respon
     request.send().await.expect("request sent")
 }
 
+/// Sends a request in the background; the handle yields how long it took
+/// and the answer.
+fn in_background(
+    request: reqwest::RequestBuilder,
+) -> tokio::task::JoinHandle<(Duration, reqwest::Response)> {
+    tokio::spawn(async move {
+        let started = Instant::now();
+        let response = request.send().await.expect("request sent");
+        (started.elapsed(), response)
+    })
+}
+
+/// Alice's chat completion under `key`, not yet sent.
+fn chat_request(app: &TestApp, key: &str, body: &Value) -> reqwest::RequestBuilder {
+    app.client
+        .post(app.url("/v1/chat/completions"))
+        .bearer_auth(&app.alice.token)
+        .header("Idempotency-Key", key)
+        .json(body)
+}
+
+/// Alice's `GET` of a job with `Prefer: wait=N`, not yet sent.
+fn waiting_get(app: &TestApp, job_id: &str, seconds: u64) -> reqwest::RequestBuilder {
+    app.client
+        .get(app.url(&format!("/api/v1/jobs/{job_id}")))
+        .bearer_auth(&app.alice.token)
+        .header("Prefer", format!("wait={seconds}"))
+}
+
 fn header<'a>(response: &'a reqwest::Response, name: &str) -> Option<&'a str> {
     response.headers().get(name).and_then(|v| v.to_str().ok())
 }
@@ -189,26 +218,7 @@ async fn twenty_concurrent_duplicates_make_one_upstream_call_and_get_one_answer(
     upstream.set_default(Behaviour::Hold);
     let app = spawn_app_with(backend, chat_config(&upstream, 30)).await;
     let calls: Vec<_> = (0..20)
-        .map(|_| {
-            let (client, url, token) = (
-                app.client.clone(),
-                app.url("/v1/chat/completions"),
-                app.alice.token.clone(),
-            );
-            tokio::spawn(async move {
-                let response = client
-                    .post(url)
-                    .bearer_auth(token)
-                    .header("Idempotency-Key", "storm")
-                    .json(&hello("Hi"))
-                    .send()
-                    .await
-                    .unwrap();
-                let status = response.status();
-                let job = header(&response, "x-onejob-job-id").map(str::to_owned);
-                (status, job, response.json::<Value>().await.unwrap())
-            })
-        })
+        .map(|_| in_background(chat_request(&app, "storm", &hello("Hi"))))
         .collect();
     // Every duplicate is in: one call reached the upstream and is held.
     let held = upstream.wait_held_count(1).await;
@@ -217,7 +227,10 @@ async fn twenty_concurrent_duplicates_make_one_upstream_call_and_get_one_answer(
     upstream.release(&held[0], Behaviour::AnswerText("Only once.".into()));
     let mut answers = Vec::new();
     for call in calls {
-        answers.push(call.await.unwrap());
+        let (_, response) = call.await.unwrap();
+        let status = response.status();
+        let job = header(&response, "x-onejob-job-id").map(str::to_owned);
+        answers.push((status, job, response.json::<Value>().await.unwrap()));
     }
     let first = &answers[0];
     for (status, job, body) in &answers {
@@ -245,26 +258,10 @@ async fn a_wait_that_ends_first_is_a_retryable_503_and_the_retry_rejoins_the_job
     error_of(response, StatusCode::SERVICE_UNAVAILABLE, "job_in_progress").await;
 
     let held = upstream.wait_held_count(1).await;
-    let retry = {
-        let (client, url, token) = (
-            app.client.clone(),
-            app.url("/v1/chat/completions"),
-            app.alice.token.clone(),
-        );
-        tokio::spawn(async move {
-            client
-                .post(url)
-                .bearer_auth(token)
-                .header("Idempotency-Key", "slow")
-                .json(&hello("Hi"))
-                .send()
-                .await
-                .unwrap()
-        })
-    };
+    let retry = in_background(chat_request(&app, "slow", &hello("Hi")));
     tokio::time::sleep(Duration::from_millis(200)).await;
     upstream.release(&held[0], Behaviour::AnswerText("Late but once.".into()));
-    let retry = retry.await.unwrap();
+    let (_, retry) = retry.await.unwrap();
     assert_eq!(retry.status(), StatusCode::OK);
     assert_eq!(header(&retry, "x-onejob-job-id"), Some(job_id.as_str()));
     assert_eq!(header(&retry, "idempotent-replayed"), Some("true"));
@@ -538,14 +535,7 @@ async fn prefer_wait_holds_the_answer_until_the_job_is_done(backend: TestBackend
 
     // A GET waits the time asked, then answers with the job as it is.
     let started = Instant::now();
-    let response = app
-        .client
-        .get(app.url(&format!("/api/v1/jobs/{id}")))
-        .bearer_auth(&app.alice.token)
-        .header("Prefer", "wait=1")
-        .send()
-        .await
-        .unwrap();
+    let response = waiting_get(&app, &id, 1).send().await.unwrap();
     let waited = started.elapsed();
     assert!(waited >= Duration::from_millis(900), "{waited:?}");
     assert_eq!(header(&response, "preference-applied"), Some("wait=1"));
@@ -554,27 +544,11 @@ async fn prefer_wait_holds_the_answer_until_the_job_is_done(backend: TestBackend
 
     // And returns as soon as the job finishes.
     let held = upstream.wait_held_count(1).await;
-    let waiter = {
-        let (client, url, token) = (
-            app.client.clone(),
-            app.url(&format!("/api/v1/jobs/{id}")),
-            app.alice.token.clone(),
-        );
-        tokio::spawn(async move {
-            let started = Instant::now();
-            let response = client
-                .get(url)
-                .bearer_auth(token)
-                .header("Prefer", "wait=5")
-                .send()
-                .await
-                .unwrap();
-            (started.elapsed(), response.json::<Value>().await.unwrap())
-        })
-    };
+    let waiter = in_background(waiting_get(&app, &id, 5));
     tokio::time::sleep(Duration::from_millis(300)).await;
     upstream.release(&held[0], Behaviour::Answer(json!({"summary": "released"})));
-    let (waited, job) = waiter.await.unwrap();
+    let (waited, response) = waiter.await.unwrap();
+    let job: Value = response.json().await.unwrap();
     assert_eq!(job["status"], "succeeded");
     assert!(waited < Duration::from_secs(3), "{waited:?}");
     // Another owner's job is not found, wait or not.
@@ -603,31 +577,13 @@ async fn prefer_wait_sees_a_job_another_process_finished(backend: TestBackend) {
             &json!({"task": "summarize", "input": {"text": "x"}}),
         )
         .await;
-    let waiter = {
-        let (client, url, token) = (
-            app.client.clone(),
-            app.url(&format!("/api/v1/jobs/{id}")),
-            app.alice.token.clone(),
-        );
-        tokio::spawn(async move {
-            client
-                .get(url)
-                .bearer_auth(token)
-                .header("Prefer", "wait=10")
-                .send()
-                .await
-                .unwrap()
-                .json::<Value>()
-                .await
-                .unwrap()
-        })
-    };
+    let waiter = in_background(waiting_get(&app, &id, 10));
     let (_, _other, other_server) =
         start_instance(chat_config(&upstream, 10), app.store.clone()).await;
     let held = upstream.wait_held_count(1).await;
     let started = Instant::now();
     upstream.release(&held[0], Behaviour::Answer(json!({"summary": "from afar"})));
-    let job = waiter.await.unwrap();
+    let job: Value = waiter.await.unwrap().1.json().await.unwrap();
     assert_eq!(job["status"], "succeeded", "{job:#}");
     assert_eq!(job["result"]["summary"], "from afar");
     assert!(started.elapsed() < Duration::from_secs(3));
@@ -690,25 +646,7 @@ async fn waiting_requests_hold_no_database_connection(backend: TestBackend) {
     let held = upstream.wait_held_count(1).await;
     // Twelve waiters, four times the pool.
     let waiters: Vec<_> = (0..12)
-        .map(|_| {
-            let (client, url, token) = (
-                app.client.clone(),
-                app.url(&format!("/api/v1/jobs/{id}")),
-                app.alice.token.clone(),
-            );
-            tokio::spawn(async move {
-                client
-                    .get(url)
-                    .bearer_auth(token)
-                    .header("Prefer", "wait=10")
-                    .send()
-                    .await
-                    .unwrap()
-                    .json::<Value>()
-                    .await
-                    .unwrap()
-            })
-        })
+        .map(|_| in_background(waiting_get(&app, &id, 10)))
         .collect();
     tokio::time::sleep(Duration::from_millis(500)).await;
     // While they wait, the pool still serves everyone else at once.
@@ -726,6 +664,7 @@ async fn waiting_requests_hold_no_database_connection(backend: TestBackend) {
     }
     upstream.release(&held[0], Behaviour::Answer(json!({"summary": "done"})));
     for waiter in waiters {
-        assert_eq!(waiter.await.unwrap()["status"], "succeeded");
+        let job: Value = waiter.await.unwrap().1.json().await.unwrap();
+        assert_eq!(job["status"], "succeeded");
     }
 }
