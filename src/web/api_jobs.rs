@@ -6,7 +6,7 @@ use serde::Deserialize;
 use utoipa::IntoParams;
 
 use super::auth::Caller;
-use super::body::{json_body, parse_query, EmptyBody};
+use super::body::{json_body, page_limit, parse_query, query_id, EmptyBody};
 use super::error::{job_location, ApiError, ProblemType};
 use super::views::{
     AttemptView, CreateJobRequest, JobPage, JobSummary, JobView, Problem, StartAttemptRequest,
@@ -167,7 +167,9 @@ pub struct ListQuery {
     #[param(minimum = 1, maximum = 100)]
     pub limit: Option<i64>,
     /// Return jobs older than this job id (from `next`).
-    #[param(pattern = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")]
+    #[param(
+        pattern = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+    )]
     pub before: Option<String>,
 }
 
@@ -188,19 +190,8 @@ pub async fn list_jobs(
     req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
     let query: ListQuery = parse_query(&req)?;
-    let limit = query.limit.unwrap_or(20);
-    if !(1..=100).contains(&limit) {
-        return Err(ApiError::new(
-            ProblemType::InvalidQuery,
-            "`limit` must be between 1 and 100",
-        ));
-    }
-    let before = match query.before {
-        Some(raw) => Some(JobId::parse(&raw).ok_or_else(|| {
-            ApiError::new(ProblemType::InvalidQuery, "`before` must be a job id")
-        })?),
-        None => None,
-    };
+    let limit = page_limit(query.limit, 20, 100)?;
+    let before = query_id(query.before, "before", "a job id", JobId::parse)?;
     let mut jobs = app.list_jobs(&caller.0, before, limit + 1).await?;
     let more = jobs.len() as i64 > limit;
     jobs.truncate(limit as usize);

@@ -6,8 +6,8 @@ use serde::Deserialize;
 use utoipa::IntoParams;
 
 use super::auth::Caller;
-use super::body::{json_body, parse_query, EmptyBody};
-use super::error::{ApiError, ProblemType};
+use super::body::{json_body, page_limit, parse_query, query_id, EmptyBody};
+use super::error::ApiError;
 use super::views::{AbandonRequest, AttemptView, Problem, RaceView, UnknownAttemptView};
 use crate::app::now_ms;
 use crate::app::{require_staff, App};
@@ -63,7 +63,9 @@ pub struct UnknownQuery {
     #[param(minimum = 1, maximum = 500)]
     pub limit: Option<i64>,
     /// Continue after this attempt (the last `attempt_id` of the previous page).
-    #[param(pattern = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")]
+    #[param(
+        pattern = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+    )]
     pub after: Option<String>,
 }
 
@@ -86,19 +88,8 @@ pub async fn unknown_attempts(
 ) -> Result<HttpResponse, ApiError> {
     require_staff(&caller.0)?;
     let query: UnknownQuery = parse_query(&req)?;
-    let limit = query.limit.unwrap_or(100);
-    if !(1..=500).contains(&limit) {
-        return Err(ApiError::new(
-            ProblemType::InvalidQuery,
-            "`limit` must be between 1 and 500",
-        ));
-    }
-    let after = match query.after {
-        Some(raw) => Some(AttemptId::parse(&raw).ok_or_else(|| {
-            ApiError::new(ProblemType::InvalidQuery, "`after` must be an attempt id")
-        })?),
-        None => None,
-    };
+    let limit = page_limit(query.limit, 100, 500)?;
+    let after = query_id(query.after, "after", "an attempt id", AttemptId::parse)?;
     let rows = app.unknown_queue(&caller.0, after, limit).await?;
     let now = now_ms();
     Ok(HttpResponse::Ok().json(
@@ -136,13 +127,7 @@ pub async fn races(
 ) -> Result<HttpResponse, ApiError> {
     crate::app::require_admin(&caller.0)?;
     let query: RaceQuery = parse_query(&req)?;
-    let limit = query.limit.unwrap_or(100);
-    if !(1..=1000).contains(&limit) {
-        return Err(ApiError::new(
-            ProblemType::InvalidQuery,
-            "`limit` must be between 1 and 1000",
-        ));
-    }
+    let limit = page_limit(query.limit, 100, 1000)?;
     let rows = app.races(&caller.0, limit).await?;
     Ok(HttpResponse::Ok().json(rows.iter().map(RaceView::from).collect::<Vec<_>>()))
 }

@@ -118,3 +118,36 @@ pub fn parse_query<T: serde::de::DeserializeOwned>(req: &HttpRequest) -> Result<
         .map(web::Query::into_inner)
         .map_err(|e| ApiError::new(ProblemType::InvalidQuery, e.to_string()))
 }
+
+/// A page size from the query: `default` when absent, else 1..=`max` (400
+/// `invalid-query` outside it).
+pub fn page_limit(limit: Option<i64>, default: i64, max: i64) -> Result<i64, ApiError> {
+    let limit = limit.unwrap_or(default);
+    if (1..=max).contains(&limit) {
+        Ok(limit)
+    } else {
+        Err(ApiError::new(
+            ProblemType::InvalidQuery,
+            format!("`limit` must be between 1 and {max}"),
+        ))
+    }
+}
+
+/// An id from the query, if given: `parse` it or answer 400 `invalid-query`
+/// saying what `name` must be.
+pub fn query_id<T>(
+    raw: Option<String>,
+    name: &str,
+    what: &str,
+    parse: impl FnOnce(&str) -> Option<T>,
+) -> Result<Option<T>, ApiError> {
+    raw.map(|raw| {
+        parse(&raw).ok_or_else(|| {
+            ApiError::new(
+                ProblemType::InvalidQuery,
+                format!("`{name}` must be {what}"),
+            )
+        })
+    })
+    .transpose()
+}
