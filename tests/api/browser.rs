@@ -1,6 +1,8 @@
 //! Real headless Chromium, driven through chromedriver: a real double click
-//! (with htmx, with htmx's boost turned off, and with JavaScript off), the
-//! console's flows, and the screenshots in the README.
+//! (with htmx, with htmx's boost turned off, and with JavaScript off), Back
+//! and submit again (with JavaScript on and off), the console's flows (the
+//! Unknown queue, the race log, Users, job search), whether pages fit at 1280
+//! and 390 px, and the screenshots in the README.
 //!
 //! Chromium and chromedriver come from Debian's packages (`.ci/run` installs
 //! them). In CI a missing browser fails these tests; elsewhere they are
@@ -22,7 +24,7 @@ use std::time::{Duration, Instant};
 use diesel::prelude::*;
 use fantoccini::actions::{InputSource, MouseActions, PointerAction, MOUSE_BUTTON_LEFT};
 use fantoccini::{Client, ClientBuilder, Locator};
-use onejob::store::schema::{attempts, audit_log, jobs, race_log};
+use onejob::store::schema::{api_tokens, attempts, audit_log, jobs, race_log, users};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{oneshot, Notify};
@@ -30,7 +32,7 @@ use tokio::task::{AbortHandle, JoinSet};
 
 use crate::fake_provider::{config_of, strict_task_toml, Behaviour, FakeProvider, Shape};
 use crate::helpers::{
-    in_ci, spawn_app, spawn_app_with, summarize, test_config, TestApp, TestBackend,
+    in_ci, spawn_app, spawn_app_with, summarize, test_config, FormClient, TestApp, TestBackend,
 };
 
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
@@ -478,6 +480,164 @@ impl Browser {
             .unwrap_or_default()
     }
 
+    /// The text of the element matching `css`.
+    pub async fn text_of(&self, css: &str) -> String {
+        let path = self.path().await;
+        self.client
+            .find(Locator::Css(css))
+            .await
+            .unwrap_or_else(|e| panic!("no {css} on {path}: {e}"))
+            .text()
+            .await
+            .unwrap()
+    }
+
+    /// An attribute of the element matching `css`.
+    pub async fn attr_of(&self, css: &str, name: &str) -> Option<String> {
+        let path = self.path().await;
+        self.client
+            .find(Locator::Css(css))
+            .await
+            .unwrap_or_else(|e| panic!("no {css} on {path}: {e}"))
+            .attr(name)
+            .await
+            .unwrap()
+    }
+
+    /// Chooses the option with this value in the `<select>` matching `css`.
+    pub async fn select(&self, css: &str, value: &str) {
+        self.client
+            .find(Locator::Css(css))
+            .await
+            .unwrap()
+            .select_by_value(value)
+            .await
+            .unwrap();
+    }
+
+    /// Empties the field matching `css`, then types `text` into it.
+    pub async fn replace_text(&self, css: &str, text: &str) {
+        let field = self.client.find(Locator::Css(css)).await.unwrap();
+        field.clear().await.unwrap();
+        if !text.is_empty() {
+            field.send_keys(text).await.unwrap();
+        }
+    }
+
+    /// Marks the page's `<main>`, so that [`Browser::wait_for_fresh_content`]
+    /// can tell new content from it, whether it comes with a new document (a
+    /// native navigation) or is swapped into this one (a boosted htmx
+    /// request, a history restore).
+    pub async fn mark_content(&self) -> String {
+        let mark = uuid::Uuid::now_v7().to_string();
+        let set = self
+            .client
+            .execute(
+                "const main = document.querySelector('main');
+                 main.setAttribute('data-test-mark', arguments[0]);
+                 return main.getAttribute('data-test-mark');",
+                vec![json!(mark)],
+            )
+            .await
+            .unwrap();
+        assert_eq!(set, json!(mark), "the content could not be marked");
+        mark
+    }
+
+    /// Waits until the page's `<main>` is not the one marked with `mark`, the
+    /// document is loaded, and its path satisfies `ok`; returns the path.
+    pub async fn wait_for_fresh_content(&self, mark: &str, ok: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            // An error means a navigation is under way: ask again.
+            let state = self
+                .client
+                .execute(
+                    "const main = document.querySelector('main');
+                     if (!main || main.getAttribute('data-test-mark') === arguments[0]) return 'marked';
+                     return document.readyState;",
+                    vec![json!(mark)],
+                )
+                .await;
+            if let Ok(Value::String(state)) = state {
+                if state == "complete" {
+                    let path = self.path().await;
+                    if ok(&path) {
+                        return path;
+                    }
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no fresh content replaced the marked one (the browser is on {})",
+                self.path().await
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Clicks the element matching `css` and waits for the content it brings,
+    /// at a path that satisfies `ok`; returns the path.
+    pub async fn click_and_wait(&self, css: &str, ok: impl Fn(&str) -> bool) -> String {
+        let mark = self.mark_content().await;
+        self.click(css).await;
+        self.wait_for_fresh_content(&mark, ok).await
+    }
+
+    /// Signs out with the header's button.
+    pub async fn sign_out(&self) {
+        self.click_and_wait("form.signout button", |p| p == "/login")
+            .await;
+    }
+
+    /// At 1280 and 390 px wide: asserts that the page does not scroll
+    /// sideways (`scrollWidth <= innerWidth`), that no table scrolls inside
+    /// its frame, and that every field, button, link and cell of the content
+    /// lies within the viewport's width, so all of it can be reached and
+    /// used; with `save`, also saves the screenshots as
+    /// [`Browser::screenshots`] does.
+    pub async fn assert_fits_at_each_width(&self, name: &str, save: bool) {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/screenshots");
+        for (width, height) in [(1280, 900), (390, 844)] {
+            self.client.set_window_size(width, height).await.unwrap();
+            self.wait_for_layout(width).await;
+            let problems = self
+                .eval(
+                    "const width = window.innerWidth, problems = [];
+                     const page = document.documentElement.scrollWidth;
+                     if (page > width) problems.push(`the page is ${page} px wide`);
+                     for (const wrap of document.querySelectorAll('main .table-wrap')) {
+                       if (wrap.scrollWidth > wrap.clientWidth + 1)
+                         problems.push(`a table needs ${wrap.scrollWidth} px in ${wrap.clientWidth}`);
+                     }
+                     const parts = 'input:not([type=hidden]), select, textarea, button, a, td, th, h1, h2, code, p';
+                     for (const element of document.querySelectorAll('header.top, main, main :is(' + parts + ')')) {
+                       const r = element.getBoundingClientRect();
+                       if (r.width === 0 && r.height === 0) continue;
+                       if (r.left < -1 || r.right > width + 1) {
+                         const what = element.tagName.toLowerCase() + (element.className ? '.' + element.className : '');
+                         problems.push(`${what} '${element.textContent.trim().slice(0, 30)}' spans ${Math.round(r.left)}..${Math.round(r.right)} px`);
+                       }
+                     }
+                     return problems;",
+                )
+                .await;
+            assert_eq!(
+                problems,
+                json!([]),
+                "{name} at {width} px ({}): something sticks out sideways",
+                self.path().await
+            );
+            if save {
+                std::fs::create_dir_all(&dir).unwrap();
+                let png = self.client.screenshot().await.unwrap();
+                std::fs::write(dir.join(format!("{name}-{width}.png")), png).unwrap();
+            }
+        }
+        self.client.set_window_size(1280, 900).await.unwrap();
+        self.wait_for_layout(1280).await;
+    }
+
     /// The requests Chromium sent since the last call, from its performance
     /// log (`Network.requestWillBeSent`; reading drains the log).
     async fn sent_requests(&self) -> Vec<SentRequest> {
@@ -912,6 +1072,100 @@ async fn race_rows(app: &TestApp, job_id: &str) -> Vec<RaceRow> {
                 race_log::version_found,
                 race_log::payload_sha256,
             ))
+            .load(conn)
+            .unwrap()
+    })
+    .await
+}
+
+/// A user row, as stored.
+#[derive(Debug, Queryable)]
+struct UserRow {
+    role: String,
+    disabled_at: Option<i64>,
+    password_hash: Option<String>,
+}
+
+/// The user called `name`, if there is one.
+async fn user_row(app: &TestApp, name: &str) -> Option<UserRow> {
+    let name = name.to_owned();
+    app.with_conn(move |conn| {
+        users::table
+            .filter(users::name.eq(name))
+            .select((users::role, users::disabled_at, users::password_hash))
+            .first(conn)
+            .optional()
+            .unwrap()
+    })
+    .await
+}
+
+/// How many API tokens the user called `name` has.
+async fn token_count(app: &TestApp, name: &str) -> i64 {
+    let name = name.to_owned();
+    app.with_conn(move |conn| {
+        api_tokens::table
+            .inner_join(users::table)
+            .filter(users::name.eq(name))
+            .count()
+            .get_result(conn)
+            .unwrap()
+    })
+    .await
+}
+
+/// One audit entry about a user: (actor, action, subject, reason), names
+/// for ids.
+type UserAudit = (String, String, String, String);
+
+/// The audit log's entries about users, oldest first.
+async fn user_audit(app: &TestApp) -> Vec<UserAudit> {
+    app.with_conn(|conn| {
+        let names: Vec<(String, String)> = users::table
+            .select((users::id, users::name))
+            .load(conn)
+            .unwrap();
+        let name = |id: &str| {
+            names
+                .iter()
+                .find(|(user, _)| user == id)
+                .map_or_else(|| format!("unknown user {id}"), |(_, name)| name.clone())
+        };
+        let rows: Vec<(String, String, Option<String>, String)> = audit_log::table
+            .filter(audit_log::subject_user_id.is_not_null())
+            .order((audit_log::at, audit_log::id))
+            .select((
+                audit_log::actor_id,
+                audit_log::action,
+                audit_log::subject_user_id,
+                audit_log::reason,
+            ))
+            .load(conn)
+            .unwrap();
+        rows.into_iter()
+            .map(|(actor, action, subject, reason)| {
+                (
+                    name(&actor),
+                    action,
+                    name(subject.as_deref().unwrap_or_default()),
+                    reason,
+                )
+            })
+            .collect()
+    })
+    .await
+}
+
+/// A job as the search page lists it: (id, owner's name, key, status).
+type ListedJob = (String, String, String, String);
+
+/// Every job, newest first, with its owner's name.
+async fn every_job(app: &TestApp) -> Vec<ListedJob> {
+    app.with_conn(|conn| {
+        jobs::table
+            .inner_join(users::table.on(users::id.eq(jobs::owner_id)))
+            .order((jobs::created_at.desc(), jobs::id.desc()))
+            .select((jobs::id, users::name, jobs::idempotency_key, jobs::status))
             .load(conn)
             .unwrap()
     })
@@ -1827,6 +2081,696 @@ async fn a_user_without_the_role_cannot_open_the_console(backend: TestBackend) {
     browser.close().await;
 }
 
+/// Applies `action` to the user called `name` from their row of the Users
+/// page, with `reason`, and waits for the answer; returns its path.
+async fn act_on_user(browser: &Browser, name: &str, action: &str, reason: &str) -> String {
+    let row = format!("tr.user-row[data-user='{name}']");
+    browser
+        .select(&format!("{row} select[name=action]"), action)
+        .await;
+    browser
+        .fill(&format!("{row} input[name=reason]"), reason)
+        .await;
+    browser
+        .click_and_wait(&format!("{row} button"), |p| p.starts_with("/admin/users"))
+        .await
+}
+
+/// Asserts that `secret` is nowhere in the page, nor in the page's web
+/// storage (where htmx would keep its history cache).
+async fn assert_not_kept(browser: &Browser, secret: &str) {
+    let source = browser.client.source().await.unwrap();
+    assert!(
+        !source.contains(secret),
+        "the password is still in the page at {}",
+        browser.path().await
+    );
+    let stored = browser
+        .client
+        .execute(
+            "const found = [];
+             for (const store of [localStorage, sessionStorage]) {
+               for (let i = 0; i < store.length; i++) {
+                 const key = store.key(i);
+                 if ((key + store.getItem(key)).includes(arguments[0])) found.push(key);
+               }
+             }
+             return found;",
+            vec![json!(secret)],
+        )
+        .await
+        .unwrap();
+    assert_eq!(stored, json!([]), "the password is kept in web storage");
+}
+
+/// The Users page's rows: (name, role, disabled, tokens) each.
+async fn listed_users(browser: &Browser) -> Value {
+    browser
+        .eval(
+            "return [...document.querySelectorAll('tr.user-row')].map(row => [
+               row.dataset.user,
+               row.querySelector('td[data-label=Role]').textContent.trim(),
+               row.querySelector('td[data-label=State]').textContent.trim(),
+               row.querySelector('td[data-label=Tokens]').textContent.trim(),
+             ]);",
+        )
+        .await
+}
+
+async fn an_admin_adds_resets_disables_enables_promotes_and_revokes_on_the_users_page(
+    backend: TestBackend,
+) {
+    let app = spawn_app(backend).await;
+    app.set_password("ada", "ada-pw").await;
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    browser.sign_in(&app, "ada", "ada-pw").await;
+    browser.goto(&app, "/admin").await;
+    let mark = browser.mark_content().await;
+    browser.click_link("Users").await;
+    browser
+        .wait_for_fresh_content(&mark, |p| p == "/admin/users")
+        .await;
+    assert_eq!(
+        listed_users(&browser).await,
+        json!([
+            ["ada", "admin", "active", "1"],
+            ["alice", "user", "active", "1"],
+            ["bob", "user", "active", "1"],
+            ["sue", "support", "active", "1"],
+        ])
+    );
+
+    // Add a support user: the password is shown once, on the answer page.
+    browser.fill("form.add-user input[name=name]", "zoe").await;
+    browser
+        .select("form.add-user select[name=role]", "support")
+        .await;
+    browser
+        .fill("form.add-user input[name=reason]", "new support hire")
+        .await;
+    browser
+        .click_and_wait("form.add-user button", |p| p == "/admin/users")
+        .await;
+    assert_eq!(
+        browser.text_of("#user-done h1").await,
+        "added zoe as support"
+    );
+    let password = browser.text_of("#new-password").await;
+    assert_eq!(password.len(), 20, "a generated password: {password:?}");
+    let zoe = user_row(&app, "zoe").await.expect("zoe is stored");
+    assert_eq!((zoe.role.as_str(), zoe.disabled_at), ("support", None));
+    let hash = zoe.password_hash.clone().expect("zoe has a password");
+    assert!(
+        hash.starts_with("$argon2id$") && !hash.contains(&password),
+        "only the password's hash is stored"
+    );
+    // Back to the list: the password is gone from the page and is kept
+    // nowhere in the browser; going Back does not bring it again.
+    browser
+        .click_and_wait("#user-done a.button", |p| p == "/admin/users")
+        .await;
+    assert_eq!(
+        browser
+            .count("tr.user-row[data-user=zoe][data-role=support]")
+            .await,
+        1
+    );
+    assert_not_kept(&browser, &password).await;
+    let mark = browser.mark_content().await;
+    browser.client.back().await.unwrap();
+    browser
+        .wait_for_fresh_content(&mark, |p| p == "/admin/users")
+        .await;
+    assert_eq!(browser.count("#new-password").await, 0);
+    assert_eq!(browser.count("tr.user-row").await, 5, "the list, again");
+    assert_not_kept(&browser, &password).await;
+
+    // The shown password is zoe's: she signs in with it. She is support:
+    // the console opens, the Users page refuses her with a readable page.
+    browser.sign_out().await;
+    browser.sign_in(&app, "zoe", &password).await;
+    browser.goto(&app, "/admin").await;
+    assert_eq!(browser.text_of("main h1").await, "Console");
+    assert_eq!(browser.count("a[href='/admin/users']").await, 0);
+    browser.goto(&app, "/admin/users").await;
+    assert_eq!(browser.text_of("main h1").await, "Not allowed");
+    let refusal = browser.text_of("main").await;
+    assert!(
+        refusal.contains("This is for admins.") && refusal.contains("HTTP 403"),
+        "{refusal}"
+    );
+    assert_eq!(browser.count("tr.user-row").await, 0, "no user is listed");
+    browser.goto(&app, "/jobs/new").await;
+    browser.sign_out().await;
+
+    // Reset zoe's password: a new one is shown once; it works, the old
+    // one does not.
+    browser.sign_in(&app, "ada", "ada-pw").await;
+    browser.goto(&app, "/admin/users").await;
+    act_on_user(&browser, "zoe", "reset-password", "forgot her password").await;
+    assert_eq!(
+        browser.text_of("#user-done h1").await,
+        "new password for zoe; their sessions ended"
+    );
+    let new_password = browser.text_of("#new-password").await;
+    assert_eq!(new_password.len(), 20);
+    assert_ne!(new_password, password);
+    browser.assert_fits_at_each_width("user-done", false).await;
+    let stored = user_row(&app, "zoe").await.unwrap().password_hash.unwrap();
+    assert_ne!(stored, hash, "a new hash is stored");
+    FormClient::new(&app).sign_in("zoe", &new_password).await;
+    let old = FormClient::new(&app);
+    let page = old.get("/login").await.text().await.unwrap();
+    let csrf = crate::helpers::hidden_value(&page, "csrf");
+    let refused = old
+        .post_form(
+            "/login",
+            &[("name", "zoe"), ("password", &password), ("csrf", &csrf)],
+        )
+        .await;
+    assert_ne!(refused.status(), 303, "the old password no longer signs in");
+    browser
+        .click_and_wait("#user-done a.button", |p| p == "/admin/users")
+        .await;
+    assert_not_kept(&browser, &new_password).await;
+
+    // Disable bob, then enable him again.
+    assert_eq!(
+        act_on_user(&browser, "bob", "disable", "left the team").await,
+        "/admin/users"
+    );
+    assert_eq!(
+        browser
+            .attr_of("tr.user-row[data-user=bob]", "data-disabled")
+            .await
+            .as_deref(),
+        Some("true")
+    );
+    assert_eq!(
+        browser
+            .text_of("tr.user-row[data-user=bob] td[data-label=State]")
+            .await,
+        "disabled"
+    );
+    assert!(user_row(&app, "bob").await.unwrap().disabled_at.is_some());
+    assert_eq!(
+        browser
+            .count("tr.user-row[data-user=bob] option[value=enable]")
+            .await,
+        1,
+        "a disabled user can be enabled"
+    );
+    act_on_user(&browser, "bob", "enable", "back from leave").await;
+    assert_eq!(
+        browser
+            .attr_of("tr.user-row[data-user=bob]", "data-disabled")
+            .await
+            .as_deref(),
+        Some("false")
+    );
+    assert_eq!(user_row(&app, "bob").await.unwrap().disabled_at, None);
+
+    // Make alice support.
+    act_on_user(&browser, "alice", "role-support", "joined the support team").await;
+    assert_eq!(
+        browser
+            .attr_of("tr.user-row[data-user=alice]", "data-role")
+            .await
+            .as_deref(),
+        Some("support")
+    );
+    assert_eq!(user_row(&app, "alice").await.unwrap().role, "support");
+
+    // Revoke alice's API tokens: her token stops working.
+    assert_eq!(token_count(&app, "alice").await, 1);
+    assert_eq!(
+        app.get(&app.alice.token, "/api/v1/jobs").await.status(),
+        200
+    );
+    act_on_user(&browser, "alice", "revoke-tokens", "laptop lost").await;
+    assert_eq!(token_count(&app, "alice").await, 0);
+    assert_eq!(
+        app.get(&app.alice.token, "/api/v1/jobs").await.status(),
+        401
+    );
+    assert_eq!(
+        listed_users(&browser).await,
+        json!([
+            ["ada", "admin", "active", "1"],
+            ["alice", "support", "active", "0"],
+            ["bob", "user", "active", "1"],
+            ["sue", "support", "active", "1"],
+            ["zoe", "support", "active", "0"],
+        ])
+    );
+
+    // Each action is audited as ada's, on its user, with its reason.
+    let audit = user_audit(&app).await;
+    let expected = [
+        ("add_user", "zoe", "added zoe as support: new support hire"),
+        (
+            "reset_password",
+            "zoe",
+            "new password for zoe; their sessions ended: forgot her password",
+        ),
+        ("disable_user", "bob", "disabled bob: left the team"),
+        ("enable_user", "bob", "enabled bob: back from leave"),
+        (
+            "set_role",
+            "alice",
+            "alice is now support: joined the support team",
+        ),
+        (
+            "revoke_tokens",
+            "alice",
+            "revoked 1 API token(s) of alice: laptop lost",
+        ),
+    ];
+    let expected: Vec<UserAudit> = expected
+        .iter()
+        .map(|(action, subject, reason)| {
+            (
+                "ada".to_owned(),
+                (*action).to_owned(),
+                (*subject).to_owned(),
+                (*reason).to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(audit, expected);
+
+    browser
+        .assert_fits_at_each_width("users", backend == TestBackend::Sqlite)
+        .await;
+    browser.close().await;
+}
+
+/// The search page's result rows: (id, owner, key, status) each, and each
+/// row's link.
+async fn listed_jobs(browser: &Browser) -> (Vec<ListedJob>, Vec<String>) {
+    let rows = browser
+        .eval(
+            "return [...document.querySelectorAll('tr.job-row')].map(row => [
+               row.dataset.job,
+               row.querySelector('td[data-label=Owner]').textContent.trim(),
+               row.querySelector('td[data-label=Key]').textContent.trim(),
+               row.querySelector('td[data-label=Status]').textContent.trim(),
+               row.querySelector('td[data-label=Job] a').getAttribute('href'),
+             ]);",
+        )
+        .await;
+    let rows: Vec<[String; 5]> = serde_json::from_value(rows).unwrap();
+    rows.into_iter()
+        .map(|[id, owner, key, status, link]| ((id, owner, key, status), link))
+        .unzip()
+}
+
+/// Fills the search form with `fields` (the others emptied), submits it, and
+/// waits for the answer; returns its path.
+async fn search_jobs(browser: &Browser, fields: &[(&str, &str)]) -> String {
+    let value = |name: &str| {
+        fields
+            .iter()
+            .find(|(field, _)| *field == name)
+            .map_or("", |(_, value)| *value)
+    };
+    for name in ["job", "owner", "key"] {
+        browser
+            .replace_text(&format!("#job-search input[name={name}]"), value(name))
+            .await;
+    }
+    for name in ["status", "provider"] {
+        browser
+            .select(&format!("#job-search select[name={name}]"), value(name))
+            .await;
+    }
+    browser
+        .click_and_wait("#job-search button", |p| {
+            p.starts_with("/admin/jobs") || is_job_path(p)
+        })
+        .await
+}
+
+async fn support_finds_jobs_by_owner_status_key_and_id_and_opens_them(backend: TestBackend) {
+    // sim-hang never answers: bob's job goes unknown.
+    let app = spawn_app_with(backend, test_config(crate::authorization::PROVIDERS)).await;
+    app.set_password("sue", "sue-pw").await;
+    let first = app
+        .create_job(&app.alice.token, "order-77", &summarize("first"))
+        .await;
+    let mut hanging = summarize("second");
+    hanging["provider"] = "sim-hang".into();
+    // A key as some API clients make it: a digest, 64 characters unbroken.
+    let digest_key = onejob::domain::sha256_hex(b"order-78");
+    let second = app.create_job(&app.bob.token, &digest_key, &hanging).await;
+    // The key a browser's submit form makes: a UUID, long and unbroken.
+    let form_key = uuid::Uuid::now_v7().to_string();
+    let third = app
+        .create_job(&app.alice.token, &form_key, &summarize("third"))
+        .await;
+    app.wait_for_status(&first, "succeeded", WAIT).await;
+    app.wait_for_status(&second, "unknown", WAIT).await;
+    app.wait_for_status(&third, "succeeded", WAIT).await;
+    let stored = every_job(&app).await;
+    let ids: Vec<&str> = stored.iter().map(|job| job.0.as_str()).collect();
+    assert_eq!(ids, vec![&third, &second, &first], "newest first");
+    let matching = |keep: &dyn Fn(&ListedJob) -> bool| -> Vec<ListedJob> {
+        stored.iter().filter(|job| keep(job)).cloned().collect()
+    };
+    let links = |jobs: &[ListedJob]| -> Vec<String> {
+        jobs.iter().map(|job| format!("/jobs/{}", job.0)).collect()
+    };
+
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    browser.sign_in(&app, "sue", "sue-pw").await;
+    browser.goto(&app, "/admin").await;
+    let mark = browser.mark_content().await;
+    browser.click_link("Find a job").await;
+    browser
+        .wait_for_fresh_content(&mark, |p| p == "/admin/jobs")
+        .await;
+    // Every job, newest first, as stored.
+    let (rows, row_links) = listed_jobs(&browser).await;
+    assert_eq!(rows, stored);
+    assert_eq!(row_links, links(&stored));
+    browser
+        .assert_fits_at_each_width("job-search", backend == TestBackend::Sqlite)
+        .await;
+
+    // By owner.
+    search_jobs(&browser, &[("owner", "alice")]).await;
+    let alice = matching(&|job| job.1 == "alice");
+    assert_eq!(alice.len(), 2);
+    assert_eq!(listed_jobs(&browser).await, (alice.clone(), links(&alice)));
+    assert_eq!(
+        browser.value_of("#job-search input[name=owner]").await,
+        "alice"
+    );
+    // By status.
+    search_jobs(&browser, &[("status", "unknown")]).await;
+    let unknown = matching(&|job| job.3 == "unknown");
+    assert_eq!(unknown.len(), 1);
+    assert_eq!(
+        listed_jobs(&browser).await,
+        (unknown.clone(), links(&unknown))
+    );
+    assert_eq!(
+        browser.value_of("#job-search select[name=status]").await,
+        "unknown"
+    );
+    // By the customer's idempotency key.
+    search_jobs(&browser, &[("key", "order-77")]).await;
+    let keyed = matching(&|job| job.2 == "order-77");
+    assert_eq!(keyed.len(), 1);
+    assert_eq!(listed_jobs(&browser).await, (keyed.clone(), links(&keyed)));
+    // An owner and a key that do not go together: nothing, said so.
+    search_jobs(&browser, &[("owner", "bob"), ("key", "order-77")]).await;
+    assert_eq!(browser.count("tr.job-row").await, 0);
+    assert_eq!(browser.text_of("#search-message").await, "No job matches.");
+    // An id that is not one.
+    search_jobs(&browser, &[("job", "not-an-id")]).await;
+    assert_eq!(
+        browser.text_of("#search-message").await,
+        "not-an-id is not a job id."
+    );
+    // By id: straight to the job's page.
+    let landed = search_jobs(&browser, &[("job", &second)]).await;
+    assert_eq!(landed, format!("/jobs/{second}"));
+    assert_eq!(browser.text_of("#job-owner").await, "Owner: bob");
+    assert_eq!(browser.text_of("#job-status").await, "unknown");
+
+    // A result's link opens its job.
+    browser.goto(&app, "/admin/jobs").await;
+    search_jobs(&browser, &[("owner", "alice")]).await;
+    let target = format!("/jobs/{first}");
+    let opened = browser
+        .click_and_wait(&format!("tr.job-row a[href='{target}']"), is_job_path)
+        .await;
+    assert_eq!(opened, target);
+    assert_eq!(browser.text_of("#job-owner").await, "Owner: alice");
+    assert_eq!(browser.text_of("#job-status").await, "succeeded");
+    browser.close().await;
+}
+
+/// The server's count of `method route` answered with `status`.
+fn answered(exposition: &str, method: &str, route: &str, status: &str) -> u64 {
+    metric_sum(
+        exposition,
+        "onejob_http_request_seconds_count",
+        &[("method", method), ("route", route), ("status", status)],
+    ) as u64
+}
+
+/// In Chromium with page scripts on or off: opens a fresh form, submits it
+/// (landing on the job), goes Back to the form, and submits it again,
+/// unchanged or edited. Unchanged, the second submission lands on the same
+/// job; edited, it gets the key-reused page (409) linking the first job.
+/// Either way one job, with the first content and one attempt, is stored.
+async fn submit_go_back_and_submit_again(backend: TestBackend, javascript: bool, edit: bool) {
+    let app = spawn_app(backend).await;
+    app.set_password("alice", "alice-pw").await;
+    let Some(browser) = Browser::start_with(javascript).await else {
+        return;
+    };
+    browser.sign_in(&app, "alice", "alice-pw").await;
+    browser.goto(&app, "/jobs/new").await;
+    let htmx = if javascript { "object" } else { "undefined" };
+    assert_eq!(browser.eval("return typeof htmx;").await, json!(htmx));
+    let form_url = browser.client.current_url().await.unwrap();
+    let key = browser.value_of("input[name=idempotency_key]").await;
+    assert_eq!(
+        form_url.query(),
+        Some(format!("key={key}").as_str()),
+        "the form's key is in its address"
+    );
+    let first_text = "Summarize this, then go back.";
+    browser
+        .fill("textarea[name='input.text']", first_text)
+        .await;
+    let document = browser.mark_document().await;
+    let job_path = browser.click_and_wait("#submit-button", is_job_path).await;
+    browser
+        .wait_for_text("#job-status", |s| !s.is_empty())
+        .await;
+    let rows = job_rows(&app, &app.alice.id).await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(job_path, format!("/jobs/{}", rows[0].id));
+    let job_id = rows[0].id.clone();
+
+    // Back to the form, at its address.
+    let forms_before = answered(&metrics(&app).await, "GET", "/jobs/new", "200");
+    browser.client.back().await.unwrap();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let shown = browser
+            .client
+            .execute(
+                "return document.readyState === 'complete' && location.href === arguments[0]
+                   && document.getElementById('submit-form') !== null;",
+                vec![json!(form_url.as_str())],
+            )
+            .await;
+        if matches!(shown, Ok(Value::Bool(true))) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Back did not bring the form at {form_url} (the browser is on {})",
+            browser.path().await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let asked_again = answered(&metrics(&app).await, "GET", "/jobs/new", "200") - forms_before;
+    let same_document = browser
+        .client
+        .execute(
+            "return window.__onejob_marker === arguments[0];",
+            vec![json!(document)],
+        )
+        .await
+        .unwrap()
+        == json!(true);
+    if javascript {
+        // htmx moved between the pages in one document, and keeps no
+        // history cache (historyCacheSize 0): it asked the server again.
+        assert!(same_document, "htmx kept the document");
+        assert_eq!(asked_again, 1, "htmx asked the server for the form again");
+    }
+    if asked_again > 0 {
+        // The server drew the form again: it says it was submitted, links
+        // the job, and holds what it sent.
+        let notice = browser.text_of("#already-submitted").await;
+        assert!(
+            notice.contains("This form was already submitted."),
+            "{notice}"
+        );
+        assert_eq!(
+            browser
+                .count(&format!("#already-submitted a[href='{job_path}']"))
+                .await,
+            1,
+            "the notice links the job"
+        );
+    } else {
+        // Nothing was asked: Chromium showed the very page it left, from
+        // its back/forward cache, as it was.
+        assert!(same_document, "no new request, yet a new document");
+        assert_eq!(browser.count("#already-submitted").await, 0);
+        let _ = writeln!(
+            std::io::stderr(),
+            "note: Chromium restored the submitted form from its back/forward cache"
+        );
+    }
+    assert_eq!(browser.value_of("input[name=idempotency_key]").await, key);
+    assert_eq!(
+        browser.value_of("textarea[name='input.text']").await,
+        first_text
+    );
+
+    // Submit again.
+    let sent_text = if edit {
+        let edited = "Summarize this, edited after going back.";
+        browser
+            .replace_text("textarea[name='input.text']", edited)
+            .await;
+        edited
+    } else {
+        first_text
+    };
+    let _ = browser.sent_requests().await;
+    let landed = browser
+        .click_and_wait("#submit-button", |p| {
+            if edit {
+                p == "/jobs"
+            } else {
+                is_job_path(p)
+            }
+        })
+        .await;
+    let posts: Vec<SentRequest> = browser
+        .sent_requests()
+        .await
+        .into_iter()
+        .filter(|r| r.method == "POST" && r.path == "/jobs")
+        .collect();
+    assert_eq!(posts.len(), 1, "{posts:#?}");
+    let post = &posts[0];
+    if javascript {
+        assert!(post.has_header("HX-Request"), "sent by htmx: {post:#?}");
+    } else {
+        assert_eq!(post.kind, "Document", "a native submission: {post:#?}");
+        assert!(!post.has_header("HX-Request"), "not htmx: {post:#?}");
+    }
+    if let Some(body) = &post.post_data {
+        assert!(body.contains(&key), "the form's key is sent again: {body}");
+    }
+    let exposition = metrics(&app).await;
+    if edit {
+        let title = browser.text_of("#key-reused h1").await;
+        assert_eq!(
+            title,
+            "This form was already submitted, with different content"
+        );
+        assert_eq!(
+            browser
+                .attr_of("#key-reused a.button", "href")
+                .await
+                .as_deref(),
+            Some(job_path.as_str()),
+            "the page links the first job"
+        );
+        assert_eq!(answered(&exposition, "POST", "/jobs", "409"), 1);
+        assert_eq!(
+            metric_sum(&exposition, "onejob_idempotency_conflicts_total", &[]),
+            1.0
+        );
+    } else {
+        assert_eq!(landed, job_path, "lands on the same job");
+        assert_eq!(
+            metric_sum(&exposition, "onejob_jobs_replayed_total", &[]),
+            1.0,
+            "answered with the first submission's job"
+        );
+    }
+    assert_eq!(
+        answered(&exposition, "POST", "/jobs", "303"),
+        if edit { 1 } else { 2 }
+    );
+    assert_eq!(
+        metric_sum(&exposition, "onejob_jobs_created_total", &[]),
+        1.0
+    );
+
+    // What is stored: one job under the form's key, with the first content
+    // and one attempt.
+    let rows = job_rows(&app, &app.alice.id).await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].id, job_id);
+    assert_eq!(rows[0].idempotency_key, key);
+    assert_eq!(rows[0].input(), json!({ "text": first_text }));
+    if edit {
+        assert_ne!(
+            rows[0].input(),
+            json!({ "text": sent_text }),
+            "not the edit"
+        );
+    }
+    assert_eq!(attempt_rows(&app, &job_id).await.len(), 1, "one attempt");
+    if edit {
+        let opened = browser
+            .click_and_wait("#key-reused a.button", is_job_path)
+            .await;
+        assert_eq!(opened, job_path);
+    }
+
+    // The form's address, asked for again, says the form was submitted,
+    // links the job, and holds what it sent the first time.
+    let mark = browser.mark_document().await;
+    browser.client.goto(form_url.as_str()).await.unwrap();
+    browser
+        .wait_for_fresh_page(&mark, |p| p == "/jobs/new")
+        .await;
+    assert_eq!(
+        browser
+            .count(&format!("#already-submitted a[href='{job_path}']"))
+            .await,
+        1
+    );
+    assert_eq!(
+        browser.value_of("textarea[name='input.text']").await,
+        first_text
+    );
+    browser.close().await;
+}
+
+async fn back_and_submit_again_unchanged_with_javascript_lands_on_the_same_job(
+    backend: TestBackend,
+) {
+    submit_go_back_and_submit_again(backend, true, false).await;
+}
+
+async fn back_and_submit_again_edited_with_javascript_gets_the_key_reused_page(
+    backend: TestBackend,
+) {
+    submit_go_back_and_submit_again(backend, true, true).await;
+}
+
+async fn back_and_submit_again_unchanged_without_javascript_lands_on_the_same_job(
+    backend: TestBackend,
+) {
+    submit_go_back_and_submit_again(backend, false, false).await;
+}
+
+async fn back_and_submit_again_edited_without_javascript_gets_the_key_reused_page(
+    backend: TestBackend,
+) {
+    submit_go_back_and_submit_again(backend, false, true).await;
+}
+
 on_both_backends!(
     a_real_double_click_on_submit_makes_one_job_and_lands_on_it,
     a_double_click_with_htmx_boost_off_sends_two_native_posts_and_makes_one_job,
@@ -1835,4 +2779,10 @@ on_both_backends!(
     support_abandons_an_unknown_attempt_from_the_queue_and_starts_the_next_one,
     the_race_log_shows_a_reverse_order_finish_and_links_to_the_job,
     a_user_without_the_role_cannot_open_the_console,
+    an_admin_adds_resets_disables_enables_promotes_and_revokes_on_the_users_page,
+    support_finds_jobs_by_owner_status_key_and_id_and_opens_them,
+    back_and_submit_again_unchanged_with_javascript_lands_on_the_same_job,
+    back_and_submit_again_edited_with_javascript_gets_the_key_reused_page,
+    back_and_submit_again_unchanged_without_javascript_lands_on_the_same_job,
+    back_and_submit_again_edited_without_javascript_gets_the_key_reused_page,
 );
