@@ -88,6 +88,11 @@ async fn the_users_page_adds_resets_revokes_disables_and_audits_each_action(back
             ],
         )
         .await;
+    // Shown once: a reload or Back under htmx shows the list, not a re-post.
+    assert_eq!(
+        response.headers().get("hx-replace-url").unwrap(),
+        "/admin/users"
+    );
     let password = shown_password(response).await;
     let zoe = FormClient::new(&app);
     zoe.sign_in("zoe", &password).await;

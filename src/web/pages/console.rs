@@ -394,12 +394,19 @@ fn user_done(user: &SignedIn, done: UserActionDone) -> HttpResponse {
     if done.password.is_none() {
         return see_other("/admin/users");
     }
-    render(&UserDonePage {
+    let mut page = render(&UserDonePage {
         nav: user.nav(),
         user: done.user,
         note: done.note,
         password: done.password,
-    })
+    });
+    // The password is shown once: with htmx the address bar says the Users
+    // page, so a reload or Back shows the list instead of posting again.
+    page.headers_mut().insert(
+        actix_web::http::header::HeaderName::from_static("hx-replace-url"),
+        actix_web::http::header::HeaderValue::from_static("/admin/users"),
+    );
+    page
 }
 
 #[derive(Deserialize)]
