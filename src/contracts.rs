@@ -81,26 +81,25 @@ impl TaskDefinition {
     /// key (relative to the task) and what is wrong.
     pub fn check(&self) -> Result<(), (String, String)> {
         let task = self;
-    if task.kind == TaskKind::Chat {
-        for (key, set) in [
-            ("template", task.template.is_some()),
-            ("output_schema", task.output_schema.is_some()),
-            ("input_fields", !task.input_fields.is_empty()),
-        ] {
-            if set {
-                return Err((
-                    key.to_owned(),
-                    "a chat route passes the client's messages through; it takes no template, \
+        if task.kind == TaskKind::Chat {
+            for (key, set) in [
+                ("template", task.template.is_some()),
+                ("output_schema", task.output_schema.is_some()),
+                ("input_fields", !task.input_fields.is_empty()),
+            ] {
+                if set {
+                    return Err((
+                        key.to_owned(),
+                        "a chat route passes the client's messages through; it takes no template, \
                      output schema or input fields"
-                        .into(),
-                ));
+                            .into(),
+                    ));
+                }
+            }
+            for (i, golden) in task.golden.iter().enumerate() {
+                check_chat_request(&golden.input).map_err(|e| (format!("golden[{i}].input"), e))?;
             }
         }
-        for (i, golden) in task.golden.iter().enumerate() {
-            check_chat_request(&golden.input)
-                .map_err(|e| (format!("golden[{i}].input"), e))?;
-        }
-    }
         if let Some(template) = &task.template {
             environment()
                 .template_from_str(template)
@@ -268,10 +267,17 @@ pub fn check_chat_request(request: &Value) -> Result<(), String> {
     for (i, message) in messages.iter().enumerate() {
         let role = message["role"].as_str().unwrap_or_default();
         if !["system", "developer", "user", "assistant", "tool"].contains(&role) {
-            return Err(format!("`messages[{i}].role` must be system, developer, user, assistant or tool"));
+            return Err(format!(
+                "`messages[{i}].role` must be system, developer, user, assistant or tool"
+            ));
         }
-        if !(message["content"].is_string() || message["content"].is_array() || message["content"].is_null()) {
-            return Err(format!("`messages[{i}].content` must be a string or an array of parts"));
+        if !(message["content"].is_string()
+            || message["content"].is_array()
+            || message["content"].is_null())
+        {
+            return Err(format!(
+                "`messages[{i}].content` must be a string or an array of parts"
+            ));
         }
     }
     match request.get("n") {
@@ -279,7 +285,10 @@ pub fn check_chat_request(request: &Value) -> Result<(), String> {
         Some(n) if n.as_u64() == Some(1) => {}
         Some(_) => return Err("`n` must be 1: one request, one answer".into()),
     }
-    if !matches!(request.get("stream"), None | Some(Value::Null | Value::Bool(_))) {
+    if !matches!(
+        request.get("stream"),
+        None | Some(Value::Null | Value::Bool(_))
+    ) {
         return Err("`stream` must be a boolean".into());
     }
     Ok(())

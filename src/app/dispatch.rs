@@ -36,7 +36,10 @@ impl Dispatch {
         let (prompt, chat) = if contract.is_chat() {
             (String::new(), Some(input.clone()))
         } else {
-            (contract.render_prompt(input).map_err(Outcome::Failed)?, None)
+            (
+                contract.render_prompt(input).map_err(Outcome::Failed)?,
+                None,
+            )
         };
         let call = Call {
             request_id,

@@ -132,32 +132,30 @@ impl App {
             &params,
             request.provider.as_deref(),
         )?;
+        // A request that today's configuration refuses may still be the
+        // retry of one it accepted: its key is looked up before the refusal
+        // (a replay never depends on today's configuration). One that passes
+        // goes straight to the insert, which finds an existing key itself.
+        let validated =
+            self.validate_new_job(owner, key.clone(), request, params, fingerprint.clone());
+        let new_job = validated.as_ref().ok().cloned();
         let (owner_id, key_text) = (owner.id.clone(), key.as_str().to_owned());
-        let existing = self
+        let found = self
             .store()
-            .run(move |conn| {
-                let Some(job) = job_store::find_by_key(conn, &owner_id, &key_text)? else {
-                    return Ok(None);
-                };
-                let attempts = job_store::attempts_of(conn, &job.id)?;
-                Ok(Some((job, attempts)))
+            .run(move |conn| match new_job {
+                Some(new_job) => job_store::create_job_with_attempts(conn, &new_job).map(Some),
+                None => {
+                    let Some(job) = job_store::find_by_key(conn, &owner_id, &key_text)? else {
+                        return Ok(None);
+                    };
+                    let attempts = job_store::attempts_of(conn, &job.id)?;
+                    Ok(Some((CreateOutcome::Existing(job), attempts)))
+                }
             })
             .await?;
-        if let Some((job, attempts)) = existing {
-            return self.replay_or_conflict(job, attempts, &fingerprint);
-        }
-        let new_job = self.validate_new_job(owner, key, request, params, fingerprint.clone())?;
-        let (outcome, attempts) = self
-            .store()
-            .run(move |conn| {
-                let outcome = job_store::create_job(conn, &new_job)?;
-                let job = match &outcome {
-                    CreateOutcome::Created(job) | CreateOutcome::Existing(job) => job,
-                };
-                let attempts = job_store::attempts_of(conn, &job.id)?;
-                Ok((outcome, attempts))
-            })
-            .await?;
+        let Some((outcome, attempts)) = found else {
+            return Err(validated.expect_err("only a refused request looks its key up alone"));
+        };
         match outcome {
             CreateOutcome::Created(job) => {
                 self.notify_queued();
@@ -169,7 +167,8 @@ impl App {
                     replayed: false,
                 })
             }
-            // A concurrent request with the same key won the insert.
+            // The key had made a job already (perhaps a concurrent request
+            // with the same key won the insert).
             CreateOutcome::Existing(job) => self.replay_or_conflict(job, attempts, &fingerprint),
         }
     }

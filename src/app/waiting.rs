@@ -17,7 +17,11 @@ const POLL: Duration = Duration::from_millis(200);
 impl App {
     /// The job and its attempts once it is finished, or as it is when
     /// `within` has passed.
-    pub async fn wait_for_job(&self, job_id: &JobId, within: Duration) -> AppResult<(Job, Vec<Attempt>)> {
+    pub async fn wait_for_job(
+        &self,
+        job_id: &JobId,
+        within: Duration,
+    ) -> AppResult<(Job, Vec<Attempt>)> {
         let deadline = Instant::now() + within;
         loop {
             // Registered before the read: a finish between the read and the

@@ -7,8 +7,11 @@ use crate::domain::{AttemptId, AttemptState};
 use crate::store::queue::{self, SendPermit};
 
 impl App {
-    /// Claims the oldest queued attempt for `lease_owner`.
-    pub async fn claim_next(&self, lease_owner: &str) -> AppResult<Option<Claim>> {
+    /// Claims up to `limit` of the oldest queued attempts for `lease_owner`,
+    /// in one transaction. An attempt whose provider asked for no pause is
+    /// confirmed for sending by the claim itself (its `sent_at` is set): the
+    /// caller sends it at once.
+    pub async fn claim_batch(&self, lease_owner: &str, limit: usize) -> AppResult<Vec<Claim>> {
         let owner = lease_owner.to_owned();
         let lease_ms = self.config().worker.lease_ms as i64;
         let providers = self.providers().clone();
@@ -20,7 +23,19 @@ impl App {
                         .get(name)
                         .map_or(0, |p| p.soft_timeout().as_millis() as i64)
                 };
-                queue::claim_next(conn, &owner, lease_ms, &soft_timeout_ms)
+                let send_now = |name: &str| {
+                    providers
+                        .get(name)
+                        .is_some_and(|p| p.not_before().is_none())
+                };
+                queue::claim_batch(
+                    conn,
+                    &owner,
+                    lease_ms,
+                    limit as i64,
+                    &soft_timeout_ms,
+                    &send_now,
+                )
             })
             .await?)
     }

@@ -274,7 +274,10 @@ impl Parser<'_> {
         }
         let text = std::str::from_utf8(&self.bytes[start..self.at]).expect("ASCII");
         let canonical = canonical_number(text)?;
-        if text.parse::<f64>().is_ok_and(|v| v.abs() > MAX_SAFE_INTEGER) {
+        if text
+            .parse::<f64>()
+            .is_ok_and(|v| v.abs() > MAX_SAFE_INTEGER)
+        {
             return Err(CanonicalError::NumberOutOfRange(text.to_owned()));
         }
         out.push_str(&canonical);

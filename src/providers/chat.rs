@@ -127,7 +127,9 @@ pub fn answer(kind: ProviderKind, envelope: &Value) -> Result<Value, String> {
         }
         _ => {
             let choice = &envelope["choices"][0];
-            let message = choice["message"].as_object().ok_or("the response has no message")?;
+            let message = choice["message"]
+                .as_object()
+                .ok_or("the response has no message")?;
             let mut message = message.clone();
             message.insert("role".into(), json!("assistant"));
             Ok(json!({
@@ -170,19 +172,37 @@ mod tests {
 
     #[test]
     fn openai_providers_get_the_body_with_their_model_no_stream_and_their_limit_name() {
-        let body = request_body(ProviderKind::Openai, "o3", MaxTokensField::MaxCompletionTokens, 100, &request());
+        let body = request_body(
+            ProviderKind::Openai,
+            "o3",
+            MaxTokensField::MaxCompletionTokens,
+            100,
+            &request(),
+        );
         assert_eq!(body["model"], "o3");
         assert!(body.get("stream").is_none());
         assert_eq!(body["max_completion_tokens"], 50);
         assert!(body.get("max_tokens").is_none());
         assert_eq!(body["messages"], request()["messages"]);
-        let body = request_body(ProviderKind::Openai, "m", MaxTokensField::MaxTokens, 100, &request());
+        let body = request_body(
+            ProviderKind::Openai,
+            "m",
+            MaxTokensField::MaxTokens,
+            100,
+            &request(),
+        );
         assert_eq!(body["max_tokens"], 50);
     }
 
     #[test]
     fn anthropic_gets_the_conversation_translated() {
-        let body = request_body(ProviderKind::Anthropic, "claude", MaxTokensField::MaxTokens, 100, &request());
+        let body = request_body(
+            ProviderKind::Anthropic,
+            "claude",
+            MaxTokensField::MaxTokens,
+            100,
+            &request(),
+        );
         assert_eq!(body["system"], "Be brief.");
         assert_eq!(body["messages"], json!([{"role": "user", "content": "Hi"}]));
         assert_eq!(body["max_tokens"], 50);

@@ -12,7 +12,9 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use super::classify::{classify_status, parse_retry_after, StatusClass};
-use super::{chat, BoxFuture, Call, MaxTokensField, ProviderClient, ProviderKind, ProviderSettings};
+use super::{
+    chat, BoxFuture, Call, MaxTokensField, ProviderClient, ProviderKind, ProviderSettings,
+};
 use crate::domain::outcome::with_detail;
 use crate::domain::{Outcome, Secret};
 
@@ -417,10 +419,18 @@ mod tests {
 
     #[test]
     fn base_urls_with_or_without_v1_reach_the_same_endpoint() {
-        for base in ["http://h:1", "http://h:1/", "http://h:1/v1", "http://h:1/v1/"] {
+        for base in [
+            "http://h:1",
+            "http://h:1/",
+            "http://h:1/v1",
+            "http://h:1/v1/",
+        ] {
             assert_eq!(api_root(base), "http://h:1", "{base}");
         }
-        assert_eq!(api_root("https://proxy.example/openai/v1"), "https://proxy.example/openai");
+        assert_eq!(
+            api_root("https://proxy.example/openai/v1"),
+            "https://proxy.example/openai"
+        );
     }
 
     #[test]

@@ -95,7 +95,10 @@ fn answer(provider_name: &str, call: &Call) -> serde_json::Value {
 fn chat_answer(provider_name: &str, request: &serde_json::Value) -> serde_json::Value {
     let said = super::chat::last_user_text(request);
     let content = format!("simulated reply from {provider_name} to: {said}");
-    let (prompt, completion) = (said.split_whitespace().count(), content.split_whitespace().count());
+    let (prompt, completion) = (
+        said.split_whitespace().count(),
+        content.split_whitespace().count(),
+    );
     json!({
         "message": {"role": "assistant", "content": content},
         "finish_reason": "stop",

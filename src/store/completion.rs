@@ -61,21 +61,32 @@ pub fn complete_success(
             &payload_text,
             now,
         )?;
-        transition(conn, attempt_id, AttemptEvent::ProviderSucceeded, now, None)?;
         let result = if won {
             RaceResult::Won
         } else {
             RaceResult::Lost
         };
+        // The attempt's transition and its place in the race, in one
+        // guarded statement.
         diesel::update(
             attempts::table
-                .find(attempt_id)
-                .filter(attempts::owner_id.eq(&attempt.owner_id)),
+                .filter(attempts::id.eq(attempt_id))
+                .filter(attempts::state.eq_any(AttemptEvent::ProviderSucceeded.from_states())),
         )
-        .set(attempts::outcome.eq(result))
+        .set((
+            attempts::state.eq(AttemptEvent::ProviderSucceeded.target()),
+            attempts::finished_at.eq(Some(now)),
+            attempts::lease_expires_at.eq(None::<i64>),
+            attempts::outcome.eq(result),
+        ))
         .execute(conn)?;
         if won {
-            skip_queued_attempts(conn, &attempt.job_id, &attempt.owner_id, now)?;
+            // A live attempt is the job's only one (the one-live-attempt
+            // index); only an answer on a non-live attempt (abandoned, say)
+            // can find a queued successor to close.
+            if !AttemptState::LIVE.contains(&attempt.state) {
+                skip_queued_attempts(conn, &attempt.job_id, &attempt.owner_id, now)?;
+            }
             return Ok(Applied::Won);
         }
         let job = get_job(conn, &attempt.job_id)?;

@@ -7,6 +7,19 @@ use diesel::prelude::*;
 
 use super::{DatabaseSettings, SqliteSynchronous};
 
+/// Runs `$body` with `$c` bound to the concrete connection, for statements
+/// the multi-backend connection cannot compile (`RETURNING`, `ON CONFLICT`):
+/// the body is compiled once per backend.
+macro_rules! per_backend {
+    ($conn:expr, |$c:ident| $body:expr) => {
+        match $conn {
+            $crate::store::connection::DbConnection::Postgresql($c) => $body,
+            $crate::store::connection::DbConnection::Sqlite($c) => $body,
+        }
+    };
+}
+pub(crate) use per_backend;
+
 #[derive(diesel::MultiConnection)]
 pub enum DbConnection {
     Postgresql(diesel::PgConnection),
@@ -183,9 +196,47 @@ impl r2d2::ManageConnection for DbConnectionManager {
     }
 }
 
+/// One process's SQLite writers, taking turns in the process.
+///
+/// SQLite has one write lock per database. Left to itself, a writer that finds
+/// it taken sleeps in SQLite's busy handler in growing steps (up to 100 ms
+/// each) and tries again, so with a few dozen concurrent writers some wait
+/// far longer than the work ahead of them: a long latency tail. Here writers
+/// of one process queue on a mutex first, and each is woken as soon as the one
+/// before it commits; the busy handler is left only for other processes
+/// sharing the file (the CLI, say).
+#[derive(Clone, Default)]
+pub struct WriterTurn(std::sync::Arc<std::sync::Mutex<()>>);
+
+thread_local! {
+    /// The turn of the store whose closure this blocking thread is running.
+    static WRITER_TURN: std::cell::RefCell<Option<WriterTurn>> = const { std::cell::RefCell::new(None) };
+}
+
+impl WriterTurn {
+    /// Runs `f` (on a blocking thread) with write transactions in it taking
+    /// this turn.
+    pub fn within<T>(&self, f: impl FnOnce() -> T) -> T {
+        struct Reset(Option<WriterTurn>);
+        impl Drop for Reset {
+            fn drop(&mut self) {
+                WRITER_TURN.with(|turn| *turn.borrow_mut() = self.0.take());
+            }
+        }
+        let _reset = Reset(WRITER_TURN.with(|turn| turn.borrow_mut().replace(self.clone())));
+        f()
+    }
+
+    fn current() -> Option<WriterTurn> {
+        WRITER_TURN.with(|turn| turn.borrow().clone())
+    }
+}
+
 /// Runs `f` in a write transaction. On SQLite that is `BEGIN IMMEDIATE`, which
 /// takes the write lock up front: a deferred transaction that reads and then
 /// writes can fail with "database is locked" instead of waiting its turn.
+/// Inside [`WriterTurn::within`] it first waits for this process's earlier
+/// writers to finish.
 pub fn write_transaction<T, E, F>(conn: &mut DbConnection, f: F) -> Result<T, E>
 where
     F: FnOnce(&mut DbConnection) -> Result<T, E>,
@@ -201,6 +252,14 @@ where
         _ if nested => conn.transaction(f),
         DbConnection::Postgresql(_) => conn.transaction(f),
         DbConnection::Sqlite(sqlite) => {
+            let turn = WriterTurn::current();
+            // A writer that panicked left nothing half-done behind the
+            // mutex (its transaction rolls back), so a poisoned turn is fine.
+            let _turn = turn.as_ref().map(|turn| {
+                turn.0
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+            });
             AnsiTransactionManager::begin_transaction_sql(sqlite, "BEGIN IMMEDIATE")?;
             match f(conn) {
                 Ok(value) => match Manager::commit_transaction(conn) {
@@ -218,6 +277,20 @@ where
                 }
             }
         }
+    }
+}
+
+/// Runs one writing statement: as it is on PostgreSQL (a statement is atomic
+/// by itself), and on SQLite in a write transaction, so that it takes its turn
+/// with this process's other writers instead of spinning on the lock.
+pub fn write_statement<T, E, F>(conn: &mut DbConnection, f: F) -> Result<T, E>
+where
+    F: FnOnce(&mut DbConnection) -> Result<T, E>,
+    E: From<diesel::result::Error>,
+{
+    match conn {
+        DbConnection::Postgresql(_) => f(conn),
+        DbConnection::Sqlite(_) => write_transaction(conn, f),
     }
 }
 

@@ -3,7 +3,7 @@
 use diesel::prelude::*;
 
 use super::connection::write_transaction;
-use super::rows::Job;
+use super::rows::{Attempt, Job};
 use super::schema::jobs;
 use super::transitions::insert_queued_attempt;
 use super::{now_ms, DbConnection, StoreResult};
@@ -40,6 +40,15 @@ pub enum CreateOutcome {
 /// `INSERT … ON CONFLICT (owner_id, idempotency_key) DO NOTHING`, then read the
 /// row: the database decides who was first, never a check-then-insert here.
 pub fn create_job(conn: &mut DbConnection, new: &NewJob) -> StoreResult<CreateOutcome> {
+    Ok(create_job_with_attempts(conn, new)?.0)
+}
+
+/// [`create_job`], with the job's attempts: the new queued one, without
+/// reading it back, or the existing job's.
+pub fn create_job_with_attempts(
+    conn: &mut DbConnection,
+    new: &NewJob,
+) -> StoreResult<(CreateOutcome, Vec<Attempt>)> {
     write_transaction(conn, |conn| {
         let now = now_ms();
         let row = Job {
@@ -62,12 +71,14 @@ pub fn create_job(conn: &mut DbConnection, new: &NewJob) -> StoreResult<CreateOu
         };
         let inserted = insert_job_unless_key_exists(conn, &row)?;
         if inserted == 1 {
-            insert_queued_attempt(conn, &row.id, &row.owner_id, 1, &row.provider, now)?;
-            return Ok(CreateOutcome::Created(row));
+            let attempt =
+                insert_queued_attempt(conn, &row.id, &row.owner_id, 1, &row.provider, now)?;
+            return Ok((CreateOutcome::Created(row), vec![attempt]));
         }
         let existing = find_by_key(conn, &new.owner_id, new.key.as_str())?
             .ok_or(super::StoreError::NotFound)?;
-        Ok(CreateOutcome::Existing(existing))
+        let attempts = attempts_of(conn, &existing.id)?;
+        Ok((CreateOutcome::Existing(existing), attempts))
     })
 }
 

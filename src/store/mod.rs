@@ -171,6 +171,9 @@ pub struct Store {
     pool: Pool<DbConnectionManager>,
     backend: Backend,
     pool_wait: Option<PoolWaitObserver>,
+    /// SQLite only: this process's writers take turns here (see
+    /// [`connection::WriterTurn`]).
+    writers: Option<connection::WriterTurn>,
 }
 
 impl Store {
@@ -188,10 +191,12 @@ impl Store {
             .connection_timeout(Duration::from_millis(settings.pool_timeout_ms))
             .test_on_check_out(false)
             .build_unchecked(manager);
+        let backend = url.backend();
         Ok(Self {
             pool,
-            backend: url.backend(),
+            backend,
             pool_wait: None,
+            writers: (backend == Backend::Sqlite).then(connection::WriterTurn::default),
         })
     }
 
@@ -218,6 +223,7 @@ impl Store {
         T: Send + 'static,
     {
         let (pool, observer) = (self.pool.clone(), self.pool_wait.clone());
+        let writers = self.writers.clone();
         tokio::task::spawn_blocking(move || {
             let asked = std::time::Instant::now();
             let conn = pool.get();
@@ -225,7 +231,10 @@ impl Store {
                 observe(asked.elapsed());
             }
             let mut conn = conn.map_err(StoreError::PoolExhausted)?;
-            f(&mut conn)
+            match &writers {
+                Some(turn) => turn.within(|| f(&mut conn)),
+                None => f(&mut conn),
+            }
         })
         .await
         .map_err(|_| StoreError::Cancelled)?

@@ -10,14 +10,12 @@ use diesel::dsl::sql;
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Nullable};
 
-use super::connection::write_transaction;
+use super::connection::{per_backend, write_statement, write_transaction};
 use super::rows::{Attempt, Job};
 use super::schema::{attempts, jobs};
-use super::transitions::{
-    get_attempt, get_job, lock_attempt_and_job, lock_job, refresh_job_status, transition,
-};
+use super::transitions::{get_job, lock_attempt_and_job, lock_job, refresh_job_status, transition};
 use super::{now_ms, DbConnection, StoreError, StoreResult};
-use crate::domain::{Applied, AttemptEvent, AttemptId, AttemptState, JobId, JobStatus, UserId};
+use crate::domain::{Applied, AttemptEvent, AttemptId, AttemptState, JobId, JobStatus};
 
 /// The database's clock in Unix milliseconds, as SQL for this backend.
 pub fn db_now_ms(conn: &DbConnection) -> &'static str {
@@ -45,72 +43,114 @@ pub struct Claim {
     pub job: Job,
 }
 
-/// Claims the oldest queued attempt for `lease_owner` until `now + lease_ms`.
-///
-/// PostgreSQL: `SELECT … FOR UPDATE SKIP LOCKED`, so processes sharing one
-/// database never pick the same row. SQLite: the write transaction holds the
-/// database's write lock. Either way the `UPDATE … WHERE state = 'queued'` is the
-/// final guard: an attempt is sent at most once.
+/// Claims the oldest queued attempt for `lease_owner` until `now + lease_ms`
+/// (see [`claim_batch`]; this claim is never confirmed for sending).
 pub fn claim_next(
     conn: &mut DbConnection,
     lease_owner: &str,
     lease_ms: i64,
     soft_timeout_ms: &(dyn Fn(&str) -> i64 + Sync),
 ) -> StoreResult<Option<Claim>> {
+    Ok(claim_batch(conn, lease_owner, lease_ms, 1, soft_timeout_ms, &|_| false)?.pop())
+}
+
+/// The version of an attempt's job, read inside the claiming statement:
+/// what the compare-and-swap will expect.
+fn job_version_of_attempt() -> diesel::expression::SqlLiteral<Nullable<BigInt>> {
+    sql::<Nullable<BigInt>>(
+        "(SELECT jobs.version FROM jobs \
+         WHERE jobs.id = attempts.job_id AND jobs.owner_id = attempts.owner_id)",
+    )
+}
+
+/// Claims up to `limit` of the oldest queued attempts for `lease_owner`
+/// until `now + lease_ms`, in one transaction, oldest first.
+///
+/// PostgreSQL: `SELECT … FOR UPDATE SKIP LOCKED`, so processes sharing one
+/// database never pick the same row. SQLite: the write transaction holds the
+/// database's write lock. Either way the `UPDATE … WHERE state = 'queued'` is
+/// the final guard: an attempt is sent at most once.
+///
+/// When `send_now(provider)` says an attempt will be sent the moment the
+/// claim commits (its provider asked for no pause), the claim is also the
+/// confirmation before sending: `sent_at` is recorded in the same statement,
+/// whose guards are the confirmation's (running under this lease, job
+/// unfinished, by construction). An attempt that must wait is confirmed
+/// separately, after its wait ([`confirm_send`]).
+pub fn claim_batch(
+    conn: &mut DbConnection,
+    lease_owner: &str,
+    lease_ms: i64,
+    limit: i64,
+    soft_timeout_ms: &(dyn Fn(&str) -> i64 + Sync),
+    send_now: &(dyn Fn(&str) -> bool + Sync),
+) -> StoreResult<Vec<Claim>> {
     write_transaction(conn, |conn| {
-        // Only attempts of unfinished jobs; on PostgreSQL the attempt and its job
-        // are locked without waiting (a row another process holds is skipped).
+        // Only attempts of unfinished jobs; on PostgreSQL the attempts and
+        // their jobs are locked without waiting (rows another process holds
+        // are skipped).
         let queued = attempts::table
             .inner_join(jobs::table.on(same_job()))
             .filter(attempts::state.eq(AttemptState::Queued))
             .filter(jobs::status.ne_all(JobStatus::TERMINAL))
             .order((attempts::created_at.asc(), attempts::id.asc()))
-            .select((
-                attempts::id,
-                attempts::job_id,
-                attempts::owner_id,
-                attempts::provider,
-            ))
-            .limit(1);
-        let candidate: Option<(AttemptId, JobId, UserId, String)> = match conn {
-            DbConnection::Postgresql(pg) => {
-                queued.for_update().skip_locked().first(pg).optional()?
-            }
-            DbConnection::Sqlite(_) => queued.first(conn).optional()?,
+            .select((attempts::id, attempts::provider))
+            .limit(limit);
+        let candidates: Vec<(AttemptId, String)> = match conn {
+            DbConnection::Postgresql(pg) => queued.for_update().skip_locked().load(pg)?,
+            DbConnection::Sqlite(_) => queued.load(conn)?,
         };
-        let Some((attempt_id, job_id, owner_id, provider)) = candidate else {
-            return Ok(None);
-        };
-        let now = now_ms();
-        let version: i64 = jobs::table
-            .find(&job_id)
-            .filter(jobs::owner_id.eq(&owner_id))
-            .select(jobs::version)
-            .first(conn)?;
-        let claimed = diesel::update(
-            attempts::table
-                .filter(attempts::id.eq(&attempt_id))
-                .filter(attempts::owner_id.eq(&owner_id))
-                .filter(attempts::state.eq_any(AttemptEvent::Claimed.from_states())),
-        )
-        .set((
-            attempts::state.eq(AttemptEvent::Claimed.target()),
-            attempts::sent_at.eq(None::<i64>),
-            attempts::version_read.eq(version),
-            attempts::lease_owner.eq(lease_owner),
-            attempts::lease_expires_at.eq(db_now_plus(conn, lease_ms)),
-            attempts::started_at.eq(now),
-            attempts::timeout_at.eq(now + soft_timeout_ms(&provider)),
-        ))
-        .execute(conn)?;
-        if claimed != 1 {
-            return Ok(None);
+        let mut by_provider: std::collections::BTreeMap<String, Vec<AttemptId>> =
+            Default::default();
+        for (attempt_id, provider) in candidates {
+            by_provider.entry(provider).or_default().push(attempt_id);
         }
-        refresh_job_status(conn, &job_id, now)?;
-        Ok(Some(Claim {
-            attempt: get_attempt(conn, &attempt_id)?,
-            job: get_job(conn, &job_id)?,
-        }))
+        let now = now_ms();
+        let mut claimed: Vec<Attempt> = Vec::new();
+        for (provider, ids) in by_provider {
+            let lease_until = db_now_plus(conn, lease_ms);
+            let claim = diesel::update(
+                attempts::table
+                    .filter(attempts::id.eq_any(ids))
+                    .filter(attempts::state.eq_any(AttemptEvent::Claimed.from_states())),
+            )
+            .set((
+                attempts::state.eq(AttemptEvent::Claimed.target()),
+                attempts::sent_at.eq(send_now(&provider).then_some(now)),
+                attempts::version_read.eq(job_version_of_attempt()),
+                attempts::lease_owner.eq(lease_owner),
+                attempts::lease_expires_at.eq(lease_until),
+                attempts::started_at.eq(now),
+                attempts::timeout_at.eq(now + soft_timeout_ms(&provider)),
+            ));
+            let rows: Vec<Attempt> = per_backend!(conn, |c| claim
+                .returning(Attempt::as_returning())
+                .load(c)?);
+            claimed.extend(rows);
+        }
+        if claimed.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Each job's live attempt is now its running one.
+        let job_ids: Vec<JobId> = claimed.iter().map(|a| a.job_id.clone()).collect();
+        let running = diesel::update(jobs::table.filter(jobs::id.eq_any(job_ids))).set((
+            jobs::status.eq(JobStatus::for_live_attempt(Some(AttemptState::Running))),
+            jobs::updated_at.eq(now),
+        ));
+        let jobs: Vec<Job> =
+            per_backend!(conn, |c| running.returning(Job::as_returning()).load(c)?);
+        let mut jobs: std::collections::HashMap<JobId, Job> =
+            jobs.into_iter().map(|job| (job.id.clone(), job)).collect();
+        claimed.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        claimed
+            .into_iter()
+            .map(|attempt| {
+                let job = jobs.remove(&attempt.job_id).ok_or_else(|| {
+                    StoreError::corrupt(format!("claimed attempt {} has no job", attempt.id))
+                })?;
+                Ok(Claim { attempt, job })
+            })
+            .collect()
     })
 }
 
@@ -145,15 +185,17 @@ pub fn renew_lease(
     lease_ms: i64,
 ) -> StoreResult<bool> {
     let until = db_now_plus(conn, lease_ms);
-    let changed = diesel::update(
-        attempts::table
-            .filter(attempts::id.eq(attempt_id))
-            .filter(attempts::state.eq(AttemptState::Running))
-            .filter(attempts::lease_owner.eq(lease_owner))
-            .filter(attempts::job_id.eq_any(unfinished_jobs())),
-    )
-    .set(attempts::lease_expires_at.eq(until))
-    .execute(conn)?;
+    let changed = write_statement(conn, |conn| {
+        diesel::update(
+            attempts::table
+                .filter(attempts::id.eq(attempt_id))
+                .filter(attempts::state.eq(AttemptState::Running))
+                .filter(attempts::lease_owner.eq(lease_owner))
+                .filter(attempts::job_id.eq_any(unfinished_jobs())),
+        )
+        .set(attempts::lease_expires_at.eq(until))
+        .execute(conn)
+    })?;
     Ok(changed == 1)
 }
 
@@ -185,20 +227,22 @@ pub fn confirm_send(
     lease_ms: i64,
 ) -> StoreResult<SendPermit> {
     let (now, until) = (db_now(conn), db_now_plus(conn, lease_ms));
-    let confirmed = diesel::update(
-        attempts::table
-            .filter(attempts::id.eq(attempt_id))
-            .filter(attempts::state.eq(AttemptState::Running))
-            .filter(attempts::lease_owner.eq(lease_owner))
-            .filter(attempts::sent_at.is_null())
-            .filter(attempts::lease_expires_at.gt(now))
-            .filter(attempts::job_id.eq_any(unfinished_jobs())),
-    )
-    .set((
-        attempts::sent_at.eq(now_ms()),
-        attempts::lease_expires_at.eq(until),
-    ))
-    .execute(conn)?;
+    let confirmed = write_statement(conn, |conn| {
+        diesel::update(
+            attempts::table
+                .filter(attempts::id.eq(attempt_id))
+                .filter(attempts::state.eq(AttemptState::Running))
+                .filter(attempts::lease_owner.eq(lease_owner))
+                .filter(attempts::sent_at.is_null())
+                .filter(attempts::lease_expires_at.gt(now))
+                .filter(attempts::job_id.eq_any(unfinished_jobs())),
+        )
+        .set((
+            attempts::sent_at.eq(now_ms()),
+            attempts::lease_expires_at.eq(until),
+        ))
+        .execute(conn)
+    })?;
     if confirmed == 1 {
         return Ok(SendPermit::Granted);
     }

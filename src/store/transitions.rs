@@ -75,14 +75,23 @@ pub fn lock_job(conn: &mut DbConnection, job_id: &JobId) -> QueryResult<()> {
 }
 
 /// Locks the attempt's job, then reads the attempt as it is under that lock.
+/// On PostgreSQL the job is found from the attempt inside the locking
+/// statement (one statement, not a read and then a lock).
 pub fn lock_attempt_and_job(
     conn: &mut DbConnection,
     attempt_id: &AttemptId,
 ) -> StoreResult<Option<Attempt>> {
-    let Some(attempt) = find_attempt(conn, attempt_id)? else {
-        return Ok(None);
-    };
-    lock_job(conn, &attempt.job_id)?;
+    if let DbConnection::Postgresql(pg) = conn {
+        let jobs_of_attempt = attempts::table
+            .filter(attempts::id.eq(attempt_id))
+            .select(attempts::job_id);
+        jobs::table
+            .filter(jobs::id.eq_any(jobs_of_attempt))
+            .select(jobs::id)
+            .for_update()
+            .first::<JobId>(pg)
+            .optional()?;
+    }
     find_attempt(conn, attempt_id)
 }
 

@@ -5,11 +5,11 @@ use serde_json::{json, Value};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::views::*;
 use super::openai_compat::{
     self, ChatCompletion, ChatCompletionRequest, ChatMessage, Choice, Model, ModelList,
     OpenAiErrorBody, OpenAiErrorDetail,
 };
+use super::views::*;
 use super::{api_callbacks, api_jobs, api_support, health};
 use crate::app::callbacks::{CallbackBody, CallbackOutcome};
 use crate::app::App;
@@ -135,7 +135,8 @@ pub fn document(contracts: &Contracts) -> Value {
         "description": "A provider of the job's task chain (422 for one outside it); default: the next untried one",
     });
     // With `stream: true` the answer is an event stream.
-    doc["paths"]["/v1/chat/completions"]["post"]["responses"]["200"]["content"]["text/event-stream"] = json!({
+    doc["paths"]["/v1/chat/completions"]["post"]["responses"]["200"]["content"]
+        ["text/event-stream"] = json!({
         "schema": {
             "description": "One server-sent event: `data` is a `chat.completion.chunk` as JSON, and the last event's is `[DONE]`",
             "type": "object",
@@ -147,7 +148,8 @@ pub fn document(contracts: &Contracts) -> Value {
         if let Some(parameters) = doc["paths"][path]["post"]["parameters"].as_array_mut() {
             for parameter in parameters {
                 if parameter["name"] == "Idempotency-Key" {
-                    parameter["schema"] = json!({"type": "string", "pattern": IDEMPOTENCY_KEY_PATTERN});
+                    parameter["schema"] =
+                        json!({"type": "string", "pattern": IDEMPOTENCY_KEY_PATTERN});
                 }
             }
         }
@@ -284,7 +286,10 @@ mod tests {
     fn not_blank_agrees_with_trim_on_every_character() {
         let validator =
             jsonschema::validator_for(&json!({"type": "string", "pattern": NOT_BLANK})).unwrap();
-        for c in (0..=0x3100u32).chain([0xfeff, 0xffff, 0x1f600]).filter_map(char::from_u32) {
+        for c in (0..=0x3100u32)
+            .chain([0xfeff, 0xffff, 0x1f600])
+            .filter_map(char::from_u32)
+        {
             let text = c.to_string();
             assert_eq!(
                 validator.is_valid(&json!(text)),
@@ -297,14 +302,27 @@ mod tests {
 
     #[test]
     fn the_key_pattern_agrees_with_the_key_parser_on_samples() {
-        let validator =
-            jsonschema::validator_for(&json!({"type": "string", "pattern": IDEMPOTENCY_KEY_PATTERN}))
-                .unwrap();
+        let validator = jsonschema::validator_for(
+            &json!({"type": "string", "pattern": IDEMPOTENCY_KEY_PATTERN}),
+        )
+        .unwrap();
         let long = "k".repeat(255);
         let too_long = "k".repeat(256);
         for key in [
-            "a", "order-42", "a b", "~", &long, r#""quoted""#, r#""with \" escape""#, r#""""#,
-            "\"", "\"open", &too_long, "", "é", "tab\there",
+            "a",
+            "order-42",
+            "a b",
+            "~",
+            &long,
+            r#""quoted""#,
+            r#""with \" escape""#,
+            r#""""#,
+            "\"",
+            "\"open",
+            &too_long,
+            "",
+            "é",
+            "tab\there",
         ] {
             assert_eq!(
                 validator.is_valid(&json!(key)),

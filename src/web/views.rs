@@ -66,7 +66,10 @@ pub struct StartAttemptRequest {
 pub struct AbandonRequest {
     /// Why the attempt is abandoned (required, written to the audit log):
     /// not blank, at most 2000 characters once trimmed.
-    #[schema(pattern = r"[^\t-\r \u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]", max_length = 2000)]
+    #[schema(
+        pattern = r"[^\t-\r \u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]",
+        max_length = 2000
+    )]
     pub reason: String,
 }
 

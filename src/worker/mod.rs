@@ -12,10 +12,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::Semaphore;
 use tokio::time::{sleep, Instant};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::app::dispatch::Dispatch;
 use crate::app::{now_ms, App, AppError, Claim, SendPermit};
 use crate::domain::{AttemptId, AttemptState, Outcome};
 
@@ -77,8 +79,12 @@ struct Worker {
     tracker: TaskTracker,
 }
 
-/// Starts `worker.concurrency` claim loops (0: this process sends
-/// nothing), the lease reaper and the housekeeping.
+/// The most attempts one claiming transaction takes.
+const CLAIM_BATCH: usize = 16;
+
+/// Starts the claimer, which keeps up to `worker.concurrency` attempts in
+/// flight (0: this process sends nothing), the lease reaper and the
+/// housekeeping.
 pub fn spawn(app: App) -> WorkerHandle {
     let handle = WorkerHandle {
         shutdown: CancellationToken::new(),
@@ -95,9 +101,11 @@ pub fn spawn(app: App) -> WorkerHandle {
     };
     let concurrency = worker.app.config().worker.concurrency;
     tracing::info!(lease_owner = %worker.lease_owner, concurrency, "worker started");
-    for _ in 0..concurrency {
-        let w = worker.clone();
-        handle.tracker.spawn(async move { w.claim_loop().await });
+    if concurrency > 0 {
+        let claimer = worker.clone();
+        handle
+            .tracker
+            .spawn(async move { claimer.claim_loop(concurrency).await });
     }
     // Every process reaps expired leases, even one that sends nothing itself:
     // a dead worker's attempts must surface as unknown.
@@ -112,12 +120,39 @@ pub fn spawn(app: App) -> WorkerHandle {
 }
 
 impl Worker {
-    async fn claim_loop(self) {
+    /// Claims queued attempts whenever a slot is free, as many at once as
+    /// there are free slots (at most [`CLAIM_BATCH`]), and runs each in a
+    /// task of its own holding its slot: at most `concurrency` attempts are
+    /// in flight, and a busy queue costs one claiming transaction per batch
+    /// rather than per attempt.
+    async fn claim_loop(self, concurrency: usize) {
         let poll = Duration::from_millis(self.app.config().worker.poll_interval_ms);
+        let slots = Arc::new(Semaphore::new(concurrency));
         while !self.shutdown.is_cancelled() {
-            match self.app.claim_next(&self.lease_owner).await {
-                Ok(Some(claim)) => self.run_attempt(claim).await,
-                Ok(None) => {
+            let first = tokio::select! {
+                slot = slots.clone().acquire_owned() => slot.expect("the slots are never closed"),
+                _ = self.shutdown.cancelled() => break,
+            };
+            let mut free = vec![first];
+            while free.len() < CLAIM_BATCH {
+                match slots.clone().try_acquire_owned() {
+                    Ok(slot) => free.push(slot),
+                    Err(_) => break,
+                }
+            }
+            match self.app.claim_batch(&self.lease_owner, free.len()).await {
+                Ok(claims) if !claims.is_empty() => {
+                    for claim in claims {
+                        let slot = free.pop().expect("no more claims than free slots");
+                        let worker = self.clone();
+                        self.tracker.spawn(async move {
+                            worker.run_attempt(claim).await;
+                            drop(slot);
+                        });
+                    }
+                }
+                Ok(_) => {
+                    drop(free);
                     tokio::select! {
                         _ = self.app.attempt_queued() => {}
                         _ = sleep(poll) => {}
@@ -125,7 +160,8 @@ impl Worker {
                     }
                 }
                 Err(error) => {
-                    tracing::error!(%error, "claiming a queued attempt failed");
+                    drop(free);
+                    tracing::error!(%error, "claiming queued attempts failed");
                     tokio::select! {
                         _ = sleep(poll * 4) => {}
                         _ = self.shutdown.cancelled() => {}
@@ -208,6 +244,27 @@ impl Worker {
         let lease_ms = self.app.config().worker.lease_ms;
         let mut heartbeat = tokio::time::interval(Duration::from_millis((lease_ms / 3).max(50)));
         heartbeat.tick().await;
+        // Confirmed by the claim itself (no pause was asked for): send now.
+        if claim.attempt.sent_at.is_none()
+            && !self
+                .wait_and_confirm(&claim, &dispatch, &mut heartbeat)
+                .await
+        {
+            return;
+        }
+        self.send(claim, dispatch, heartbeat).await;
+    }
+
+    /// For a claim that was not confirmed when it was made: waits out the
+    /// provider's pause, then confirms the claim immediately before sending.
+    /// False when nothing may be sent (and the attempt records why).
+    async fn wait_and_confirm(
+        &self,
+        claim: &Claim,
+        dispatch: &Dispatch,
+        heartbeat: &mut tokio::time::Interval,
+    ) -> bool {
+        let attempt_id = &claim.attempt.id;
         // A provider that asked for a pause (429/529 Retry-After) is not called
         // before it ends; the soft timeout starts only when the request is sent.
         // The claim is kept alive meanwhile; if it becomes void (the job
@@ -220,7 +277,7 @@ impl Worker {
                     _ = tokio::time::sleep_until(until) => break,
                     _ = self.shutdown.cancelled() => break,
                     _ = heartbeat.tick() => {
-                        if !self.renew_lease(&attempt_id).await {
+                        if !self.renew_lease(attempt_id).await {
                             break;
                         }
                     }
@@ -228,23 +285,35 @@ impl Worker {
             }
         }
         if self.shutdown.is_cancelled() {
-            self.give_back(&attempt_id).await;
-            return;
+            self.give_back(attempt_id).await;
+            return false;
         }
         // The one guarded statement before the send.
-        match self.app.confirm_send(&attempt_id, &self.lease_owner).await {
-            Ok(SendPermit::Granted) => {}
+        match self.app.confirm_send(attempt_id, &self.lease_owner).await {
+            Ok(SendPermit::Granted) => true,
             Ok(refused) => {
                 tracing::warn!(?refused, "the claim is void: the attempt was not sent");
-                return;
+                false
             }
             Err(error) => {
                 // Unconfirmed means unsent; the lease will run out and the
                 // attempt go back to the queue.
                 tracing::error!(%error, "confirming the claim failed: the attempt was not sent");
-                return;
+                false
             }
         }
+    }
+
+    /// Sends a confirmed claim and applies what comes back (or, past the
+    /// soft timeout, marks it unknown and keeps listening for late news).
+    async fn send(
+        &self,
+        claim: Claim,
+        dispatch: Arc<Dispatch>,
+        mut heartbeat: tokio::time::Interval,
+    ) {
+        let attempt_id = claim.attempt.id.clone();
+        let provider = claim.attempt.provider.clone();
         tracing::info!("attempt sent");
         let metrics = self.app.metrics();
         metrics

@@ -1,0 +1,765 @@
+//! onejob against its ceilings, side by side in one run, printing ratios
+//! (absolute rates on a shared machine vary from run to run; ratios measured
+//! in the same run much less). Every step starts real `onejob serve`
+//! processes on fresh databases and drives them over HTTP on 127.0.0.1.
+//!
+//!     cargo build --release --bin onejob --example bench
+//!     target/release/examples/bench                       # all steps, 8 s each
+//!     target/release/examples/bench --prefill 1000000     # plus the stored-volume step
+//!     target/release/examples/bench --only lifecycle,processes --seconds 5
+//!
+//! Steps: `create` (PostgreSQL creation vs pgbench's bare creation),
+//! `lifecycle` (create → claim → send → compare-and-swap vs pgbench's bare
+//! lifecycle), `sqlite` (SQLite creation at 32 clients vs a raw loop, and its
+//! p99), `storm` (256 requests under one key vs 256 under their own), `processes`
+//! (three processes vs one on one PostgreSQL), `prefill` (creation and lifecycle
+//! with `--prefill` finished jobs stored vs an empty database), `overhead`
+//! (`/v1/chat/completions` through onejob vs calling the upstream directly).
+//! See docs/benchmarks.md.
+
+mod ceiling;
+mod load;
+mod servers;
+mod upstream;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
+use diesel::sql_types::BigInt;
+use load::{ms, Run};
+use serde_json::json;
+use servers::{Deployment, Server};
+
+#[derive(Parser)]
+struct Args {
+    /// Seconds each measured run lasts.
+    #[arg(long, default_value_t = 8)]
+    seconds: u64,
+    /// Concurrent clients for throughput runs.
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    /// The PostgreSQL server; each step gets a fresh database on it.
+    #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432")]
+    postgres: String,
+    /// Finished jobs to store before the `prefill` step (0: skip the step).
+    #[arg(long, default_value_t = 0)]
+    prefill: u64,
+    /// Only these steps (comma-separated); default: all.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Keep the configurations, SQLite files and process logs in this
+    /// directory (default: a temp dir, removed at the end).
+    #[arg(long)]
+    keep: Option<std::path::PathBuf>,
+}
+
+/// One line of the closing table.
+struct Ratio {
+    name: &'static str,
+    product: String,
+    ceiling: String,
+    ratio: f64,
+    target: &'static str,
+    met: Option<bool>,
+}
+
+struct Bench {
+    args: Args,
+    pg: ceiling::Postgres,
+    _temp: Option<tempfile::TempDir>,
+    dir: std::path::PathBuf,
+    client: reqwest::Client,
+    ratios: Vec<Ratio>,
+    /// Rates on an empty database, for the `prefill` comparison.
+    empty_create: Option<f64>,
+    empty_lifecycle: Option<f64>,
+}
+
+const SIMULATED: &str = r#"
+[[providers]]
+name = "sim"
+kind = "simulated"
+latency_ms = 0
+timeout_ms = 5000
+late_result_ms = 10000
+
+[[tasks]]
+name = "summarize"
+providers = ["sim"]
+input_fields = ["text"]
+template = "Summarize: {{ text }}"
+"#;
+
+fn config(worker_concurrency: usize, pool_size: u32, providers_and_tasks: &str) -> String {
+    format!(
+        "[server]\nmax_wait_seconds = 30\n\n[database]\npool_size = {pool_size}\n\n\
+         [worker]\nconcurrency = {worker_concurrency}\n{providers_and_tasks}"
+    )
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    let (temp, dir) = match &args.keep {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).expect("creating --keep");
+            (None, dir.clone())
+        }
+        None => {
+            let temp = tempfile::tempdir().expect("a temp dir");
+            let dir = temp.path().to_owned();
+            (Some(temp), dir)
+        }
+    };
+    let mut bench = Bench {
+        pg: ceiling::Postgres::parse(&args.postgres),
+        _temp: temp,
+        dir,
+        client: reqwest::Client::builder()
+            .pool_max_idle_per_host(512)
+            .build()
+            .unwrap(),
+        ratios: Vec::new(),
+        empty_create: None,
+        empty_lifecycle: None,
+        args,
+    };
+    println!(
+        "onejob benchmark: {} s per run, {} clients, {} CPUs",
+        bench.args.seconds,
+        bench.args.concurrency,
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    let started = Instant::now();
+    let mut lifecycle_one = None;
+    if bench.wants("create") {
+        bench.create().await;
+    }
+    if bench.wants("lifecycle") || bench.wants("processes") {
+        lifecycle_one = Some(bench.lifecycle().await);
+    }
+    if bench.wants("processes") {
+        bench.processes(lifecycle_one.unwrap()).await;
+    }
+    if bench.wants("sqlite") {
+        bench.sqlite().await;
+    }
+    if bench.wants("storm") {
+        bench.storm().await;
+    }
+    if bench.wants("prefill") && bench.args.prefill > 0 {
+        bench.prefill().await;
+    }
+    if bench.wants("overhead") {
+        bench.overhead().await;
+    }
+    bench.report(started.elapsed());
+}
+
+impl Bench {
+    fn wants(&self, step: &str) -> bool {
+        self.args.only.is_empty() || self.args.only.iter().any(|s| s == step)
+    }
+
+    fn seconds(&self) -> Duration {
+        Duration::from_secs(self.args.seconds)
+    }
+
+    fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn push(&mut self, ratio: Ratio) {
+        println!(
+            "  → {}: {:.2} ({} vs {}; target {})",
+            ratio.name, ratio.ratio, ratio.product, ratio.ceiling, ratio.target
+        );
+        self.ratios.push(ratio);
+    }
+
+    /// Creations over HTTP: unique keys, 201 expected.
+    async fn create_load(
+        &self,
+        servers: &[Server],
+        token: &str,
+        tag: &str,
+        duration: Duration,
+    ) -> Run {
+        let (client, token, tag) = (
+            self.client.clone(),
+            Arc::new(token.to_owned()),
+            tag.to_owned(),
+        );
+        let bases: Arc<Vec<String>> = Arc::new(servers.iter().map(|s| s.base.clone()).collect());
+        load::run(self.args.concurrency, duration, move |n| {
+            let (client, token, bases) = (client.clone(), token.clone(), bases.clone());
+            let key = format!("{tag}-{n}");
+            async move {
+                let response = client
+                    .post(format!("{}/api/v1/jobs", bases[n as usize % bases.len()]))
+                    .bearer_auth(token.as_str())
+                    .header("Idempotency-Key", &key)
+                    .json(&json!({"task": "summarize", "input": {"text": key}}))
+                    .send()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                match response.status().as_u16() {
+                    201 => Ok(()),
+                    status => Err(format!(
+                        "{status}: {}",
+                        response.text().await.unwrap_or_default()
+                    )),
+                }
+            }
+        })
+        .await
+    }
+
+    /// Creation on PostgreSQL (HTTP only, no worker) vs pgbench's bare creation.
+    async fn create(&mut self) {
+        println!("\n[create] PostgreSQL creation over HTTP vs pgbench's bare creation transaction");
+        let url = self.pg.fresh_database("onejob_bench_create");
+        let deployment = Deployment::prepare(self.dir(), "create", &url, &config(0, 8, SIMULATED));
+        let rate = self.measure_create(&deployment, "create").await;
+        self.empty_create = Some(rate);
+        drop(deployment);
+        let (tps, database) = self.pgbench_of("create", ceiling::CREATE);
+        self.pg.drop_database(&database);
+        println!("  pgbench create.sql: {tps:.0} tx/s");
+        self.push(Ratio {
+            name: "creation (PostgreSQL)",
+            product: format!("{rate:.0} jobs/s"),
+            ceiling: format!("pgbench {tps:.0} tx/s"),
+            ratio: rate / tps,
+            target: "—",
+            met: None,
+        });
+        self.pg.drop_database("onejob_bench_create");
+    }
+
+    async fn measure_create(&self, deployment: &Deployment, tag: &str) -> f64 {
+        let servers = deployment.serve(1).await;
+        self.create_load(
+            &servers,
+            &deployment.token,
+            &format!("{tag}-warm"),
+            Duration::from_secs(1),
+        )
+        .await;
+        let run = self
+            .create_load(&servers, &deployment.token, tag, self.seconds())
+            .await;
+        println!("  onejob creation: {}", run.summary());
+        run.rate()
+    }
+
+    /// pgbench running `script` on a fresh database of its own, migrated and
+    /// with its user made by onejob itself: the same schema, starting from
+    /// the same (empty) state as the product's run.
+    fn pgbench_of(&self, name: &str, script: &str) -> (f64, String) {
+        let database = format!("onejob_bench_{name}_pgbench");
+        let url = self.pg.fresh_database(&database);
+        let deployment = Deployment::prepare(self.dir(), &database, &url, &config(0, 8, SIMULATED));
+        let owner = owner_id(&url, "bench");
+        let digest = onejob::store::users::token_digest(&deployment.token);
+        let tps = ceiling::pgbench(
+            &url,
+            self.dir(),
+            name,
+            script,
+            self.args.concurrency,
+            self.args.seconds,
+            &[("owner", &owner), ("digest", &digest)],
+        );
+        (tps, database)
+    }
+
+    /// Jobs per second from creation to success: clients create for the
+    /// run's time, then the clock runs on until every job created has
+    /// succeeded. One process or several, round-robin.
+    async fn measure_lifecycle(
+        &self,
+        url: &str,
+        deployment: &Deployment,
+        processes: usize,
+        tag: &str,
+    ) -> f64 {
+        let servers = deployment.serve(processes).await;
+        // Warm-up, drained before the clock starts.
+        self.create_load(
+            &servers,
+            &deployment.token,
+            &format!("{tag}-warm"),
+            Duration::from_secs(1),
+        )
+        .await;
+        wait_until_finished(url, 0, Duration::from_secs(120));
+        let since = chrono::Utc::now().timestamp_millis();
+        let started = Instant::now();
+        let run = self
+            .create_load(&servers, &deployment.token, tag, self.seconds())
+            .await;
+        let created_in = started.elapsed();
+        let succeeded = wait_until_finished(url, since, Duration::from_secs(120));
+        let elapsed = started.elapsed();
+        let rate = succeeded as f64 / elapsed.as_secs_f64();
+        println!(
+            "  onejob lifecycle, {processes} process(es): {} created in {:.1} s ({}), all {succeeded} succeeded after {:.1} s = {rate:.0} jobs/s",
+            run.latencies.len(),
+            created_in.as_secs_f64(),
+            run.summary(),
+            elapsed.as_secs_f64()
+        );
+        assert_eq!(
+            succeeded as usize,
+            run.latencies.len(),
+            "every acknowledged job succeeded, once"
+        );
+        rate
+    }
+
+    async fn lifecycle(&mut self) -> f64 {
+        println!("\n[lifecycle] PostgreSQL create → claim → send (instant provider) → compare-and-swap vs pgbench's bare lifecycle");
+        let url = self.pg.fresh_database("onejob_bench_lifecycle");
+        let deployment =
+            Deployment::prepare(self.dir(), "lifecycle", &url, &config(32, 16, SIMULATED));
+        let rate = self.measure_lifecycle(&url, &deployment, 1, "life").await;
+        self.empty_lifecycle = Some(rate);
+        self.pg.drop_database("onejob_bench_lifecycle");
+        let (rounds, database) = self.pgbench_of("lifecycle", ceiling::LIFECYCLE);
+        let url = self.pg.database_url(&database);
+        // Jobs pgbench finished, per second of its run (a round can claim
+        // nothing, see lifecycle.sql).
+        let finished: i64 = diesel::dsl::sql::<BigInt>(
+            "SELECT count(*) FROM jobs WHERE input = '{\"text\":\"pgbench\"}' AND status = 'succeeded'",
+        )
+        .get_result(&mut ceiling::pg(&url))
+        .unwrap();
+        let tps = finished as f64 / self.args.seconds as f64;
+        self.pg.drop_database(&database);
+        println!("  pgbench lifecycle.sql: {rounds:.0} rounds/s, {finished} jobs finished = {tps:.0} jobs/s");
+        self.push(Ratio {
+            name: "lifecycle (PostgreSQL)",
+            product: format!("{rate:.0} jobs/s"),
+            ceiling: format!("pgbench {tps:.0} jobs/s"),
+            ratio: rate / tps,
+            target: "≥ 0.6",
+            met: Some(rate / tps >= 0.6),
+        });
+        self.pg.drop_database("onejob_bench_lifecycle");
+        rate
+    }
+
+    async fn processes(&mut self, one: f64) {
+        println!("\n[processes] the lifecycle on three processes sharing one PostgreSQL vs one");
+        let url = self.pg.fresh_database("onejob_bench_processes");
+        let deployment =
+            Deployment::prepare(self.dir(), "processes", &url, &config(4, 8, SIMULATED));
+        let three = self.measure_lifecycle(&url, &deployment, 3, "three").await;
+        self.push(Ratio {
+            name: "three processes vs one (lifecycle)",
+            product: format!("{three:.0} jobs/s"),
+            ceiling: format!("one process {one:.0} jobs/s"),
+            ratio: three / one,
+            target: "≥ 1.0",
+            met: Some(three / one >= 1.0),
+        });
+        self.pg.drop_database("onejob_bench_processes");
+    }
+
+    /// SQLite creation at the configured concurrency, with the worker
+    /// running, vs a raw single-connection loop; and its p99.
+    async fn sqlite(&mut self) {
+        println!("\n[sqlite] SQLite (synchronous=FULL) creation over HTTP vs a raw single-connection loop");
+        let path = self.dir().join("sqlite.db");
+        let deployment = Deployment::prepare(
+            self.dir(),
+            "sqlite",
+            &path.display().to_string(),
+            &config(4, 8, SIMULATED),
+        );
+        let servers = deployment.serve(1).await;
+        self.create_load(
+            &servers,
+            &deployment.token,
+            "sqlite-warm",
+            Duration::from_secs(1),
+        )
+        .await;
+        let run = self
+            .create_load(&servers, &deployment.token, "sqlite", self.seconds())
+            .await;
+        println!("  onejob creation: {}", run.summary());
+        drop(servers);
+        let raw_path = self.dir().join("raw.db");
+        let raw = Deployment::prepare(
+            self.dir(),
+            "raw",
+            &raw_path.display().to_string(),
+            &config(0, 8, SIMULATED),
+        );
+        let owner = sqlite_owner(&raw_path);
+        drop(raw);
+        let ceiling = ceiling::sqlite_raw_loop(&raw_path, &owner, self.seconds());
+        println!("  raw SQLite loop: {ceiling:.0} creations/s");
+        let rate = run.rate();
+        self.push(Ratio {
+            name: "creation (SQLite)",
+            product: format!("{rate:.0} jobs/s"),
+            ceiling: format!("raw loop {ceiling:.0}/s"),
+            ratio: rate / ceiling,
+            target: "—",
+            met: None,
+        });
+        let p99 = run.p99();
+        let met = p99 <= Duration::from_millis(100) && run.errors == 0;
+        self.push(Ratio {
+            name: "SQLite p99 at 32 creators",
+            product: format!("{} ({} errors)", ms(p99), run.errors),
+            ceiling: "100 ms".into(),
+            ratio: p99.as_secs_f64() / 0.1,
+            target: "≤ 1.0, no errors",
+            met: Some(met),
+        });
+    }
+
+    /// 256 requests at once under one key vs 256 under their own keys.
+    async fn storm(&mut self) {
+        println!(
+            "\n[storm] 256 simultaneous requests under one key vs under 256 keys (PostgreSQL)"
+        );
+        let url = self.pg.fresh_database("onejob_bench_storm");
+        let deployment = Deployment::prepare(self.dir(), "storm", &url, &config(0, 8, SIMULATED));
+        let servers = deployment.serve(1).await;
+        let base = servers[0].base.clone();
+        let rounds = (self.args.seconds / 2).max(3);
+        let (mut storm, mut unique) = (Run::default(), Run::default());
+        for round in 0..rounds {
+            for same_key in [true, false] {
+                let (client, token, base) =
+                    (self.client.clone(), deployment.token.clone(), base.clone());
+                let run = load::burst(256, move |n| {
+                    let (client, token, base) = (client.clone(), token.clone(), base.clone());
+                    let key = if same_key {
+                        format!("storm-{round}")
+                    } else {
+                        format!("unique-{round}-{n}")
+                    };
+                    async move {
+                        let response = client
+                            .post(format!("{base}/api/v1/jobs"))
+                            .bearer_auth(token)
+                            .header("Idempotency-Key", &key)
+                            .json(&json!({"task": "summarize", "input": {"text": "storm"}}))
+                            .send()
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        match response.status().as_u16() {
+                            200 | 201 => Ok(()),
+                            status => Err(format!("{status}")),
+                        }
+                    }
+                })
+                .await;
+                let into = if same_key { &mut storm } else { &mut unique };
+                into.errors += run.errors;
+                into.first_error = into.first_error.take().or(run.first_error);
+                into.latencies.extend(run.latencies);
+                into.elapsed += run.elapsed;
+            }
+        }
+        let jobs: i64 = diesel::dsl::sql::<BigInt>(
+            "SELECT count(*) FROM jobs WHERE idempotency_key LIKE 'storm-%'",
+        )
+        .get_result(&mut ceiling::pg(&url))
+        .unwrap();
+        println!("  one key: {}\n  own keys: {}\n  jobs made by the storms: {jobs} (one per round: {rounds})", storm.summary(), unique.summary());
+        assert_eq!(jobs as u64, rounds, "a storm under one key makes one job");
+        let ratio = storm.p99().as_secs_f64() / unique.p99().as_secs_f64();
+        self.push(Ratio {
+            name: "storm p99 vs unique p99",
+            product: ms(storm.p99()),
+            ceiling: ms(unique.p99()),
+            ratio,
+            target: "≤ 1.0",
+            met: Some(ratio <= 1.0),
+        });
+        drop(servers);
+        self.pg.drop_database("onejob_bench_storm");
+    }
+
+    /// Creation and lifecycle with `--prefill` finished jobs already stored.
+    async fn prefill(&mut self) {
+        let rows = self.args.prefill;
+        println!("\n[prefill] creation and lifecycle with {rows} finished jobs already stored");
+        let url = self.pg.fresh_database("onejob_bench_prefill");
+        let deployment = Deployment::prepare(self.dir(), "prefill", &url, &config(0, 8, SIMULATED));
+        let filling = Instant::now();
+        prefill(&url, &owner_id(&url, "bench"), rows);
+        println!(
+            "  stored {rows} finished jobs (and their attempts) in {:.0} s",
+            filling.elapsed().as_secs_f64()
+        );
+        let create = self.measure_create(&deployment, "prefill-create").await;
+        let deployment =
+            Deployment::prepare(self.dir(), "prefill-life", &url, &config(4, 8, SIMULATED));
+        let lifecycle = self
+            .measure_lifecycle(&url, &deployment, 1, "prefill-life")
+            .await;
+        for (name, full, empty) in [
+            ("creation, prefilled vs empty", create, self.empty_create),
+            (
+                "lifecycle, prefilled vs empty",
+                lifecycle,
+                self.empty_lifecycle,
+            ),
+        ] {
+            let Some(empty) = empty else { continue };
+            let ratio = full / empty;
+            self.push(Ratio {
+                name,
+                product: format!("{full:.0}/s with {rows} stored"),
+                ceiling: format!("{empty:.0}/s empty"),
+                ratio,
+                target: "≥ 0.8",
+                met: Some(ratio >= 0.8),
+            });
+        }
+        self.pg.drop_database("onejob_bench_prefill");
+    }
+
+    /// `/v1/chat/completions` through onejob vs the upstream called
+    /// directly, at concurrency 1 and 32, on SQLite and PostgreSQL.
+    async fn overhead(&mut self) {
+        println!(
+            "\n[overhead] /v1/chat/completions through onejob vs calling the upstream directly"
+        );
+        let upstream = upstream::start();
+        let routes = format!(
+            r#"
+[[providers]]
+name = "up"
+kind = "openai"
+base_url = "{upstream}/v1"
+model = "bench-model"
+api_key_env = "BENCH_UPSTREAM_KEY"
+timeout_ms = 5000
+
+[[tasks]]
+name = "bench-chat"
+kind = "chat"
+providers = ["up"]
+"#
+        );
+        let duration = Duration::from_secs((self.args.seconds / 2).max(2));
+        let chat = |n: u64| json!({"model": "bench-chat", "messages": [{"role": "user", "content": format!("hello {n}")}]});
+        for backend in ["sqlite", "postgres"] {
+            let url = match backend {
+                "sqlite" => self.dir().join("overhead.db").display().to_string(),
+                _ => self.pg.fresh_database("onejob_bench_overhead"),
+            };
+            let deployment = Deployment::prepare(
+                self.dir(),
+                &format!("overhead-{backend}"),
+                &url,
+                &config(32, 16, &routes),
+            );
+            let servers = deployment.serve(1).await;
+            let base = servers[0].base.clone();
+            for concurrency in [1usize, 32] {
+                let client = self.client.clone();
+                let direct_url = format!("{upstream}/v1/chat/completions");
+                let direct = load::run(concurrency, duration, move |n| {
+                    let (client, url) = (client.clone(), direct_url.clone());
+                    async move {
+                        let response = client
+                            .post(url)
+                            .bearer_auth("bench-key")
+                            .json(&chat(n))
+                            .send()
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        response
+                            .status()
+                            .is_success()
+                            .then_some(())
+                            .ok_or_else(|| response.status().to_string())
+                    }
+                })
+                .await;
+                let (client, token, base, tag) = (
+                    self.client.clone(),
+                    deployment.token.clone(),
+                    base.clone(),
+                    format!("{backend}-{concurrency}"),
+                );
+                let through = load::run(concurrency, duration, move |n| {
+                    let (client, token, base) = (client.clone(), token.clone(), base.clone());
+                    let key = format!("{tag}-{n}");
+                    async move {
+                        let response = client
+                            .post(format!("{base}/v1/chat/completions"))
+                            .bearer_auth(token)
+                            .header("Idempotency-Key", key)
+                            .json(&chat(n))
+                            .send()
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        match response.status().as_u16() {
+                            200 => Ok(()),
+                            status => Err(format!(
+                                "{status}: {}",
+                                response.text().await.unwrap_or_default()
+                            )),
+                        }
+                    }
+                })
+                .await;
+                println!("  {backend} c={concurrency} direct: {}\n  {backend} c={concurrency} onejob: {}", direct.summary(), through.summary());
+                let overhead = through.p50().saturating_sub(direct.p50());
+                let (target, met) = match (backend, concurrency) {
+                    ("sqlite", 1) => (
+                        "p50 overhead ≤ 3 ms",
+                        Some(overhead <= Duration::from_millis(3)),
+                    ),
+                    _ => ("—", None),
+                };
+                let name: &'static str =
+                    Box::leak(format!("overhead {backend} c={concurrency}").into_boxed_str());
+                self.push(Ratio {
+                    name,
+                    product: format!("onejob p50 {} p99 {}", ms(through.p50()), ms(through.p99())),
+                    ceiling: format!("direct p50 {} p99 {}", ms(direct.p50()), ms(direct.p99())),
+                    ratio: through.p50().as_secs_f64() / direct.p50().as_secs_f64().max(1e-6),
+                    target,
+                    met: met.map(|m| m && through.errors == 0),
+                });
+                println!(
+                    "    p50 overhead {}, p99 overhead {}",
+                    ms(overhead),
+                    ms(through.p99().saturating_sub(direct.p99()))
+                );
+            }
+            drop(servers);
+            if backend == "postgres" {
+                self.pg.drop_database("onejob_bench_overhead");
+            }
+        }
+    }
+
+    fn report(&self, elapsed: Duration) {
+        println!(
+            "\n| measure | onejob | ceiling | ratio | target | met |\n|---|---|---|---|---|---|"
+        );
+        for r in &self.ratios {
+            let met = match r.met {
+                Some(true) => "yes",
+                Some(false) => "NO",
+                None => "—",
+            };
+            println!(
+                "| {} | {} | {} | {:.2} | {} | {met} |",
+                r.name, r.product, r.ceiling, r.ratio, r.target
+            );
+        }
+        println!("\nbenchmark finished in {:.0} s", elapsed.as_secs_f64());
+    }
+}
+
+/// The id of the user `name`.
+fn owner_id(url: &str, name: &str) -> String {
+    #[derive(QueryableByName)]
+    struct Id {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        id: String,
+    }
+    diesel::sql_query("SELECT id FROM users WHERE name = $1")
+        .bind::<diesel::sql_types::Text, _>(name)
+        .get_result::<Id>(&mut ceiling::pg(url))
+        .expect("the benchmark's user")
+        .id
+}
+
+fn sqlite_owner(path: &Path) -> String {
+    #[derive(QueryableByName)]
+    struct Id {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        id: String,
+    }
+    let mut conn = SqliteConnection::establish(&path.display().to_string()).unwrap();
+    diesel::sql_query("SELECT id FROM users WHERE name = 'bench'")
+        .get_result::<Id>(&mut conn)
+        .expect("the benchmark's user")
+        .id
+}
+
+/// Waits until no job created since `since` (ms) is unfinished; how many
+/// of them succeeded.
+fn wait_until_finished(url: &str, since: i64, within: Duration) -> i64 {
+    let mut conn = ceiling::pg(url);
+    let deadline = Instant::now() + within;
+    loop {
+        let unfinished: i64 = diesel::dsl::sql::<BigInt>(&format!(
+            "SELECT count(*) FROM jobs WHERE created_at >= {since} AND status NOT IN ('succeeded', 'failed')"
+        ))
+        .get_result(&mut conn)
+        .unwrap();
+        if unfinished == 0 {
+            return diesel::dsl::sql::<BigInt>(&format!(
+                "SELECT count(*) FROM jobs WHERE created_at >= {since} AND status = 'succeeded'"
+            ))
+            .get_result(&mut conn)
+            .unwrap();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{unfinished} jobs still unfinished"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Stores `rows` finished jobs (each with its winning attempt), spread over
+/// the past year, in batches of 100,000.
+fn prefill(url: &str, owner: &str, rows: u64) {
+    let mut conn = ceiling::pg(url);
+    let batch = 100_000u64;
+    let mut done = 0;
+    while done < rows {
+        let n = batch.min(rows - done);
+        // A job and its attempt point at each other: the job goes in
+        // running, then becomes succeeded once its winner exists.
+        conn.batch_execute(&format!(
+            "BEGIN;
+             CREATE TEMP TABLE ids ON COMMIT DROP AS
+               SELECT g, gen_random_uuid()::text AS job_id, gen_random_uuid()::text AS attempt_id,
+                      (extract(epoch FROM now()) * 1000)::bigint - 31536000000 + g * 10 AS at
+               FROM generate_series({start}, {end}) AS g;
+             INSERT INTO jobs (id, owner_id, idempotency_key, task, provider, input, params,
+                               fingerprint, status, version, created_at, updated_at)
+               SELECT job_id, '{owner}', 'prefill-' || g, 'summarize', 'sim', '{{\"text\":\"old\"}}',
+                      '{{}}', md5(g::text) || md5(g::text), 'running', 0, at, at FROM ids;
+             INSERT INTO attempts (id, job_id, owner_id, number, provider, state, outcome,
+                                   version_read, created_at, started_at, finished_at, sent_at)
+               SELECT attempt_id, job_id, '{owner}', 1, 'sim', 'succeeded', 'won', 0, at, at, at, at
+               FROM ids;
+             UPDATE jobs SET status = 'succeeded', version = 1, completed_by = ids.attempt_id,
+                    result = '{{\"summary\":\"old\"}}'
+               FROM ids WHERE jobs.id = ids.job_id AND jobs.owner_id = '{owner}';
+             COMMIT;",
+            start = done,
+            end = done + n - 1
+        ))
+        .expect("prefilling");
+        done += n;
+    }
+    // One statement per call: VACUUM refuses a multi-statement string.
+    for table in ["jobs", "attempts"] {
+        conn.batch_execute(&format!("VACUUM ANALYZE {table}"))
+            .expect("finishing the prefill");
+    }
+}

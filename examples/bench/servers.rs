@@ -1,0 +1,151 @@
+//! The product under test: release `onejob` processes started as a user
+//! would start them (`onejob migrate`, `onejob users add`, `onejob serve`),
+//! each on its own port, stopped when dropped.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The `onejob` binary built beside this benchmark (`target/release/onejob`).
+pub fn onejob_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("the benchmark's own path");
+    // target/release/examples/bench → target/release/onejob
+    let binary = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|dir| dir.join("onejob"))
+        .expect("the benchmark runs from target/<profile>/examples");
+    assert!(
+        binary.exists(),
+        "{} is missing: build it with `cargo build --release --bin onejob --example bench`",
+        binary.display()
+    );
+    binary
+}
+
+/// A database and a configuration file the processes share.
+pub struct Deployment {
+    pub database_url: String,
+    pub config: PathBuf,
+    /// Environment variables the configuration names (a provider's API key).
+    pub env: Vec<(String, String)>,
+    pub token: String,
+}
+
+impl Deployment {
+    /// Writes `config_toml`, migrates `database_url` and adds a user.
+    pub fn prepare(dir: &Path, name: &str, database_url: &str, config_toml: &str) -> Self {
+        let config = dir.join(format!("{name}.toml"));
+        std::fs::write(&config, config_toml).expect("writing the configuration");
+        let mut deployment = Self {
+            database_url: database_url.to_owned(),
+            config,
+            env: vec![("BENCH_UPSTREAM_KEY".into(), "bench-key".into())],
+            token: String::new(),
+        };
+        deployment.cli(&["migrate"]);
+        let added = deployment.cli(&["users", "add", "bench"]);
+        deployment.token = added
+            .lines()
+            .last()
+            .expect("`users add` prints the token last")
+            .trim()
+            .to_owned();
+        deployment
+    }
+
+    fn command(&self) -> Command {
+        let mut command = Command::new(onejob_binary());
+        command
+            .arg("--config")
+            .arg(&self.config)
+            .arg("--database-url")
+            .arg(&self.database_url)
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
+        command
+    }
+
+    /// The processes' logs (at the default level, as in production) go to
+    /// one file beside the configuration, not to the terminal.
+    fn log_file(&self) -> Stdio {
+        let log = self.config.with_extension("log");
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .map(Stdio::from)
+            .unwrap_or_else(|_| Stdio::null())
+    }
+
+    /// Runs a CLI command to its end; its standard output.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let output = self.command().args(args).output().expect("running onejob");
+        assert!(
+            output.status.success(),
+            "onejob {args:?} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    /// Starts `count` serving processes; returns once each answers `/healthz`.
+    pub async fn serve(&self, count: usize) -> Vec<Server> {
+        let mut servers = Vec::new();
+        for _ in 0..count {
+            let port = free_port();
+            let child = self
+                .command()
+                .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
+                .stdout(Stdio::null())
+                .stderr(self.log_file())
+                .spawn()
+                .expect("starting onejob serve");
+            servers.push(Server {
+                child,
+                base: format!("http://127.0.0.1:{port}"),
+            });
+        }
+        let client = reqwest::Client::new();
+        for server in &servers {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                let ready = client
+                    .get(format!("{}/healthz", server.base))
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status().is_success());
+                if ready {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{} never became healthy",
+                    server.base
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        servers
+    }
+}
+
+/// One `onejob serve` process; killed when dropped.
+pub struct Server {
+    child: Child,
+    pub base: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
