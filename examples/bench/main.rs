@@ -52,7 +52,8 @@ struct Args {
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Keep the configurations, SQLite files and process logs in this
-    /// directory (default: a temp dir, removed at the end).
+    /// directory, and the PostgreSQL databases (default: a temp dir, removed
+    /// at the end, and the databases dropped).
     #[arg(long)]
     keep: Option<std::path::PathBuf>,
 }
@@ -93,6 +94,12 @@ providers = ["sim"]
 input_fields = ["text"]
 template = "Summarize: {{ text }}"
 "#;
+
+/// Each process of the lifecycle runs: as many attempts in flight as pgbench
+/// has clients, and a pool to match.
+fn lifecycle_config() -> String {
+    config(32, 16, SIMULATED)
+}
 
 fn config(worker_concurrency: usize, pool_size: u32, providers_and_tasks: &str) -> String {
     format!(
@@ -151,18 +158,40 @@ async fn main() {
     if bench.wants("storm") {
         bench.storm().await;
     }
-    if bench.wants("prefill") && bench.args.prefill > 0 {
-        bench.prefill().await;
-    }
     if bench.wants("overhead") {
         bench.overhead().await;
+    }
+    // Last: storing a million rows leaves the disk busy for a while.
+    if bench.args.prefill > 0 && bench.wants("prefill") {
+        bench.prefill().await;
     }
     bench.report(started.elapsed());
 }
 
 impl Bench {
     fn wants(&self, step: &str) -> bool {
-        self.args.only.is_empty() || self.args.only.iter().any(|s| s == step)
+        let wanted = self.args.only.is_empty() || self.args.only.iter().any(|s| s == step);
+        if wanted {
+            self.settle();
+        }
+        wanted
+    }
+
+    /// Drops a step's database, unless `--keep` asks to keep everything.
+    fn drop_database(&self, name: &str) {
+        if self.args.keep.is_none() {
+            self.pg.drop_database(name);
+        }
+    }
+
+    /// Lets the machine settle between steps: PostgreSQL writes out what
+    /// the last step dirtied (a checkpoint), so that its disk traffic does
+    /// not land in the next step's figures.
+    fn settle(&self) {
+        if let Ok(mut conn) = PgConnection::establish(&self.pg.database_url("postgres")) {
+            let _ = conn.batch_execute("CHECKPOINT");
+        }
+        std::thread::sleep(Duration::from_secs(1));
     }
 
     fn seconds(&self) -> Duration {
@@ -228,7 +257,7 @@ impl Bench {
         self.empty_create = Some(rate);
         drop(deployment);
         let (tps, database) = self.pgbench_of("create", ceiling::CREATE);
-        self.pg.drop_database(&database);
+        self.drop_database(&database);
         println!("  pgbench create.sql: {tps:.0} tx/s");
         self.push(Ratio {
             name: "creation (PostgreSQL)",
@@ -238,7 +267,7 @@ impl Bench {
             target: "—",
             met: None,
         });
-        self.pg.drop_database("onejob_bench_create");
+        self.drop_database("onejob_bench_create");
     }
 
     async fn measure_create(&self, deployment: &Deployment, tag: &str) -> f64 {
@@ -325,11 +354,10 @@ impl Bench {
     async fn lifecycle(&mut self) -> f64 {
         println!("\n[lifecycle] PostgreSQL create → claim → send (instant provider) → compare-and-swap vs pgbench's bare lifecycle");
         let url = self.pg.fresh_database("onejob_bench_lifecycle");
-        let deployment =
-            Deployment::prepare(self.dir(), "lifecycle", &url, &config(32, 16, SIMULATED));
+        let deployment = Deployment::prepare(self.dir(), "lifecycle", &url, &lifecycle_config());
         let rate = self.measure_lifecycle(&url, &deployment, 1, "life").await;
         self.empty_lifecycle = Some(rate);
-        self.pg.drop_database("onejob_bench_lifecycle");
+        self.drop_database("onejob_bench_lifecycle");
         let (rounds, database) = self.pgbench_of("lifecycle", ceiling::LIFECYCLE);
         let url = self.pg.database_url(&database);
         // Jobs pgbench finished, per second of its run (a round can claim
@@ -340,7 +368,7 @@ impl Bench {
         .get_result(&mut ceiling::pg(&url))
         .unwrap();
         let tps = finished as f64 / self.args.seconds as f64;
-        self.pg.drop_database(&database);
+        self.drop_database(&database);
         println!("  pgbench lifecycle.sql: {rounds:.0} rounds/s, {finished} jobs finished = {tps:.0} jobs/s");
         self.push(Ratio {
             name: "lifecycle (PostgreSQL)",
@@ -350,15 +378,14 @@ impl Bench {
             target: "≥ 0.6",
             met: Some(rate / tps >= 0.6),
         });
-        self.pg.drop_database("onejob_bench_lifecycle");
+        self.drop_database("onejob_bench_lifecycle");
         rate
     }
 
     async fn processes(&mut self, one: f64) {
         println!("\n[processes] the lifecycle on three processes sharing one PostgreSQL vs one");
         let url = self.pg.fresh_database("onejob_bench_processes");
-        let deployment =
-            Deployment::prepare(self.dir(), "processes", &url, &config(4, 8, SIMULATED));
+        let deployment = Deployment::prepare(self.dir(), "processes", &url, &lifecycle_config());
         let three = self.measure_lifecycle(&url, &deployment, 3, "three").await;
         self.push(Ratio {
             name: "three processes vs one (lifecycle)",
@@ -368,7 +395,7 @@ impl Bench {
             target: "≥ 1.0",
             met: Some(three / one >= 1.0),
         });
-        self.pg.drop_database("onejob_bench_processes");
+        self.drop_database("onejob_bench_processes");
     }
 
     /// SQLite creation at the configured concurrency, with the worker
@@ -489,7 +516,7 @@ impl Bench {
             met: Some(ratio <= 1.0),
         });
         drop(servers);
-        self.pg.drop_database("onejob_bench_storm");
+        self.drop_database("onejob_bench_storm");
     }
 
     /// Creation and lifecycle with `--prefill` finished jobs already stored.
@@ -500,13 +527,14 @@ impl Bench {
         let deployment = Deployment::prepare(self.dir(), "prefill", &url, &config(0, 8, SIMULATED));
         let filling = Instant::now();
         prefill(&url, &owner_id(&url, "bench"), rows);
+        // The fill's writes are flushed before anything is measured.
+        self.settle();
         println!(
             "  stored {rows} finished jobs (and their attempts) in {:.0} s",
             filling.elapsed().as_secs_f64()
         );
         let create = self.measure_create(&deployment, "prefill-create").await;
-        let deployment =
-            Deployment::prepare(self.dir(), "prefill-life", &url, &config(4, 8, SIMULATED));
+        let deployment = deployment.reconfigured(self.dir(), "prefill-life", &lifecycle_config());
         let lifecycle = self
             .measure_lifecycle(&url, &deployment, 1, "prefill-life")
             .await;
@@ -529,7 +557,7 @@ impl Bench {
                 met: Some(ratio >= 0.8),
             });
         }
-        self.pg.drop_database("onejob_bench_prefill");
+        self.drop_database("onejob_bench_prefill");
     }
 
     /// `/v1/chat/completions` through onejob vs the upstream called
@@ -547,7 +575,7 @@ kind = "openai"
 base_url = "{upstream}/v1"
 model = "bench-model"
 api_key_env = "BENCH_UPSTREAM_KEY"
-timeout_ms = 5000
+timeout_ms = 30000
 
 [[tasks]]
 name = "bench-chat"
@@ -646,7 +674,7 @@ providers = ["up"]
             }
             drop(servers);
             if backend == "postgres" {
-                self.pg.drop_database("onejob_bench_overhead");
+                self.drop_database("onejob_bench_overhead");
             }
         }
     }
@@ -697,20 +725,34 @@ fn sqlite_owner(path: &Path) -> String {
         .id
 }
 
+/// The smallest UUIDv7 of the millisecond `ms`, as onejob writes ids: job ids
+/// are time-ordered, so "created since" is a range of the owner's index.
+fn first_id_at(ms: i64) -> String {
+    let hex = format!("{:012x}", ms);
+    format!("{}-{}-0000-0000-000000000000", &hex[..8], &hex[8..])
+}
+
 /// Waits until no job created since `since` (ms) is unfinished; how many
-/// of them succeeded.
+/// of them succeeded. Reads only the new jobs (a range of the owner's
+/// index), so that watching costs the database next to nothing, however
+/// many jobs are stored.
 fn wait_until_finished(url: &str, since: i64, within: Duration) -> i64 {
     let mut conn = ceiling::pg(url);
+    let owner = owner_id(url, "bench");
+    let new_jobs = format!(
+        "jobs WHERE owner_id = '{owner}' AND id >= '{}'",
+        first_id_at(since)
+    );
     let deadline = Instant::now() + within;
     loop {
         let unfinished: i64 = diesel::dsl::sql::<BigInt>(&format!(
-            "SELECT count(*) FROM jobs WHERE created_at >= {since} AND status NOT IN ('succeeded', 'failed')"
+            "SELECT count(*) FROM {new_jobs} AND status NOT IN ('succeeded', 'failed')"
         ))
         .get_result(&mut conn)
         .unwrap();
         if unfinished == 0 {
             return diesel::dsl::sql::<BigInt>(&format!(
-                "SELECT count(*) FROM jobs WHERE created_at >= {since} AND status = 'succeeded'"
+                "SELECT count(*) FROM {new_jobs} AND status = 'succeeded'"
             ))
             .get_result(&mut conn)
             .unwrap();
@@ -719,7 +761,7 @@ fn wait_until_finished(url: &str, since: i64, within: Duration) -> i64 {
             Instant::now() < deadline,
             "{unfinished} jobs still unfinished"
         );
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -727,6 +769,18 @@ fn wait_until_finished(url: &str, since: i64, within: Duration) -> i64 {
 /// the past year, in batches of 100,000.
 fn prefill(url: &str, owner: &str, rows: u64) {
     let mut conn = ceiling::pg(url);
+    // Ids shaped as onejob makes them (UUIDv7, here of the job's own past
+    // time), so the indexes hold what a year of real use would leave.
+    conn.batch_execute(
+        "CREATE OR REPLACE FUNCTION bench_uuid7_at(ms bigint) RETURNS text LANGUAGE sql VOLATILE AS $$
+           WITH h AS (SELECT lpad(to_hex(ms), 12, '0') AS t,
+                             replace(gen_random_uuid()::text, '-', '') AS r)
+           SELECT substr(t, 1, 8) || '-' || substr(t, 9, 4) || '-7' || substr(r, 13, 3) || '-'
+                  || substr(r, 17, 4) || '-' || substr(r, 21, 12)
+           FROM h
+         $$;",
+    )
+    .expect("creating the prefill helper");
     let batch = 100_000u64;
     let mut done = 0;
     while done < rows {
@@ -736,9 +790,9 @@ fn prefill(url: &str, owner: &str, rows: u64) {
         conn.batch_execute(&format!(
             "BEGIN;
              CREATE TEMP TABLE ids ON COMMIT DROP AS
-               SELECT g, gen_random_uuid()::text AS job_id, gen_random_uuid()::text AS attempt_id,
-                      (extract(epoch FROM now()) * 1000)::bigint - 31536000000 + g * 10 AS at
-               FROM generate_series({start}, {end}) AS g;
+               SELECT g, bench_uuid7_at(at) AS job_id, bench_uuid7_at(at) AS attempt_id, at
+               FROM (SELECT g, (extract(epoch FROM now()) * 1000)::bigint - 31536000000 + g * 10 AS at
+                     FROM generate_series({start}, {end}) AS g) AS past;
              INSERT INTO jobs (id, owner_id, idempotency_key, task, provider, input, params,
                                fingerprint, status, version, created_at, updated_at)
                SELECT job_id, '{owner}', 'prefill-' || g, 'summarize', 'sim', '{{\"text\":\"old\"}}',

@@ -55,6 +55,18 @@ impl Deployment {
         deployment
     }
 
+    /// The same database and user, with another configuration.
+    pub fn reconfigured(&self, dir: &Path, name: &str, config_toml: &str) -> Self {
+        let config = dir.join(format!("{name}.toml"));
+        std::fs::write(&config, config_toml).expect("writing the configuration");
+        Self {
+            database_url: self.database_url.clone(),
+            config,
+            env: self.env.clone(),
+            token: self.token.clone(),
+        }
+    }
+
     fn command(&self) -> Command {
         let mut command = Command::new(onejob_binary());
         command
