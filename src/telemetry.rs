@@ -1,6 +1,9 @@
 //! Tracing setup: human-readable logs on stderr, filtered by the `RUST_LOG`
 //! value the command line passes in (default `info`). Request spans carry a
-//! request id.
+//! request id. Colours only when stderr is a terminal: a log file or a log
+//! collector gets plain text.
+
+use std::io::IsTerminal;
 
 use tracing_subscriber::EnvFilter;
 
@@ -11,5 +14,6 @@ pub fn init(filter: Option<&str>) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .try_init();
 }

@@ -60,7 +60,7 @@ struct Args {
 
 /// One line of the closing table.
 struct Ratio {
-    name: &'static str,
+    name: String,
     product: String,
     ceiling: String,
     ratio: f64,
@@ -260,7 +260,7 @@ impl Bench {
         self.drop_database(&database);
         println!("  pgbench create.sql: {tps:.0} tx/s");
         self.push(Ratio {
-            name: "creation (PostgreSQL)",
+            name: "creation (PostgreSQL)".into(),
             product: format!("{rate:.0} jobs/s"),
             ceiling: format!("pgbench {tps:.0} tx/s"),
             ratio: rate / tps,
@@ -371,7 +371,7 @@ impl Bench {
         self.drop_database(&database);
         println!("  pgbench lifecycle.sql: {rounds:.0} rounds/s, {finished} jobs finished = {tps:.0} jobs/s");
         self.push(Ratio {
-            name: "lifecycle (PostgreSQL)",
+            name: "lifecycle (PostgreSQL)".into(),
             product: format!("{rate:.0} jobs/s"),
             ceiling: format!("pgbench {tps:.0} jobs/s"),
             ratio: rate / tps,
@@ -388,7 +388,7 @@ impl Bench {
         let deployment = Deployment::prepare(self.dir(), "processes", &url, &lifecycle_config());
         let three = self.measure_lifecycle(&url, &deployment, 3, "three").await;
         self.push(Ratio {
-            name: "three processes vs one (lifecycle)",
+            name: "three processes vs one (lifecycle)".into(),
             product: format!("{three:.0} jobs/s"),
             ceiling: format!("one process {one:.0} jobs/s"),
             ratio: three / one,
@@ -435,7 +435,7 @@ impl Bench {
         println!("  raw SQLite loop: {ceiling:.0} creations/s");
         let rate = run.rate();
         self.push(Ratio {
-            name: "creation (SQLite)",
+            name: "creation (SQLite)".into(),
             product: format!("{rate:.0} jobs/s"),
             ceiling: format!("raw loop {ceiling:.0}/s"),
             ratio: rate / ceiling,
@@ -445,7 +445,7 @@ impl Bench {
         let p99 = run.p99();
         let met = p99 <= Duration::from_millis(100) && run.errors == 0;
         self.push(Ratio {
-            name: "SQLite p99 at 32 creators",
+            name: "SQLite p99 at 32 creators".into(),
             product: format!("{} ({} errors)", ms(p99), run.errors),
             ceiling: "100 ms".into(),
             ratio: p99.as_secs_f64() / 0.1,
@@ -508,7 +508,7 @@ impl Bench {
         assert_eq!(jobs as u64, rounds, "a storm under one key makes one job");
         let ratio = storm.p99().as_secs_f64() / unique.p99().as_secs_f64();
         self.push(Ratio {
-            name: "storm p99 vs unique p99",
+            name: "storm p99 vs unique p99".into(),
             product: ms(storm.p99()),
             ceiling: ms(unique.p99()),
             ratio,
@@ -549,7 +549,7 @@ impl Bench {
             let Some(empty) = empty else { continue };
             let ratio = full / empty;
             self.push(Ratio {
-                name,
+                name: name.into(),
                 product: format!("{full:.0}/s with {rows} stored"),
                 ceiling: format!("{empty:.0}/s empty"),
                 ratio,
@@ -656,8 +656,7 @@ providers = ["up"]
                     ),
                     _ => ("—", None),
                 };
-                let name: &'static str =
-                    Box::leak(format!("overhead {backend} c={concurrency}").into_boxed_str());
+                let name = format!("overhead {backend} c={concurrency}");
                 self.push(Ratio {
                     name,
                     product: format!("onejob p50 {} p99 {}", ms(through.p50()), ms(through.p99())),
