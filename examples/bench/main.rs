@@ -31,6 +31,7 @@ use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel::sql_types::BigInt;
 use load::{ms, Run};
+use onejob::store::schema::users;
 use serde_json::json;
 use servers::{Deployment, Server};
 
@@ -58,14 +59,43 @@ struct Args {
     keep: Option<std::path::PathBuf>,
 }
 
+/// What a ratio must come to, if anything.
+#[derive(Clone, Copy)]
+enum Goal {
+    None,
+    AtLeast(f64),
+    AtMost(f64),
+    /// A condition of its own, described.
+    Other(&'static str, bool),
+}
+
 /// One line of the closing table.
 struct Ratio {
     name: String,
     product: String,
     ceiling: String,
     ratio: f64,
-    target: &'static str,
-    met: Option<bool>,
+    goal: Goal,
+}
+
+impl Ratio {
+    fn target(&self) -> String {
+        match self.goal {
+            Goal::None => "—".into(),
+            Goal::AtLeast(min) => format!("≥ {min:.1}"),
+            Goal::AtMost(max) => format!("≤ {max:.1}"),
+            Goal::Other(text, _) => text.into(),
+        }
+    }
+
+    fn met(&self) -> Option<bool> {
+        match self.goal {
+            Goal::None => None,
+            Goal::AtLeast(min) => Some(self.ratio >= min),
+            Goal::AtMost(max) => Some(self.ratio <= max),
+            Goal::Other(_, met) => Some(met),
+        }
+    }
 }
 
 struct Bench {
@@ -205,7 +235,11 @@ impl Bench {
     fn push(&mut self, ratio: Ratio) {
         println!(
             "  → {}: {:.2} ({} vs {}; target {})",
-            ratio.name, ratio.ratio, ratio.product, ratio.ceiling, ratio.target
+            ratio.name,
+            ratio.ratio,
+            ratio.product,
+            ratio.ceiling,
+            ratio.target()
         );
         self.ratios.push(ratio);
     }
@@ -264,8 +298,7 @@ impl Bench {
             product: format!("{rate:.0} jobs/s"),
             ceiling: format!("pgbench {tps:.0} tx/s"),
             ratio: rate / tps,
-            target: "—",
-            met: None,
+            goal: Goal::None,
         });
         self.drop_database("onejob_bench_create");
     }
@@ -293,7 +326,7 @@ impl Bench {
         let database = format!("onejob_bench_{name}_pgbench");
         let url = self.pg.fresh_database(&database);
         let deployment = Deployment::prepare(self.dir(), &database, &url, &config(0, 8, SIMULATED));
-        let owner = owner_id(&url, "bench");
+        let owner = owner_id(&url);
         let digest = onejob::store::users::token_digest(&deployment.token);
         let tps = ceiling::pgbench(
             &url,
@@ -375,8 +408,7 @@ impl Bench {
             product: format!("{rate:.0} jobs/s"),
             ceiling: format!("pgbench {tps:.0} jobs/s"),
             ratio: rate / tps,
-            target: "≥ 0.6",
-            met: Some(rate / tps >= 0.6),
+            goal: Goal::AtLeast(0.6),
         });
         self.drop_database("onejob_bench_lifecycle");
         rate
@@ -392,8 +424,7 @@ impl Bench {
             product: format!("{three:.0} jobs/s"),
             ceiling: format!("one process {one:.0} jobs/s"),
             ratio: three / one,
-            target: "≥ 1.0",
-            met: Some(three / one >= 1.0),
+            goal: Goal::AtLeast(1.0),
         });
         self.drop_database("onejob_bench_processes");
     }
@@ -439,8 +470,7 @@ impl Bench {
             product: format!("{rate:.0} jobs/s"),
             ceiling: format!("raw loop {ceiling:.0}/s"),
             ratio: rate / ceiling,
-            target: "—",
-            met: None,
+            goal: Goal::None,
         });
         let p99 = run.p99();
         let met = p99 <= Duration::from_millis(100) && run.errors == 0;
@@ -449,8 +479,7 @@ impl Bench {
             product: format!("{} ({} errors)", ms(p99), run.errors),
             ceiling: "100 ms".into(),
             ratio: p99.as_secs_f64() / 0.1,
-            target: "≤ 1.0, no errors",
-            met: Some(met),
+            goal: Goal::Other("≤ 1.0, no errors", met),
         });
     }
 
@@ -512,8 +541,7 @@ impl Bench {
             product: ms(storm.p99()),
             ceiling: ms(unique.p99()),
             ratio,
-            target: "≤ 1.0",
-            met: Some(ratio <= 1.0),
+            goal: Goal::AtMost(1.0),
         });
         drop(servers);
         self.drop_database("onejob_bench_storm");
@@ -526,7 +554,7 @@ impl Bench {
         let url = self.pg.fresh_database("onejob_bench_prefill");
         let deployment = Deployment::prepare(self.dir(), "prefill", &url, &config(0, 8, SIMULATED));
         let filling = Instant::now();
-        prefill(&url, &owner_id(&url, "bench"), rows);
+        prefill(&url, &owner_id(&url), rows);
         // The fill's writes are flushed before anything is measured.
         self.settle();
         println!(
@@ -553,8 +581,7 @@ impl Bench {
                 product: format!("{full:.0}/s with {rows} stored"),
                 ceiling: format!("{empty:.0}/s empty"),
                 ratio,
-                target: "≥ 0.8",
-                met: Some(ratio >= 0.8),
+                goal: Goal::AtLeast(0.8),
             });
         }
         self.drop_database("onejob_bench_prefill");
@@ -649,12 +676,12 @@ providers = ["up"]
                 .await;
                 println!("  {backend} c={concurrency} direct: {}\n  {backend} c={concurrency} onejob: {}", direct.summary(), through.summary());
                 let overhead = through.p50().saturating_sub(direct.p50());
-                let (target, met) = match (backend, concurrency) {
-                    ("sqlite", 1) => (
+                let goal = match (backend, concurrency) {
+                    ("sqlite", 1) => Goal::Other(
                         "p50 overhead ≤ 3 ms",
-                        Some(overhead <= Duration::from_millis(3)),
+                        overhead <= Duration::from_millis(3) && through.errors == 0,
                     ),
-                    _ => ("—", None),
+                    _ => Goal::None,
                 };
                 let name = format!("overhead {backend} c={concurrency}");
                 self.push(Ratio {
@@ -662,8 +689,7 @@ providers = ["up"]
                     product: format!("onejob p50 {} p99 {}", ms(through.p50()), ms(through.p99())),
                     ceiling: format!("direct p50 {} p99 {}", ms(direct.p50()), ms(direct.p99())),
                     ratio: through.p50().as_secs_f64() / direct.p50().as_secs_f64().max(1e-6),
-                    target,
-                    met: met.map(|m| m && through.errors == 0),
+                    goal,
                 });
                 println!(
                     "    p50 overhead {}, p99 overhead {}",
@@ -683,45 +709,44 @@ providers = ["up"]
             "\n| measure | onejob | ceiling | ratio | target | met |\n|---|---|---|---|---|---|"
         );
         for r in &self.ratios {
-            let met = match r.met {
+            let met = match r.met() {
                 Some(true) => "yes",
                 Some(false) => "NO",
                 None => "—",
             };
             println!(
                 "| {} | {} | {} | {:.2} | {} | {met} |",
-                r.name, r.product, r.ceiling, r.ratio, r.target
+                r.name,
+                r.product,
+                r.ceiling,
+                r.ratio,
+                r.target()
             );
         }
         println!("\nbenchmark finished in {:.0} s", elapsed.as_secs_f64());
     }
 }
 
-/// The id of the user `name`.
-fn owner_id(url: &str, name: &str) -> String {
-    #[derive(QueryableByName)]
-    struct Id {
-        #[diesel(sql_type = diesel::sql_types::Text)]
-        id: String,
-    }
-    diesel::sql_query("SELECT id FROM users WHERE name = $1")
-        .bind::<diesel::sql_types::Text, _>(name)
-        .get_result::<Id>(&mut ceiling::pg(url))
+/// The user every step adds (`onejob users add bench`).
+const BENCH_USER: &str = "bench";
+
+/// The bench user's id, on PostgreSQL.
+fn owner_id(url: &str) -> String {
+    users::table
+        .filter(users::name.eq(BENCH_USER))
+        .select(users::id)
+        .first(&mut ceiling::pg(url))
         .expect("the benchmark's user")
-        .id
 }
 
+/// The bench user's id, on SQLite.
 fn sqlite_owner(path: &Path) -> String {
-    #[derive(QueryableByName)]
-    struct Id {
-        #[diesel(sql_type = diesel::sql_types::Text)]
-        id: String,
-    }
     let mut conn = SqliteConnection::establish(&path.display().to_string()).unwrap();
-    diesel::sql_query("SELECT id FROM users WHERE name = 'bench'")
-        .get_result::<Id>(&mut conn)
+    users::table
+        .filter(users::name.eq(BENCH_USER))
+        .select(users::id)
+        .first(&mut conn)
         .expect("the benchmark's user")
-        .id
 }
 
 /// The smallest UUIDv7 of the millisecond `ms`, as onejob writes ids: job ids
@@ -737,7 +762,7 @@ fn first_id_at(ms: i64) -> String {
 /// many jobs are stored.
 fn wait_until_finished(url: &str, since: i64, within: Duration) -> i64 {
     let mut conn = ceiling::pg(url);
-    let owner = owner_id(url, "bench");
+    let owner = owner_id(url);
     let new_jobs = format!(
         "jobs WHERE owner_id = '{owner}' AND id >= '{}'",
         first_id_at(since)

@@ -45,7 +45,7 @@ impl Deployment {
             token: String::new(),
         };
         deployment.cli(&["migrate"]);
-        let added = deployment.cli(&["users", "add", "bench"]);
+        let added = deployment.cli(&["users", "add", crate::BENCH_USER]);
         deployment.token = added
             .lines()
             .last()
