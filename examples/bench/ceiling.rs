@@ -121,6 +121,17 @@ pub fn pgbench(
         .unwrap_or_else(|| panic!("pgbench printed no tps: {stdout}"))
 }
 
+/// Gathers the planner's statistics on the tables every step writes. Both
+/// sides run it after their warm-up: a database older than autovacuum's
+/// first pass has statistics, and without them PostgreSQL plans with
+/// default estimates (a plan made on a near-empty table may then stay cached
+/// in a connection as the table grows).
+pub fn analyze(database_url: &str) {
+    pg(database_url)
+        .batch_execute("ANALYZE jobs; ANALYZE attempts;")
+        .expect("analyzing the tables");
+}
+
 /// Creations per second of a raw loop on one SQLite connection: the same two
 /// inserts in a `BEGIN IMMEDIATE` transaction, `journal_mode=WAL`,
 /// `synchronous=FULL`, on a database with onejob's schema.

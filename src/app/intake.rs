@@ -8,14 +8,18 @@
 //!    during a rolling deploy gets the answer its first request got.
 //! 3. A new request is validated against the task's contract, then inserted
 //!    under (owner, key); a concurrent twin that won the key is answered as in 2.
+//! 4. The job's first attempt is queued; or, when this process's worker has
+//!    a free slot and nothing queued ahead of it, it starts in the creating
+//!    transaction (claimed and confirmed, as a claim would leave it) and is
+//!    handed to the worker once that commits: one transaction fewer per job.
 //!
 //! A refusal stores nothing, so it never reserves the key.
 
 use serde_json::Value;
 
-use super::{App, AppError, AppResult, Attempt, Job, User};
+use super::{App, AppError, AppResult, Attempt, Claim, Job, User};
 use crate::contracts::TaskContract;
-use crate::domain::{Fingerprint, IdempotencyKey, JobIntent, JsonText};
+use crate::domain::{AttemptState, Fingerprint, IdempotencyKey, JobIntent, JsonText};
 use crate::store::jobs::{self as job_store, CreateOutcome, NewJob};
 
 /// What a client asks for; `input` and `params` as the JSON text it sent.
@@ -138,12 +142,30 @@ impl App {
         // goes straight to the insert, which finds an existing key itself.
         let validated =
             self.validate_new_job(owner, key.clone(), request, params, fingerprint.clone());
-        let new_job = validated.as_ref().ok().cloned();
+        let mut new_job = validated.as_ref().ok().cloned();
+        // With a worker slot free, the first attempt starts in the creating
+        // transaction and is handed to the worker once it commits.
+        let start = new_job.as_mut().and_then(|new_job| {
+            let slot = self.reserve_start(&new_job.provider)?;
+            new_job.start = Some(slot.start.clone());
+            Some(slot)
+        });
         let (owner_id, key_text) = (owner.id.clone(), key.as_str().to_owned());
         let found = self
             .store()
             .run(move |conn| match new_job {
-                Some(new_job) => job_store::create_job_with_attempts(conn, &new_job).map(Some),
+                Some(new_job) => {
+                    let (outcome, attempts) = job_store::create_job_with_attempts(conn, &new_job)?;
+                    if let (CreateOutcome::Created(job), Some(start), [attempt]) =
+                        (&outcome, start, attempts.as_slice())
+                    {
+                        start.run(Claim {
+                            attempt: attempt.clone(),
+                            job: job.clone(),
+                        });
+                    }
+                    Ok(Some((outcome, attempts)))
+                }
                 None => {
                     let Some(job) = job_store::find_by_key(conn, &owner_id, &key_text)? else {
                         return Ok(None);
@@ -158,7 +180,9 @@ impl App {
         };
         match outcome {
             CreateOutcome::Created(job) => {
-                self.notify_queued();
+                if attempts.iter().any(|a| a.state == AttemptState::Queued) {
+                    self.notify_queued();
+                }
                 self.metrics().jobs_created.inc();
                 tracing::info!(job_id = %job.id, "job created");
                 Ok(JobCreation {
@@ -222,6 +246,7 @@ impl App {
             input: request.input,
             params,
             fingerprint: fingerprint.as_str().to_owned(),
+            start: None,
         })
     }
 }

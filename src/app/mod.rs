@@ -74,6 +74,8 @@ struct Inner {
     job_finished: Notify,
     /// Argon2 runs here, a few at a time (see `accounts`).
     password_slots: Arc<tokio::sync::Semaphore>,
+    /// This process's worker's offer to start new jobs at once (`work`).
+    start_offer: std::sync::RwLock<std::sync::Weak<work::StartOffer>>,
 }
 
 impl App {
@@ -104,6 +106,7 @@ impl App {
                 job_finished: Notify::new(),
                 startup_qualified,
                 metrics,
+                start_offer: Default::default(),
             }),
         }
     }

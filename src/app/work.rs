@@ -1,10 +1,16 @@
 //! What a worker asks of the application: a queued attempt to send, with a
-//! lease; renewing that lease; and reaping the leases of processes that
-//! stopped (their running attempts become `unknown`, never re-sent).
+//! lease; renewing that lease; reaping the leases of processes that stopped
+//! (their running attempts become `unknown`, never re-sent); and its offer
+//! to start new jobs' first attempts in their creating transactions.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::{App, AppResult, Claim};
 use crate::domain::{AttemptId, AttemptState};
-use crate::store::queue::{self, SendPermit};
+use crate::store::queue::{self, SendPermit, StartNow};
 
 impl App {
     /// Claims up to `limit` of the oldest queued attempts for `lease_owner`,
@@ -84,5 +90,102 @@ impl App {
             .store()
             .run(move |conn| queue::give_back_unsent(conn, &id, &owner))
             .await?)
+    }
+}
+
+/// A worker's standing offer to start a new job's first attempt in the
+/// transaction that creates it, so that an idle worker costs the job no
+/// claiming transaction of its own. The offer holds while the worker has a
+/// free slot, nothing was left queued at its last claim (a new job never
+/// jumps ahead of queued ones) and it is not stopping; the attempt's
+/// provider must have asked for no pause.
+pub struct StartOffer {
+    lease_owner: String,
+    slots: Arc<Semaphore>,
+    /// The worker's last claim took as many attempts as it asked for, so
+    /// more may be queued.
+    backlog: AtomicBool,
+    withdrawn: AtomicBool,
+    /// Runs a started attempt, holding its slot (the worker's task).
+    run: Box<dyn Fn(Claim, OwnedSemaphorePermit) + Send + Sync>,
+}
+
+impl StartOffer {
+    pub fn new(
+        lease_owner: String,
+        slots: Arc<Semaphore>,
+        run: Box<dyn Fn(Claim, OwnedSemaphorePermit) + Send + Sync>,
+    ) -> Self {
+        Self {
+            lease_owner,
+            slots,
+            backlog: AtomicBool::new(false),
+            withdrawn: AtomicBool::new(false),
+            run,
+        }
+    }
+
+    /// What the worker's last claim found: `true` when it took all it asked
+    /// for (more may be waiting).
+    pub fn set_backlog(&self, backlog: bool) {
+        self.backlog.store(backlog, Ordering::Relaxed);
+    }
+
+    /// No new job starts in its creating transaction any more (the worker
+    /// is stopping).
+    pub fn withdraw(&self) {
+        self.withdrawn.store(true, Ordering::SeqCst);
+    }
+}
+
+/// A slot reserved for a job being created, released if the job is not
+/// created (its key had made one already, or the transaction failed).
+pub(crate) struct StartSlot {
+    offer: Arc<StartOffer>,
+    slot: OwnedSemaphorePermit,
+    pub start: StartNow,
+}
+
+impl StartSlot {
+    /// Hands the committed, started attempt to the worker. Called in the
+    /// blocking task that committed it, which runs to the end even when the
+    /// request that asked is dropped: a started attempt is never stranded.
+    pub fn run(self, claim: Claim) {
+        (self.offer.run)(claim, self.slot);
+    }
+}
+
+impl App {
+    /// Registers this process's worker's offer (replacing any earlier one).
+    /// The application keeps it weakly: it lapses when the worker's claimer
+    /// ends, and the offer (which holds the worker, which holds the
+    /// application) makes no cycle.
+    pub fn offer_starts(&self, offer: &Arc<StartOffer>) {
+        *self.inner.start_offer.write().expect("never poisoned") = Arc::downgrade(offer);
+    }
+
+    /// A free worker slot for a new job's first attempt on `provider`, if
+    /// the offer holds (see [`StartOffer`]).
+    pub(crate) fn reserve_start(&self, provider: &str) -> Option<StartSlot> {
+        let offer = self
+            .inner
+            .start_offer
+            .read()
+            .expect("never poisoned")
+            .upgrade()?;
+        if offer.withdrawn.load(Ordering::SeqCst) || offer.backlog.load(Ordering::Relaxed) {
+            return None;
+        }
+        let provider = self.providers().get(provider)?;
+        if provider.not_before().is_some() {
+            return None;
+        }
+        let slot = offer.slots.clone().try_acquire_owned().ok()?;
+        let start = StartNow {
+            lease_owner: offer.lease_owner.clone(),
+            lease_ms: self.config().worker.lease_ms as i64,
+            soft_timeout_ms: provider.soft_timeout().as_millis() as i64,
+        };
+        Some(StartSlot { offer, slot, start })
     }
 }

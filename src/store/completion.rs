@@ -71,6 +71,7 @@ pub fn complete_success(
         diesel::update(
             attempts::table
                 .filter(attempts::id.eq(attempt_id))
+                .filter(attempts::owner_id.eq(&attempt.owner_id))
                 .filter(attempts::state.eq_any(AttemptEvent::ProviderSucceeded.from_states())),
         )
         .set((
@@ -200,7 +201,7 @@ pub fn complete_failure(
         }
         transition(
             conn,
-            attempt_id,
+            &attempt,
             AttemptEvent::ProviderFailed,
             now,
             Some(error),

@@ -3,11 +3,12 @@
 use diesel::prelude::*;
 
 use super::connection::write_transaction;
+use super::queue::{self, StartNow};
 use super::rows::{Attempt, Job};
 use super::schema::jobs;
 use super::transitions::insert_queued_attempt;
 use super::{now_ms, DbConnection, StoreResult};
-use crate::domain::{IdempotencyKey, JobId, JobStatus, JsonText, UserId};
+use crate::domain::{AttemptState, IdempotencyKey, JobId, JobStatus, JsonText, UserId};
 
 pub use super::transitions::{attempts_of, find_job, get_job};
 
@@ -24,6 +25,10 @@ pub struct NewJob {
     pub input: JsonText,
     pub params: JsonText,
     pub fingerprint: String,
+    /// When set, the first attempt starts in the creating transaction:
+    /// claimed under this lease and confirmed for sending (see
+    /// [`queue::insert_started_attempt`]). Otherwise it is queued.
+    pub start: Option<StartNow>,
 }
 
 #[derive(Debug)]
@@ -43,8 +48,8 @@ pub fn create_job(conn: &mut DbConnection, new: &NewJob) -> StoreResult<CreateOu
     Ok(create_job_with_attempts(conn, new)?.0)
 }
 
-/// [`create_job`], with the job's attempts: the new queued one, without
-/// reading it back, or the existing job's.
+/// [`create_job`], with the job's attempts: the new one (queued, or started
+/// when `new.start` says so), or the existing job's.
 pub fn create_job_with_attempts(
     conn: &mut DbConnection,
     new: &NewJob,
@@ -61,7 +66,10 @@ pub fn create_job_with_attempts(
             input: new.input.clone(),
             params: new.params.clone(),
             fingerprint: new.fingerprint.clone(),
-            status: JobStatus::Pending,
+            status: match new.start {
+                Some(_) => JobStatus::for_live_attempt(Some(AttemptState::Running)),
+                None => JobStatus::Pending,
+            },
             version: 0,
             result: None,
             completed_by: None,
@@ -71,8 +79,10 @@ pub fn create_job_with_attempts(
         };
         let inserted = insert_job_unless_key_exists(conn, &row)?;
         if inserted == 1 {
-            let attempt =
-                insert_queued_attempt(conn, &row.id, &row.owner_id, 1, &row.provider, now)?;
+            let attempt = match &new.start {
+                Some(start) => queue::insert_started_attempt(conn, &row, start, now)?,
+                None => insert_queued_attempt(conn, &row.id, &row.owner_id, 1, &row.provider, now)?,
+            };
             return Ok((CreateOutcome::Created(row), vec![attempt]));
         }
         let existing = find_by_key(conn, &new.owner_id, new.key.as_str())?

@@ -233,7 +233,7 @@ pub fn abandon(
             lock_attempt_and_job(conn, attempt_id)?.ok_or(ActionError::AttemptNotFound)?;
         if !transition(
             conn,
-            attempt_id,
+            &attempt,
             AttemptEvent::Abandoned,
             now,
             attempt.error.as_deref(),

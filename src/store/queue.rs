@@ -15,7 +15,9 @@ use super::rows::{Attempt, Job};
 use super::schema::{attempts, jobs};
 use super::transitions::{get_job, lock_attempt_and_job, lock_job, refresh_job_status, transition};
 use super::{now_ms, DbConnection, StoreError, StoreResult};
-use crate::domain::{Applied, AttemptEvent, AttemptId, AttemptState, JobId, JobStatus};
+use std::collections::{BTreeMap, HashMap};
+
+use crate::domain::{Applied, AttemptEvent, AttemptId, AttemptState, JobId, JobStatus, UserId};
 
 /// The database's clock in Unix milliseconds, as SQL for this backend.
 pub fn db_now_ms(conn: &DbConnection) -> &'static str {
@@ -94,23 +96,30 @@ pub fn claim_batch(
             .filter(attempts::state.eq(AttemptState::Queued))
             .filter(jobs::status.ne_all(JobStatus::TERMINAL))
             .order((attempts::created_at.asc(), attempts::id.asc()))
-            .select((attempts::id, attempts::provider))
+            .select((attempts::id, attempts::owner_id, attempts::provider))
             .limit(limit);
-        let candidates: Vec<(AttemptId, String)> = match conn {
+        let candidates: Vec<(AttemptId, UserId, String)> = match conn {
             DbConnection::Postgresql(pg) => queued.for_update().skip_locked().load(pg)?,
             DbConnection::Sqlite(_) => queued.load(conn)?,
         };
-        let mut by_provider: std::collections::BTreeMap<String, Vec<AttemptId>> =
+        // Rows are addressed by both halves of their primary key (id and
+        // owner): the planner then expects a handful of rows, not a share of
+        // the table, even before the table has statistics.
+        let mut by_owner_and_provider: BTreeMap<(UserId, String), Vec<AttemptId>> =
             Default::default();
-        for (attempt_id, provider) in candidates {
-            by_provider.entry(provider).or_default().push(attempt_id);
+        for (attempt_id, owner_id, provider) in candidates {
+            by_owner_and_provider
+                .entry((owner_id, provider))
+                .or_default()
+                .push(attempt_id);
         }
         let now = now_ms();
         let mut claimed: Vec<Attempt> = Vec::new();
-        for (provider, ids) in by_provider {
+        for ((owner_id, provider), ids) in by_owner_and_provider {
             let lease_until = db_now_plus(conn, lease_ms);
             let claim = diesel::update(
                 attempts::table
+                    .filter(attempts::owner_id.eq(owner_id))
                     .filter(attempts::id.eq_any(ids))
                     .filter(attempts::state.eq_any(AttemptEvent::Claimed.from_states())),
             )
@@ -128,19 +137,29 @@ pub fn claim_batch(
                 .load(c)?);
             claimed.extend(rows);
         }
-        if claimed.is_empty() {
-            return Ok(Vec::new());
-        }
         // Each job's live attempt is now its running one.
-        let job_ids: Vec<JobId> = claimed.iter().map(|a| a.job_id.clone()).collect();
-        let running = diesel::update(jobs::table.filter(jobs::id.eq_any(job_ids))).set((
-            jobs::status.eq(JobStatus::for_live_attempt(Some(AttemptState::Running))),
-            jobs::updated_at.eq(now),
-        ));
-        let jobs: Vec<Job> =
-            per_backend!(conn, |c| running.returning(Job::as_returning()).load(c)?);
-        let mut jobs: std::collections::HashMap<JobId, Job> =
-            jobs.into_iter().map(|job| (job.id.clone(), job)).collect();
+        let mut job_ids_by_owner: BTreeMap<UserId, Vec<JobId>> = Default::default();
+        for attempt in &claimed {
+            job_ids_by_owner
+                .entry(attempt.owner_id.clone())
+                .or_default()
+                .push(attempt.job_id.clone());
+        }
+        let mut jobs: HashMap<JobId, Job> = HashMap::new();
+        for (owner_id, job_ids) in job_ids_by_owner {
+            let running = diesel::update(
+                jobs::table
+                    .filter(jobs::owner_id.eq(owner_id))
+                    .filter(jobs::id.eq_any(job_ids)),
+            )
+            .set((
+                jobs::status.eq(JobStatus::for_live_attempt(Some(AttemptState::Running))),
+                jobs::updated_at.eq(now),
+            ));
+            let rows: Vec<Job> =
+                per_backend!(conn, |c| running.returning(Job::as_returning()).load(c)?);
+            jobs.extend(rows.into_iter().map(|job| (job.id.clone(), job)));
+        }
         claimed.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
         claimed
             .into_iter()
@@ -154,6 +173,51 @@ pub fn claim_batch(
     })
 }
 
+/// What starting a new job's first attempt in its creating transaction
+/// needs: the lease it runs under, and its provider's soft timeout.
+#[derive(Debug, Clone)]
+pub struct StartNow {
+    pub lease_owner: String,
+    pub lease_ms: i64,
+    pub soft_timeout_ms: i64,
+}
+
+/// Inserts a new job's first attempt already claimed by `start.lease_owner`
+/// and confirmed for sending, exactly as [`claim_batch`] leaves an attempt
+/// whose provider asked for no pause: `running`, leased by the database's
+/// clock, `sent_at` recorded, the job's version read. It is the creating
+/// transaction's own row, so no other process can hold it; the guards a
+/// claim checks (queued, job unfinished) hold by construction. The caller
+/// sends it as soon as the transaction commits; if the process stops
+/// first, the lease runs out and the attempt becomes `unknown`, never
+/// re-sent, as for any claimed attempt.
+pub fn insert_started_attempt(
+    conn: &mut DbConnection,
+    job: &Job,
+    start: &StartNow,
+    now: i64,
+) -> StoreResult<Attempt> {
+    let lease_until = db_now_plus(conn, start.lease_ms);
+    let insert = diesel::insert_into(attempts::table).values((
+        attempts::id.eq(AttemptId::new()),
+        attempts::job_id.eq(&job.id),
+        attempts::owner_id.eq(&job.owner_id),
+        attempts::number.eq(1),
+        attempts::provider.eq(&job.provider),
+        attempts::state.eq(AttemptEvent::Claimed.target()),
+        attempts::version_read.eq(Some(job.version)),
+        attempts::lease_owner.eq(&start.lease_owner),
+        attempts::lease_expires_at.eq(lease_until),
+        attempts::created_at.eq(now),
+        attempts::started_at.eq(now),
+        attempts::timeout_at.eq(now + start.soft_timeout_ms),
+        attempts::sent_at.eq(now),
+    ));
+    Ok(per_backend!(conn, |c| insert
+        .returning(Attempt::as_returning())
+        .get_result(c)?))
+}
+
 /// An attempt's job: the same id and the same owner, so that the join stays
 /// within one owner's rows (docs/scaling.md).
 pub(crate) fn same_job() -> diesel::dsl::And<
@@ -165,14 +229,19 @@ pub(crate) fn same_job() -> diesel::dsl::And<
         .and(jobs::owner_id.eq(attempts::owner_id))
 }
 
-/// The jobs that are not finished, as a subquery.
-fn unfinished_jobs() -> diesel::dsl::Select<
-    diesel::dsl::Filter<jobs::table, diesel::dsl::NeAll<jobs::status, [JobStatus; 2]>>,
-    jobs::id,
-> {
-    jobs::table
-        .filter(jobs::status.ne_all(JobStatus::TERMINAL))
-        .select(jobs::id)
+/// The attempt's job is not finished: a correlated look-up by the job's
+/// whole primary key (as `job_id IN (unfinished jobs)` the planner may
+/// hash every unfinished job instead).
+fn job_unfinished() -> diesel::expression::SqlLiteral<diesel::sql_types::Bool> {
+    debug_assert_eq!(
+        JobStatus::TERMINAL,
+        [JobStatus::Succeeded, JobStatus::Failed]
+    );
+    sql::<diesel::sql_types::Bool>(
+        "EXISTS (SELECT 1 FROM jobs WHERE jobs.id = attempts.job_id \
+         AND jobs.owner_id = attempts.owner_id \
+         AND jobs.status NOT IN ('succeeded', 'failed'))",
+    )
 }
 
 /// Extends the lease of a running attempt this process holds, while its job
@@ -191,7 +260,7 @@ pub fn renew_lease(
                 .filter(attempts::id.eq(attempt_id))
                 .filter(attempts::state.eq(AttemptState::Running))
                 .filter(attempts::lease_owner.eq(lease_owner))
-                .filter(attempts::job_id.eq_any(unfinished_jobs())),
+                .filter(job_unfinished()),
         )
         .set(attempts::lease_expires_at.eq(until))
         .execute(conn)
@@ -235,7 +304,7 @@ pub fn confirm_send(
                 .filter(attempts::lease_owner.eq(lease_owner))
                 .filter(attempts::sent_at.is_null())
                 .filter(attempts::lease_expires_at.gt(now))
-                .filter(attempts::job_id.eq_any(unfinished_jobs())),
+                .filter(job_unfinished()),
         )
         .set((
             attempts::sent_at.eq(now_ms()),
@@ -327,13 +396,7 @@ pub fn mark_unknown(
     write_transaction(conn, |conn| {
         let now = now_ms();
         let attempt = lock_attempt_and_job(conn, attempt_id)?.ok_or(StoreError::NotFound)?;
-        if !transition(
-            conn,
-            attempt_id,
-            AttemptEvent::SoftTimeout,
-            now,
-            Some(reason),
-        )? {
+        if !transition(conn, &attempt, AttemptEvent::SoftTimeout, now, Some(reason))? {
             return Ok(Applied::Ignored(attempt.state));
         }
         refresh_job_status(conn, &attempt.job_id, now)?;

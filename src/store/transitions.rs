@@ -82,11 +82,21 @@ pub fn lock_attempt_and_job(
     attempt_id: &AttemptId,
 ) -> StoreResult<Option<Attempt>> {
     if let DbConnection::Postgresql(pg) = conn {
-        let jobs_of_attempt = attempts::table
-            .filter(attempts::id.eq(attempt_id))
-            .select(attempts::job_id);
+        // Scalar subqueries, evaluated once: the job is then found by its
+        // whole primary key. (As `IN (subquery)` the planner may join, and a
+        // plan made while the table was small scans all jobs.)
+        let of_attempt = attempts::table.filter(attempts::id.eq(attempt_id)).limit(1);
         jobs::table
-            .filter(jobs::id.eq_any(jobs_of_attempt))
+            .filter(
+                jobs::id
+                    .nullable()
+                    .eq(of_attempt.select(attempts::job_id).single_value()),
+            )
+            .filter(
+                jobs::owner_id
+                    .nullable()
+                    .eq(of_attempt.select(attempts::owner_id).single_value()),
+            )
             .select(jobs::id)
             .for_update()
             .first::<JobId>(pg)
@@ -96,12 +106,13 @@ pub fn lock_attempt_and_job(
 }
 
 /// Moves an attempt along `event` if it is in one of the event's from-states.
-/// Returns whether the row changed. `error`, when given, replaces the
+/// Returns whether the row changed. The row is addressed by its whole
+/// primary key, so the plan is a unique-index look-up at any table size. `error`, when given, replaces the
 /// attempt's error text; without one (a success) the earlier text (a soft
 /// timeout, a lost lease) is kept as the attempt's history.
 pub fn transition(
     conn: &mut DbConnection,
-    attempt_id: &AttemptId,
+    attempt: &Attempt,
     event: AttemptEvent,
     now: i64,
     error: Option<&str>,
@@ -110,7 +121,8 @@ pub fn transition(
     let finished_at =
         matches!(target, AttemptState::Succeeded | AttemptState::Failed).then_some(now);
     let guarded = attempts::table
-        .filter(attempts::id.eq(attempt_id))
+        .filter(attempts::id.eq(&attempt.id))
+        .filter(attempts::owner_id.eq(&attempt.owner_id))
         .filter(attempts::state.eq_any(event.from_states()));
     let moved = (
         attempts::state.eq(target),

@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::app::dispatch::Dispatch;
+use crate::app::work::StartOffer;
 use crate::app::{now_ms, App, AppError, Claim, SendPermit};
 use crate::domain::{AttemptId, AttemptState, Outcome};
 
@@ -128,6 +129,7 @@ impl Worker {
     async fn claim_loop(self, concurrency: usize) {
         let poll = Duration::from_millis(self.app.config().worker.poll_interval_ms);
         let slots = Arc::new(Semaphore::new(concurrency));
+        let offer = self.offer_starts(slots.clone());
         while !self.shutdown.is_cancelled() {
             let first = tokio::select! {
                 slot = slots.clone().acquire_owned() => slot.expect("the slots are never closed"),
@@ -140,7 +142,10 @@ impl Worker {
                     Err(_) => break,
                 }
             }
-            match self.app.claim_batch(&self.lease_owner, free.len()).await {
+            let asked = free.len();
+            let claimed = self.app.claim_batch(&self.lease_owner, asked).await;
+            offer.set_backlog(claimed.as_ref().is_ok_and(|claims| claims.len() == asked));
+            match claimed {
                 Ok(claims) if !claims.is_empty() => {
                     for claim in claims {
                         let slot = free.pop().expect("no more claims than free slots");
@@ -169,6 +174,33 @@ impl Worker {
                 }
             }
         }
+        offer.withdraw();
+    }
+
+    /// Offers the claimer's free slots to job creation in this process (see
+    /// `app::work::StartOffer`): an attempt started there runs here, in a
+    /// task of its own holding its slot, like a claimed one.
+    fn offer_starts(&self, slots: Arc<Semaphore>) -> Arc<StartOffer> {
+        let worker = self.clone();
+        // Creation hands attempts over from blocking threads: the tasks are
+        // spawned on this runtime.
+        let runtime = tokio::runtime::Handle::current();
+        let offer = Arc::new(StartOffer::new(
+            self.lease_owner.clone(),
+            slots,
+            Box::new(move |claim, slot| {
+                let worker = worker.clone();
+                worker.tracker.clone().spawn_on(
+                    async move {
+                        worker.run_attempt(claim).await;
+                        drop(slot);
+                    },
+                    &runtime,
+                );
+            }),
+        ));
+        self.app.offer_starts(&offer);
+        offer
     }
 
     /// Now and then removes expired sessions, quiet sign-in counters and,

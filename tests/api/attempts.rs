@@ -538,6 +538,7 @@ async fn claimed_by_a_process_that_died(
     prepared
         .with_conn(move |conn| {
             let new = job_store::NewJob {
+                start: None,
                 owner_id: owner,
                 key: onejob::domain::IdempotencyKey::parse(key).unwrap(),
                 task: "summarize".into(),

@@ -152,6 +152,7 @@ fn job_with_an_abandoned_attempt(
     key: &str,
 ) -> (JobId, AttemptId) {
     let new = NewJob {
+        start: None,
         owner_id: owner.clone(),
         key: onejob::domain::IdempotencyKey::parse(key).unwrap(),
         task: "summarize".into(),

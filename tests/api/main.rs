@@ -33,4 +33,5 @@ mod schema_rules;
 mod secrecy;
 mod server_process;
 mod sessions;
+mod start_on_create;
 mod storage;

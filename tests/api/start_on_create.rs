@@ -1,0 +1,126 @@
+//! A job created while this process's worker has a free slot starts in its
+//! creating transaction (`app::work::StartOffer`): the attempt comes back
+//! already running, confirmed for sending, and is sent once. Without a free
+//! slot the attempt is queued and the claimer takes it, in order, as before.
+
+use onejob::app::Attempt;
+use onejob::domain::{AttemptState, JobId};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+use crate::fake_provider::{
+    config_of, fake_provider_toml, strict_task_toml, Behaviour, FakeProvider, Shape, WAIT,
+};
+use crate::helpers::{spawn_app_with, summarize, TestApp, TestBackend};
+
+async fn attempts_of(app: &TestApp, job_id: &str) -> Vec<Attempt> {
+    let job_id = JobId::parse(job_id).unwrap();
+    app.with_conn(move |conn| onejob::store::jobs::attempts_of(conn, &job_id).unwrap())
+        .await
+}
+
+async fn created(app: &TestApp, key: &str) -> Value {
+    let response = app.post_job(&app.alice.token, key, &summarize(key)).await;
+    assert_eq!(response.status(), StatusCode::CREATED);
+    response.json().await.unwrap()
+}
+
+fn answer(summary: &str) -> Behaviour {
+    Behaviour::Answer(json!({ "summary": summary }))
+}
+
+/// One slot. The first job takes it at creation: its answer says `running`,
+/// and the row shows the claim and the confirmation made with the insert
+/// (same instant, this process's lease). The second finds no slot and is
+/// queued; the claimer sends it once the first is answered. Each is sent
+/// exactly once.
+async fn a_job_created_with_a_free_slot_starts_in_its_creating_transaction(backend: TestBackend) {
+    let fake = FakeProvider::start(Shape::OpenAi).await;
+    let toml = [
+        fake_provider_toml("fake", "openai", &fake.base_url, ""),
+        strict_task_toml("summarize", &["fake"], "Summarize: {{ text }}"),
+    ]
+    .concat();
+    let config = config_of(&toml);
+    assert_eq!(config.worker.concurrency, 1);
+    let app = spawn_app_with(backend, config).await;
+    fake.set_default(Behaviour::Hold);
+
+    let first = created(&app, "first").await;
+    assert_eq!(first["status"], "running", "{first:#}");
+    assert_eq!(first["attempts"][0]["state"], "running", "{first:#}");
+    let first_id = first["id"].as_str().unwrap().to_owned();
+    let first_attempt = &attempts_of(&app, &first_id).await[0];
+    assert_eq!(first_attempt.sent_at, Some(first_attempt.created_at));
+    assert_eq!(first_attempt.started_at, Some(first_attempt.created_at));
+    assert_eq!(first_attempt.version_read, Some(0));
+    assert!(first_attempt.lease_expires_at.is_some());
+    let lease_owner = first_attempt.lease_owner.clone().expect("leased");
+    fake.wait_held(first_attempt.id.as_str()).await;
+
+    let second = created(&app, "second").await;
+    assert_eq!(second["status"], "pending", "{second:#}");
+    assert_eq!(second["attempts"][0]["state"], "queued", "{second:#}");
+    let second_id = second["id"].as_str().unwrap().to_owned();
+    let second_attempt = attempts_of(&app, &second_id).await[0].clone();
+    assert_eq!(second_attempt.state, AttemptState::Queued);
+    assert_eq!(fake.requests_for(second_attempt.id.as_str()), 0);
+
+    fake.release(first_attempt.id.as_str(), answer("first"));
+    app.wait_for_status(&first_id, "succeeded", WAIT).await;
+    fake.wait_held(second_attempt.id.as_str()).await;
+    let claimed = &attempts_of(&app, &second_id).await[0];
+    assert_eq!(claimed.state, AttemptState::Running);
+    assert_eq!(claimed.lease_owner.as_deref(), Some(lease_owner.as_str()));
+    assert!(claimed.sent_at.is_some(), "confirmed by the claim");
+    fake.release(second_attempt.id.as_str(), answer("second"));
+    app.wait_for_status(&second_id, "succeeded", WAIT).await;
+
+    assert_eq!(fake.requests_for(first_attempt.id.as_str()), 1);
+    assert_eq!(fake.requests_for(second_attempt.id.as_str()), 1);
+    assert_eq!(fake.total_requests(), 2);
+}
+
+/// A replay never starts anything: the key's job already has its attempt,
+/// and the slot reserved for the request is given back (the next new job
+/// still starts at once).
+async fn a_replay_starts_nothing_and_gives_its_slot_back(backend: TestBackend) {
+    let fake = FakeProvider::start(Shape::OpenAi).await;
+    let toml = [
+        fake_provider_toml("fake", "openai", &fake.base_url, ""),
+        strict_task_toml("summarize", &["fake"], "Summarize: {{ text }}"),
+    ]
+    .concat();
+    let app = spawn_app_with(backend, config_of(&toml)).await;
+    fake.set_default(answer("done"));
+
+    let job = created(&app, "once").await;
+    let job_id = job["id"].as_str().unwrap().to_owned();
+    app.wait_for_status(&job_id, "succeeded", WAIT).await;
+    for _ in 0..3 {
+        let response = app
+            .post_job(&app.alice.token, "once", &summarize("once"))
+            .await;
+        assert_eq!(response.status(), StatusCode::OK, "a replay");
+    }
+    assert_eq!(attempts_of(&app, &job_id).await.len(), 1);
+
+    fake.set_default(Behaviour::Hold);
+    let next = created(&app, "next").await;
+    assert_eq!(next["attempts"][0]["state"], "running", "{next:#}");
+    let attempt = next["attempts"][0]["id"].as_str().unwrap().to_owned();
+    fake.wait_held(&attempt).await;
+    fake.release(&attempt, answer("next"));
+    app.wait_for_status(next["id"].as_str().unwrap(), "succeeded", WAIT)
+        .await;
+    assert_eq!(
+        fake.total_requests(),
+        2,
+        "one call per job, none per replay"
+    );
+}
+
+on_both_backends!(
+    a_job_created_with_a_free_slot_starts_in_its_creating_transaction,
+    a_replay_starts_nothing_and_gives_its_slot_back,
+);
