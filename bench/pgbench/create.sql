@@ -1,6 +1,7 @@
 -- The bare creation of one job, as onejob's own statements do it: the API
--- token's look-up, then one transaction inserting the job under its
--- idempotency key (ON CONFLICT DO NOTHING) and its first, queued attempt.
+-- token's look-up, then one statement inserting the job under its
+-- idempotency key (ON CONFLICT DO NOTHING) and, only if the job was
+-- inserted, its first, queued attempt.
 -- Variables: owner (the user's id), digest (sha-256 of its API token).
 SELECT users.id, users.name, users.role FROM api_tokens
   INNER JOIN users ON api_tokens.user_id = users.id
@@ -11,16 +12,17 @@ SELECT users.id, users.name, users.role FROM api_tokens
 SELECT bench_uuid7() AS job_id, bench_uuid7() AS attempt_id, bench_uuid7() AS idem_key,
        bench_now_ms() AS now,
        md5(random()::text) || md5(random()::text) AS fingerprint \gset
-BEGIN;
-INSERT INTO jobs (id, owner_id, idempotency_key, task, provider, requested_provider, input,
-                  params, fingerprint, status, version, result, completed_by, failure_reason,
-                  created_at, updated_at)
-  VALUES (:job_id, :owner, :idem_key, 'summarize', 'sim', NULL, '{"text":"pgbench"}', '{}',
-          :fingerprint, 'pending', 0, NULL, NULL, NULL, :now, :now)
-  ON CONFLICT (owner_id, idempotency_key) DO NOTHING;
-INSERT INTO attempts (id, job_id, owner_id, number, provider, state, outcome, version_read,
-                      lease_owner, lease_expires_at, created_at, started_at, timeout_at,
-                      finished_at, error, sent_at)
-  VALUES (:attempt_id, :job_id, :owner, 1, 'sim', 'queued', NULL, NULL, NULL, NULL, :now, NULL,
-          NULL, NULL, NULL, NULL);
-COMMIT;
+WITH job AS (
+  INSERT INTO jobs (id, owner_id, idempotency_key, task, provider, requested_provider, input,
+                    params, fingerprint, status, version, created_at, updated_at)
+    VALUES (:job_id, :owner, :idem_key, 'summarize', 'sim', NULL, '{"text":"pgbench"}', '{}',
+            :fingerprint, 'pending', 0, :now, :now)
+    ON CONFLICT (owner_id, idempotency_key) DO NOTHING
+    RETURNING id, owner_id, provider
+)
+INSERT INTO attempts (id, job_id, owner_id, number, provider, state, version_read, lease_owner,
+                      lease_expires_at, created_at, started_at, timeout_at, sent_at)
+  SELECT :attempt_id, job.id, job.owner_id, 1, job.provider, 'queued', NULL, NULL,
+         bench_now_ms() + NULL, :now, NULL, NULL, NULL
+  FROM job
+  RETURNING *;

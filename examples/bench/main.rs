@@ -128,7 +128,7 @@ template = "Summarize: {{ text }}"
 /// Each process of the lifecycle runs: as many attempts in flight as pgbench
 /// has clients, and a pool to match.
 fn lifecycle_config() -> String {
-    config(32, 16, SIMULATED)
+    config(64, 16, SIMULATED)
 }
 
 fn config(worker_concurrency: usize, pool_size: u32, providers_and_tasks: &str) -> String {
@@ -418,7 +418,7 @@ impl Bench {
         let (rounds, database, since) = self.pgbench_of("lifecycle", ceiling::LIFECYCLE);
         let url = self.pg.database_url(&database);
         // Jobs pgbench's measured run created and finished, per second of
-        // the run (a round can claim nothing, see lifecycle.sql).
+        // the run (counted in the database, not taken from pgbench's tps).
         let finished: i64 = diesel::dsl::sql::<BigInt>(&format!(
             "SELECT count(*) FROM jobs WHERE input = '{{\"text\":\"pgbench\"}}' \
              AND status = 'succeeded' AND created_at >= {since}"
@@ -443,7 +443,7 @@ impl Bench {
         println!("\n[processes] the lifecycle on three processes sharing one PostgreSQL vs one");
         let url = self.pg.fresh_database("onejob_bench_processes");
         let deployment =
-            Deployment::prepare(self.dir(), "processes", &url, &config(32, 6, SIMULATED));
+            Deployment::prepare(self.dir(), "processes", &url, &config(64, 6, SIMULATED));
         let three = self.measure_lifecycle(&url, &deployment, 3, "three").await;
         self.push(Ratio {
             name: "three processes vs one (lifecycle)".into(),

@@ -52,35 +52,7 @@ pub fn complete_success(
                 "attempt {attempt_id} has a result but never started"
             ))
         })?;
-        let won = cas_job_result(
-            conn,
-            &attempt.job_id,
-            &attempt.owner_id,
-            version_read,
-            attempt_id,
-            &payload_text,
-            now,
-        )?;
-        let result = if won {
-            RaceResult::Won
-        } else {
-            RaceResult::Lost
-        };
-        // The attempt's transition and its place in the race, in one
-        // guarded statement.
-        diesel::update(
-            attempts::table
-                .filter(attempts::id.eq(attempt_id))
-                .filter(attempts::owner_id.eq(&attempt.owner_id))
-                .filter(attempts::state.eq_any(AttemptEvent::ProviderSucceeded.from_states())),
-        )
-        .set((
-            attempts::state.eq(AttemptEvent::ProviderSucceeded.target()),
-            attempts::finished_at.eq(Some(now)),
-            attempts::lease_expires_at.eq(None::<i64>),
-            attempts::outcome.eq(result),
-        ))
-        .execute(conn)?;
+        let won = settle_success(conn, &attempt, version_read, &payload_text, now)?;
         if won {
             // A live attempt is the job's only one (the one-live-attempt
             // index); only an answer on a non-live attempt (abandoned, say)
@@ -134,6 +106,111 @@ fn log_race(
 }
 
 /// The single conditional statement that decides the winner.
+/// The compare-and-swap and the attempt's transition with its place in the
+/// race, under the job's lock. Whether the answer won.
+fn settle_success(
+    conn: &mut DbConnection,
+    attempt: &Attempt,
+    version_read: i64,
+    payload: &str,
+    now: i64,
+) -> StoreResult<bool> {
+    if let DbConnection::Postgresql(pg) = conn {
+        return settle_success_in_one_statement(pg, attempt, version_read, payload, now);
+    }
+    let won = cas_job_result(
+        conn,
+        &attempt.job_id,
+        &attempt.owner_id,
+        version_read,
+        &attempt.id,
+        payload,
+        now,
+    )?;
+    let result = if won {
+        RaceResult::Won
+    } else {
+        RaceResult::Lost
+    };
+    // The attempt's transition and its place in the race, in one guarded
+    // statement.
+    diesel::update(
+        attempts::table
+            .filter(attempts::id.eq(&attempt.id))
+            .filter(attempts::owner_id.eq(&attempt.owner_id))
+            .filter(attempts::state.eq_any(AttemptEvent::ProviderSucceeded.from_states())),
+    )
+    .set((
+        attempts::state.eq(AttemptEvent::ProviderSucceeded.target()),
+        attempts::finished_at.eq(Some(now)),
+        attempts::lease_expires_at.eq(None::<i64>),
+        attempts::outcome.eq(result),
+    ))
+    .execute(conn)?;
+    Ok(won)
+}
+
+#[derive(QueryableByName)]
+struct Settled {
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    outcome: Option<String>,
+}
+
+/// PostgreSQL: the same two guarded updates as one statement (the
+/// versioned update of the job in a data-modifying `WITH`, the attempt's
+/// transition taking `won` or `lost` from whether it changed a row): one
+/// round trip fewer per answer.
+fn settle_success_in_one_statement(
+    conn: &mut diesel::PgConnection,
+    attempt: &Attempt,
+    version_read: i64,
+    payload: &str,
+    now: i64,
+) -> StoreResult<bool> {
+    use diesel::sql_types::{Array, BigInt, Text};
+    let from_states: Vec<&str> = AttemptEvent::ProviderSucceeded
+        .from_states()
+        .iter()
+        .map(|state| state.as_str())
+        .collect();
+    let settled: Vec<Settled> = diesel::sql_query(format!(
+        "WITH cas AS (
+           UPDATE jobs SET result = $1, completed_by = $2, status = '{succeeded}',
+                           version = version + 1, updated_at = $3
+           WHERE id = $4 AND owner_id = $5 AND version = $6 AND completed_by IS NULL
+           RETURNING id
+         )
+         UPDATE attempts SET state = '{target}', finished_at = $3, lease_expires_at = NULL,
+                             outcome = CASE WHEN EXISTS (SELECT 1 FROM cas)
+                                            THEN '{won}' ELSE '{lost}' END
+         WHERE id = $2 AND owner_id = $5 AND state = ANY($7)
+         RETURNING outcome",
+        succeeded = JobStatus::Succeeded.as_str(),
+        target = AttemptEvent::ProviderSucceeded.target().as_str(),
+        won = RaceResult::Won.as_str(),
+        lost = RaceResult::Lost.as_str(),
+    ))
+    .bind::<Text, _>(payload)
+    .bind::<Text, _>(attempt.id.as_str())
+    .bind::<BigInt, _>(now)
+    .bind::<Text, _>(attempt.job_id.as_str())
+    .bind::<Text, _>(attempt.owner_id.as_str())
+    .bind::<BigInt, _>(version_read)
+    .bind::<Array<Text>, _>(from_states)
+    .load(conn)?;
+    match settled.as_slice() {
+        [Settled {
+            outcome: Some(outcome),
+        }] => Ok(outcome == RaceResult::Won.as_str()),
+        // The attempt was read under its job's lock in a state that takes an
+        // answer; anything else rolls the transaction back.
+        _ => Err(StoreError::corrupt(format!(
+            "attempt {} changed under its job's lock",
+            attempt.id
+        ))),
+    }
+}
+
 fn cas_job_result(
     conn: &mut DbConnection,
     job_id: &JobId,

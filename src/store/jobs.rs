@@ -8,7 +8,7 @@ use super::rows::{Attempt, Job};
 use super::schema::jobs;
 use super::transitions::insert_queued_attempt;
 use super::{now_ms, DbConnection, StoreResult};
-use crate::domain::{AttemptState, IdempotencyKey, JobId, JobStatus, JsonText, UserId};
+use crate::domain::{AttemptId, AttemptState, IdempotencyKey, JobId, JobStatus, JsonText, UserId};
 
 pub use super::transitions::{attempts_of, find_job, get_job};
 
@@ -54,29 +54,15 @@ pub fn create_job_with_attempts(
     conn: &mut DbConnection,
     new: &NewJob,
 ) -> StoreResult<(CreateOutcome, Vec<Attempt>)> {
+    let now = now_ms();
+    let row = new_job_row(new, now);
+    if let DbConnection::Postgresql(pg) = conn {
+        if let Some(attempt) = insert_job_and_attempt(pg, &row, new.start.as_ref(), now)? {
+            return Ok((CreateOutcome::Created(row), vec![attempt]));
+        }
+        return existing_by_key(conn, new);
+    }
     write_transaction(conn, |conn| {
-        let now = now_ms();
-        let row = Job {
-            id: JobId::new(),
-            owner_id: new.owner_id.clone(),
-            idempotency_key: new.key.as_str().to_owned(),
-            task: new.task.clone(),
-            provider: new.provider.clone(),
-            requested_provider: new.requested_provider.clone(),
-            input: new.input.clone(),
-            params: new.params.clone(),
-            fingerprint: new.fingerprint.clone(),
-            status: match new.start {
-                Some(_) => JobStatus::for_live_attempt(Some(AttemptState::Running)),
-                None => JobStatus::Pending,
-            },
-            version: 0,
-            result: None,
-            completed_by: None,
-            failure_reason: None,
-            created_at: now,
-            updated_at: now,
-        };
         let inserted = insert_job_unless_key_exists(conn, &row)?;
         if inserted == 1 {
             let attempt = match &new.start {
@@ -85,11 +71,109 @@ pub fn create_job_with_attempts(
             };
             return Ok((CreateOutcome::Created(row), vec![attempt]));
         }
+        existing_by_key(conn, new)
+    })
+}
+
+/// The job a key already made, with its attempts, read in one transaction.
+fn existing_by_key(
+    conn: &mut DbConnection,
+    new: &NewJob,
+) -> StoreResult<(CreateOutcome, Vec<Attempt>)> {
+    write_transaction(conn, |conn| {
         let existing = find_by_key(conn, &new.owner_id, new.key.as_str())?
             .ok_or(super::StoreError::NotFound)?;
         let attempts = attempts_of(conn, &existing.id)?;
         Ok((CreateOutcome::Existing(existing), attempts))
     })
+}
+
+/// The job row a new request makes (stamped at the creating transaction).
+fn new_job_row(new: &NewJob, now: i64) -> Job {
+    Job {
+        id: JobId::new(),
+        owner_id: new.owner_id.clone(),
+        idempotency_key: new.key.as_str().to_owned(),
+        task: new.task.clone(),
+        provider: new.provider.clone(),
+        requested_provider: new.requested_provider.clone(),
+        input: new.input.clone(),
+        params: new.params.clone(),
+        fingerprint: new.fingerprint.clone(),
+        status: match new.start {
+            Some(_) => JobStatus::for_live_attempt(Some(AttemptState::Running)),
+            None => JobStatus::Pending,
+        },
+        version: 0,
+        result: None,
+        completed_by: None,
+        failure_reason: None,
+        created_at: now,
+        updated_at: now,
+    }
+}
+
+/// PostgreSQL: the job and its first attempt in one statement (a
+/// data-modifying `WITH`), atomic by itself, so one round trip instead of
+/// four (`BEGIN`, two inserts, `COMMIT`). The attempt is inserted only if
+/// the job was: `None` when the key had made a job already.
+fn insert_job_and_attempt(
+    conn: &mut diesel::PgConnection,
+    job: &Job,
+    start: Option<&StartNow>,
+    now: i64,
+) -> StoreResult<Option<Attempt>> {
+    use diesel::sql_types::{BigInt, Nullable, Text};
+    let (state, lease_owner, lease_ms, started, timeout, version_read) = match start {
+        Some(start) => (
+            AttemptState::Running,
+            Some(start.lease_owner.as_str()),
+            Some(start.lease_ms),
+            Some(now),
+            Some(now + start.soft_timeout_ms),
+            Some(job.version),
+        ),
+        None => (AttemptState::Queued, None, None, None, None, None),
+    };
+    let statement = format!(
+        "WITH job AS (
+           INSERT INTO jobs (id, owner_id, idempotency_key, task, provider, requested_provider,
+                             input, params, fingerprint, status, version, created_at, updated_at)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12)
+           ON CONFLICT (owner_id, idempotency_key) DO NOTHING
+           RETURNING id, owner_id, provider
+         )
+         INSERT INTO attempts (id, job_id, owner_id, number, provider, state, version_read,
+                               lease_owner, lease_expires_at, created_at, started_at, timeout_at,
+                               sent_at)
+         SELECT $13, job.id, job.owner_id, 1, job.provider, $14, $15, $16,
+                {now_ms} + $17, $12, $18, $19, $18
+         FROM job
+         RETURNING *",
+        now_ms = queue::PG_NOW_MS,
+    );
+    let inserted: Vec<Attempt> = diesel::sql_query(statement)
+        .bind::<Text, _>(job.id.as_str())
+        .bind::<Text, _>(job.owner_id.as_str())
+        .bind::<Text, _>(&job.idempotency_key)
+        .bind::<Text, _>(&job.task)
+        .bind::<Text, _>(&job.provider)
+        .bind::<Nullable<Text>, _>(job.requested_provider.as_deref())
+        .bind::<Text, _>(job.input.as_str())
+        .bind::<Text, _>(job.params.as_str())
+        .bind::<Text, _>(&job.fingerprint)
+        .bind::<Text, _>(job.status.as_str())
+        .bind::<BigInt, _>(job.version)
+        .bind::<BigInt, _>(now)
+        .bind::<Text, _>(AttemptId::new().as_str())
+        .bind::<Text, _>(state.as_str())
+        .bind::<Nullable<BigInt>, _>(version_read)
+        .bind::<Nullable<Text>, _>(lease_owner)
+        .bind::<Nullable<BigInt>, _>(lease_ms)
+        .bind::<Nullable<BigInt>, _>(started)
+        .bind::<Nullable<BigInt>, _>(timeout)
+        .load(conn)?;
+    Ok(inserted.into_iter().next())
 }
 
 /// The job an owner's key made, if any.

@@ -19,10 +19,13 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::domain::{Applied, AttemptEvent, AttemptId, AttemptState, JobId, JobStatus, UserId};
 
+/// PostgreSQL's clock in Unix milliseconds, as SQL.
+pub(crate) const PG_NOW_MS: &str = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT";
+
 /// The database's clock in Unix milliseconds, as SQL for this backend.
 pub fn db_now_ms(conn: &DbConnection) -> &'static str {
     match conn {
-        DbConnection::Postgresql(_) => "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT",
+        DbConnection::Postgresql(_) => PG_NOW_MS,
         DbConnection::Sqlite(_) => "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
     }
 }

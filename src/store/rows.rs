@@ -33,7 +33,7 @@ pub struct Job {
 }
 
 /// An attempt: one try at a job against one provider.
-#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Insertable)]
+#[derive(Debug, Clone, PartialEq, Queryable, QueryableByName, Selectable, Insertable)]
 #[diesel(table_name = attempts)]
 pub struct Attempt {
     pub id: AttemptId,
