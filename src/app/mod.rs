@@ -35,7 +35,13 @@ pub mod work;
 
 use std::sync::Arc;
 
-use tokio::sync::{watch, Notify};
+use tokio::sync::{broadcast, watch, Notify};
+
+use crate::domain::JobId;
+
+/// How many finished job ids a slow waiter may fall behind by before it
+/// re-reads its job anyway.
+const FINISHED_BACKLOG: usize = 1024;
 
 pub use crate::contracts::TaskDefinition;
 pub use crate::store::console::{
@@ -69,9 +75,10 @@ struct Inner {
     /// has finished; the failover gate waits for it.
     startup_qualified: watch::Sender<bool>,
     metrics: metrics::Metrics,
-    /// Woken whenever a job finishes in this process (waiters re-read their
-    /// job; jobs other processes finish are seen by polling).
-    job_finished: Notify,
+    /// The id of every job that finishes in this process: a waiter re-reads
+    /// its job when its id comes by (jobs other processes finish are seen
+    /// by polling).
+    job_finished: broadcast::Sender<JobId>,
     /// Argon2 runs here, a few at a time (see `accounts`).
     password_slots: Arc<tokio::sync::Semaphore>,
     /// This process's worker's offer to start new jobs at once (`work`).
@@ -103,7 +110,7 @@ impl App {
                 config,
                 providers,
                 queued: Notify::new(),
-                job_finished: Notify::new(),
+                job_finished: broadcast::channel(FINISHED_BACKLOG).0,
                 startup_qualified,
                 metrics,
                 start_offer: Default::default(),
@@ -132,9 +139,10 @@ impl App {
         self.inner.queued.notify_one();
     }
 
-    /// Tells waiting requests that some job finished.
-    pub fn notify_job_finished(&self) {
-        self.inner.job_finished.notify_waiters();
+    /// Tells waiting requests that this job finished.
+    pub fn notify_job_finished(&self, job_id: &JobId) {
+        // No receiver: nobody is waiting.
+        let _ = self.inner.job_finished.send(job_id.clone());
     }
 
     /// Resolves when an attempt is queued (or was, since the last wait).

@@ -7,7 +7,7 @@
 use serde_json::Value;
 
 use super::{App, AppResult, Attempt, Job};
-use crate::domain::{Applied, AttemptId, Outcome};
+use crate::domain::{Applied, AttemptId, JobId, Outcome};
 use crate::store::{completion, queue, transitions};
 
 impl App {
@@ -19,19 +19,27 @@ impl App {
         provider: &str,
         outcome: Outcome,
     ) -> AppResult<Applied> {
-        let applied = match outcome.printable() {
-            Outcome::Succeeded(answer) => self.apply_success(attempt_id, answer).await?,
-            Outcome::Failed(error) => self.apply_failure(attempt_id, error).await?,
+        let (applied, job_id) = match outcome.printable() {
+            Outcome::Succeeded(answer) => {
+                let (applied, job_id) = self.apply_success(attempt_id, answer).await?;
+                (applied, Some(job_id))
+            }
+            Outcome::Failed(error) => {
+                let (applied, job_id) = self.apply_failure(attempt_id, error).await?;
+                (applied, Some(job_id))
+            }
             Outcome::Unknown(reason) => {
                 let id = attempt_id.clone();
-                self.store()
+                let applied = self
+                    .store()
                     .run(move |conn| queue::mark_unknown(conn, &id, &reason))
-                    .await?
+                    .await?;
+                (applied, None)
             }
         };
         self.metrics().record_applied(provider, &applied);
-        if matches!(applied, Applied::Won | Applied::JobFailed { .. }) {
-            self.notify_job_finished();
+        if let (Applied::Won | Applied::JobFailed { .. }, Some(job_id)) = (&applied, &job_id) {
+            self.notify_job_finished(job_id);
         }
         match &applied {
             Applied::Won => {
@@ -60,7 +68,11 @@ impl App {
         Ok(applied)
     }
 
-    async fn apply_success(&self, attempt_id: &AttemptId, answer: Value) -> AppResult<Applied> {
+    async fn apply_success(
+        &self,
+        attempt_id: &AttemptId,
+        answer: Value,
+    ) -> AppResult<(Applied, JobId)> {
         let id = attempt_id.clone();
         Ok(self
             .store()
@@ -84,14 +96,19 @@ impl App {
             .await?)
     }
 
-    async fn apply_failure(&self, attempt_id: &AttemptId, error: String) -> AppResult<Applied> {
+    async fn apply_failure(
+        &self,
+        attempt_id: &AttemptId,
+        error: String,
+    ) -> AppResult<(Applied, JobId)> {
         let (_, job) = self.attempt_and_job(attempt_id).await?;
         // Failover goes only where the gate allows.
         let gate = self.allowed_providers(&job).await?;
         let id = attempt_id.clone();
-        Ok(self
+        let applied = self
             .store()
             .run(move |conn| completion::complete_failure(conn, &id, &error, &gate))
-            .await?)
+            .await?;
+        Ok((applied, job.id))
     }
 }

@@ -45,7 +45,7 @@ impl App {
                 ))
             })
             .await??;
-        self.notify_job_finished();
+        self.notify_job_finished(&job.id);
         tracing::info!(job_id = %job.id, actor = %actor.name, "job marked failed by support");
         Ok(job)
     }

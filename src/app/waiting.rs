@@ -1,10 +1,17 @@
 //! Waiting for a job to finish, for `Prefer: wait=N` and chat completions.
-//! A waiting request holds no database connection while it waits: it reads
-//! the job, then sleeps until this process finishes some job or a short
-//! poll interval passes (another process may finish it), and reads again.
+//! A waiting request holds no database connection while it waits. It hears
+//! the id of every job this process finishes and reads its own job again
+//! only when that job's id comes by (or it fell behind), or every short
+//! poll interval (another process may finish it).
+//!
+//! The watch is taken *before* the job is created or first read, and the
+//! wait starts from that row: no extra read, and a job that finishes in
+//! between (a free worker can finish one before its creator's response is
+//! written) is still heard.
 
 use std::time::Duration;
 
+use tokio::sync::broadcast::{self, error::RecvError};
 use tokio::time::Instant;
 
 use super::{App, AppResult, Attempt, Job};
@@ -14,23 +21,51 @@ use crate::store::jobs as job_store;
 /// How often a waiter looks again for a job another process may finish.
 const POLL: Duration = Duration::from_millis(200);
 
+/// The ids of the jobs this process finishes, from when it was taken.
+pub struct FinishWatch(broadcast::Receiver<JobId>);
+
 impl App {
-    /// The job and its attempts once it is finished, or as it is when
-    /// `within` has passed.
+    /// Starts hearing finished jobs; take it before creating or reading the
+    /// job to wait for.
+    pub fn watch_finishes(&self) -> FinishWatch {
+        FinishWatch(self.inner.job_finished.subscribe())
+    }
+
+    /// The job and its attempts once it is finished, or as they are when
+    /// `within` has passed. `job` and `attempts` are as created or read
+    /// after `watch` was taken.
     pub async fn wait_for_job(
         &self,
-        job_id: &JobId,
+        mut watch: FinishWatch,
+        mut job: Job,
+        mut attempts: Vec<Attempt>,
         within: Duration,
     ) -> AppResult<(Job, Vec<Attempt>)> {
         let deadline = Instant::now() + within;
+        let mut next_poll = Instant::now() + POLL;
         loop {
-            // Registered before the read: a finish between the read and the
-            // sleep still wakes this waiter.
-            let finished = self.inner.job_finished.notified();
-            tokio::pin!(finished);
-            finished.as_mut().enable();
-            let id = job_id.clone();
-            let (job, attempts) = self
+            if job.status.is_terminal() || Instant::now() >= deadline {
+                return Ok((job, attempts));
+            }
+            let read_again = tokio::select! {
+                heard = watch.0.recv() => match heard {
+                    Ok(finished) => finished == job.id,
+                    Err(RecvError::Lagged(_)) => true,
+                    // The application holds the sender; only polling is left.
+                    Err(RecvError::Closed) => {
+                        tokio::time::sleep_until(next_poll.min(deadline)).await;
+                        true
+                    }
+                },
+                _ = tokio::time::sleep_until(next_poll) => true,
+                _ = tokio::time::sleep_until(deadline) => true,
+            };
+            if !read_again {
+                continue;
+            }
+            next_poll = Instant::now() + POLL;
+            let id = job.id.clone();
+            (job, attempts) = self
                 .store()
                 .run(move |conn| {
                     let job = job_store::get_job(conn, &id)?;
@@ -38,14 +73,6 @@ impl App {
                     Ok((job, attempts))
                 })
                 .await?;
-            if job.status.is_terminal() || Instant::now() >= deadline {
-                return Ok((job, attempts));
-            }
-            tokio::select! {
-                _ = finished => {}
-                _ = tokio::time::sleep(POLL) => {}
-                _ = tokio::time::sleep_until(deadline) => {}
-            }
         }
     }
 

@@ -19,12 +19,12 @@ use crate::domain::{
 };
 
 /// Applies a successful answer with the compare-and-swap (docs/design.md,
-/// "First result wins").
+/// "First result wins"). Returns what happened and the attempt's job.
 pub fn complete_success(
     conn: &mut DbConnection,
     attempt_id: &AttemptId,
     payload: &Value,
-) -> StoreResult<Applied> {
+) -> StoreResult<(Applied, JobId)> {
     write_transaction(conn, |conn| {
         let now = now_ms();
         let attempt = lock_attempt_and_job(conn, attempt_id)?.ok_or(StoreError::NotFound)?;
@@ -45,7 +45,7 @@ pub fn complete_success(
                 (state, _) => format!("the attempt was {state} and takes no answer"),
             };
             log_race(conn, &attempt, &job, &payload_text, reason, now)?;
-            return Ok(Applied::Discarded(attempt.state));
+            return Ok((Applied::Discarded(attempt.state), attempt.job_id));
         }
         let version_read = attempt.version_read.ok_or_else(|| {
             StoreError::corrupt(format!(
@@ -60,7 +60,7 @@ pub fn complete_success(
             if !AttemptState::LIVE.contains(&attempt.state) {
                 skip_queued_attempts(conn, &attempt.job_id, &attempt.owner_id, now)?;
             }
-            return Ok(Applied::Won);
+            return Ok((Applied::Won, attempt.job_id));
         }
         let job = get_job(conn, &attempt.job_id)?;
         let reason = match (&job.completed_by, job.status) {
@@ -69,9 +69,12 @@ pub fn complete_success(
             (None, _) => "the job's version changed since the attempt started".to_owned(),
         };
         log_race(conn, &attempt, &job, &payload_text, reason, now)?;
-        Ok(Applied::Lost {
-            winner: job.completed_by,
-        })
+        Ok((
+            Applied::Lost {
+                winner: job.completed_by,
+            },
+            attempt.job_id,
+        ))
     })
 }
 

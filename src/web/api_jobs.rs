@@ -50,21 +50,24 @@ pub fn preferred_wait(req: &HttpRequest, cap: Duration) -> Option<Duration> {
 
 /// Holds the answer until the job is finished or the preferred wait ends;
 /// the response then says which wait it applied.
-async fn wait_if_preferred(
+/// `read` creates or reads the job; a preferred wait starts watching for
+/// finished jobs before it does.
+async fn wait_if_preferred<F>(
     app: &App,
     req: &HttpRequest,
-    job: Job,
-    attempts: Vec<Attempt>,
-) -> Result<(Job, Vec<Attempt>, Option<String>), ApiError> {
+    read: F,
+) -> Result<(Job, Vec<Attempt>, Option<String>), ApiError>
+where
+    F: std::future::Future<Output = Result<(Job, Vec<Attempt>), ApiError>>,
+{
     let Some(wait) = preferred_wait(req, app.max_wait()) else {
+        let (job, attempts) = read.await?;
         return Ok((job, attempts, None));
     };
-    let applied = format!("wait={}", wait.as_secs());
-    if job.status.is_terminal() {
-        return Ok((job, attempts, Some(applied)));
-    }
-    let (job, attempts) = app.wait_for_job(&job.id, wait).await?;
-    Ok((job, attempts, Some(applied)))
+    let watch = app.watch_finishes();
+    let (job, attempts) = read.await?;
+    let (job, attempts) = app.wait_for_job(watch, job, attempts, wait).await?;
+    Ok((job, attempts, Some(format!("wait={}", wait.as_secs()))))
 }
 
 /// Create a job under an idempotency key.
@@ -104,17 +107,21 @@ pub async fn create_job(
         EmptyBody::Refuse,
     )
     .await?;
-    let created = app.create_job(&caller.0, key, body.into()).await?;
-    let (job, attempts, applied) =
-        wait_if_preferred(&app, &req, created.job, created.attempts).await?;
-    let mut response = if created.replayed {
+    let mut replayed = false;
+    let (job, attempts, applied) = wait_if_preferred(&app, &req, async {
+        let created = app.create_job(&caller.0, key, body.into()).await?;
+        replayed = created.replayed;
+        Ok((created.job, created.attempts))
+    })
+    .await?;
+    let mut response = if replayed {
         HttpResponse::Ok()
     } else {
         HttpResponse::Created()
     };
     response.insert_header((header::LOCATION, job_location(&job.id)));
     response.insert_header((header::VARY, "Prefer"));
-    if created.replayed {
+    if replayed {
         response.insert_header(("Idempotent-Replayed", "true"));
     }
     if let Some(applied) = applied {
@@ -149,8 +156,9 @@ pub async fn get_job(
     req: HttpRequest,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    let (job, attempts) = app.job_for(&caller.0, &job_id(&path)?).await?;
-    let (job, attempts, applied) = wait_if_preferred(&app, &req, job, attempts).await?;
+    let id = job_id(&path)?;
+    let (job, attempts, applied) =
+        wait_if_preferred(&app, &req, async { Ok(app.job_for(&caller.0, &id).await?) }).await?;
     let mut response = HttpResponse::Ok();
     response.insert_header((header::VARY, "Prefer"));
     if let Some(applied) = applied {

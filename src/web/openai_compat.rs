@@ -356,6 +356,7 @@ pub async fn chat_completions(
             return Err(OpenAiError::model_not_found(&model));
         }
     }
+    let watch = app.watch_finishes();
     let created = app
         .create_job(
             &caller.0,
@@ -368,11 +369,9 @@ pub async fn chat_completions(
             },
         )
         .await?;
-    let job = if created.job.status.is_terminal() {
-        created.job
-    } else {
-        app.wait_for_job(&created.job.id, app.max_wait()).await?.0
-    };
+    let (job, _) = app
+        .wait_for_job(watch, created.job, created.attempts, app.max_wait())
+        .await?;
     answer(&job, created.replayed, &delivery)
 }
 

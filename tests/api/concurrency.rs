@@ -118,7 +118,9 @@ async fn two_completions_racing_for_one_job_have_exactly_one_winner(backend: Tes
                         barrier.wait();
                         (
                             attempt_id.clone(),
-                            completion::complete_success(&mut conn, &attempt_id, &payload).unwrap(),
+                            completion::complete_success(&mut conn, &attempt_id, &payload)
+                                .unwrap()
+                                .0,
                         )
                     })
                 })
@@ -197,7 +199,7 @@ async fn a_new_attempt_racing_a_winning_late_result_is_never_sent(backend: TestB
                 std::thread::spawn(move || {
                     let mut conn = store.conn().unwrap();
                     barrier.wait();
-                    completion::complete_success(&mut conn, &first, &json!({"late": true})).unwrap()
+                    completion::complete_success(&mut conn, &first, &json!({"late": true})).unwrap().0
                 })
             };
             let retry = {
