@@ -25,6 +25,19 @@ async fn created(app: &TestApp, key: &str) -> Value {
     response.json().await.unwrap()
 }
 
+/// A server whose worker has one slot, sending `summarize` to a fake.
+async fn one_slot_app(backend: TestBackend) -> (FakeProvider, TestApp) {
+    let fake = FakeProvider::start(Shape::OpenAi).await;
+    let toml = [
+        fake_provider_toml("fake", "openai", &fake.base_url, ""),
+        strict_task_toml("summarize", &["fake"], "Summarize: {{ text }}"),
+    ]
+    .concat();
+    let config = config_of(&toml);
+    assert_eq!(config.worker.concurrency, 1);
+    (fake, spawn_app_with(backend, config).await)
+}
+
 fn answer(summary: &str) -> Behaviour {
     Behaviour::Answer(json!({ "summary": summary }))
 }
@@ -35,15 +48,7 @@ fn answer(summary: &str) -> Behaviour {
 /// queued; the claimer sends it once the first is answered. Each is sent
 /// exactly once.
 async fn a_job_created_with_a_free_slot_starts_in_its_creating_transaction(backend: TestBackend) {
-    let fake = FakeProvider::start(Shape::OpenAi).await;
-    let toml = [
-        fake_provider_toml("fake", "openai", &fake.base_url, ""),
-        strict_task_toml("summarize", &["fake"], "Summarize: {{ text }}"),
-    ]
-    .concat();
-    let config = config_of(&toml);
-    assert_eq!(config.worker.concurrency, 1);
-    let app = spawn_app_with(backend, config).await;
+    let (fake, app) = one_slot_app(backend).await;
     fake.set_default(Behaviour::Hold);
 
     let first = created(&app, "first").await;
@@ -85,13 +90,7 @@ async fn a_job_created_with_a_free_slot_starts_in_its_creating_transaction(backe
 /// and the slot reserved for the request is given back (the next new job
 /// still starts at once).
 async fn a_replay_starts_nothing_and_gives_its_slot_back(backend: TestBackend) {
-    let fake = FakeProvider::start(Shape::OpenAi).await;
-    let toml = [
-        fake_provider_toml("fake", "openai", &fake.base_url, ""),
-        strict_task_toml("summarize", &["fake"], "Summarize: {{ text }}"),
-    ]
-    .concat();
-    let app = spawn_app_with(backend, config_of(&toml)).await;
+    let (fake, app) = one_slot_app(backend).await;
     fake.set_default(answer("done"));
 
     let job = created(&app, "once").await;
