@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use crate::app::App;
 use crate::config::{Config, Environment};
 use crate::domain::Role;
-use crate::startup::{open_store, Application};
+use crate::startup::{open_store, Application, ProcessRole};
 use crate::store::DatabaseUrl;
 
 #[derive(Debug, Parser)]
@@ -35,6 +35,10 @@ pub enum Command {
         /// Address to listen on (default: `[server] bind`, else 127.0.0.1:8080).
         #[arg(long, env = "ONEJOB_BIND")]
         bind: Option<String>,
+        /// `all`: the API, the pages and the worker; `http`: no worker;
+        /// `worker`: the worker, and only health checks and metrics over HTTP.
+        #[arg(long, env = "ONEJOB_ROLE", value_enum, default_value_t = ProcessRole::All)]
+        role: ProcessRole,
     },
     /// Apply pending database migrations and exit.
     Migrate,
@@ -108,7 +112,7 @@ pub async fn execute(cli: Cli) -> CliResult {
     let config = Config::load(cli.config.as_deref(), &Environment::Process)?;
     let url = DatabaseUrl::parse(cli.database_url.as_deref().unwrap_or(&config.database.url))?;
     match cli.command {
-        Command::Serve { bind } => serve(config, url, bind).await,
+        Command::Serve { bind, role } => serve(config, url, bind, role).await,
         Command::Migrate => {
             let store = open(&url, &config).await?;
             drop(store);
@@ -241,7 +245,12 @@ async fn prune_command(app: &App) -> CliResult {
     Ok(())
 }
 
-async fn serve(config: Config, url: DatabaseUrl, bind: Option<String>) -> CliResult {
+async fn serve(
+    config: Config,
+    url: DatabaseUrl,
+    bind: Option<String>,
+    role: ProcessRole,
+) -> CliResult {
     let bind = bind.unwrap_or_else(|| config.server.bind.clone());
     let store = open(&url, &config).await?;
     let listener = TcpListener::bind(&bind).map_err(|e| format!("cannot listen on {bind}: {e}"))?;
@@ -261,9 +270,10 @@ async fn serve(config: Config, url: DatabaseUrl, bind: Option<String>) -> CliRes
         address = %listener.local_addr()?,
         database = %url.redacted(),
         backend = store.backend().as_str(),
+        role = role.as_str(),
         "onejob is serving"
     );
-    let app = Application::build(config, store, listener).await?;
+    let app = Application::build_as(role, config, store, listener).await?;
     app.run_until_stopped().await?;
     tracing::info!("stopped");
     Ok(())

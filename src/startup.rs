@@ -27,6 +27,8 @@ pub enum StartupError {
     Io(#[from] std::io::Error),
     #[error("{0}")]
     Store(#[from] crate::store::StoreError),
+    #[error("{0}")]
+    Role(String),
 }
 
 /// Opens the pool and applies pending migrations.
@@ -39,6 +41,30 @@ pub fn open_store(url: &DatabaseUrl, config: &Config) -> Result<Store, StartupEr
         tracing::info!(%version, "migration applied");
     }
     Ok(store)
+}
+
+/// What one `onejob serve` process does (`--role`, `ONEJOB_ROLE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum ProcessRole {
+    /// The API, the pages and the worker.
+    #[default]
+    All,
+    /// The API and the pages; no attempt is sent from here (as with
+    /// `[worker] concurrency = 0`). Leases are still reaped.
+    Http,
+    /// The worker, with an HTTP listener for the orchestrator and
+    /// Prometheus only: `/healthz`, `/readyz`, `/metrics`.
+    Worker,
+}
+
+impl ProcessRole {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::All => "all",
+            Self::Http => "http",
+            Self::Worker => "worker",
+        }
+    }
 }
 
 pub struct Application {
@@ -62,6 +88,26 @@ impl Application {
         Self::build_with_providers(config, store, providers, listener).await
     }
 
+    /// As [`build`](Self::build), for a process with `role`.
+    pub async fn build_as(
+        role: ProcessRole,
+        mut config: Config,
+        store: Store,
+        listener: TcpListener,
+    ) -> Result<Self, StartupError> {
+        match role {
+            ProcessRole::Http => config.worker.concurrency = 0,
+            ProcessRole::Worker if config.worker.concurrency == 0 => {
+                return Err(StartupError::Role(
+                    "a worker-only process needs `[worker] concurrency` above 0".into(),
+                ))
+            }
+            _ => {}
+        }
+        let providers = Providers::from_settings(&config.providers);
+        Self::assemble(role, config, store, providers, listener).await
+    }
+
     /// As [`build`](Self::build), with the providers given (tests inject clients).
     pub async fn build_with_providers(
         config: Config,
@@ -69,6 +115,20 @@ impl Application {
         providers: Providers,
         listener: TcpListener,
     ) -> Result<Self, StartupError> {
+        Self::assemble(ProcessRole::All, config, store, providers, listener).await
+    }
+
+    async fn assemble(
+        role: ProcessRole,
+        config: Config,
+        store: Store,
+        providers: Providers,
+        listener: TcpListener,
+    ) -> Result<Self, StartupError> {
+        let routes = match role {
+            ProcessRole::Worker => web::probe_routes,
+            ProcessRole::All | ProcessRole::Http => web::routes,
+        };
         let app = App::with_providers(store, config, providers);
         app.qualify_simulated_in_background();
         let worker = worker::spawn(app.clone());
@@ -82,7 +142,7 @@ impl Application {
                 .wrap(from_fn(web::echo_request_id))
                 .wrap(TracingLogger::default())
                 .app_data(state.clone())
-                .configure(web::routes)
+                .configure(routes)
         })
         .listen(listener)?
         .shutdown_timeout(server_settings.shutdown_grace_ms.div_ceil(1000));

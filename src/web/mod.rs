@@ -170,6 +170,19 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     .default_service(web::to(not_found));
 }
 
+/// A worker-only process's routes: what the orchestrator and Prometheus
+/// need, and nothing a client could use.
+pub fn probe_routes(cfg: &mut web::ServiceConfig) {
+    cfg.service(resource("/healthz", READ).route(read().to(health::healthz)))
+        .service(resource("/readyz", READ).route(read().to(health::readyz)))
+        .service(
+            resource("/metrics", READ)
+                .wrap(from_fn(auth::require_bearer))
+                .route(read().to(health::metrics)),
+        )
+        .default_service(web::to(not_found));
+}
+
 /// Unknown paths: problem+json under `/api/`, a readable page elsewhere.
 async fn not_found(req: actix_web::HttpRequest) -> actix_web::HttpResponse {
     use actix_web::ResponseError;

@@ -130,6 +130,113 @@ async fn wait_stopped_serving(base: &str) {
     }
 }
 
+/// `--role http` and `--role worker` split one deployment: the HTTP-only
+/// process accepts a job and sends nothing; the worker-only process sends
+/// it, once, and over HTTP answers health checks and metrics and nothing
+/// else. A worker-only process without worker slots refuses to start.
+async fn an_http_only_and_a_worker_only_process_split_the_work(backend: TestBackend) {
+    let db = TestDb::create(backend);
+    let (store, token) = seed(&db).await;
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeProvider::start(Shape::OpenAi).await;
+    fake.set_default(Behaviour::Hold);
+    let config = write_config(dir.path(), &fake, "");
+    let url = db.url.as_str();
+    let mut http = ServerProcess::spawn_as(dir.path(), "http", &config, url, free_port(), "http");
+    http.wait_ready().await;
+
+    let response = post(&http.base, &token, "split", &summarize("x"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let job: Value = response.json().await.unwrap();
+    assert_eq!(job["status"], "pending", "{job:#}");
+    let attempt_id = job["attempts"][0]["id"].as_str().unwrap().to_owned();
+
+    let mut worker =
+        ServerProcess::spawn_as(dir.path(), "worker", &config, url, free_port(), "worker");
+    worker.wait_ready().await;
+    fake.wait_held(&attempt_id).await;
+    let running = wait_for(&store, "claimed by the worker", |rows| {
+        rows.len() == 1 && rows[0].state == AttemptState::Running
+    })
+    .await;
+    let owner = running[0].lease_owner.clone().unwrap();
+    assert!(
+        owner.starts_with(&format!("pid{}-", worker.pid)),
+        "claimed by the worker-only process, not {owner}"
+    );
+
+    let client = reqwest::Client::new();
+    for path in ["/healthz", "/readyz"] {
+        let status = client
+            .get(format!("{}{path}", worker.base))
+            .send()
+            .await
+            .unwrap()
+            .status();
+        assert_eq!(status, StatusCode::OK, "{path}");
+    }
+    let metrics = client
+        .get(format!("{}/metrics", worker.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        metrics.status(),
+        StatusCode::UNAUTHORIZED,
+        "metrics need a token"
+    );
+    for path in ["/api/v1/jobs", "/v1/models", "/login", "/admin"] {
+        let status = client
+            .get(format!("{}{path}", worker.base))
+            .bearer_auth(&token)
+            .send()
+            .await
+            .unwrap()
+            .status();
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path} on the worker");
+    }
+    let refused = post(&worker.base, &token, "elsewhere", &summarize("y"))
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::NOT_FOUND);
+
+    fake.release(&attempt_id, Behaviour::Answer(json!({"summary": "split"})));
+    wait_for(&store, "answered", |rows| {
+        rows.len() == 1 && rows[0].state == AttemptState::Succeeded
+    })
+    .await;
+    assert_eq!(fake.requests_for(&attempt_id), 1);
+    assert_eq!(fake.total_requests(), 1);
+
+    let idle = dir.path().join("idle.toml");
+    std::fs::write(
+        &idle,
+        std::fs::read_to_string(&config)
+            .unwrap()
+            .replace("concurrency = 4", "concurrency = 0"),
+    )
+    .unwrap();
+    let mut no_slots =
+        ServerProcess::spawn_as(dir.path(), "no-slots", &idle, url, free_port(), "worker");
+    let status = no_slots.wait_exit(Duration::from_secs(20)).await;
+    assert!(!status.success());
+    assert!(
+        no_slots
+            .stderr()
+            .contains("a worker-only process needs `[worker] concurrency` above 0"),
+        "{}",
+        no_slots.stderr()
+    );
+    for server in [&http, &worker] {
+        server.terminate();
+    }
+    for server in [&mut http, &mut worker] {
+        assert!(server.wait_exit(Duration::from_secs(20)).await.success());
+    }
+}
+
 async fn a_sigterm_mid_call_lets_the_answer_land_inside_the_grace(backend: TestBackend) {
     let db = TestDb::create(backend);
     let (store, token) = seed(&db).await;
@@ -482,6 +589,7 @@ async fn chaos_kills_restarts_and_retries_lose_nothing_and_send_nothing_twice() 
 }
 
 on_both_backends!(
+    an_http_only_and_a_worker_only_process_split_the_work,
     a_sigterm_mid_call_lets_the_answer_land_inside_the_grace,
     a_claim_unsent_at_sigterm_is_requeued_and_sent_once_after_the_restart,
 );

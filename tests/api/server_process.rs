@@ -62,9 +62,22 @@ impl ServerProcess {
     }
 
     pub fn spawn_on(dir: &Path, name: &str, config: &Path, database_url: &str, port: u16) -> Self {
+        Self::spawn_as(dir, name, config, database_url, port, "all")
+    }
+
+    /// As [`spawn_on`](Self::spawn_on), with `ONEJOB_ROLE=role`.
+    pub fn spawn_as(
+        dir: &Path,
+        name: &str,
+        config: &Path,
+        database_url: &str,
+        port: u16,
+        role: &str,
+    ) -> Self {
         let stderr_path = dir.join(format!("{name}.err"));
         let child = Command::new(env!("CARGO_BIN_EXE_onejob"))
             .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
+            .env("ONEJOB_ROLE", role)
             .env("ONEJOB_CONFIG", config)
             .env("DATABASE_URL", database_url)
             .env("ONEJOB_TEST_FAKE_KEY", FAKE_API_KEY)
