@@ -125,9 +125,10 @@ impl Application {
         providers: Providers,
         listener: TcpListener,
     ) -> Result<Self, StartupError> {
-        let routes = match role {
-            ProcessRole::Worker => web::probe_routes,
-            ProcessRole::All | ProcessRole::Http => web::routes,
+        let body_limit = config.server.body_limit_bytes;
+        let routes = move |cfg: &mut actix_web::web::ServiceConfig| match role {
+            ProcessRole::Worker => web::probe_routes(cfg),
+            ProcessRole::All | ProcessRole::Http => web::routes(cfg, body_limit),
         };
         let app = App::with_providers(store, config, providers);
         app.qualify_simulated_in_background();

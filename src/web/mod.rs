@@ -69,11 +69,13 @@ fn method_not_allowed(req: &actix_web::HttpRequest, allow: &str) -> actix_web::H
 }
 
 /// Registers every route.
-pub fn routes(cfg: &mut web::ServiceConfig) {
+/// Every route; forms are read up to `body_limit` bytes
+/// (`server.body_limit_bytes`, as the JSON API).
+pub fn routes(cfg: &mut web::ServiceConfig, body_limit: usize) {
     use pages::{console, job_pages, session};
     cfg.app_data(
         web::FormConfig::default()
-            .limit(64 * 1024)
+            .limit(body_limit)
             .error_handler(|error, _| {
                 pages::PageError::bad_request(format!("The form could not be read: {error}")).into()
             }),
