@@ -134,6 +134,13 @@ fn lifecycle_config() -> String {
     config(64, 16, SIMULATED)
 }
 
+/// Each of the three processes: the one process's worker, and a share of
+/// the rest sized for three on this machine: one HTTP thread instead of one
+/// per core (two here), and 6 of the one process's 16 connections.
+fn three_process_config() -> String {
+    config(64, 6, SIMULATED).replace("[server]\n", "[server]\nhttp_workers = 1\n")
+}
+
 fn config(worker_concurrency: usize, pool_size: u32, providers_and_tasks: &str) -> String {
     format!(
         "[server]\nmax_wait_seconds = 30\n\n[database]\npool_size = {pool_size}\n\n\
@@ -442,10 +449,10 @@ impl Bench {
         rate
     }
 
-    /// Three processes, each with the one process's worker and a third of
-    /// its connections, against one, taking turns (one, three, one, three:
-    /// the first one is the lifecycle step's) on fresh databases, so that
-    /// neither side gets the machine's better moments.
+    /// Three processes (`three_process_config`) against one, taking turns
+    /// (one, three, one, three; the first one is the lifecycle step's) on
+    /// fresh databases, so that neither side gets the machine's better
+    /// moments.
     async fn processes(&mut self, first_one: f64) {
         println!("\n[processes] the lifecycle on three processes sharing one PostgreSQL vs one, taking turns");
         let mut ones = vec![first_one];
@@ -474,7 +481,7 @@ impl Bench {
         let url = self.pg.fresh_database(&name);
         let config = match processes {
             1 => lifecycle_config(),
-            _ => config(64, 6, SIMULATED),
+            _ => three_process_config(),
         };
         let deployment = Deployment::prepare(self.dir(), &name, &url, &config);
         self.settle();
