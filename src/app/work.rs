@@ -7,6 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::task::task_tracker::TaskTrackerToken;
+use tokio_util::task::TaskTracker;
 
 use super::{App, AppResult, Claim};
 use crate::domain::{AttemptId, AttemptState};
@@ -106,6 +108,10 @@ pub struct StartOffer {
     /// more may be queued.
     backlog: AtomicBool,
     withdrawn: AtomicBool,
+    /// The worker's tasks: a reservation holds a token of it, so that the
+    /// worker's shutdown waits for a creation under way to hand its attempt
+    /// over (and that attempt to be sent and answered).
+    tracker: TaskTracker,
     /// Runs a started attempt, holding its slot (the worker's task).
     run: Box<dyn Fn(Claim, OwnedSemaphorePermit) + Send + Sync>,
 }
@@ -114,12 +120,16 @@ impl StartOffer {
     pub fn new(
         lease_owner: String,
         slots: Arc<Semaphore>,
+        tracker: TaskTracker,
         run: Box<dyn Fn(Claim, OwnedSemaphorePermit) + Send + Sync>,
     ) -> Self {
         Self {
             lease_owner,
             slots,
-            backlog: AtomicBool::new(false),
+            tracker,
+            // Until the first claim says otherwise, attempts may be queued
+            // from before this process started.
+            backlog: AtomicBool::new(true),
             withdrawn: AtomicBool::new(false),
             run,
         }
@@ -143,6 +153,9 @@ impl StartOffer {
 pub(crate) struct StartSlot {
     offer: Arc<StartOffer>,
     slot: OwnedSemaphorePermit,
+    /// Keeps the worker's shutdown waiting until this slot is handed over
+    /// or given back.
+    _in_flight: TaskTrackerToken,
     pub start: StartNow,
 }
 
@@ -164,6 +177,21 @@ impl App {
         *self.inner.start_offer.write().expect("never poisoned") = Arc::downgrade(offer);
     }
 
+    /// Whether a job created now, for a provider that asked for no pause,
+    /// would start in its creating transaction (diagnostics and tests).
+    pub fn starts_at_creation_now(&self) -> bool {
+        self.inner
+            .start_offer
+            .read()
+            .expect("never poisoned")
+            .upgrade()
+            .is_some_and(|offer| {
+                !offer.withdrawn.load(Ordering::SeqCst)
+                    && !offer.backlog.load(Ordering::Relaxed)
+                    && offer.slots.available_permits() > 0
+            })
+    }
+
     /// A free worker slot for a new job's first attempt on `provider`, if
     /// the offer holds (see [`StartOffer`]).
     pub(crate) fn reserve_start(&self, provider: &str) -> Option<StartSlot> {
@@ -173,6 +201,9 @@ impl App {
             .read()
             .expect("never poisoned")
             .upgrade()?;
+        // Taken before `withdrawn` is read: either the worker's shutdown
+        // waits for this token, or the offer is already withdrawn.
+        let in_flight = offer.tracker.token();
         if offer.withdrawn.load(Ordering::SeqCst) || offer.backlog.load(Ordering::Relaxed) {
             return None;
         }
@@ -186,6 +217,11 @@ impl App {
             lease_ms: self.config().worker.lease_ms as i64,
             soft_timeout_ms: provider.soft_timeout().as_millis() as i64,
         };
-        Some(StartSlot { offer, slot, start })
+        Some(StartSlot {
+            _in_flight: in_flight,
+            offer,
+            slot,
+            start,
+        })
     }
 }

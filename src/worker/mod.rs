@@ -103,10 +103,14 @@ pub fn spawn(app: App) -> WorkerHandle {
     let concurrency = worker.app.config().worker.concurrency;
     tracing::info!(lease_owner = %worker.lease_owner, concurrency, "worker started");
     if concurrency > 0 {
+        // Offered before anything is served: the first request may already
+        // start its job here.
+        let slots = Arc::new(Semaphore::new(concurrency));
+        let offer = worker.offer_starts(slots.clone());
         let claimer = worker.clone();
         handle
             .tracker
-            .spawn(async move { claimer.claim_loop(concurrency).await });
+            .spawn(async move { claimer.claim_loop(slots, offer).await });
     }
     // Every process reaps expired leases, even one that sends nothing itself:
     // a dead worker's attempts must surface as unknown.
@@ -125,12 +129,23 @@ impl Worker {
     /// there are free slots (at most [`CLAIM_BATCH`]), and runs each in a
     /// task of its own holding its slot: at most `concurrency` attempts are
     /// in flight, and a busy queue costs one claiming transaction per batch
-    /// rather than per attempt.
-    async fn claim_loop(self, concurrency: usize) {
+    /// rather than per attempt. Once a claim finds fewer attempts than it
+    /// asked for, the queue is drained: the claimer then waits to be told
+    /// an attempt was queued (or for the poll interval, for other
+    /// processes' queues) instead of claiming again as each slot frees, and
+    /// its free slots go to jobs created meanwhile (`StartOffer`).
+    async fn claim_loop(self, slots: Arc<Semaphore>, offer: Arc<StartOffer>) {
         let poll = Duration::from_millis(self.app.config().worker.poll_interval_ms);
-        let slots = Arc::new(Semaphore::new(concurrency));
-        let offer = self.offer_starts(slots.clone());
+        // Attempts may be queued from before this process started.
+        let mut drained = false;
         while !self.shutdown.is_cancelled() {
+            if drained {
+                tokio::select! {
+                    _ = self.app.attempt_queued() => {}
+                    _ = sleep(poll) => {}
+                    _ = self.shutdown.cancelled() => break,
+                }
+            }
             let first = tokio::select! {
                 slot = slots.clone().acquire_owned() => slot.expect("the slots are never closed"),
                 _ = self.shutdown.cancelled() => break,
@@ -144,9 +159,11 @@ impl Worker {
             }
             let asked = free.len();
             let claimed = self.app.claim_batch(&self.lease_owner, asked).await;
-            offer.set_backlog(claimed.as_ref().is_ok_and(|claims| claims.len() == asked));
             match claimed {
-                Ok(claims) if !claims.is_empty() => {
+                Ok(claims) => {
+                    let full = claims.len() == asked;
+                    offer.set_backlog(full);
+                    drained = !full;
                     for claim in claims {
                         let slot = free.pop().expect("no more claims than free slots");
                         let worker = self.clone();
@@ -156,21 +173,16 @@ impl Worker {
                         });
                     }
                 }
-                Ok(_) => {
-                    drop(free);
-                    tokio::select! {
-                        _ = self.app.attempt_queued() => {}
-                        _ = sleep(poll) => {}
-                        _ = self.shutdown.cancelled() => {}
-                    }
-                }
                 Err(error) => {
+                    // What is queued is unknown: the backlog flag stays as
+                    // it was, and the next turn claims again.
                     drop(free);
                     tracing::error!(%error, "claiming queued attempts failed");
                     tokio::select! {
                         _ = sleep(poll * 4) => {}
                         _ = self.shutdown.cancelled() => {}
                     }
+                    drained = false;
                 }
             }
         }
@@ -188,6 +200,7 @@ impl Worker {
         let offer = Arc::new(StartOffer::new(
             self.lease_owner.clone(),
             slots,
+            self.tracker.clone(),
             Box::new(move |claim, slot| {
                 let worker = worker.clone();
                 worker.tracker.clone().spawn_on(

@@ -33,9 +33,22 @@ async fn one_slot_app(backend: TestBackend) -> (FakeProvider, TestApp) {
         strict_task_toml("summarize", &["fake"], "Summarize: {{ text }}"),
     ]
     .concat();
-    let config = config_of(&toml);
+    let mut config = config_of(&toml);
     assert_eq!(config.worker.concurrency, 1);
-    (fake, spawn_app_with(backend, config).await)
+    // The claimer wakes when told an attempt was queued; no polling
+    // claim takes the slot at a moment the test does not choose.
+    config.worker.poll_interval_ms = 60_000;
+    let app = spawn_app_with(backend, config).await;
+    // The claimer's first claim, at start, has found the queue empty.
+    let deadline = std::time::Instant::now() + WAIT;
+    while !app.app.starts_at_creation_now() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the worker never went idle"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    (fake, app)
 }
 
 fn answer(summary: &str) -> Behaviour {

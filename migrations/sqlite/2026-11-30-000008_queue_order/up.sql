@@ -5,5 +5,5 @@
 -- (state, created_at) alone, a plan made while the queue looked empty sorts
 -- the whole queue on every claim.) The same index serves the reaper
 -- (`state = 'running'`) and the console (`state = 'unknown'`).
-CREATE INDEX attempts_state_order ON attempts (state, created_at, id);
+CREATE INDEX IF NOT EXISTS attempts_state_order ON attempts (state, created_at, id);
 DROP INDEX attempts_queued;
