@@ -445,7 +445,6 @@ impl Bench {
             ratio: rate / tps,
             goal: Goal::AtLeast(0.6),
         });
-        self.drop_database("onejob_bench_lifecycle");
         rate
     }
 

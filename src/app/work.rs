@@ -146,6 +146,11 @@ impl StartOffer {
     pub fn withdraw(&self) {
         self.withdrawn.store(true, Ordering::SeqCst);
     }
+
+    /// Not withdrawn, and nothing was left queued at the last claim.
+    fn is_open(&self) -> bool {
+        !self.withdrawn.load(Ordering::SeqCst) && !self.backlog.load(Ordering::Relaxed)
+    }
 }
 
 /// A slot reserved for a job being created, released if the job is not
@@ -185,11 +190,7 @@ impl App {
             .read()
             .expect("never poisoned")
             .upgrade()
-            .is_some_and(|offer| {
-                !offer.withdrawn.load(Ordering::SeqCst)
-                    && !offer.backlog.load(Ordering::Relaxed)
-                    && offer.slots.available_permits() > 0
-            })
+            .is_some_and(|offer| offer.is_open() && offer.slots.available_permits() > 0)
     }
 
     /// A free worker slot for a new job's first attempt on `provider`, if
@@ -204,7 +205,7 @@ impl App {
         // Taken before `withdrawn` is read: either the worker's shutdown
         // waits for this token, or the offer is already withdrawn.
         let in_flight = offer.tracker.token();
-        if offer.withdrawn.load(Ordering::SeqCst) || offer.backlog.load(Ordering::Relaxed) {
+        if !offer.is_open() {
             return None;
         }
         let provider = self.providers().get(provider)?;

@@ -60,7 +60,7 @@ pub fn create_job_with_attempts(
         if let Some(attempt) = insert_job_and_attempt(pg, &row, new.start.as_ref(), now)? {
             return Ok((CreateOutcome::Created(row), vec![attempt]));
         }
-        return existing_by_key(conn, new);
+        return write_transaction(conn, |conn| existing_by_key(conn, new));
     }
     write_transaction(conn, |conn| {
         let inserted = insert_job_unless_key_exists(conn, &row)?;
@@ -75,17 +75,16 @@ pub fn create_job_with_attempts(
     })
 }
 
-/// The job a key already made, with its attempts, read in one transaction.
+/// The job a key already made, with its attempts (the caller's transaction
+/// makes the two reads one view).
 fn existing_by_key(
     conn: &mut DbConnection,
     new: &NewJob,
 ) -> StoreResult<(CreateOutcome, Vec<Attempt>)> {
-    write_transaction(conn, |conn| {
-        let existing = find_by_key(conn, &new.owner_id, new.key.as_str())?
-            .ok_or(super::StoreError::NotFound)?;
-        let attempts = attempts_of(conn, &existing.id)?;
-        Ok((CreateOutcome::Existing(existing), attempts))
-    })
+    let existing =
+        find_by_key(conn, &new.owner_id, new.key.as_str())?.ok_or(super::StoreError::NotFound)?;
+    let attempts = attempts_of(conn, &existing.id)?;
+    Ok((CreateOutcome::Existing(existing), attempts))
 }
 
 /// The job row a new request makes (stamped at the creating transaction).

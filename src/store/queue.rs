@@ -236,15 +236,12 @@ pub(crate) fn same_job() -> diesel::dsl::And<
 /// whole primary key (as `job_id IN (unfinished jobs)` the planner may
 /// hash every unfinished job instead).
 fn job_unfinished() -> diesel::expression::SqlLiteral<diesel::sql_types::Bool> {
-    debug_assert_eq!(
-        JobStatus::TERMINAL,
-        [JobStatus::Succeeded, JobStatus::Failed]
-    );
-    sql::<diesel::sql_types::Bool>(
+    let terminal = JobStatus::TERMINAL.map(|status| format!("'{}'", status.as_str()));
+    sql::<diesel::sql_types::Bool>(&format!(
         "EXISTS (SELECT 1 FROM jobs WHERE jobs.id = attempts.job_id \
-         AND jobs.owner_id = attempts.owner_id \
-         AND jobs.status NOT IN ('succeeded', 'failed'))",
-    )
+         AND jobs.owner_id = attempts.owner_id AND jobs.status NOT IN ({}))",
+        terminal.join(", ")
+    ))
 }
 
 /// Extends the lease of a running attempt this process holds, while its job

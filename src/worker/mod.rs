@@ -78,6 +78,9 @@ struct Worker {
     /// The shutdown grace is over: stop retrying writes.
     grace_over: CancellationToken,
     tracker: TaskTracker,
+    /// The runtime the worker's tasks run on (creation hands attempts over
+    /// from blocking threads).
+    runtime: tokio::runtime::Handle,
 }
 
 /// The most attempts one claiming transaction takes.
@@ -99,6 +102,7 @@ pub fn spawn(app: App) -> WorkerHandle {
         shutdown: handle.shutdown.clone(),
         grace_over: handle.grace_over.clone(),
         tracker: handle.tracker.clone(),
+        runtime: tokio::runtime::Handle::current(),
     };
     let concurrency = worker.app.config().worker.concurrency;
     tracing::info!(lease_owner = %worker.lease_owner, concurrency, "worker started");
@@ -166,11 +170,7 @@ impl Worker {
                     drained = !full;
                     for claim in claims {
                         let slot = free.pop().expect("no more claims than free slots");
-                        let worker = self.clone();
-                        self.tracker.spawn(async move {
-                            worker.run_attempt(claim).await;
-                            drop(slot);
-                        });
+                        self.run_in_slot(claim, slot);
                     }
                 }
                 Err(error) => {
@@ -194,26 +194,27 @@ impl Worker {
     /// task of its own holding its slot, like a claimed one.
     fn offer_starts(&self, slots: Arc<Semaphore>) -> Arc<StartOffer> {
         let worker = self.clone();
-        // Creation hands attempts over from blocking threads: the tasks are
-        // spawned on this runtime.
-        let runtime = tokio::runtime::Handle::current();
         let offer = Arc::new(StartOffer::new(
             self.lease_owner.clone(),
             slots,
             self.tracker.clone(),
-            Box::new(move |claim, slot| {
-                let worker = worker.clone();
-                worker.tracker.clone().spawn_on(
-                    async move {
-                        worker.run_attempt(claim).await;
-                        drop(slot);
-                    },
-                    &runtime,
-                );
-            }),
+            Box::new(move |claim, slot| worker.run_in_slot(claim, slot)),
         ));
         self.app.offer_starts(&offer);
         offer
+    }
+
+    /// Runs a claimed (or started) attempt in a task of its own, holding
+    /// its slot until the attempt is done.
+    fn run_in_slot(&self, claim: Claim, slot: tokio::sync::OwnedSemaphorePermit) {
+        let worker = self.clone();
+        self.tracker.spawn_on(
+            async move {
+                worker.run_attempt(claim).await;
+                drop(slot);
+            },
+            &self.runtime,
+        );
     }
 
     /// Now and then removes expired sessions, quiet sign-in counters and,
