@@ -18,6 +18,7 @@
 //! See docs/benchmarks.md.
 
 mod ceiling;
+mod cpu_budget;
 mod load;
 mod servers;
 mod upstream;
@@ -46,6 +47,11 @@ struct Args {
     /// The PostgreSQL server; each step gets a fresh database on it.
     #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432")]
     postgres: String,
+    /// The CPU each process may use in the `processes` step's budgeted
+    /// comparison (a cgroup quota, in cores), standing in for a machine of
+    /// its own.
+    #[arg(long, default_value_t = 0.25)]
+    process_cores: f64,
     /// Finished jobs to store before the `prefill` step (0: skip the step).
     #[arg(long, default_value_t = 0)]
     prefill: u64,
@@ -381,9 +387,10 @@ impl Bench {
         url: &str,
         deployment: &Deployment,
         processes: usize,
+        cores: Option<f64>,
         tag: &str,
-    ) -> f64 {
-        let servers = deployment.serve(processes).await;
+    ) -> Result<f64, String> {
+        let servers = deployment.serve_within(processes, cores).await?;
         // Warm-up, drained before the clock starts.
         self.create_load(
             &servers,
@@ -415,14 +422,17 @@ impl Bench {
             run.latencies.len(),
             "every acknowledged job succeeded, once"
         );
-        rate
+        Ok(rate)
     }
 
     async fn lifecycle(&mut self) -> f64 {
         println!("\n[lifecycle] PostgreSQL create → claim → send (instant provider) → compare-and-swap vs pgbench's bare lifecycle");
         let url = self.pg.fresh_database("onejob_bench_lifecycle");
         let deployment = Deployment::prepare(self.dir(), "lifecycle", &url, &lifecycle_config());
-        let rate = self.measure_lifecycle(&url, &deployment, 1, "life").await;
+        let rate = self
+            .measure_lifecycle(&url, &deployment, 1, None, "life")
+            .await
+            .expect("no budget to set");
         self.empty_lifecycle = Some(rate);
         self.drop_database("onejob_bench_lifecycle");
         let (rounds, database, since) = self.pgbench_of("lifecycle", ceiling::LIFECYCLE);
@@ -448,44 +458,100 @@ impl Bench {
         rate
     }
 
-    /// Three processes (`three_process_config`) against one, taking turns
-    /// (one, three, one, three; the first one is the lifecycle step's) on
-    /// fresh databases, so that neither side gets the machine's better
-    /// moments.
+    /// Three processes against one on one PostgreSQL, taking turns on fresh
+    /// databases so that neither side gets the machine's better moments:
+    /// first with each process held to `--process-cores` (`cpu_budget`), as
+    /// processes on machines of their own would be, which is what adding
+    /// processes is for; then sharing this machine's cores unlimited, where
+    /// more processes only divide the same CPU (the first one-process run is
+    /// the lifecycle step's).
     async fn processes(&mut self, first_one: f64) {
+        let cores = self.args.process_cores;
         println!("\n[processes] the lifecycle on three processes sharing one PostgreSQL vs one, taking turns");
+        println!(
+            "  each process held to {cores} core(s) of CPU; the database and the load unlimited"
+        );
+        let mut budgeted = (Vec::new(), Vec::new());
+        let mut refused = None;
+        for turn in 0..2 {
+            for processes in [1, 3] {
+                let tag = format!("budget{processes}_{turn}");
+                match self.lifecycle_on_fresh(processes, Some(cores), &tag).await {
+                    Ok(rate) if processes == 1 => budgeted.0.push(rate),
+                    Ok(rate) => budgeted.1.push(rate),
+                    Err(error) => refused = Some(error),
+                }
+            }
+        }
+        match refused {
+            None => self.push_processes(
+                format!("three processes vs one, {cores} core each"),
+                &budgeted.0,
+                &budgeted.1,
+                Goal::AtLeast(1.0),
+            ),
+            Some(error) => {
+                println!("  not measured: {error}");
+                self.push(Ratio {
+                    name: format!("three processes vs one, {cores} core each"),
+                    product: "not measured".into(),
+                    ceiling: "a writable cgroup CPU controller".into(),
+                    ratio: f64::NAN,
+                    goal: Goal::Other("≥ 1.0", false),
+                });
+            }
+        }
+        println!("  sharing the machine's cores, unlimited");
         let mut ones = vec![first_one];
         let mut threes = Vec::new();
         for turn in 0..2 {
-            threes.push(self.lifecycle_on_fresh(3, &format!("three{turn}")).await);
+            let tag = format!("three{turn}");
+            threes.push(self.lifecycle_on_fresh(3, None, &tag).await.unwrap());
             if turn == 0 {
-                ones.push(self.lifecycle_on_fresh(1, "one1").await);
+                ones.push(self.lifecycle_on_fresh(1, None, "one1").await.unwrap());
             }
         }
+        self.push_processes(
+            "three processes vs one, sharing the cores".into(),
+            &ones,
+            &threes,
+            Goal::None,
+        );
+    }
+
+    fn push_processes(&mut self, name: String, ones: &[f64], threes: &[f64], goal: Goal) {
         let mean = |rates: &[f64]| rates.iter().sum::<f64>() / rates.len() as f64;
-        let (one, three) = (mean(&ones), mean(&threes));
+        let (one, three) = (mean(ones), mean(threes));
         println!("  one process: {ones:.0?} jobs/s; three processes: {threes:.0?} jobs/s");
         self.push(Ratio {
-            name: "three processes vs one (lifecycle)".into(),
+            name,
             product: format!("{three:.0} jobs/s (mean of {})", threes.len()),
             ceiling: format!("one process {one:.0} jobs/s (mean of {})", ones.len()),
             ratio: three / one,
-            goal: Goal::AtLeast(1.0),
+            goal,
         });
     }
 
-    /// The lifecycle on `processes` processes, on a database of its own.
-    async fn lifecycle_on_fresh(&self, processes: usize, tag: &str) -> f64 {
+    /// The lifecycle on `processes` processes, each held to `cores` if
+    /// given, on a database of its own. A budgeted process is sized for its
+    /// budget (`three_process_config`), alone or one of three; unlimited,
+    /// one process gets the whole machine's (`lifecycle_config`).
+    async fn lifecycle_on_fresh(
+        &self,
+        processes: usize,
+        cores: Option<f64>,
+        tag: &str,
+    ) -> Result<f64, String> {
         let name = format!("onejob_bench_processes_{tag}");
         let url = self.pg.fresh_database(&name);
-        let config = match processes {
-            1 => lifecycle_config(),
+        let config = match (processes, cores) {
+            (1, None) => lifecycle_config(),
             _ => three_process_config(),
         };
         let deployment = Deployment::prepare(self.dir(), &name, &url, &config);
         self.settle();
         let rate = self
-            .measure_lifecycle(&url, &deployment, processes, tag)
+            .measure_lifecycle(&url, &deployment, processes, cores, tag)
             .await;
         self.drop_database(&name);
         rate
@@ -625,24 +691,39 @@ impl Bench {
         );
         let create = self.measure_create(&deployment, "prefill-create").await;
         let deployment = deployment.reconfigured(self.dir(), "prefill-life", &lifecycle_config());
-        let lifecycle = self
-            .measure_lifecycle(&url, &deployment, 1, "prefill-life")
-            .await;
-        for (name, full, empty) in [
-            ("creation, prefilled vs empty", create, self.empty_create),
-            (
-                "lifecycle, prefilled vs empty",
-                lifecycle,
-                self.empty_lifecycle,
-            ),
+        // The lifecycle varies more from run to run than creation: the
+        // prefilled database and an empty one take turns (the first empty
+        // run is the lifecycle step's), and their means are compared.
+        let mut empties: Vec<f64> = self.empty_lifecycle.into_iter().collect();
+        let mut prefilled = Vec::new();
+        for turn in 0..2 {
+            let tag = format!("prefill-life{turn}");
+            prefilled.push(
+                self.measure_lifecycle(&url, &deployment, 1, None, &tag)
+                    .await
+                    .expect("no budget to set"),
+            );
+            if turn == 0 && !empties.is_empty() {
+                let empty = self.lifecycle_on_fresh(1, None, "empty1").await.unwrap();
+                empties.push(empty);
+            }
+        }
+        let mean = |rates: &[f64]| rates.iter().sum::<f64>() / rates.len() as f64;
+        let lifecycle = (!empties.is_empty()).then(|| (mean(&prefilled), mean(&empties)));
+        if lifecycle.is_some() {
+            println!("  lifecycle with {rows} stored: {prefilled:.0?} jobs/s; empty: {empties:.0?} jobs/s");
+        }
+        let creation = self.empty_create.map(|empty| (create, empty));
+        for (name, rates) in [
+            ("creation, prefilled vs empty", creation),
+            ("lifecycle, prefilled vs empty", lifecycle),
         ] {
-            let Some(empty) = empty else { continue };
-            let ratio = full / empty;
+            let Some((full, empty)) = rates else { continue };
             self.push(Ratio {
                 name: name.into(),
                 product: format!("{full:.0}/s with {rows} stored"),
                 ceiling: format!("{empty:.0}/s empty"),
-                ratio,
+                ratio: full / empty,
                 goal: Goal::AtLeast(0.8),
             });
         }

@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::cpu_budget::CpuBudget;
+
 /// The `onejob` binary built beside this benchmark (`target/release/onejob`).
 pub fn onejob_binary() -> PathBuf {
     let exe = std::env::current_exe().expect("the benchmark's own path");
@@ -103,8 +105,27 @@ impl Deployment {
 
     /// Starts `count` serving processes; returns once each answers `/healthz`.
     pub async fn serve(&self, count: usize) -> Vec<Server> {
+        self.serve_within(count, None)
+            .await
+            .expect("no budget to set")
+    }
+
+    /// Starts `count` serving processes, each held to `cores` of CPU time
+    /// if given (see `cpu_budget`); returns once each answers `/healthz`.
+    pub async fn serve_within(
+        &self,
+        count: usize,
+        cores: Option<f64>,
+    ) -> Result<Vec<Server>, String> {
         let mut servers = Vec::new();
-        for _ in 0..count {
+        for index in 0..count {
+            let budget = match cores {
+                Some(cores) => Some(CpuBudget::new(
+                    &format!("onejob-bench-{}-{index}", std::process::id()),
+                    cores,
+                )?),
+                None => None,
+            };
             let port = free_port();
             let child = self
                 .command()
@@ -113,10 +134,15 @@ impl Deployment {
                 .stderr(self.log_file())
                 .spawn()
                 .expect("starting onejob serve");
-            servers.push(Server {
+            let server = Server {
                 child,
                 base: format!("http://127.0.0.1:{port}"),
-            });
+                _budget: budget,
+            };
+            if let Some(budget) = &server._budget {
+                budget.admit(server.child.id())?;
+            }
+            servers.push(server);
         }
         let client = reqwest::Client::new();
         for server in &servers {
@@ -138,14 +164,16 @@ impl Deployment {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
-        servers
+        Ok(servers)
     }
 }
 
-/// One `onejob serve` process; killed when dropped.
+/// One `onejob serve` process; killed when dropped (and then its CPU
+/// budget removed).
 pub struct Server {
     child: Child,
     pub base: String,
+    _budget: Option<CpuBudget>,
 }
 
 impl Drop for Server {

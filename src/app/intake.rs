@@ -5,7 +5,9 @@
 //! 2. A key that already made a job is answered from that job's row (200
 //!    replay, or 409 for another payload) before anything is checked against
 //!    today's configuration, so a retry after a configuration change or
-//!    during a rolling deploy gets the answer its first request got.
+//!    during a rolling deploy gets the answer its first request got. A twin
+//!    of a request this process is still creating waits for it and answers
+//!    from the job it commits, without a database round trip (`twins`).
 //! 3. A new request is validated against the task's contract, then inserted
 //!    under (owner, key); a concurrent twin that won the key is answered as in 2.
 //! 4. The job's first attempt is queued; or, when this process's worker has
@@ -17,6 +19,7 @@
 
 use serde_json::Value;
 
+use super::twins::{self, Boarding};
 use super::{App, AppError, AppResult, Attempt, Claim, Job, User};
 use crate::contracts::TaskContract;
 use crate::domain::{AttemptState, Fingerprint, IdempotencyKey, JobIntent, JsonText};
@@ -136,6 +139,18 @@ impl App {
             &params,
             request.provider.as_deref(),
         )?;
+        let leader = match self.inner.key_flights.board(&owner.id, key.as_str()) {
+            Boarding::Leader(leader) => Some(leader),
+            Boarding::Follower(flight) => match twins::follow(flight).await {
+                Some(landed) => {
+                    self.metrics().twins_joined.inc();
+                    let (job, attempts) = (landed.job.clone(), landed.attempts.clone());
+                    return self.replay_or_conflict(job, attempts, &fingerprint);
+                }
+                // The twin ended without a job: ask the database.
+                None => None,
+            },
+        };
         // A request that today's configuration refuses may still be the
         // retry of one it accepted: its key is looked up before the refusal
         // (a replay never depends on today's configuration). One that passes
@@ -178,6 +193,11 @@ impl App {
         let Some((outcome, attempts)) = found else {
             return Err(validated.expect_err("only a refused request looks its key up alone"));
         };
+        if let (Some(leader), CreateOutcome::Created(job) | CreateOutcome::Existing(job)) =
+            (&leader, &outcome)
+        {
+            leader.land(job, &attempts);
+        }
         match outcome {
             CreateOutcome::Created(job) => {
                 if attempts.iter().any(|a| a.state == AttemptState::Queued) {
@@ -214,6 +234,12 @@ impl App {
             self.metrics().key_conflicts.inc();
             Err(AppError::KeyReused { job_id: job.id })
         }
+    }
+
+    /// Keys this process is creating jobs for right now, and the twins
+    /// waiting on them (for tests and diagnostics).
+    pub fn creations_in_flight(&self) -> (usize, usize) {
+        self.inner.key_flights.counts()
     }
 
     /// Checks a new request against today's configuration.

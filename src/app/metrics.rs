@@ -57,6 +57,7 @@ pub struct Metrics {
     pub jobs_created: Counter,
     pub jobs_replayed: Counter,
     pub key_conflicts: Counter,
+    pub twins_joined: Counter,
     pub attempts: Family<AttemptLabels, Counter>,
     pub races: Counter,
     pub provider_call_seconds: HistogramFamily<ProviderLabel>,
@@ -81,6 +82,7 @@ impl Metrics {
             jobs_created: Counter::default(),
             jobs_replayed: Counter::default(),
             key_conflicts: Counter::default(),
+            twins_joined: Counter::default(),
             attempts: Family::default(),
             races: Counter::default(),
             provider_call_seconds: Family::new_with_constructor(seconds_histogram),
@@ -106,6 +108,12 @@ impl Metrics {
             "onejob_idempotency_conflicts",
             "Requests refused because their key made a job with a different payload",
             metrics.key_conflicts.clone(),
+        );
+        registry.register(
+            "onejob_twins_joined",
+            "Requests answered from the job a twin under the same key was creating in this \
+             process, without a database round trip (also counted as replays or conflicts)",
+            metrics.twins_joined.clone(),
         );
         registry.register(
             "onejob_attempts",

@@ -30,6 +30,7 @@ pub mod queries;
 pub mod resolve;
 pub mod retention;
 pub mod retry;
+mod twins;
 pub mod waiting;
 pub mod work;
 
@@ -83,6 +84,8 @@ struct Inner {
     password_slots: Arc<tokio::sync::Semaphore>,
     /// This process's worker's offer to start new jobs at once (`work`).
     start_offer: std::sync::RwLock<std::sync::Weak<work::StartOffer>>,
+    /// Keys this process is creating jobs for (`twins`).
+    key_flights: twins::KeyFlights,
 }
 
 impl App {
@@ -114,6 +117,7 @@ impl App {
                 startup_qualified,
                 metrics,
                 start_offer: Default::default(),
+                key_flights: Default::default(),
             }),
         }
     }

@@ -35,3 +35,4 @@ mod server_process;
 mod sessions;
 mod start_on_create;
 mod storage;
+mod twins;

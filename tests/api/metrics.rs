@@ -13,10 +13,11 @@ use crate::fake_provider::{
 use crate::helpers::{assert_problem, spawn_app, spawn_app_with, summarize, TestApp, TestBackend};
 
 /// Every family onejob exports, with its Prometheus type.
-const FAMILIES: [(&str, &str); 12] = [
+const FAMILIES: [(&str, &str); 13] = [
     ("onejob_jobs_created", "counter"),
     ("onejob_jobs_replayed", "counter"),
     ("onejob_idempotency_conflicts", "counter"),
+    ("onejob_twins_joined", "counter"),
     ("onejob_attempts", "counter"),
     ("onejob_races", "counter"),
     ("onejob_provider_call_seconds", "histogram"),

@@ -1,0 +1,168 @@
+//! Twins in flight: requests under a key this process is already creating a
+//! job for wait for that creation and answer from its job; when it ends
+//! without one, they go to the database themselves.
+
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use diesel::connection::SimpleConnection;
+use reqwest::StatusCode;
+use serde_json::Value;
+
+use crate::helpers::{
+    spawn_app, spawn_app_with, summarize, test_config, TestApp, TestBackend, DEFAULT_TEST_PROVIDERS,
+};
+
+/// Another session holds off every job insert (SQLite's write lock; on
+/// PostgreSQL a SHARE lock on `jobs`, which inserts wait for) until the
+/// returned sender is used or dropped. Returns once the lock is held.
+fn hold_job_inserts(app: &TestApp) -> (mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+    let (release, released) = mpsc::channel::<()>();
+    let (held, locked) = mpsc::channel::<()>();
+    let store = app.store.clone();
+    let holder = std::thread::spawn(move || {
+        let mut conn = store.conn().unwrap();
+        match &mut *conn {
+            onejob::store::DbConnection::Sqlite(c) => c.batch_execute("BEGIN IMMEDIATE").unwrap(),
+            onejob::store::DbConnection::Postgresql(c) => c
+                .batch_execute("BEGIN; LOCK TABLE jobs IN SHARE MODE")
+                .unwrap(),
+        }
+        held.send(()).unwrap();
+        let _ = released.recv();
+        conn.batch_execute("ROLLBACK").unwrap();
+    });
+    locked.recv().unwrap();
+    (release, holder)
+}
+
+/// Posts a job under `key` from Alice: its status, `Idempotent-Replayed`
+/// header and body.
+async fn post(app: Arc<TestApp>, key: &'static str, body: Value) -> (StatusCode, bool, Value) {
+    let response = app.post_job(&app.alice.token, key, &body).await;
+    let status = response.status();
+    let replayed = response.headers().contains_key("Idempotent-Replayed");
+    (status, replayed, response.json().await.unwrap())
+}
+
+/// Waits until this process is creating `keys` keys with `twins` twins
+/// waiting on them.
+async fn wait_for_flights(app: &TestApp, keys: usize, twins: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app.app.creations_in_flight() != (keys, twins) {
+        assert!(
+            Instant::now() < deadline,
+            "expected {keys} key(s) in flight with {twins} twin(s) waiting, found {:?}",
+            app.app.creations_in_flight()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Item: twins of a request still being created wait for it and answer
+/// from its committed job, without going to the database: the same job for
+/// the same payload, 409 for another.
+async fn twins_in_flight_answer_from_the_first_requests_job(backend: TestBackend) {
+    let app = Arc::new(spawn_app(backend).await);
+    let (release, holder) = hold_job_inserts(&app);
+    let first = tokio::spawn(post(app.clone(), "twins", summarize("same")));
+    wait_for_flights(&app, 1, 0).await;
+    let mut twins = Vec::new();
+    for _ in 0..6 {
+        twins.push(tokio::spawn(post(app.clone(), "twins", summarize("same"))));
+    }
+    let mut others = Vec::new();
+    for _ in 0..2 {
+        others.push(tokio::spawn(post(app.clone(), "twins", summarize("other"))));
+    }
+    // Every twin waits on the first request, which waits on the lock.
+    wait_for_flights(&app, 1, 8).await;
+    release.send(()).unwrap();
+    holder.join().unwrap();
+
+    let (status, replayed, job) = first.await.unwrap();
+    assert_eq!(status, StatusCode::CREATED, "{job}");
+    assert!(!replayed);
+    for twin in twins {
+        let (status, replayed, body) = twin.await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert!(replayed, "a twin's answer is a replay");
+        assert_eq!(body["id"], job["id"], "the first request's job");
+    }
+    for other in others {
+        let (status, _, body) = other.await.unwrap();
+        assert_eq!(status, StatusCode::CONFLICT, "{body}");
+        assert!(body["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("idempotency-key-reused"));
+        assert_eq!(body["job_id"], job["id"], "{body}");
+    }
+    assert_eq!(app.job_count(&app.alice.id).await, 1);
+    assert_eq!(
+        app.app.metrics().twins_joined.get(),
+        8,
+        "all eight twins were answered from the first request's job"
+    );
+    assert_eq!(app.app.metrics().jobs_replayed.get(), 6);
+    assert_eq!(app.app.metrics().key_conflicts.get(), 2);
+    wait_for_flights(&app, 0, 0).await;
+}
+
+/// Item: when the first request ends without a job (here the database
+/// stays locked past its timeout), its waiting twins are released to ask
+/// the database themselves, and one of them makes the job.
+async fn twins_of_a_request_that_fails_ask_the_database_themselves(backend: TestBackend) {
+    let mut config = test_config(DEFAULT_TEST_PROVIDERS);
+    config.database.sqlite_busy_timeout_ms = 1_000;
+    config.database.postgres_lock_timeout_ms = 1_000;
+    let app = Arc::new(spawn_app_with(backend, config).await);
+    let (release, holder) = hold_job_inserts(&app);
+    let first = tokio::spawn(post(app.clone(), "failing-twins", summarize("same")));
+    wait_for_flights(&app, 1, 0).await;
+    let mut twins = Vec::new();
+    for _ in 0..4 {
+        twins.push(tokio::spawn(post(
+            app.clone(),
+            "failing-twins",
+            summarize("same"),
+        )));
+    }
+    wait_for_flights(&app, 1, 4).await;
+    let (status, _, body) = first.await.unwrap();
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    release.send(()).unwrap();
+    holder.join().unwrap();
+
+    let mut statuses = Vec::new();
+    let mut ids = Vec::new();
+    for twin in twins {
+        let (status, _, body) = twin.await.unwrap();
+        statuses.push(status);
+        ids.push(body["id"].clone());
+    }
+    let created = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::CREATED)
+        .count();
+    assert_eq!(created, 1, "one twin made the job: {statuses:?}");
+    assert!(
+        statuses
+            .iter()
+            .all(|s| *s == StatusCode::CREATED || *s == StatusCode::OK),
+        "{statuses:?}"
+    );
+    assert!(ids.iter().all(|id| *id == ids[0]), "one job: {ids:?}");
+    assert_eq!(app.job_count(&app.alice.id).await, 1);
+    assert_eq!(
+        app.app.metrics().twins_joined.get(),
+        0,
+        "no twin was answered by the request that failed"
+    );
+}
+
+on_both_backends!(
+    twins_in_flight_answer_from_the_first_requests_job,
+    twins_of_a_request_that_fails_ask_the_database_themselves,
+);
