@@ -19,7 +19,7 @@
 
 use serde_json::Value;
 
-use super::twins::{self, Boarding};
+use super::twins::{self, Boarding, Landed};
 use super::{App, AppError, AppResult, Attempt, Claim, Job, User};
 use crate::contracts::TaskContract;
 use crate::domain::{AttemptState, Fingerprint, IdempotencyKey, JobIntent, JsonText};
@@ -139,17 +139,26 @@ impl App {
             &params,
             request.provider.as_deref(),
         )?;
-        let leader = match self.inner.key_flights.board(&owner.id, key.as_str()) {
-            Boarding::Leader(leader) => Some(leader),
-            Boarding::Follower(flight) => match twins::follow(flight).await {
-                Some(landed) => {
-                    self.metrics().twins_joined.inc();
-                    let (job, attempts) = (landed.job.clone(), landed.attempts.clone());
-                    return self.replay_or_conflict(job, attempts, &fingerprint);
-                }
-                // The twin ended without a job: ask the database.
-                None => None,
-            },
+        let leader = loop {
+            match self.inner.key_flights.board(&owner.id, key.as_str()) {
+                Boarding::Leader(leader) => break leader,
+                Boarding::Follower(flight) => match twins::follow(flight).await.as_deref() {
+                    Some(Landed::Job { job, attempts }) => {
+                        self.metrics().twins_joined.inc();
+                        tracing::debug!(job_id = %job.id, "answered from a twin in flight");
+                        return self.replay_or_conflict(
+                            job.clone(),
+                            attempts.clone(),
+                            &fingerprint,
+                        );
+                    }
+                    Some(Landed::Unavailable(detail)) => {
+                        return Err(AppError::Unavailable(detail.clone()))
+                    }
+                    // The twin ended with nothing to hand on: board again.
+                    None => continue,
+                },
+            }
         };
         // A request that today's configuration refuses may still be the
         // retry of one it accepted: its key is looked up before the refusal
@@ -189,15 +198,22 @@ impl App {
                     Ok(Some((CreateOutcome::Existing(job), attempts)))
                 }
             })
-            .await?;
+            .await
+            .map_err(AppError::from);
+        let found = match found {
+            Ok(found) => found,
+            Err(error) => {
+                if let AppError::Unavailable(detail) = &error {
+                    leader.land_unavailable(detail);
+                }
+                return Err(error);
+            }
+        };
         let Some((outcome, attempts)) = found else {
             return Err(validated.expect_err("only a refused request looks its key up alone"));
         };
-        if let (Some(leader), CreateOutcome::Created(job) | CreateOutcome::Existing(job)) =
-            (&leader, &outcome)
-        {
-            leader.land(job, &attempts);
-        }
+        let (CreateOutcome::Created(job) | CreateOutcome::Existing(job)) = &outcome;
+        leader.land(job, &attempts);
         match outcome {
             CreateOutcome::Created(job) => {
                 if attempts.iter().any(|a| a.state == AttemptState::Queued) {
