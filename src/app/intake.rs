@@ -147,7 +147,7 @@ impl App {
                         self.metrics().twins_joined.inc();
                         tracing::debug!(job_id = %job.id, "answered from a twin in flight");
                         return self.replay_or_conflict(
-                            job.clone(),
+                            (**job).clone(),
                             attempts.clone(),
                             &fingerprint,
                         );

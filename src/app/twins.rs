@@ -32,7 +32,10 @@ use crate::domain::UserId;
 #[derive(Debug)]
 pub(crate) enum Landed {
     /// The key's job as the leader read it from its committed row.
-    Job { job: Job, attempts: Vec<Attempt> },
+    Job {
+        job: Box<Job>,
+        attempts: Vec<Attempt>,
+    },
     /// The database was busy; the leader's retryable refusal.
     Unavailable(String),
 }
@@ -89,7 +92,7 @@ impl Leader<'_> {
     /// Hands the key's committed job to every follower, present and arriving.
     pub fn land(&self, job: &Job, attempts: &[Attempt]) {
         self.end(Landed::Job {
-            job: job.clone(),
+            job: Box::new(job.clone()),
             attempts: attempts.to_vec(),
         });
     }
