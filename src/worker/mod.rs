@@ -288,8 +288,10 @@ impl Worker {
             }
         };
         let lease_ms = self.app.config().worker.lease_ms;
-        let mut heartbeat = tokio::time::interval(Duration::from_millis((lease_ms / 3).max(50)));
-        heartbeat.tick().await;
+        // The first beat is one period from now (an `interval`'s immediate
+        // first tick, awaited, would pass through the timer for nothing).
+        let period = Duration::from_millis((lease_ms / 3).max(50));
+        let mut heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         // Confirmed by the claim itself (no pause was asked for): send now.
         if claim.attempt.sent_at.is_none()
             && !self
