@@ -2361,8 +2361,23 @@ async fn an_admin_adds_resets_disables_enables_promotes_and_revokes_on_the_users
         .collect();
     assert_eq!(audit, expected);
 
+    // The longest name allowed, with nowhere to break it, still fits.
+    let longest = "w".repeat(64);
+    app.with_conn(move |conn| {
+        onejob::store::users::add_user(conn, &longest, onejob::domain::Role::User).map(drop)
+    })
+    .await
+    .unwrap();
+    browser.goto(&app, "/admin/users").await;
     browser
         .assert_fits_at_each_width("users", backend == TestBackend::Sqlite)
+        .await;
+    // So does its owner's own name in the page header.
+    app.set_password(&"w".repeat(64), "long-pw").await;
+    browser.sign_out().await;
+    browser.sign_in(&app, &"w".repeat(64), "long-pw").await;
+    browser
+        .assert_fits_at_each_width("long-name", backend == TestBackend::Sqlite)
         .await;
     browser.close().await;
 }
