@@ -45,7 +45,10 @@ TOML
 run() { "$onejob" --config "$work/onejob.toml" --database-url "$work/onejob.db" "$@"; }
 token=$(run users add ada --role admin 2>/dev/null | tail -n 1)
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-RUST_LOG=warn run serve --bind "127.0.0.1:$port" >"$work/server.log" 2>&1 &
+# Started directly, not through `run`: `$!` must be onejob itself, or the
+# cleanup would stop a subshell and leave the server running.
+RUST_LOG=warn "$onejob" --config "$work/onejob.toml" --database-url "$work/onejob.db" \
+  serve --bind "127.0.0.1:$port" >"$work/server.log" 2>&1 &
 server_pid=$!
 for _ in $(seq 1 100); do
   curl -fsS "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break

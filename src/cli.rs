@@ -273,7 +273,19 @@ async fn serve(
         role = role.as_str(),
         "onejob is serving"
     );
-    let app = Application::build_as(role, config, store, listener).await?;
+    let metrics_listener = match &config.server.metrics_bind {
+        Some(address) => {
+            let listener = TcpListener::bind(address)
+                .map_err(|e| format!("cannot listen on {address} (metrics_bind): {e}"))?;
+            tracing::info!(address = %listener.local_addr()?, "serving /metrics without a token");
+            Some(listener)
+        }
+        None => None,
+    };
+    let mut app = Application::build_as(role, config, store, listener).await?;
+    if let Some(listener) = metrics_listener {
+        app.serve_metrics_on(listener)?;
+    }
     app.run_until_stopped().await?;
     tracing::info!("stopped");
     Ok(())

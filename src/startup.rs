@@ -70,6 +70,12 @@ impl ProcessRole {
 pub struct Application {
     port: u16,
     server: Server,
+    /// `[server] metrics_bind`'s server, if one was started: running in a
+    /// task of its own (an actix server serves only while polled).
+    metrics_server: Option<(
+        actix_web::dev::ServerHandle,
+        tokio::task::JoinHandle<std::io::Result<()>>,
+    )>,
     worker: WorkerHandle,
     grace: Duration,
     app: App,
@@ -153,6 +159,7 @@ impl Application {
         Ok(Self {
             port,
             server: server.run(),
+            metrics_server: None,
             worker,
             grace: Duration::from_millis(server_settings.shutdown_grace_ms),
             app,
@@ -161,6 +168,25 @@ impl Application {
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// Also serves `/metrics`, without a token, on `listener` (`[server]
+    /// metrics_bind`): one thread, stopped with the main server.
+    pub fn serve_metrics_on(&mut self, listener: TcpListener) -> Result<(), StartupError> {
+        let state = Data::new(self.app.clone());
+        let server = HttpServer::new(move || {
+            HttpApp::new()
+                .wrap(from_fn(web::security_headers))
+                .wrap(TracingLogger::default())
+                .app_data(state.clone())
+                .configure(web::metrics_routes)
+        })
+        .listen(listener)?
+        .workers(1)
+        .disable_signals()
+        .run();
+        self.metrics_server = Some((server.handle(), tokio::spawn(server)));
+        Ok(())
     }
 
     /// The application this server fronts (tests read the simulated
@@ -173,6 +199,10 @@ impl Application {
     /// no new claims, in-flight calls get the grace period.
     pub async fn run_until_stopped(self) -> Result<(), std::io::Error> {
         let served = self.server.await;
+        if let Some((handle, served)) = self.metrics_server {
+            handle.stop(false).await;
+            let _ = served.await;
+        }
         tracing::info!("HTTP server stopped; stopping the worker");
         self.worker.shutdown(self.grace).await;
         served

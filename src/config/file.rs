@@ -27,6 +27,10 @@ pub struct ConfigFile {
 #[serde(deny_unknown_fields, default)]
 pub struct ServerSettings {
     pub bind: String,
+    /// A second address that serves only `/metrics`, without a token, for a
+    /// Prometheus on a private network; unset (the default) means metrics
+    /// are read on `bind` with an admin's API token.
+    pub metrics_bind: Option<String>,
     /// Largest accepted request body, in bytes.
     pub body_limit_bytes: usize,
     /// HTTP worker threads; 0 means one per CPU core.
@@ -78,6 +82,7 @@ impl Default for ServerSettings {
     fn default() -> Self {
         Self {
             bind: "127.0.0.1:8080".into(),
+            metrics_bind: None,
             body_limit_bytes: 64 * 1024,
             http_workers: 0,
             shutdown_grace_ms: 0,

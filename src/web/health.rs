@@ -45,6 +45,16 @@ pub async fn readyz(app: web::Data<App>) -> Result<HttpResponse, ApiError> {
 )]
 pub async fn metrics(app: web::Data<App>, caller: Caller) -> Result<HttpResponse, ApiError> {
     crate::app::require_admin(&caller.0)?;
+    metrics_text(app).await
+}
+
+/// The same text on `[server] metrics_bind`, where the address is the
+/// access control (see `web::metrics_routes`).
+pub async fn open_metrics(app: web::Data<App>) -> Result<HttpResponse, ApiError> {
+    metrics_text(app).await
+}
+
+async fn metrics_text(app: web::Data<App>) -> Result<HttpResponse, ApiError> {
     let text = app.scrape_metrics().await?;
     // What the encoder writes (counters' samples end in `_total` under a
     // family without it, and `# EOF` ends the text): labelled as Prometheus'

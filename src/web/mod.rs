@@ -185,6 +185,14 @@ pub fn probe_routes(cfg: &mut web::ServiceConfig) {
         .default_service(web::to(not_found));
 }
 
+/// The routes of `[server] metrics_bind`: `/metrics` without a token, and
+/// nothing else. Whoever reaches that address may read the metrics, so it
+/// belongs on a private network.
+pub fn metrics_routes(cfg: &mut web::ServiceConfig) {
+    cfg.service(resource("/metrics", READ).route(read().to(health::open_metrics)))
+        .default_service(web::to(not_found));
+}
+
 /// Unknown paths: problem+json under `/api/`, a readable page elsewhere.
 async fn not_found(req: actix_web::HttpRequest) -> actix_web::HttpResponse {
     use actix_web::ResponseError;

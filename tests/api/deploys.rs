@@ -588,8 +588,81 @@ async fn chaos_kills_restarts_and_retries_lose_nothing_and_send_nothing_twice() 
     );
 }
 
+/// Item: with `[server] metrics_bind`, a process also serves `/metrics` on
+/// that address without a token, and nothing else there; its main address
+/// still asks for an admin's token; SIGTERM stops both.
+async fn metrics_bind_serves_only_the_metrics_without_a_token(backend: TestBackend) {
+    let db = TestDb::create(backend);
+    let (_store, token) = seed(&db).await;
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeProvider::start(Shape::OpenAi).await;
+    let config = write_config(dir.path(), &fake, "");
+    let metrics_port = free_port();
+    let text = std::fs::read_to_string(&config).unwrap().replacen(
+        "[server]\n",
+        &format!("[server]\nmetrics_bind = \"127.0.0.1:{metrics_port}\"\n"),
+        1,
+    );
+    std::fs::write(&config, text).unwrap();
+    let mut server = ServerProcess::spawn(dir.path(), "metrics", &config, db.url.as_str());
+    server.wait_ready().await;
+    let created = post(&server.base, &token, "counted", &summarize("x"))
+        .await
+        .unwrap();
+    assert_eq!(created.status(), StatusCode::CREATED);
+
+    let client = reqwest::Client::new();
+    let metrics_base = format!("http://127.0.0.1:{metrics_port}");
+    let response = client
+        .get(format!("{metrics_base}/metrics"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(response.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("application/openmetrics-text"));
+    let text = response.text().await.unwrap();
+    assert!(
+        text.lines().any(|l| l == "onejob_jobs_created_total 1"),
+        "the job just created is counted: {text}"
+    );
+    for path in ["/api/v1/jobs", "/healthz", "/login", "/admin", "/v1/models"] {
+        let status = client
+            .get(format!("{metrics_base}{path}"))
+            .bearer_auth(&token)
+            .send()
+            .await
+            .unwrap()
+            .status();
+        assert_eq!(
+            status,
+            StatusCode::NOT_FOUND,
+            "{path} on the metrics address"
+        );
+    }
+    let main = client
+        .get(format!("{}/metrics", server.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        main.status(),
+        StatusCode::UNAUTHORIZED,
+        "the main address still asks for a token"
+    );
+    server.terminate();
+    assert!(server.wait_exit(Duration::from_secs(20)).await.success());
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", metrics_port)).is_err(),
+        "the metrics address closed with the process"
+    );
+}
+
 on_both_backends!(
     an_http_only_and_a_worker_only_process_split_the_work,
     a_sigterm_mid_call_lets_the_answer_land_inside_the_grace,
     a_claim_unsent_at_sigterm_is_requeued_and_sent_once_after_the_restart,
+    metrics_bind_serves_only_the_metrics_without_a_token,
 );
