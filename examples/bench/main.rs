@@ -140,10 +140,10 @@ fn lifecycle_config() -> String {
     config(64, 16, SIMULATED)
 }
 
-/// Each of the three processes: the one process's worker, and a share of
-/// the rest sized for three on this machine: one HTTP thread instead of one
-/// per core (two here), and 6 of the one process's 16 connections.
-fn three_process_config() -> String {
+/// A process sized for a share of this machine (each of three, or one held
+/// to a CPU budget): the lifecycle process's worker, one HTTP thread instead
+/// of one per core (two here), and 6 of its 16 connections.
+fn small_process_config() -> String {
     config(64, 6, SIMULATED).replace("[server]\n", "[server]\nhttp_workers = 1\n")
 }
 
@@ -484,13 +484,17 @@ impl Bench {
         );
         let mut budgeted = (Vec::new(), Vec::new());
         let mut refused = None;
-        for turn in 0..2 {
+        'turns: for turn in 0..2 {
             for processes in [1, 3] {
                 let tag = format!("budget{processes}_{turn}");
                 match self.lifecycle_on_fresh(processes, Some(cores), &tag).await {
                     Ok(rate) if processes == 1 => budgeted.0.push(rate),
                     Ok(rate) => budgeted.1.push(rate),
-                    Err(error) => refused = Some(error),
+                    // No budget can be set: the other turns would fail alike.
+                    Err(error) => {
+                        refused = Some(error);
+                        break 'turns;
+                    }
                 }
             }
         }
@@ -531,7 +535,6 @@ impl Bench {
     }
 
     fn push_processes(&mut self, name: String, ones: &[f64], threes: &[f64], goal: Goal) {
-        let mean = |rates: &[f64]| rates.iter().sum::<f64>() / rates.len() as f64;
         let (one, three) = (mean(ones), mean(threes));
         println!("  one process: {ones:.0?} jobs/s; three processes: {threes:.0?} jobs/s");
         self.push(Ratio {
@@ -545,7 +548,7 @@ impl Bench {
 
     /// The lifecycle on `processes` processes, each held to `cores` if
     /// given, on a database of its own. A budgeted process is sized for its
-    /// budget (`three_process_config`), alone or one of three; unlimited,
+    /// budget (`small_process_config`), alone or one of three; unlimited,
     /// one process gets the whole machine's (`lifecycle_config`).
     async fn lifecycle_on_fresh(
         &self,
@@ -557,7 +560,7 @@ impl Bench {
         let url = self.pg.fresh_database(&name);
         let config = match (processes, cores) {
             (1, None) => lifecycle_config(),
-            _ => three_process_config(),
+            _ => small_process_config(),
         };
         let deployment = Deployment::prepare(self.dir(), &name, &url, &config);
         self.settle();
@@ -719,7 +722,6 @@ impl Bench {
                 empties.push(empty);
             }
         }
-        let mean = |rates: &[f64]| rates.iter().sum::<f64>() / rates.len() as f64;
         let lifecycle = (!empties.is_empty()).then(|| (mean(&prefilled), mean(&empties)));
         if lifecycle.is_some() {
             println!("  lifecycle with {rows} stored: {prefilled:.0?} jobs/s; empty: {empties:.0?} jobs/s");
@@ -914,6 +916,10 @@ fn first_id_at(ms: i64) -> String {
 /// of them succeeded. Reads only the new jobs (a range of the owner's
 /// index), so that watching costs the database next to nothing, however
 /// many jobs are stored.
+fn mean(rates: &[f64]) -> f64 {
+    rates.iter().sum::<f64>() / rates.len() as f64
+}
+
 /// Jobs of the benchmark's user not finished yet.
 fn unfinished_jobs(url: &str) -> i64 {
     diesel::dsl::sql::<BigInt>(&format!(

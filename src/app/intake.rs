@@ -199,16 +199,12 @@ impl App {
                 }
             })
             .await
-            .map_err(AppError::from);
-        let found = match found {
-            Ok(found) => found,
-            Err(error) => {
-                if let AppError::Unavailable(detail) = &error {
+            .map_err(AppError::from)
+            .inspect_err(|error| {
+                if let AppError::Unavailable(detail) = error {
                     leader.land_unavailable(detail);
                 }
-                return Err(error);
-            }
-        };
+            })?;
         let Some((outcome, attempts)) = found else {
             return Err(validated.expect_err("only a refused request looks its key up alone"));
         };

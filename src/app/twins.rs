@@ -89,9 +89,9 @@ pub(crate) struct Leader<'a> {
 }
 
 impl Leader<'_> {
-    /// Hands the key's committed job to every follower, present and arriving.
+    /// Hands the key's committed job to every follower.
     pub fn land(&self, job: &Job, attempts: &[Attempt]) {
-        self.end(Landed::Job {
+        self.end(|| Landed::Job {
             job: Box::new(job.clone()),
             attempts: attempts.to_vec(),
         });
@@ -99,11 +99,16 @@ impl Leader<'_> {
 
     /// Hands the database's busy refusal to every follower.
     pub fn land_unavailable(&self, detail: &str) {
-        self.end(Landed::Unavailable(detail.to_owned()));
+        self.end(|| Landed::Unavailable(detail.to_owned()));
     }
 
-    fn end(&self, landed: Landed) {
-        self.flight.send_replace(Some(Arc::new(landed)));
+    /// Nothing is handed on (nor the job cloned) while no follower waits,
+    /// the common case: a twin that boards after this and before the
+    /// leader is dropped then boards again and asks the database itself.
+    fn end(&self, landed: impl FnOnce() -> Landed) {
+        if self.flight.receiver_count() > 0 {
+            self.flight.send_replace(Some(Arc::new(landed())));
+        }
     }
 }
 

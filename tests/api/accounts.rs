@@ -10,7 +10,8 @@ use reqwest::StatusCode;
 use serde_json::json;
 
 use crate::fake_provider::{
-    config_of, fake_provider_toml, strict_task_toml, Behaviour, FakeProvider, Shape, WAIT,
+    config_of, fake_provider_toml, one_fake_config, strict_task_toml, Behaviour, FakeProvider,
+    Shape, WAIT,
 };
 use crate::helpers::{
     hidden_value, spawn_app, spawn_app_with, summarize, FormClient, TestApp, TestBackend,
@@ -446,12 +447,7 @@ async fn an_answer_larger_than_the_cap_is_refused_unread(backend: TestBackend) {
 
 async fn owners_see_a_classified_reason_and_staff_the_providers_text(backend: TestBackend) {
     let fake = FakeProvider::start(Shape::OpenAi).await;
-    let toml = [
-        fake_provider_toml("fake", "openai", &fake.base_url, ""),
-        strict_task_toml("summarize", &["fake"], "Summarize: {{ text }}"),
-    ]
-    .concat();
-    let app = spawn_app_with(backend, config_of(&toml)).await;
+    let app = spawn_app_with(backend, one_fake_config(&fake)).await;
     fake.push(Behaviour::Status {
         status: 403,
         retry_after: None,
@@ -518,12 +514,7 @@ async fn the_callback_route_honours_the_body_limit(backend: TestBackend) {
 /// live attempt's lease keeps being renewed (it never turns unknown).
 async fn a_sign_in_flood_starves_neither_the_api_nor_lease_renewals(backend: TestBackend) {
     let fake = FakeProvider::start(Shape::OpenAi).await;
-    let toml = [
-        fake_provider_toml("fake", "openai", &fake.base_url, ""),
-        strict_task_toml("summarize", &["fake"], "Summarize: {{ text }}"),
-    ]
-    .concat();
-    let mut config = config_of(&toml);
+    let mut config = one_fake_config(&fake);
     // The held call stays running (not unknown) for the whole flood.
     config.providers[0].timeout_ms = 60_000;
     config.server.trusted_proxies = vec!["127.0.0.1".parse().unwrap()];

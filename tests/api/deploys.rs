@@ -23,12 +23,14 @@ use crate::helpers::{
 };
 use crate::server_process::{free_port, ServerProcess};
 
-/// A configuration file for the processes: one fake provider, two tasks.
-fn write_config(dir: &Path, fake: &FakeProvider, extra: &str) -> PathBuf {
+/// A configuration file for the processes: one fake provider, two tasks;
+/// `server` adds lines to `[server]`.
+fn write_config(dir: &Path, fake: &FakeProvider, server: &str) -> PathBuf {
     let toml = format!(
         r#"
 [server]
 shutdown_grace_ms = 8000
+{server}
 
 [database]
 pool_timeout_ms = 1000
@@ -39,7 +41,6 @@ postgres_lock_timeout_ms = 1000
 concurrency = 4
 poll_interval_ms = 50
 lease_ms = 4000
-{extra}
 
 [[providers]]
 name = "fake"
@@ -58,6 +59,34 @@ late_result_ms = 5000
     let path = dir.join("onejob.toml");
     std::fs::write(&path, toml).unwrap();
     path
+}
+
+/// Where each deploy test starts: a database with a user (its store and
+/// API token), a fake provider, and the processes' configuration file
+/// (`server`: extra `[server]` lines) in a directory of their own.
+struct Setup {
+    db: TestDb,
+    store: Store,
+    token: String,
+    dir: tempfile::TempDir,
+    fake: FakeProvider,
+    config: PathBuf,
+}
+
+async fn set_up(backend: TestBackend, server: &str) -> Setup {
+    let db = TestDb::create(backend);
+    let (store, token) = seed(&db).await;
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeProvider::start(Shape::OpenAi).await;
+    let config = write_config(dir.path(), &fake, server);
+    Setup {
+        db,
+        store,
+        token,
+        dir,
+        fake,
+        config,
+    }
 }
 
 /// The database's store and an API token for a user made in it.
@@ -135,12 +164,15 @@ async fn wait_stopped_serving(base: &str) {
 /// it, once, and over HTTP answers health checks and metrics and nothing
 /// else. A worker-only process without worker slots refuses to start.
 async fn an_http_only_and_a_worker_only_process_split_the_work(backend: TestBackend) {
-    let db = TestDb::create(backend);
-    let (store, token) = seed(&db).await;
-    let dir = tempfile::tempdir().unwrap();
-    let fake = FakeProvider::start(Shape::OpenAi).await;
+    let Setup {
+        db,
+        store,
+        token,
+        dir,
+        fake,
+        config,
+    } = set_up(backend, "").await;
     fake.set_default(Behaviour::Hold);
-    let config = write_config(dir.path(), &fake, "");
     let url = db.url.as_str();
     let mut http = ServerProcess::spawn_as(dir.path(), "http", &config, url, free_port(), "http");
     http.wait_ready().await;
@@ -238,12 +270,15 @@ async fn an_http_only_and_a_worker_only_process_split_the_work(backend: TestBack
 }
 
 async fn a_sigterm_mid_call_lets_the_answer_land_inside_the_grace(backend: TestBackend) {
-    let db = TestDb::create(backend);
-    let (store, token) = seed(&db).await;
-    let dir = tempfile::tempdir().unwrap();
-    let fake = FakeProvider::start(Shape::OpenAi).await;
+    let Setup {
+        db,
+        store,
+        token,
+        dir,
+        fake,
+        config,
+    } = set_up(backend, "").await;
     fake.set_default(Behaviour::Hold);
-    let config = write_config(dir.path(), &fake, "");
     let mut server = ServerProcess::spawn(dir.path(), "server", &config, db.url.as_str());
     server.wait_ready().await;
     let response = post(&server.base, &token, "mid-call", &summarize("x"))
@@ -275,11 +310,14 @@ async fn a_sigterm_mid_call_lets_the_answer_land_inside_the_grace(backend: TestB
 async fn a_claim_unsent_at_sigterm_is_requeued_and_sent_once_after_the_restart(
     backend: TestBackend,
 ) {
-    let db = TestDb::create(backend);
-    let (store, token) = seed(&db).await;
-    let dir = tempfile::tempdir().unwrap();
-    let fake = FakeProvider::start(Shape::OpenAi).await;
-    let config = write_config(dir.path(), &fake, "");
+    let Setup {
+        db,
+        store,
+        token,
+        dir,
+        fake,
+        config,
+    } = set_up(backend, "").await;
     let port = free_port();
     let mut server = ServerProcess::spawn_on(dir.path(), "first", &config, db.url.as_str(), port);
     server.wait_ready().await;
@@ -364,15 +402,18 @@ async fn chaos_kills_restarts_and_retries_lose_nothing_and_send_nothing_twice() 
     const SENDS: usize = 3;
     const CLIENTS: usize = 12;
     let started = Instant::now();
-    let db = TestDb::create(TestBackend::Postgres);
-    let (store, token) = seed(&db).await;
-    let dir = tempfile::tempdir().unwrap();
-    let fake = FakeProvider::start(Shape::OpenAi).await;
+    let Setup {
+        db,
+        store,
+        token,
+        dir,
+        fake,
+        config,
+    } = set_up(TestBackend::Postgres, "").await;
     fake.set_default(Behaviour::Delay {
         ms: 30,
         then: Box::new(Behaviour::Answer(json!({"summary": "fake summary"}))),
     });
-    let config = write_config(dir.path(), &fake, "");
     let url = db.url.as_str().to_owned();
     let ports: Vec<u16> = (0..PROCESSES).map(|_| free_port()).collect();
     let servers: Arc<Mutex<Vec<Option<ServerProcess>>>> = Arc::new(Mutex::new(
@@ -592,18 +633,17 @@ async fn chaos_kills_restarts_and_retries_lose_nothing_and_send_nothing_twice() 
 /// that address without a token, and nothing else there; its main address
 /// still asks for an admin's token; SIGTERM stops both.
 async fn metrics_bind_serves_only_the_metrics_without_a_token(backend: TestBackend) {
-    let db = TestDb::create(backend);
-    let (_store, token) = seed(&db).await;
-    let dir = tempfile::tempdir().unwrap();
-    let fake = FakeProvider::start(Shape::OpenAi).await;
-    let config = write_config(dir.path(), &fake, "");
     let metrics_port = free_port();
-    let text = std::fs::read_to_string(&config).unwrap().replacen(
-        "[server]\n",
-        &format!("[server]\nmetrics_bind = \"127.0.0.1:{metrics_port}\"\n"),
-        1,
-    );
-    std::fs::write(&config, text).unwrap();
+    let metrics_bind = format!("metrics_bind = \"127.0.0.1:{metrics_port}\"");
+    // The fake stays up: the job created below is sent to it.
+    let Setup {
+        db,
+        token,
+        dir,
+        fake: _fake,
+        config,
+        ..
+    } = set_up(backend, &metrics_bind).await;
     let mut server = ServerProcess::spawn(dir.path(), "metrics", &config, db.url.as_str());
     server.wait_ready().await;
     let created = post(&server.base, &token, "counted", &summarize("x"))

@@ -13,7 +13,8 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::fake_provider::{
-    config_of, fake_provider_toml, strict_task_toml, Behaviour, FakeProvider, Shape, WAIT,
+    config_of, fake_provider_toml, one_fake_config, strict_task_toml, Behaviour, FakeProvider,
+    Shape, WAIT,
 };
 use crate::helpers::{
     assert_problem, spawn_app_with, summarize, PreparedApp, TestApp, TestBackend, CALLBACK_KEY,
@@ -243,12 +244,7 @@ async fn a_valid_callback_after_invalid_output_is_race_logged(backend: TestBacke
 /// an answer is stored safely; the attempts finish.
 async fn a_nul_byte_from_a_provider_is_stored_safely_and_the_job_moves_on(backend: TestBackend) {
     let fake = FakeProvider::start(Shape::OpenAi).await;
-    let toml = [
-        fake_provider_toml("fake", "openai", &fake.base_url, ""),
-        strict_task_toml("summarize", &["fake"], "Summarize: {{ text }}"),
-    ]
-    .concat();
-    let app = spawn_app_with(backend, config_of(&toml)).await;
+    let app = spawn_app_with(backend, one_fake_config(&fake)).await;
     fake.push(Behaviour::Status {
         status: 400,
         retry_after: None,

@@ -533,6 +533,18 @@ expect = {{ "/summary" = "fake summary" }}
     )
 }
 
+/// One fake provider, `fake`, as the only provider of a strict `summarize`
+/// task; the worker has one slot.
+pub fn one_fake_config(fake: &FakeProvider) -> onejob::config::Config {
+    config_of(
+        &[
+            fake_provider_toml("fake", "openai", &fake.base_url, ""),
+            strict_task_toml("summarize", &["fake"], "Summarize: {{ text }}"),
+        ]
+        .concat(),
+    )
+}
+
 pub fn config_of(toml: &str) -> onejob::config::Config {
     let mut config = crate::helpers::test_config(toml);
     config.worker.concurrency = 1;

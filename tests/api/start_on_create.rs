@@ -8,9 +8,7 @@ use onejob::domain::{AttemptState, JobId};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::fake_provider::{
-    config_of, fake_provider_toml, strict_task_toml, Behaviour, FakeProvider, Shape, WAIT,
-};
+use crate::fake_provider::{one_fake_config, Behaviour, FakeProvider, Shape, WAIT};
 use crate::helpers::{spawn_app_with, summarize, TestApp, TestBackend};
 
 async fn attempts_of(app: &TestApp, job_id: &str) -> Vec<Attempt> {
@@ -28,12 +26,7 @@ async fn created(app: &TestApp, key: &str) -> Value {
 /// A server whose worker has one slot, sending `summarize` to a fake.
 async fn one_slot_app(backend: TestBackend) -> (FakeProvider, TestApp) {
     let fake = FakeProvider::start(Shape::OpenAi).await;
-    let toml = [
-        fake_provider_toml("fake", "openai", &fake.base_url, ""),
-        strict_task_toml("summarize", &["fake"], "Summarize: {{ text }}"),
-    ]
-    .concat();
-    let mut config = config_of(&toml);
+    let mut config = one_fake_config(&fake);
     assert_eq!(config.worker.concurrency, 1);
     // The claimer wakes when told an attempt was queued; no polling
     // claim takes the slot at a moment the test does not choose.
