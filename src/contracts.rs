@@ -11,7 +11,9 @@ use minijinja::{Environment, UndefinedBehavior};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::domain::{canonical_json, failover_order, sha256_hex, Outcome};
+use crate::domain::{
+    canonical_json, failover_order, sha256_hex, OnRateLimit, Outcome, RetryPolicy,
+};
 
 /// What a task's input is and what its providers are sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
@@ -54,6 +56,37 @@ pub struct TaskDefinition {
     /// Examples that qualification runs: an input and expectations on the answer.
     #[serde(default)]
     pub golden: Vec<GoldenExample>,
+    /// What a refusal in which nothing happened (a `429`, a `529`, a
+    /// provider out of reach) leads to: `failover` to the next qualified
+    /// provider, else a retry on the same one; or `wait` for the same one.
+    #[serde(default)]
+    pub on_rate_limit: OnRateLimit,
+    /// The most attempts a job of this task gets without a person:
+    /// failovers and retries together, the first attempt included.
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: u32,
+    /// The longest a job's retries may wait in all, in seconds.
+    #[serde(default = "default_max_retry_wait_seconds")]
+    pub max_retry_wait_seconds: u64,
+}
+
+fn default_max_attempts() -> u32 {
+    RetryPolicy::DEFAULT_MAX_ATTEMPTS
+}
+
+fn default_max_retry_wait_seconds() -> u64 {
+    RetryPolicy::DEFAULT_MAX_WAIT_SECONDS
+}
+
+impl TaskDefinition {
+    /// The task's retry policy and budget.
+    pub fn retry_policy(&self) -> RetryPolicy {
+        RetryPolicy {
+            on_rate_limit: self.on_rate_limit,
+            max_attempts: self.max_attempts,
+            max_wait_ms: self.max_retry_wait_seconds.saturating_mul(1000) as i64,
+        }
+    }
 }
 
 /// A golden example: `expect` maps JSON Pointers into the answer (e.g.
@@ -112,6 +145,18 @@ impl TaskDefinition {
             if let Some(schema) = schema {
                 compile_schema(schema).map_err(|e| (key.to_owned(), e))?;
             }
+        }
+        if !(1..=100).contains(&task.max_attempts) {
+            return Err((
+                "max_attempts".into(),
+                "must be between 1 and 100 (the first attempt counts)".into(),
+            ));
+        }
+        if task.max_retry_wait_seconds > 86_400 {
+            return Err((
+                "max_retry_wait_seconds".into(),
+                "must be at most 86400 (a day)".into(),
+            ));
         }
         // Qualification runs at this temperature, and it must be a low one.
         if !(0.0..=0.5).contains(&task.temperature) {
@@ -367,6 +412,9 @@ mod tests {
             output_schema,
             temperature: 0.0,
             golden: vec![],
+            on_rate_limit: OnRateLimit::default(),
+            max_attempts: default_max_attempts(),
+            max_retry_wait_seconds: default_max_retry_wait_seconds(),
         })
         .unwrap()
     }
@@ -433,6 +481,9 @@ mod tests {
             output_schema: None,
             temperature: 0.0,
             golden: vec![],
+            on_rate_limit: OnRateLimit::default(),
+            max_attempts: default_max_attempts(),
+            max_retry_wait_seconds: default_max_retry_wait_seconds(),
         };
         assert_eq!(config.check().unwrap_err().0, "template");
         config.template = None;

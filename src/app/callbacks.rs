@@ -1,13 +1,15 @@
-//! A provider's late answer by callback, signed with the attempt's secret. A
-//! bad signature changes nothing; a good one is held to the task's contract
-//! and applied like any other outcome.
+//! A provider's late answer by callback, signed with the attempt's secret
+//! over a timestamp and the body. A bad signature, or one older than
+//! `server.callback_window_seconds`, changes nothing; a good one is held to
+//! the task's contract and applied like any other outcome (a repeat of one
+//! already applied writes nothing new).
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 
 use super::{App, AppError, AppResult};
-use crate::domain::{Applied, AttemptId, Outcome};
+use crate::domain::{Applied, AttemptId, CallbackRefusal, Outcome};
 
 /// A callback's body: exactly one of `result` and `error`.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -28,18 +30,38 @@ pub struct CallbackOutcome {
 }
 
 impl App {
-    /// Verifies, parses and applies a callback for `attempt_id`.
+    /// Verifies, parses and applies a callback for `attempt_id`, signed at
+    /// `timestamp` (Unix seconds, `X-Onejob-Timestamp`).
     pub async fn receive_callback(
         &self,
         attempt_id: &AttemptId,
+        timestamp: Option<&str>,
         body: &[u8],
         signature: Option<&str>,
     ) -> AppResult<Applied> {
         // Callbacks off: the route does not exist.
         let callbacks = self.config().callbacks.as_ref().ok_or(AppError::NotFound)?;
-        if !callbacks.key.verify(attempt_id.as_str(), body, signature) {
-            tracing::warn!(%attempt_id, "callback refused: bad signature");
-            return Err(AppError::InvalidSignature);
+        let window = self.config().server.callback_window_seconds;
+        let now = super::now_ms() / 1000;
+        match callbacks
+            .key
+            .verify(attempt_id.as_str(), timestamp, body, signature, now, window)
+        {
+            Ok(()) => {}
+            Err(CallbackRefusal::BadSignature) => {
+                tracing::warn!(%attempt_id, "callback refused: bad signature");
+                return Err(AppError::InvalidSignature);
+            }
+            Err(CallbackRefusal::Expired {
+                age_seconds,
+                window_seconds,
+            }) => {
+                tracing::warn!(%attempt_id, age_seconds, "callback refused: signed outside the window");
+                return Err(AppError::CallbackExpired {
+                    age_seconds,
+                    window_seconds,
+                });
+            }
         }
         let parsed: CallbackBody = serde_json::from_slice(body)
             .map_err(|e| AppError::invalid_body(format!("the callback body is not valid: {e}")))?;

@@ -11,7 +11,8 @@ use super::App;
 use crate::config::CallbackSettings;
 use crate::contracts::TaskContract;
 use crate::domain::{AttemptId, Outcome};
-use crate::providers::{Call, CallbackTarget, Provider};
+use crate::providers::limits::estimate_tokens;
+use crate::providers::{Call, CallbackTarget, Provider, Reply};
 use crate::store::queue::Claim;
 
 /// A call ready to send, with what it needs to be judged.
@@ -59,8 +60,22 @@ impl Dispatch {
     }
 
     /// Sends the call and holds the answer to the contract.
-    pub async fn send(&self) -> Outcome {
-        self.contract.judge(self.provider.call(&self.call).await)
+    pub async fn send(&self) -> Reply {
+        let reply = self.provider.call(&self.call).await;
+        Reply {
+            outcome: self.contract.judge(reply.outcome),
+            tokens_used: reply.tokens_used,
+        }
+    }
+
+    /// What the call is expected to use of the provider's
+    /// `tokens_per_minute`: the prompt's estimate (the chat request's text
+    /// for a chat route), before the answer's usage says.
+    pub fn estimated_tokens(&self) -> u64 {
+        match &self.call.chat {
+            Some(request) => estimate_tokens(request.to_string().len()),
+            None => estimate_tokens(self.call.prompt.len()),
+        }
     }
 }
 

@@ -55,13 +55,34 @@ pub enum AppError {
     },
     #[error("the attempt is {0}; only an unknown attempt can be abandoned")]
     AttemptNotUnknown(AttemptState),
-    #[error("the signature does not match this attempt and body")]
+    #[error("the signature does not match this attempt, its X-Onejob-Timestamp and the body")]
     InvalidSignature,
+    /// A correctly signed callback whose timestamp is outside the window.
+    #[error("{}", callback_age(*age_seconds, *window_seconds))]
+    CallbackExpired {
+        age_seconds: i64,
+        window_seconds: u64,
+    },
     /// Busy for now; retrying (with the same idempotency key) is safe.
     #[error("{0}")]
     Unavailable(String),
     #[error("an internal error occurred; it has been logged")]
     Internal,
+}
+
+fn callback_age(age_seconds: i64, window_seconds: u64) -> String {
+    if age_seconds < 0 {
+        format!(
+            "the callback is signed {} s in the future; callbacks more than {window_seconds} s \
+             from this server's clock are refused (check the clocks)",
+            -age_seconds
+        )
+    } else {
+        format!(
+            "the callback was signed {age_seconds} s ago; callbacks older than {window_seconds} s \
+             are refused: sign each delivery with the current time"
+        )
+    }
 }
 
 impl AppError {

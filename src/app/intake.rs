@@ -33,6 +33,10 @@ pub struct JobRequest {
     /// A provider of the task's chain to try first.
     pub provider: Option<String>,
     pub params: Option<JsonText>,
+    /// It came as a chat completion: a new job's task must be a chat route
+    /// (checked with the rest of today's configuration, after the key's
+    /// job, if any, has answered).
+    pub chat_route: bool,
 }
 
 /// A job as creation left it.
@@ -270,6 +274,16 @@ impl App {
                 task: request.task.clone(),
                 tasks: contracts.names(),
             })?;
+        if request.chat_route && !contract.is_chat() {
+            return Err(AppError::UnknownTask {
+                task: request.task.clone(),
+                tasks: contracts
+                    .iter()
+                    .filter(|c| c.is_chat())
+                    .map(|c| c.name().to_owned())
+                    .collect(),
+            });
+        }
         require_in_chain(&contract, request.provider.as_deref())?;
         check_input(&contract, &request.input.value())?;
         Ok(NewJob {

@@ -31,6 +31,13 @@ pub struct AttemptLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HeldLabels {
+    pub provider: String,
+    /// paused | at_capacity
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HttpLabels {
     pub method: String,
     /// The route's pattern (`/api/v1/jobs/{id}`), never the raw path.
@@ -45,6 +52,12 @@ pub struct TableLabel {
 }
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn label(provider: &str) -> ProviderLabel {
+    ProviderLabel {
+        provider: provider.to_owned(),
+    }
+}
 
 fn seconds_histogram() -> Histogram {
     // 1 ms … about 65 s.
@@ -65,6 +78,12 @@ pub struct Metrics {
     pub pool_wait_seconds: Histogram,
     pub http_request_seconds: HistogramFamily<HttpLabels>,
     pub pruned_rows: Family<TableLabel, Counter>,
+    pub provider_wait_seconds: HistogramFamily<ProviderLabel>,
+    pub provider_pauses: Family<ProviderLabel, Counter>,
+    pub provider_paused_seconds: Family<ProviderLabel, Counter<f64, AtomicU64>>,
+    pub provider_held_back: Family<HeldLabels, Counter>,
+    pub retries: Family<ProviderLabel, Counter>,
+    pub late_calls_dropped: Family<ProviderLabel, Counter>,
     unknown_attempts: Gauge,
     oldest_unknown_seconds: Gauge<f64, AtomicU64>,
 }
@@ -90,6 +109,12 @@ impl Metrics {
             pool_wait_seconds: seconds_histogram(),
             http_request_seconds: Family::new_with_constructor(seconds_histogram),
             pruned_rows: Family::default(),
+            provider_wait_seconds: Family::new_with_constructor(seconds_histogram),
+            provider_pauses: Family::default(),
+            provider_paused_seconds: Family::default(),
+            provider_held_back: Family::default(),
+            retries: Family::default(),
+            late_calls_dropped: Family::default(),
             unknown_attempts: Gauge::default(),
             oldest_unknown_seconds: Gauge::default(),
             registry: Registry::default(),
@@ -151,6 +176,40 @@ impl Metrics {
             metrics.pruned_rows.clone(),
         );
         registry.register(
+            "onejob_provider_wait_seconds",
+            "How long attempts waited from being due (created, or a retry's Retry-After over) to \
+             being sent, by provider: grows while a provider's limits or pauses hold attempts \
+             back (or every worker slot is busy)",
+            metrics.provider_wait_seconds.clone(),
+        );
+        registry.register(
+            "onejob_provider_pauses",
+            "Pauses a provider asked for (429 or 529 with Retry-After; a 429 without one pauses 1 s)",
+            metrics.provider_pauses.clone(),
+        );
+        registry.register(
+            "onejob_provider_paused_seconds",
+            "Seconds of pause providers asked for, in all",
+            metrics.provider_paused_seconds.clone(),
+        );
+        registry.register(
+            "onejob_provider_held_back",
+            "Claims that left a provider's due attempts queued, because it was paused or at one \
+             of its limits (max_in_flight, requests_per_minute, tokens_per_minute)",
+            metrics.provider_held_back.clone(),
+        );
+        registry.register(
+            "onejob_retries",
+            "Retries scheduled on the same provider after a refusal in which nothing happened",
+            metrics.retries.clone(),
+        );
+        registry.register(
+            "onejob_late_calls_dropped",
+            "Timed-out calls dropped instead of kept open for a late answer, because \
+             max_late_calls were open (their attempts stay unknown)",
+            metrics.late_calls_dropped.clone(),
+        );
+        registry.register(
             "onejob_unknown_attempts",
             "Attempts whose outcome is unknown now (read at scrape time)",
             metrics.unknown_attempts.clone(),
@@ -178,11 +237,34 @@ impl Metrics {
                 self.races.inc();
                 return;
             }
+            Applied::RetryScheduled { .. } => {
+                self.retries.get_or_create(&label(provider)).inc();
+                "failed"
+            }
             Applied::FailedOver { .. } | Applied::JobFailed { .. } | Applied::Recorded => "failed",
             Applied::MarkedUnknown => "unknown",
-            Applied::Ignored(_) => return,
+            Applied::Superseded => "abandoned",
+            Applied::Ignored(_) | Applied::Repeated(_) => return,
         };
         self.attempt_reached(provider, state);
+    }
+
+    /// A provider asked for a pause of `pause`.
+    pub fn paused(&self, provider: &str, pause: Duration) {
+        self.provider_pauses.get_or_create(&label(provider)).inc();
+        self.provider_paused_seconds
+            .get_or_create(&label(provider))
+            .inc_by(pause.as_secs_f64());
+    }
+
+    /// A claim left this provider's due attempts queued.
+    pub fn held_back(&self, provider: &str, paused: bool) {
+        self.provider_held_back
+            .get_or_create(&HeldLabels {
+                provider: provider.to_owned(),
+                reason: if paused { "paused" } else { "at_capacity" }.to_owned(),
+            })
+            .inc();
     }
 
     pub fn attempt_reached(&self, provider: &str, state: &str) {
@@ -206,9 +288,18 @@ impl Metrics {
                     state: state.to_owned(),
                 });
             }
-            let _ = self.provider_call_seconds.get_or_create(&ProviderLabel {
-                provider: provider.to_owned(),
-            });
+            let _ = self.provider_call_seconds.get_or_create(&label(provider));
+            let _ = self.provider_wait_seconds.get_or_create(&label(provider));
+            let _ = self.provider_pauses.get_or_create(&label(provider));
+            let _ = self.provider_paused_seconds.get_or_create(&label(provider));
+            let _ = self.retries.get_or_create(&label(provider));
+            let _ = self.late_calls_dropped.get_or_create(&label(provider));
+            for reason in ["paused", "at_capacity"] {
+                let _ = self.provider_held_back.get_or_create(&HeldLabels {
+                    provider: provider.to_owned(),
+                    reason: reason.to_owned(),
+                });
+            }
         }
         for table in ["jobs", "attempts", "race_log", "audit_log"] {
             let _ = self.pruned_rows.get_or_create(&TableLabel {

@@ -7,7 +7,9 @@
 use serde_json::Value;
 
 use super::{App, AppResult, Attempt, Job};
-use crate::domain::{Applied, AttemptId, JobId, Outcome};
+use crate::domain::retry::Failure;
+use crate::domain::{Applied, AttemptId, JobId, Outcome, RetryPolicy};
+use crate::store::completion::FailurePlan;
 use crate::store::{completion, queue, transitions};
 
 impl App {
@@ -25,7 +27,18 @@ impl App {
                 (applied, Some(job_id))
             }
             Outcome::Failed(error) => {
-                let (applied, job_id) = self.apply_failure(attempt_id, error).await?;
+                let (applied, job_id) = self
+                    .apply_failure(attempt_id, error, Failure::Definite)
+                    .await?;
+                (applied, Some(job_id))
+            }
+            Outcome::Refused(refusal) => {
+                let failure = Failure::NothingHappened {
+                    retry_after_ms: refusal.retry_after.map(|d| d.as_millis() as i64),
+                };
+                let (applied, job_id) = self
+                    .apply_failure(attempt_id, refusal.reason, failure)
+                    .await?;
                 (applied, Some(job_id))
             }
             Outcome::Unknown(reason) => {
@@ -55,8 +68,22 @@ impl App {
                 tracing::info!(%attempt_id, next_attempt = %next, next_provider = %provider, "definite failure: failing over");
                 self.notify_queued();
             }
+            Applied::RetryScheduled {
+                attempt_id: next,
+                provider,
+                not_before,
+            } => {
+                tracing::info!(%attempt_id, next_attempt = %next, %provider, not_before, "nothing happened: retrying on the same provider once its wait is over");
+                self.notify_queued();
+            }
             Applied::JobFailed { reason } => tracing::warn!(%attempt_id, %reason, "job failed"),
             Applied::Recorded => tracing::info!(%attempt_id, "failure recorded"),
+            Applied::Repeated(first) => {
+                tracing::info!(%attempt_id, first, "the same news again: nothing new written")
+            }
+            Applied::Superseded => {
+                tracing::info!(%attempt_id, "the job had finished through another attempt: closed with a note")
+            }
             Applied::MarkedUnknown => tracing::warn!(%attempt_id, "attempt is now unknown"),
             Applied::Discarded(state) => {
                 tracing::warn!(%attempt_id, %state, "an answer for a finished attempt: discarded and written to the race log")
@@ -100,14 +127,24 @@ impl App {
         &self,
         attempt_id: &AttemptId,
         error: String,
+        failure: Failure,
     ) -> AppResult<(Applied, JobId)> {
         let (_, job) = self.attempt_and_job(attempt_id).await?;
-        // Failover goes only where the gate allows.
-        let gate = self.allowed_providers(&job).await?;
+        // Failover goes only where the gate allows; retries within the
+        // task's budget.
+        let plan = FailurePlan {
+            gate: self.allowed_providers(&job).await?,
+            policy: self
+                .config()
+                .contracts
+                .get(&job.task)
+                .map_or_else(RetryPolicy::default, |c| c.definition.retry_policy()),
+            jitter: fastrand::f64(),
+        };
         let id = attempt_id.clone();
         let applied = self
             .store()
-            .run(move |conn| completion::complete_failure(conn, &id, &error, &gate))
+            .run(move |conn| completion::complete_failure(conn, &id, &error, failure, &plan))
             .await?;
         Ok((applied, job.id))
     }

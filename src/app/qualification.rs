@@ -184,11 +184,19 @@ async fn golden_check(
             return Check::new(name, false, outcome.reason().unwrap_or_default().to_owned())
         }
     };
-    // Wait out a Retry-After pause first: the timeout measures the call alone.
-    if let Some(until) = provider.not_before() {
-        tokio::time::sleep_until(until).await;
-    }
-    let timed = tokio::time::timeout(provider.soft_timeout(), dispatch.send()).await;
+    // Room under the provider's limits first (a Retry-After pause waited
+    // out): the timeout measures the call alone.
+    let mut slot = provider.limiter().admit(dispatch.estimated_tokens()).await;
+    slot.sending();
+    let timed = tokio::time::timeout(provider.soft_timeout(), dispatch.send())
+        .await
+        .map(|reply| {
+            if let Some(tokens) = reply.tokens_used {
+                slot.settle_tokens(tokens);
+            }
+            reply.outcome
+        });
+    drop(slot);
     match timed {
         Err(_) => Check::new(
             name,
@@ -201,6 +209,7 @@ async fn golden_check(
         Ok(Outcome::Failed(reason)) | Ok(Outcome::Unknown(reason)) => {
             Check::new(name, false, reason)
         }
+        Ok(Outcome::Refused(refusal)) => Check::new(name, false, refusal.reason),
         Ok(Outcome::Succeeded(answer)) => {
             let mismatches = golden_mismatches(&golden.expect, &answer);
             if mismatches.is_empty() {

@@ -3,27 +3,54 @@
 //! (their running attempts become `unknown`, never re-sent); and its offer
 //! to start new jobs' first attempts in their creating transactions.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::task::task_tracker::TaskTrackerToken;
 use tokio_util::task::TaskTracker;
 
 use super::{App, AppResult, Claim};
-use crate::domain::{AttemptId, AttemptState};
-use crate::store::queue::{self, SendPermit, StartNow};
+use crate::domain::{AttemptId, AttemptState, UserId};
+use crate::providers::limits::SendSlot;
+use crate::store::queue::{self, ClaimRules, SendPermit, StartNow};
+
+/// A claimed (or started) attempt, with the room its provider's limits
+/// gave it: it is sent at once, holding the slot until its call ends.
+#[derive(Debug)]
+pub struct Admitted {
+    pub claim: Claim,
+    /// `None` only for a provider this process does not have (the attempt
+    /// then fails unsent).
+    pub slot: Option<SendSlot>,
+}
+
+/// What a claim took, and the providers whose due attempts it left queued
+/// (paused, or at their limits).
+#[derive(Debug, Default)]
+pub struct Claimed {
+    pub admitted: Vec<Admitted>,
+    pub held: Vec<String>,
+}
 
 impl App {
-    /// Claims up to `limit` of the oldest queued attempts for `lease_owner`,
-    /// in one transaction. An attempt whose provider asked for no pause is
-    /// confirmed for sending by the claim itself (its `sent_at` is set): the
-    /// caller sends it at once.
-    pub async fn claim_batch(&self, lease_owner: &str, limit: usize) -> AppResult<Vec<Claim>> {
+    /// Claims up to `limit` of the oldest due queued attempts for
+    /// `lease_owner`, in one transaction, each admitted by its provider's
+    /// limits (a provider that is paused or at a limit has its attempts
+    /// left queued) and confirmed for sending by the claim itself (its
+    /// `sent_at` is set): the caller sends them at once.
+    pub async fn claim_batch(&self, lease_owner: &str, limit: usize) -> AppResult<Claimed> {
         let owner = lease_owner.to_owned();
         let lease_ms = self.config().worker.lease_ms as i64;
         let providers = self.providers().clone();
-        Ok(self
+        let closed = providers.closed_now();
+        for (provider, why) in &closed {
+            self.metrics().held_back(provider, why.is_pause());
+        }
+        let closed: Vec<String> = closed.into_iter().map(|(name, _)| name).collect();
+        let mut held = closed.clone();
+        let (batch, mut slots) = self
             .store()
             .run(move |conn| {
                 let soft_timeout_ms = |name: &str| {
@@ -31,31 +58,65 @@ impl App {
                         .get(name)
                         .map_or(0, |p| p.soft_timeout().as_millis() as i64)
                 };
-                let send_now = |name: &str| {
-                    providers
-                        .get(name)
-                        .is_some_and(|p| p.not_before().is_none())
+                let mut slots: HashMap<AttemptId, SendSlot> = HashMap::new();
+                // The prompt is not rendered yet: one token stands in for
+                // it until the send settles the estimate.
+                let mut admit = |id: &AttemptId, name: &str| match providers.get(name) {
+                    None => true,
+                    Some(provider) => match provider.limiter().try_admit(1) {
+                        Ok(slot) => {
+                            slots.insert(id.clone(), slot);
+                            true
+                        }
+                        Err(_) => false,
+                    },
                 };
-                queue::claim_batch(
+                let batch = queue::claim_batch(
                     conn,
-                    &owner,
-                    lease_ms,
-                    limit as i64,
-                    &soft_timeout_ms,
-                    &send_now,
-                )
+                    ClaimRules {
+                        lease_owner: &owner,
+                        lease_ms,
+                        limit: limit as i64,
+                        soft_timeout_ms: &soft_timeout_ms,
+                        closed: &closed,
+                        admit: &mut admit,
+                        confirm: true,
+                    },
+                )?;
+                Ok((batch, slots))
             })
-            .await?)
+            .await?;
+        for provider in &batch.held_back {
+            self.metrics().held_back(provider, false);
+        }
+        held.extend(batch.held_back);
+        let claims = batch.claims;
+        let admitted = claims
+            .into_iter()
+            .map(|claim| {
+                let slot = slots.remove(&claim.attempt.id);
+                Admitted { claim, slot }
+            })
+            .collect();
+        // Slots left over (an admitted attempt another process took) are
+        // dropped unused: what they counted is given back.
+        drop(slots);
+        Ok(Claimed { admitted, held })
     }
 
     /// Extends this worker's lease on a running attempt; false when the
     /// attempt is no longer running under it.
-    pub async fn renew_lease(&self, attempt_id: &AttemptId, lease_owner: &str) -> AppResult<bool> {
-        let (id, owner) = (attempt_id.clone(), lease_owner.to_owned());
+    pub async fn renew_lease(
+        &self,
+        attempt_id: &AttemptId,
+        owner_id: &UserId,
+        lease_owner: &str,
+    ) -> AppResult<bool> {
+        let (id, owner_id, owner) = (attempt_id.clone(), owner_id.clone(), lease_owner.to_owned());
         let lease_ms = self.config().worker.lease_ms as i64;
         Ok(self
             .store()
-            .run(move |conn| queue::renew_lease(conn, &id, &owner, lease_ms))
+            .run(move |conn| queue::renew_lease(conn, &id, &owner_id, &owner, lease_ms))
             .await?)
     }
 
@@ -65,33 +126,23 @@ impl App {
         Ok(self.store().run(queue::expire_leases).await?)
     }
 
-    /// Confirms this worker's claim immediately before sending (see
-    /// `store::queue::confirm_send`).
-    pub async fn confirm_send(
+    /// Gives back a claim this worker did not send after all (its provider
+    /// asked for a pause between the claim and the send): back to the
+    /// queue with `sent_at` cleared, or closed if its job finished.
+    pub async fn give_back_before_sending(
         &self,
         attempt_id: &AttemptId,
         lease_owner: &str,
     ) -> AppResult<SendPermit> {
         let (id, owner) = (attempt_id.clone(), lease_owner.to_owned());
-        let lease_ms = self.config().worker.lease_ms as i64;
-        Ok(self
+        let permit = self
             .store()
-            .run(move |conn| queue::confirm_send(conn, &id, &owner, lease_ms))
-            .await?)
-    }
-
-    /// Gives an unsent claim back to the queue (or closes it, if its job
-    /// finished): at shutdown, or when the claim became void.
-    pub async fn give_back_unsent(
-        &self,
-        attempt_id: &AttemptId,
-        lease_owner: &str,
-    ) -> AppResult<SendPermit> {
-        let (id, owner) = (attempt_id.clone(), lease_owner.to_owned());
-        Ok(self
-            .store()
-            .run(move |conn| queue::give_back_unsent(conn, &id, &owner))
-            .await?)
+            .run(move |conn| queue::give_back_before_sending(conn, &id, &owner))
+            .await?;
+        if permit == SendPermit::Requeued {
+            self.notify_queued();
+        }
+        Ok(permit)
     }
 }
 
@@ -100,20 +151,24 @@ impl App {
 /// claiming transaction of its own. The offer holds while the worker has a
 /// free slot, nothing was left queued at its last claim (a new job never
 /// jumps ahead of queued ones) and it is not stopping; the attempt's
-/// provider must have asked for no pause.
+/// provider must have room under its limits, no pause running, and no
+/// attempts its last claim had to leave queued.
 pub struct StartOffer {
     lease_owner: String,
     slots: Arc<Semaphore>,
     /// The worker's last claim took as many attempts as it asked for, so
     /// more may be queued.
     backlog: AtomicBool,
+    /// Providers whose due attempts the last claim left queued (paused, or
+    /// at their limits): their new jobs queue behind them.
+    held: Mutex<HashSet<String>>,
     withdrawn: AtomicBool,
     /// The worker's tasks: a reservation holds a token of it, so that the
     /// worker's shutdown waits for a creation under way to hand its attempt
     /// over (and that attempt to be sent and answered).
     tracker: TaskTracker,
     /// Runs a started attempt, holding its slot (the worker's task).
-    run: Box<dyn Fn(Claim, OwnedSemaphorePermit) + Send + Sync>,
+    run: Box<dyn Fn(Admitted, OwnedSemaphorePermit) + Send + Sync>,
 }
 
 impl StartOffer {
@@ -121,7 +176,7 @@ impl StartOffer {
         lease_owner: String,
         slots: Arc<Semaphore>,
         tracker: TaskTracker,
-        run: Box<dyn Fn(Claim, OwnedSemaphorePermit) + Send + Sync>,
+        run: Box<dyn Fn(Admitted, OwnedSemaphorePermit) + Send + Sync>,
     ) -> Self {
         Self {
             lease_owner,
@@ -130,6 +185,7 @@ impl StartOffer {
             // Until the first claim says otherwise, attempts may be queued
             // from before this process started.
             backlog: AtomicBool::new(true),
+            held: Mutex::default(),
             withdrawn: AtomicBool::new(false),
             run,
         }
@@ -139,6 +195,20 @@ impl StartOffer {
     /// for (more may be waiting).
     pub fn set_backlog(&self, backlog: bool) {
         self.backlog.store(backlog, Ordering::Relaxed);
+    }
+
+    /// The providers whose due attempts the worker's last claim left queued.
+    pub fn set_held(&self, providers: &[String]) {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        held.clear();
+        held.extend(providers.iter().cloned());
+    }
+
+    fn holds(&self, provider: &str) -> bool {
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(provider)
     }
 
     /// No new job starts in its creating transaction any more (the worker
@@ -161,6 +231,8 @@ pub(crate) struct StartSlot {
     /// Keeps the worker's shutdown waiting until this slot is handed over
     /// or given back.
     _in_flight: TaskTrackerToken,
+    /// The room its provider's limits gave the call.
+    send: SendSlot,
     pub start: StartNow,
 }
 
@@ -169,7 +241,11 @@ impl StartSlot {
     /// blocking task that committed it, which runs to the end even when the
     /// request that asked is dropped: a started attempt is never stranded.
     pub fn run(self, claim: Claim) {
-        (self.offer.run)(claim, self.slot);
+        let admitted = Admitted {
+            claim,
+            slot: Some(self.send),
+        };
+        (self.offer.run)(admitted, self.slot);
     }
 }
 
@@ -182,7 +258,7 @@ impl App {
         *self.inner.start_offer.write().expect("never poisoned") = Arc::downgrade(offer);
     }
 
-    /// Whether a job created now, for a provider that asked for no pause,
+    /// Whether a job created now, for a provider with room and no pause,
     /// would start in its creating transaction (diagnostics and tests).
     pub fn starts_at_creation_now(&self) -> bool {
         self.inner
@@ -205,14 +281,12 @@ impl App {
         // Taken before `withdrawn` is read: either the worker's shutdown
         // waits for this token, or the offer is already withdrawn.
         let in_flight = offer.tracker.token();
-        if !offer.is_open() {
+        if !offer.is_open() || offer.holds(provider) {
             return None;
         }
         let provider = self.providers().get(provider)?;
-        if provider.not_before().is_some() {
-            return None;
-        }
         let slot = offer.slots.clone().try_acquire_owned().ok()?;
+        let send = provider.limiter().try_admit(1).ok()?;
         let start = StartNow {
             lease_owner: offer.lease_owner.clone(),
             lease_ms: self.config().worker.lease_ms as i64,
@@ -222,6 +296,7 @@ impl App {
             _in_flight: in_flight,
             offer,
             slot,
+            send,
             start,
         })
     }

@@ -43,6 +43,12 @@ pub fn check_file(file: &ConfigFile) -> Result<(), (String, String)> {
             );
         }
     }
+    if !(1..=86_400).contains(&this.server.callback_window_seconds) {
+        return invalid(
+            "server.callback_window_seconds".into(),
+            "must be between 1 and 86400",
+        );
+    }
     if this.server.session_hours == 0 {
         return invalid("server.session_hours".into(), "must be at least 1");
     }
@@ -164,6 +170,18 @@ pub fn check_file(file: &ConfigFile) -> Result<(), (String, String)> {
             }
             if provider.model.as_deref().is_none_or(str::is_empty) {
                 return invalid(format!("providers[{i}].model"), "a model name is required");
+            }
+        }
+        for (key, limit) in [
+            ("max_in_flight", provider.max_in_flight),
+            ("requests_per_minute", provider.requests_per_minute),
+            ("tokens_per_minute", provider.tokens_per_minute),
+        ] {
+            if limit == Some(0) {
+                return invalid(
+                    format!("providers[{i}].{key}"),
+                    "must be at least 1; leave it out for no limit",
+                );
             }
         }
         if let Some(t) = provider.temperature {

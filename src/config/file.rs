@@ -52,6 +52,9 @@ pub struct ServerSettings {
     /// The environment variable holding the key that per-attempt callback
     /// secrets are derived from; unset means callbacks are off.
     pub callback_secret_env: Option<String>,
+    /// How old a signed callback's timestamp may be (and how far ahead of
+    /// this server's clock), in seconds; older ones are refused.
+    pub callback_window_seconds: u64,
     /// Whether cookies are `Secure` (with the `__Host-` prefix); default: on
     /// when `public_url` is https.
     pub secure_cookies: Option<bool>,
@@ -90,6 +93,7 @@ impl Default for ServerSettings {
             password_hashing_concurrency: 0,
             public_url: None,
             callback_secret_env: None,
+            callback_window_seconds: 300,
             secure_cookies: None,
             trusted_proxies: Vec::new(),
             max_wait_seconds: 60,

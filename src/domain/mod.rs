@@ -13,19 +13,21 @@ pub mod json_text;
 pub mod outcome;
 pub mod password;
 pub mod reason;
+pub mod retry;
 pub mod role;
 pub mod secret;
 pub mod state;
 pub mod throttle;
 
-pub use callback_key::CallbackKey;
+pub use callback_key::{CallbackKey, CallbackRefusal};
 pub use failover::{failover_order, next_provider, AllowedProviders, QualificationStatus};
 pub use fingerprint::{canonical_json, sha256_hex, Fingerprint, JobIntent};
 pub use idempotency_key::{IdempotencyKey, IdempotencyKeyError};
 pub use ids::{AttemptId, JobId, UserId};
 pub use json_text::JsonText;
-pub use outcome::{Applied, Outcome, RaceResult};
+pub use outcome::{Applied, Outcome, RaceResult, Refusal};
 pub use reason::{Reason, ReasonError};
+pub use retry::{OnRateLimit, RetryPolicy};
 pub use role::Role;
 pub use secret::Secret;
 pub use state::{

@@ -3,6 +3,7 @@
 //! answer became the job's result ([`RaceResult`]).
 
 use std::fmt;
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -18,9 +19,39 @@ pub enum Outcome {
     /// The provider surely did not do the work, or answered unusably
     /// (`invalid_output`).
     Failed(String),
+    /// A definite failure in which nothing happened: the provider turned
+    /// the request away before doing any work (rate limited, overloaded),
+    /// or the request never reached it. Nothing was billed and nothing can
+    /// happen twice, so the same request may be sent again as a new
+    /// attempt (docs/design.md, "Rate limits and retries").
+    Refused(Refusal),
     /// The request may have been acted on, but no usable answer came
     /// (timeout, connection lost after sending, 5xx, truncated body).
     Unknown(String),
+}
+
+/// Why a provider turned a request away without doing anything, and when
+/// it said it may be called again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub reason: String,
+    /// What the provider's `Retry-After` asked for, if it said.
+    pub retry_after: Option<Duration>,
+    /// How long the provider asked not to be called at all, by anyone: its
+    /// `Retry-After`, or a second for a `429` that gave none. `None` when it
+    /// asked nothing (a refused connection).
+    pub pause: Option<Duration>,
+}
+
+impl Refusal {
+    /// A refusal that asks for nothing: the request never reached the provider.
+    pub fn unreachable(reason: impl Into<String>) -> Self {
+        Self {
+            reason: reason.into(),
+            retry_after: None,
+            pause: None,
+        }
+    }
 }
 
 /// Where a reason's own words end and the provider's text (an error body,
@@ -64,6 +95,10 @@ impl Outcome {
     pub fn printable(self) -> Self {
         match self {
             Self::Failed(reason) => Self::Failed(printable(&reason)),
+            Self::Refused(refusal) => Self::Refused(Refusal {
+                reason: printable(&refusal.reason),
+                ..refusal
+            }),
             Self::Unknown(reason) => Self::Unknown(printable(&reason)),
             answer => answer,
         }
@@ -74,6 +109,7 @@ impl Outcome {
         match self {
             Self::Succeeded(_) => None,
             Self::Failed(reason) | Self::Unknown(reason) => Some(reason),
+            Self::Refused(refusal) => Some(&refusal.reason),
         }
     }
 
@@ -81,7 +117,21 @@ impl Outcome {
         match self {
             Self::Succeeded(_) => "succeeded",
             Self::Failed(_) => "failed",
+            Self::Refused(_) => "refused",
             Self::Unknown(_) => "unknown",
+        }
+    }
+
+    /// The same outcome with its reason changed by `f` (redaction).
+    pub fn map_reason(self, f: impl FnOnce(String) -> String) -> Self {
+        match self {
+            Self::Failed(reason) => Self::Failed(f(reason)),
+            Self::Unknown(reason) => Self::Unknown(f(reason)),
+            Self::Refused(refusal) => Self::Refused(Refusal {
+                reason: f(refusal.reason),
+                ..refusal
+            }),
+            answer => answer,
         }
     }
 }
@@ -132,9 +182,24 @@ pub enum Applied {
     },
     /// A definite failure and no provider left: the job failed.
     JobFailed { reason: String },
+    /// A definite failure in which nothing happened, on the only provider
+    /// left (or the task waits out rate limits): a new attempt on the same
+    /// provider is queued, not to be sent before `not_before` (Unix ms).
+    RetryScheduled {
+        attempt_id: AttemptId,
+        provider: String,
+        not_before: i64,
+    },
     /// A definite failure recorded on the attempt only (it had been
     /// abandoned, or the job had finished).
     Recorded,
+    /// The same news again (a callback repeated, the same answer twice):
+    /// nothing new was written. Carries what the first delivery did.
+    Repeated(&'static str),
+    /// The call of an attempt whose job had finished through another
+    /// attempt ended without an answer: the attempt was closed with a note
+    /// (`abandoned`), not left for support as `unknown`.
+    Superseded,
     /// The attempt is now `unknown`.
     MarkedUnknown,
     /// An answer for an attempt that had already finished (it had failed,
@@ -150,8 +215,13 @@ impl Applied {
         match self {
             Self::Won => "won",
             Self::Lost { .. } => "lost",
-            Self::FailedOver { .. } | Self::JobFailed { .. } | Self::Recorded => "failed",
+            Self::FailedOver { .. }
+            | Self::RetryScheduled { .. }
+            | Self::JobFailed { .. }
+            | Self::Recorded => "failed",
             Self::MarkedUnknown => "unknown",
+            Self::Repeated(first) => first,
+            Self::Superseded => "closed",
             Self::Discarded(_) | Self::Ignored(_) => "ignored",
         }
     }

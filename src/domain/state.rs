@@ -73,6 +73,21 @@ pub enum AttemptEvent {
     LeaseExpired,
     /// Support staff gave up waiting on an unknown attempt.
     Abandoned,
+    /// A claim whose request never left goes back to the queue: its lease
+    /// ran out, its process is stopping, or its provider asked for a pause
+    /// between the claim and the send. Nothing was sent, so sending it
+    /// later sends it once. (The store applies it only to an attempt that
+    /// was never sent: judged by `sent_at` when another process decides, by
+    /// the claiming worker's own word before it sends.)
+    GivenBack,
+    /// A claim whose request never left, of a job that finished meanwhile:
+    /// closed, never sent.
+    ClosedUnsent,
+    /// The job finished through another attempt while this one's request
+    /// was out, and its call ended (or its process stopped) without an
+    /// answer: closed with a note rather than left `unknown` for support.
+    /// A late answer still goes through the compare-and-swap, and loses.
+    Superseded,
 }
 
 impl AttemptEvent {
@@ -84,6 +99,7 @@ impl AttemptEvent {
             // Late news for an unknown or abandoned attempt is still news.
             Self::ProviderSucceeded | Self::ProviderFailed => &[Running, Unknown, Abandoned],
             Self::SoftTimeout | Self::LeaseExpired => &[Running],
+            Self::GivenBack | Self::ClosedUnsent | Self::Superseded => &[Running],
             Self::Abandoned => &[Unknown],
         }
     }
@@ -91,10 +107,11 @@ impl AttemptEvent {
     pub fn target(self) -> AttemptState {
         match self {
             Self::Claimed => AttemptState::Running,
-            Self::Skipped | Self::ProviderFailed => AttemptState::Failed,
+            Self::GivenBack => AttemptState::Queued,
+            Self::Skipped | Self::ProviderFailed | Self::ClosedUnsent => AttemptState::Failed,
             Self::ProviderSucceeded => AttemptState::Succeeded,
             Self::SoftTimeout | Self::LeaseExpired => AttemptState::Unknown,
-            Self::Abandoned => AttemptState::Abandoned,
+            Self::Abandoned | Self::Superseded => AttemptState::Abandoned,
         }
     }
 
@@ -239,6 +256,30 @@ mod tests {
     }
 
     #[test]
+    fn an_unsent_claim_goes_back_to_the_queue_or_is_closed() {
+        assert_eq!(E::GivenBack.apply(S::Running), Ok(S::Queued));
+        assert_eq!(E::ClosedUnsent.apply(S::Running), Ok(S::Failed));
+        for state in [S::Queued, S::Unknown, S::Abandoned] {
+            assert!(E::GivenBack.apply(state).is_err(), "{state}");
+            assert!(E::ClosedUnsent.apply(state).is_err(), "{state}");
+        }
+    }
+
+    #[test]
+    fn a_running_attempt_whose_job_finished_elsewhere_is_closed_not_left_unknown() {
+        assert_eq!(E::Superseded.apply(S::Running), Ok(S::Abandoned));
+        assert!(
+            E::Superseded.apply(S::Unknown).is_err(),
+            "support's to resolve"
+        );
+        assert_eq!(
+            E::ProviderSucceeded.apply(E::Superseded.target()),
+            Ok(S::Succeeded),
+            "a late answer is still applied (and loses the compare-and-swap)"
+        );
+    }
+
+    #[test]
     fn finished_attempts_take_no_further_events() {
         for event in [
             E::Claimed,
@@ -248,6 +289,9 @@ mod tests {
             E::SoftTimeout,
             E::LeaseExpired,
             E::Abandoned,
+            E::GivenBack,
+            E::ClosedUnsent,
+            E::Superseded,
         ] {
             assert!(event.apply(S::Succeeded).is_err(), "{event:?}");
             assert!(event.apply(S::Failed).is_err(), "{event:?}");

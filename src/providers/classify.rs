@@ -1,29 +1,37 @@
 //! How every outcome of a provider call is classified (docs/design.md,
 //! "Providers"). This is the one table; the README shows it to people.
 //!
-//! | what happened | outcome | failover |
-//! |---|---|---|
-//! | connection refused, DNS or TLS failure, connect timeout (nothing was sent) | definite failure | yes |
-//! | 400, 401, 403, 404, 422 (the provider refused the request) | definite failure, not retried on that provider | yes |
-//! | 429 rate limited; 529 overloaded | definite failure; later calls to that provider wait for `Retry-After` | yes |
-//! | soft timeout, connection reset after sending, truncated body | unknown | no |
-//! | any other status: 408, 409, 499, 500, 502, 503, 504, … | unknown | no |
-//! | 2xx whose content is not JSON or fails the output schema | failed (`invalid_output`) | yes |
-//! | 2xx with a valid answer | succeeded | – |
-//! | anything else | unknown | no |
+//! | what happened | outcome | nothing happened | what follows |
+//! |---|---|---|---|
+//! | connection refused, DNS or TLS failure, connect timeout (nothing was sent) | definite failure | yes | failover; with no fallback left, a retry on the same provider after a backoff |
+//! | 400, 401, 403, 404, 422 (the provider refused the request) | definite failure | no | failover; never retried on that provider |
+//! | 429 rate limited; 529 overloaded | definite failure | yes | the provider is paused for `Retry-After` (a 429 without one: 1 s); failover, or (no fallback left, or `on_rate_limit = "wait"`) a retry on the same provider once `Retry-After` passed (absent: backoff) |
+//! | soft timeout, connection reset after sending, truncated body | unknown | no | nothing: never retried |
+//! | any other status: 408, 409, 499, 500, 502, 503, 504, … | unknown | no | nothing: never retried |
+//! | 2xx whose content is not JSON or fails the output schema | failed (`invalid_output`) | no | failover |
+//! | 2xx with a valid answer | succeeded | – | the compare-and-swap |
+//! | anything else | unknown | no | nothing |
+//!
+//! "Nothing happened" outcomes are [`Outcome::Refused`](crate::domain::Outcome):
+//! the request may be sent again, as a new attempt, within the task's
+//! retry budget.
 
 use std::time::Duration;
 
 use crate::domain::outcome::with_detail;
+use crate::domain::Refusal;
+
+/// How long a `429` without `Retry-After` pauses its provider.
+pub const DEFAULT_RATE_LIMIT_PAUSE: Duration = Duration::from_secs(1);
 
 /// The classification of a non-2xx HTTP status.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StatusClass {
-    /// The provider surely did not do the work.
-    Definite {
-        reason: String,
-        retry_after: Option<Duration>,
-    },
+    /// The provider surely did not do the work; sending it again would end
+    /// the same way.
+    Definite { reason: String },
+    /// The provider turned the request away before doing anything.
+    NothingHappened(Refusal),
     /// The provider may have done the work.
     Unknown { reason: String },
 }
@@ -39,16 +47,17 @@ pub fn classify_status(
     match status {
         400 | 401 | 403 | 404 | 422 => StatusClass::Definite {
             reason: reason(format!("the provider refused the request with {status}")),
-            retry_after: None,
         },
-        429 => StatusClass::Definite {
+        429 => StatusClass::NothingHappened(Refusal {
             reason: reason("rate limited (429)".to_owned()),
-            retry_after: retry_after.or(Some(Duration::from_secs(1))),
-        },
-        529 => StatusClass::Definite {
+            retry_after,
+            pause: retry_after.or(Some(DEFAULT_RATE_LIMIT_PAUSE)),
+        }),
+        529 => StatusClass::NothingHappened(Refusal {
             reason: reason("the provider is overloaded (529)".to_owned()),
             retry_after,
-        },
+            pause: retry_after,
+        }),
         // Anything else may have been acted on (a 409 can mean "a request with
         // this key is still running"): when in doubt, unknown.
         _ => StatusClass::Unknown {
@@ -73,8 +82,24 @@ mod tests {
     fn is_definite(status: u16) -> bool {
         matches!(
             classify_status(status, None, ""),
-            StatusClass::Definite { .. }
+            StatusClass::Definite { .. } | StatusClass::NothingHappened(_)
         )
+    }
+
+    #[test]
+    fn only_rate_limits_and_overload_are_refusals_in_which_nothing_happened() {
+        for status in [429, 529] {
+            assert!(matches!(
+                classify_status(status, None, ""),
+                StatusClass::NothingHappened(_)
+            ));
+        }
+        for status in [400, 401, 403, 404, 422] {
+            assert!(matches!(
+                classify_status(status, None, ""),
+                StatusClass::Definite { .. }
+            ));
+        }
     }
 
     #[test]
@@ -96,11 +121,24 @@ mod tests {
         let class = classify_status(429, parse_retry_after(Some("7")), "");
         assert_eq!(
             class,
-            StatusClass::Definite {
+            StatusClass::NothingHappened(Refusal {
                 reason: "rate limited (429)".into(),
-                retry_after: Some(Duration::from_secs(7))
-            }
+                retry_after: Some(Duration::from_secs(7)),
+                pause: Some(Duration::from_secs(7)),
+            })
         );
+        let StatusClass::NothingHappened(bare) = classify_status(429, None, "") else {
+            panic!("a 429 is a refusal");
+        };
+        assert_eq!(
+            (bare.retry_after, bare.pause),
+            (None, Some(DEFAULT_RATE_LIMIT_PAUSE)),
+            "no Retry-After: the retry backs off; the provider pauses a second"
+        );
+        let StatusClass::NothingHappened(overloaded) = classify_status(529, None, "") else {
+            panic!("a 529 is a refusal");
+        };
+        assert_eq!(overloaded.pause, None);
         assert_eq!(
             parse_retry_after(Some("Wed, 21 Oct 2026 07:28:00 GMT")),
             None

@@ -4,19 +4,17 @@
 //! `Idempotency-Key` and `X-Request-Id`; every outcome is classified by
 //! [`super::classify`].
 
-use std::sync::Mutex;
 use std::time::Duration;
 
 use reqwest::header::{HeaderMap, HeaderValue};
 use serde_json::{json, Value};
-use tokio::time::Instant;
 
 use super::classify::{classify_status, parse_retry_after, StatusClass};
 use super::{
-    chat, BoxFuture, Call, MaxTokensField, ProviderClient, ProviderKind, ProviderSettings,
+    chat, BoxFuture, Call, MaxTokensField, ProviderClient, ProviderKind, ProviderSettings, Reply,
 };
 use crate::domain::outcome::with_detail;
-use crate::domain::{Outcome, Secret};
+use crate::domain::{Outcome, Refusal, Secret};
 
 /// The Anthropic API version this client speaks.
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
@@ -34,8 +32,6 @@ pub struct HttpClient {
     temperature: Option<f64>,
     max_response_bytes: usize,
     max_tokens_field: MaxTokensField,
-    /// After a 429 or 529, later calls wait until this instant.
-    not_before: Mutex<Option<Instant>>,
 }
 
 impl HttpClient {
@@ -61,7 +57,6 @@ impl HttpClient {
             temperature: config.temperature,
             max_response_bytes: config.max_response_bytes,
             max_tokens_field: config.max_tokens_field,
-            not_before: Mutex::new(None),
         }
     }
 
@@ -142,42 +137,15 @@ impl HttpClient {
         headers
     }
 
-    /// When a 429 or 529 asked for a pause, the instant it ends.
-    pub fn not_before(&self) -> Option<Instant> {
-        self.not_before
-            .lock()
-            .expect("cooldown lock")
-            .filter(|t| *t > Instant::now())
-    }
-
-    fn cool_down(&self, pause: Duration) {
-        let until = Instant::now() + pause.min(Duration::from_secs(300));
-        let mut guard = self.not_before.lock().expect("cooldown lock");
-        if guard.is_none_or(|current| current < until) {
-            *guard = Some(until);
-        }
-    }
-
     /// Sends the call and classifies what comes back. Reasons quote the
     /// provider (status bodies, answers), so the API key is redacted from them:
-    /// some providers echo credentials in their errors.
-    ///
-    /// A call made while the provider's `Retry-After` pause runs is not sent at
-    /// all (a definite failure): callers wait for [`not_before`](Self::not_before)
-    /// before starting their clocks, so that a wait never counts as a timeout.
-    pub async fn send_call(&self, call: &Call) -> Outcome {
-        if let Some(until) = self.not_before() {
-            let wait = until.saturating_duration_since(Instant::now());
-            return Outcome::Failed(format!(
-                "not sent: the provider asked to pause (Retry-After) for {} ms more",
-                wait.as_millis()
-            ));
-        }
-        match self.send(call).await {
-            Outcome::Failed(reason) => Outcome::Failed(self.redact(call, reason)),
-            Outcome::Unknown(reason) => Outcome::Unknown(self.redact(call, reason)),
-            answer => answer,
-        }
+    /// some providers echo credentials in their errors. A pause the provider
+    /// asks for is kept by the caller (`Provider::call` and the limiter),
+    /// which never sends while one runs.
+    pub async fn send_call(&self, call: &Call) -> Reply {
+        let mut reply = self.send(call).await;
+        reply.outcome = reply.outcome.map_reason(|reason| self.redact(call, reason));
+        reply
     }
 
     /// Removes the API key and the call's callback secret from a reason (before
@@ -198,7 +166,7 @@ impl HttpClient {
         text
     }
 
-    async fn send(&self, call: &Call) -> Outcome {
+    async fn send(&self, call: &Call) -> Reply {
         let sent = self
             .client
             .post(&self.endpoint)
@@ -210,16 +178,18 @@ impl HttpClient {
             Ok(response) => response,
             // Nothing reached the provider: refused, DNS, TLS, connect timeout.
             Err(e) if e.is_connect() => {
-                return Outcome::Failed(with_detail(
+                return Outcome::Refused(Refusal::unreachable(with_detail(
                     "could not connect to the provider",
                     &error_chain(&e),
-                ))
+                )))
+                .into()
             }
             Err(e) => {
                 return Outcome::Unknown(with_detail(
                     "the connection failed after the request was sent",
                     &error_chain(&e),
                 ))
+                .into()
             }
         };
         let status = response.status();
@@ -236,29 +206,25 @@ impl HttpClient {
                     format!("the answer was cut off ({status})"),
                     &error_chain(&e),
                 ))
+                .into()
             }
         };
         if status.is_success() && !complete {
             return Outcome::Failed(format!(
                 "invalid_output: the answer is larger than the {} bytes allowed (max_response_bytes)",
                 self.max_response_bytes
-            ));
+            ))
+            .into();
         }
         if !status.is_success() {
             // Shortened only after redaction (see `call`).
             let excerpt = String::from_utf8_lossy(&bytes).into_owned();
             return match classify_status(status.as_u16(), retry_after, excerpt.trim()) {
-                StatusClass::Definite {
-                    reason,
-                    retry_after,
-                } => {
-                    if let Some(pause) = retry_after {
-                        self.cool_down(pause);
-                    }
-                    Outcome::Failed(reason)
-                }
+                StatusClass::Definite { reason } => Outcome::Failed(reason),
+                StatusClass::NothingHappened(refusal) => Outcome::Refused(refusal),
                 StatusClass::Unknown { reason } => Outcome::Unknown(reason),
-            };
+            }
+            .into();
         }
         let envelope: Value = match serde_json::from_slice(&bytes) {
             Ok(v) => v,
@@ -267,26 +233,48 @@ impl HttpClient {
                     format!("the answer is truncated or garbled ({status})"),
                     &e.to_string(),
                 ))
+                .into()
             }
         };
-        if call.chat.is_some() {
-            return match chat::answer(self.kind, &envelope) {
+        let tokens_used = self.tokens_used(&envelope);
+        let outcome = if call.chat.is_some() {
+            match chat::answer(self.kind, &envelope) {
                 Ok(answer) => Outcome::Succeeded(answer),
                 Err(reason) => Outcome::Failed(format!("invalid_output: {reason}")),
-            };
-        }
-        let text = match self.answer_text(&envelope) {
-            Ok(text) => text,
-            Err(reason) => return Outcome::Failed(format!("invalid_output: {reason}")),
-        };
-        match serde_json::from_str::<Value>(text.trim()) {
-            Ok(answer) => Outcome::Succeeded(answer),
-            Err(_) => {
-                let excerpt = text.trim();
-                Outcome::Failed(format!(
-                    "invalid_output: the answer is not JSON: {excerpt:?}"
-                ))
             }
+        } else {
+            match self.answer_text(&envelope) {
+                Err(reason) => Outcome::Failed(format!("invalid_output: {reason}")),
+                Ok(text) => match serde_json::from_str::<Value>(text.trim()) {
+                    Ok(answer) => Outcome::Succeeded(answer),
+                    Err(_) => {
+                        let excerpt = text.trim();
+                        Outcome::Failed(format!(
+                            "invalid_output: the answer is not JSON: {excerpt:?}"
+                        ))
+                    }
+                },
+            }
+        };
+        Reply {
+            outcome,
+            tokens_used,
+        }
+    }
+
+    /// The tokens the answer's `usage` says the call used, prompt and answer.
+    fn tokens_used(&self, envelope: &Value) -> Option<u64> {
+        let usage = &envelope["usage"];
+        match self.kind {
+            ProviderKind::Anthropic => {
+                Some(usage["input_tokens"].as_u64()? + usage["output_tokens"].as_u64().unwrap_or(0))
+            }
+            _ => usage["total_tokens"].as_u64().or_else(|| {
+                Some(
+                    usage["prompt_tokens"].as_u64()?
+                        + usage["completion_tokens"].as_u64().unwrap_or(0),
+                )
+            }),
         }
     }
 
@@ -318,12 +306,8 @@ impl HttpClient {
 }
 
 impl ProviderClient for HttpClient {
-    fn call<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Outcome> {
+    fn call<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Reply> {
         Box::pin(self.send_call(call))
-    }
-
-    fn not_before(&self) -> Option<Instant> {
-        HttpClient::not_before(self)
     }
 }
 

@@ -9,6 +9,7 @@
 pub mod chat;
 pub mod classify;
 pub mod http;
+pub mod limits;
 pub mod settings;
 pub mod simulated;
 pub mod tokens;
@@ -20,10 +21,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::time::Instant;
+use tokio::sync::Notify;
 
 use crate::domain::{Outcome, Secret};
 use http::HttpClient;
+use limits::Limiter;
 pub use settings::{MaxTokensField, ProviderKind, ProviderSettings, ScriptStep, SimulatedFailure};
 use simulated::SimulatedClient;
 
@@ -60,17 +62,29 @@ pub struct CallbackTarget {
 /// A boxed future, so that [`ProviderClient`] can be used as a trait object.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// What a call came back with: its outcome, and the tokens the provider
+/// says it used (prompt and answer), when it says.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reply {
+    pub outcome: Outcome,
+    pub tokens_used: Option<u64>,
+}
+
+impl From<Outcome> for Reply {
+    fn from(outcome: Outcome) -> Self {
+        Self {
+            outcome,
+            tokens_used: None,
+        }
+    }
+}
+
 /// Something that can be sent a [`Call`].
 pub trait ProviderClient: Send + Sync {
     /// Sends the call and waits for the answer, however long it takes (the
     /// worker applies the soft timeout and the late-result window around
     /// this). Never retries by itself.
-    fn call<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Outcome>;
-
-    /// When the provider asked (`Retry-After`) not to be called before.
-    fn not_before(&self) -> Option<Instant> {
-        None
-    }
+    fn call<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Reply>;
 
     /// Request ids this client has been sent for job attempts, in order (the
     /// simulated client keeps them in memory; others keep none).
@@ -79,30 +93,42 @@ pub trait ProviderClient: Send + Sync {
     }
 }
 
-/// A configured provider with its timing rules and its client.
+/// A configured provider with its timing rules, its limits and its client.
 pub struct Provider {
     pub settings: ProviderSettings,
     client: Arc<dyn ProviderClient>,
+    limiter: Arc<Limiter>,
 }
 
 impl Provider {
-    /// The client the provider's kind calls for.
-    pub fn from_settings(settings: &ProviderSettings) -> Self {
+    /// The client the provider's kind calls for; `freed` is told whenever
+    /// one of its call slots is given back.
+    pub fn from_settings(settings: &ProviderSettings, freed: Arc<Notify>) -> Self {
         let client: Arc<dyn ProviderClient> = match settings.kind {
             ProviderKind::Simulated => Arc::new(SimulatedClient::from_settings(settings)),
             ProviderKind::Openai | ProviderKind::Anthropic => {
                 Arc::new(HttpClient::from_settings(settings))
             }
         };
-        Self::with_client(settings, client)
+        Self::with_client(settings, client, freed)
     }
 
     /// A provider that sends through `client` instead (tests inject fakes).
-    pub fn with_client(settings: &ProviderSettings, client: Arc<dyn ProviderClient>) -> Self {
+    pub fn with_client(
+        settings: &ProviderSettings,
+        client: Arc<dyn ProviderClient>,
+        freed: Arc<Notify>,
+    ) -> Self {
         Self {
             settings: settings.clone(),
             client,
+            limiter: Arc::new(Limiter::new(settings.limits(), freed)),
         }
+    }
+
+    /// The provider's limits in this process, and their counts.
+    pub fn limiter(&self) -> &Arc<Limiter> {
+        &self.limiter
     }
 
     pub fn name(&self) -> &str {
@@ -119,12 +145,17 @@ impl Provider {
         Duration::from_millis(self.settings.late_result_ms)
     }
 
-    pub async fn call(&self, call: &Call) -> Outcome {
-        self.client.call(call).await
-    }
-
-    pub fn not_before(&self) -> Option<Instant> {
-        self.client.not_before()
+    /// Sends the call (the caller holds a [`limits::SendSlot`]). A refusal
+    /// that asks for a pause pauses every call to this provider in this
+    /// process.
+    pub async fn call(&self, call: &Call) -> Reply {
+        let reply = self.client.call(call).await;
+        if let Outcome::Refused(refusal) = &reply.outcome {
+            if let Some(pause) = refusal.pause {
+                self.limiter.pause(pause);
+            }
+        }
+        reply
     }
 
     /// Attempt ids this provider has been sent, in order (simulated providers
@@ -138,24 +169,54 @@ impl Provider {
 #[derive(Clone, Default)]
 pub struct Providers {
     by_name: Arc<HashMap<String, Arc<Provider>>>,
+    freed: Arc<Notify>,
 }
 
 impl Providers {
     pub fn from_settings(settings: &[ProviderSettings]) -> Self {
-        Self::from_providers(settings.iter().map(Provider::from_settings))
+        let freed = Arc::new(Notify::new());
+        let providers: Vec<Provider> = settings
+            .iter()
+            .map(|s| Provider::from_settings(s, freed.clone()))
+            .collect();
+        Self::from_providers_with(providers, freed)
     }
 
-    pub fn from_providers(providers: impl IntoIterator<Item = Provider>) -> Self {
+    /// Providers built elsewhere (tests inject clients), sharing `freed`.
+    pub fn from_providers_with(
+        providers: impl IntoIterator<Item = Provider>,
+        freed: Arc<Notify>,
+    ) -> Self {
         let by_name = providers
             .into_iter()
             .map(|p| (p.settings.name.clone(), Arc::new(p)))
             .collect();
         Self {
             by_name: Arc::new(by_name),
+            freed,
         }
     }
 
     pub fn get(&self, name: &str) -> Option<Arc<Provider>> {
         self.by_name.get(name).cloned()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Provider>> {
+        self.by_name.values()
+    }
+
+    /// Resolves when a call slot of any provider was given back (or was,
+    /// since the last wait).
+    pub async fn capacity_freed(&self) {
+        self.freed.notified().await;
+    }
+
+    /// The providers that cannot take a call now (paused, or at a limit),
+    /// with why: a claim passes their queued attempts over.
+    pub fn closed_now(&self) -> Vec<(String, limits::Closed)> {
+        self.by_name
+            .iter()
+            .filter_map(|(name, p)| p.limiter.closed().map(|c| (name.clone(), c)))
+            .collect()
     }
 }

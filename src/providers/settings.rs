@@ -104,6 +104,23 @@ pub struct ProviderSettings {
     /// for providers that answer asynchronously.
     #[serde(default)]
     pub callbacks: bool,
+    /// The most calls open to this provider at once, from this process
+    /// (timed-out calls kept open for a late answer count); unset: no limit.
+    pub max_in_flight: Option<u32>,
+    /// The most requests sent to it in any 60 seconds, from this process.
+    pub requests_per_minute: Option<u32>,
+    /// The most tokens sent to it in any 60 seconds, from this process:
+    /// counted from each prompt's estimate, then from the answer's usage.
+    pub tokens_per_minute: Option<u32>,
+    /// The most timed-out calls kept open for a late answer at once; past
+    /// it a call that reaches its soft timeout is dropped (its attempt stays
+    /// `unknown`).
+    #[serde(default = "default_max_late_calls")]
+    pub max_late_calls: usize,
+}
+
+fn default_max_late_calls() -> usize {
+    256
 }
 
 fn default_connect_timeout_ms() -> u64 {
@@ -125,6 +142,16 @@ impl ProviderSettings {
             ProviderKind::Openai => 128_000,
             ProviderKind::Anthropic => 200_000,
         })
+    }
+
+    /// The limits the worker keeps to when sending to this provider.
+    pub fn limits(&self) -> super::limits::Limits {
+        super::limits::Limits {
+            max_in_flight: self.max_in_flight,
+            requests_per_minute: self.requests_per_minute,
+            tokens_per_minute: self.tokens_per_minute,
+            max_late_calls: self.max_late_calls,
+        }
     }
 
     /// The model a qualification is bound to (`simulated` for the simulated kind).

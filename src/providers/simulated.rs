@@ -3,20 +3,27 @@
 //! of the prompt, after `latency_ms`, unless told to fail; a script can give one
 //! attempt number of a job its own behaviour.
 
+use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use serde_json::json;
 
-use super::{BoxFuture, Call, ProviderClient, ProviderSettings, ScriptStep, SimulatedFailure};
+use super::{
+    BoxFuture, Call, ProviderClient, ProviderSettings, Reply, ScriptStep, SimulatedFailure,
+};
 use crate::domain::{sha256_hex, Outcome};
+
+/// How many of the latest attempt ids a simulated provider remembers: its
+/// memory stays bounded however long it runs.
+pub const SENT_LOG_CAP: usize = 100_000;
 
 pub struct SimulatedClient {
     name: String,
     latency: Duration,
     fail: SimulatedFailure,
     script: Vec<ScriptStep>,
-    sent: Mutex<Vec<String>>,
+    sent: Mutex<VecDeque<String>>,
 }
 
 impl SimulatedClient {
@@ -26,7 +33,7 @@ impl SimulatedClient {
             latency: Duration::from_millis(settings.latency_ms),
             fail: settings.fail,
             script: settings.script.clone(),
-            sent: Mutex::new(Vec::new()),
+            sent: Mutex::new(VecDeque::new()),
         }
     }
 
@@ -47,10 +54,8 @@ impl SimulatedClient {
     async fn answer(&self, call: &Call) -> Outcome {
         // The log holds job attempts only; qualification calls (number 0) are not attempts.
         if call.attempt_number >= 1 {
-            self.sent
-                .lock()
-                .expect("sent log lock")
-                .push(call.request_id.clone());
+            let mut sent = self.sent.lock().expect("sent log lock");
+            remember(&mut sent, call.request_id.clone(), SENT_LOG_CAP);
         }
         let (latency, fail) = self.behaviour(call.attempt_number);
         match fail {
@@ -70,13 +75,26 @@ impl SimulatedClient {
     }
 }
 
+/// Adds `id` to the log, forgetting the oldest past `cap`.
+fn remember(log: &mut VecDeque<String>, id: String, cap: usize) {
+    while log.len() >= cap {
+        log.pop_front();
+    }
+    log.push_back(id);
+}
+
 impl ProviderClient for SimulatedClient {
-    fn call<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Outcome> {
-        Box::pin(self.answer(call))
+    fn call<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Reply> {
+        Box::pin(async move { Reply::from(self.answer(call).await) })
     }
 
     fn sent_request_ids(&self) -> Vec<String> {
-        self.sent.lock().expect("sent log lock").clone()
+        self.sent
+            .lock()
+            .expect("sent log lock")
+            .iter()
+            .cloned()
+            .collect()
     }
 }
 
@@ -135,8 +153,8 @@ mod tests {
     #[tokio::test]
     async fn answers_are_deterministic_and_name_the_provider() {
         let sim = SimulatedClient::from_settings(&settings(vec![]));
-        let a = sim.call(&call(1, "hi")).await;
-        let b = sim.call(&call(2, "hi")).await;
+        let a = sim.call(&call(1, "hi")).await.outcome;
+        let b = sim.call(&call(2, "hi")).await.outcome;
         assert_eq!(a, b);
         let Outcome::Succeeded(value) = a else {
             panic!("expected success")
@@ -153,11 +171,24 @@ mod tests {
             fail: Some(SimulatedFailure::Definite),
         }]));
         assert!(matches!(
-            sim.call(&call(1, "x")).await,
+            sim.call(&call(1, "x")).await.outcome,
             Outcome::Succeeded(_)
         ));
-        assert!(matches!(sim.call(&call(2, "x")).await, Outcome::Failed(_)));
+        assert!(matches!(
+            sim.call(&call(2, "x")).await.outcome,
+            Outcome::Failed(_)
+        ));
         assert_eq!(sim.sent_request_ids(), ["attempt-1", "attempt-2"]);
+    }
+
+    #[test]
+    fn the_log_of_sent_attempts_keeps_only_the_latest() {
+        let mut log = VecDeque::new();
+        for n in 0..5 {
+            remember(&mut log, format!("attempt-{n}"), 3);
+        }
+        assert_eq!(log, ["attempt-2", "attempt-3", "attempt-4"]);
+        const { assert!(SENT_LOG_CAP >= 10_000, "enough for any test's checks") };
     }
 
     #[tokio::test]

@@ -6,16 +6,18 @@ use diesel::prelude::*;
 use serde_json::Value;
 
 use super::connection::write_transaction;
+use super::queue::db_clock_ms;
 use super::rows::{Attempt, Job, RaceEntry};
 use super::schema::{attempts, jobs, race_log};
 use super::transitions::{
-    attempts_of, fail_job, get_job, insert_queued_attempt, lock_attempt_and_job,
-    refresh_job_status, transition,
+    attempts_of, fail_job, get_job, insert_queued_attempt, insert_waiting_attempt,
+    lock_attempt_and_job, refresh_job_status, transition,
 };
 use super::{now_ms, DbConnection, StoreError, StoreResult};
+use crate::domain::retry::{next_step, Failure, Made, NextStep};
 use crate::domain::{
-    canonical_json, next_provider, sha256_hex, AllowedProviders, Applied, AttemptEvent, AttemptId,
-    AttemptState, JobId, JobStatus, JsonText, RaceResult, UserId,
+    canonical_json, sha256_hex, AllowedProviders, Applied, AttemptEvent, AttemptId, AttemptState,
+    JobId, JobStatus, JsonText, RaceResult, RetryPolicy, UserId,
 };
 
 /// Applies a successful answer with the compare-and-swap (docs/design.md,
@@ -29,6 +31,9 @@ pub fn complete_success(
         let now = now_ms();
         let attempt = lock_attempt_and_job(conn, attempt_id)?.ok_or(StoreError::NotFound)?;
         let payload_text = canonical_json(payload);
+        if let Some(first) = already_delivered(conn, &attempt, &payload_text)? {
+            return Ok((Applied::Repeated(first), attempt.job_id));
+        }
         if AttemptEvent::ProviderSucceeded
             .apply(attempt.state)
             .is_err()
@@ -76,6 +81,41 @@ pub fn complete_success(
             attempt.job_id,
         ))
     })
+}
+
+/// Whether this attempt already delivered exactly this answer (a callback
+/// repeated, the same answer by callback and by the call): what the first
+/// delivery did, or `None`. A repeat writes nothing, so replaying a signed
+/// callback cannot grow the race log (or keep its job from being pruned).
+fn already_delivered(
+    conn: &mut DbConnection,
+    attempt: &Attempt,
+    payload_text: &str,
+) -> StoreResult<Option<&'static str>> {
+    if attempt.state.is_live() {
+        return Ok(None);
+    }
+    let first = match (attempt.state, attempt.outcome) {
+        (AttemptState::Succeeded, Some(RaceResult::Won)) => "won",
+        (AttemptState::Succeeded, Some(RaceResult::Lost)) => "lost",
+        _ => "ignored",
+    };
+    if attempt.outcome == Some(RaceResult::Won) {
+        let job = get_job(conn, &attempt.job_id)?;
+        if job.completed_by.as_ref() == Some(&attempt.id)
+            && job.result.as_ref().map(|r| r.as_str()) == Some(payload_text)
+        {
+            return Ok(Some(first));
+        }
+    }
+    let logged = race_log::table
+        .filter(race_log::owner_id.eq(&attempt.owner_id))
+        .filter(race_log::losing_attempt_id.eq(&attempt.id))
+        .filter(race_log::payload_sha256.eq(sha256_hex(payload_text.as_bytes())))
+        .select(race_log::id)
+        .first::<String>(conn)
+        .optional()?;
+    Ok(logged.map(|_| first))
 }
 
 /// Writes the race-log row of an answer that was not applied.
@@ -262,15 +302,29 @@ fn skip_queued_attempts(
     .execute(conn)
 }
 
-/// Applies a definite failure, then fails over along the gated order (the
-/// job's primary and qualified fallbacks) to the first provider the job has
-/// not tried, or fails the job. `gate.skipped` names the providers the gate
-/// kept out, for the failure reason.
+/// What may follow a definite failure: where the gate allows the job to
+/// go, and the task's retry policy and budget.
+#[derive(Debug, Clone)]
+pub struct FailurePlan {
+    /// The job's primary and qualified fallbacks; `skipped` names the
+    /// providers the gate kept out, for the failure reason.
+    pub gate: AllowedProviders,
+    pub policy: RetryPolicy,
+    /// Uniform in [0, 1): the retry's jitter.
+    pub jitter: f64,
+}
+
+/// Applies a definite failure, then decides what follows by
+/// `domain::retry::next_step`: a new attempt on the next provider of the
+/// gated order, a retry on the same provider once its wait is over (a
+/// queued attempt with `not_before`, by the database's clock), or the job
+/// fails with the reason.
 pub fn complete_failure(
     conn: &mut DbConnection,
     attempt_id: &AttemptId,
     error: &str,
-    gate: &AllowedProviders,
+    failure: Failure,
+    plan: &FailurePlan,
 ) -> StoreResult<Applied> {
     write_transaction(conn, |conn| {
         let now = now_ms();
@@ -291,14 +345,26 @@ pub fn complete_failure(
         if attempt.state == AttemptState::Abandoned || job.status.is_terminal() {
             return Ok(Applied::Recorded);
         }
-        let tried: Vec<String> = attempts_of(conn, &job.id)?
-            .into_iter()
-            .map(|a| a.provider)
+        let attempts = attempts_of(conn, &job.id)?;
+        let made: Vec<Made> = attempts
+            .iter()
+            .map(|a| Made {
+                provider: &a.provider,
+                waited_ms: a.waited_ms(),
+            })
             .collect();
-        let order: Vec<&str> = gate.allowed.iter().map(String::as_str).collect();
-        match next_provider(&order, &tried) {
-            Some(provider) => {
-                let number = tried.len() as i32 + 1;
+        let order: Vec<&str> = plan.gate.allowed.iter().map(String::as_str).collect();
+        let number = attempts.len() as i32 + 1;
+        let step = next_step(
+            &plan.policy,
+            &order,
+            &made,
+            &attempt.provider,
+            failure,
+            plan.jitter,
+        );
+        match step {
+            NextStep::FailOver(provider) => {
                 let next =
                     insert_queued_attempt(conn, &job.id, &job.owner_id, number, provider, now)?;
                 refresh_job_status(conn, &job.id, now)?;
@@ -307,23 +373,35 @@ pub fn complete_failure(
                     provider: provider.to_owned(),
                 })
             }
-            None => {
+            NextStep::RetryLater { provider, wait_ms } => {
+                // One clock for the wait and for every claim that judges it.
+                let db_now = db_clock_ms(conn)?;
+                let not_before = db_now + wait_ms;
+                let next = insert_waiting_attempt(
+                    conn,
+                    &job.id,
+                    &job.owner_id,
+                    number,
+                    provider,
+                    db_now,
+                    Some(not_before),
+                )?;
+                refresh_job_status(conn, &job.id, now)?;
+                Ok(Applied::RetryScheduled {
+                    attempt_id: next.id,
+                    provider: provider.to_owned(),
+                    not_before,
+                })
+            }
+            NextStep::GiveUp(give_up) => {
                 // The job's reason is for its owner: the provider's own text
                 // stays on the attempt, for support.
-                let error = crate::domain::outcome::summary_of(error);
-                let reason = if gate.skipped.is_empty() {
-                    format!(
-                        "every provider in the chain failed ({}); last error: {error}",
-                        tried.join(", ")
-                    )
-                } else {
-                    format!(
-                        "no qualified fallback provider is left: {} not qualified for this task; tried {}; \
-                         last error: {error}",
-                        gate.skipped.join(", "),
-                        tried.join(", ")
-                    )
-                };
+                let tried: Vec<String> = attempts.iter().map(|a| a.provider.clone()).collect();
+                let reason = give_up.reason(
+                    &tried,
+                    &plan.gate.skipped,
+                    crate::domain::outcome::summary_of(error),
+                );
                 if fail_job(conn, &job, &reason, now)? {
                     Ok(Applied::JobFailed { reason })
                 } else {

@@ -120,12 +120,16 @@ impl DbConnectionManager {
             url,
             busy_timeout_ms: config.sqlite_busy_timeout_ms,
             synchronous: config.sqlite_synchronous,
-            // Pinned on every PostgreSQL session, whatever the server's or
-            // the role's defaults: the locking in `store` assumes read
-            // committed, and a wait that would outlast the pool's patience
-            // must fail (503) rather than hold the request.
+            // Pinned on every PostgreSQL session, whatever the server's,
+            // the database's or the role's defaults: the locking in `store`
+            // assumes read committed; a 2xx means the job is on disk, so a
+            // commit waits for its WAL to be flushed (`synchronous_commit`
+            // off would lose acknowledged jobs on a crash); and a wait that
+            // would outlast the pool's patience must fail (503) rather than
+            // hold the request.
             postgres_session: format!(
                 "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED; \
+                 SET synchronous_commit = on; \
                  SET lock_timeout = {}; SET statement_timeout = {}; \
                  SET idle_in_transaction_session_timeout = {};",
                 config.postgres_lock_timeout_ms,

@@ -50,7 +50,35 @@ pub fn create_job(conn: &mut DbConnection, new: &NewJob) -> StoreResult<CreateOu
 
 /// [`create_job`], with the job's attempts: the new one (queued, or started
 /// when `new.start` says so), or the existing job's.
+///
+/// The job the key conflicted with can vanish before it is read: retention
+/// may delete a finished job between the insert that found it and the read
+/// (PostgreSQL runs them as two statements). Its key is then free again,
+/// and the insert is tried again: a request never answers 404 for a job it
+/// was about to create.
 pub fn create_job_with_attempts(
+    conn: &mut DbConnection,
+    new: &NewJob,
+) -> StoreResult<(CreateOutcome, Vec<Attempt>)> {
+    const TRIES: usize = 3;
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match insert_or_read(conn, new) {
+            Err(super::StoreError::NotFound) if tries < TRIES => {
+                tracing::info!(
+                    key = new.key.as_str(),
+                    "the job this key had made was removed meanwhile; creating it again"
+                );
+            }
+            done => return done,
+        }
+    }
+}
+
+/// One try: insert, or read the job the key already made (`NotFound` if it
+/// vanished in between).
+fn insert_or_read(
     conn: &mut DbConnection,
     new: &NewJob,
 ) -> StoreResult<(CreateOutcome, Vec<Attempt>)> {

@@ -1,6 +1,7 @@
-//! The attempt queue: claiming a queued attempt with a lease, renewing it,
-//! confirming the claim immediately before sending, and what a lease that
-//! runs out means: an attempt that was sent becomes `unknown` (never
+//! The attempt queue: claiming due queued attempts with a lease (a claim
+//! that admits an attempt is also its confirmation before sending), giving
+//! back a claim whose request never left, renewing a lease, and what a lease
+//! that runs out means: an attempt that was sent becomes `unknown` (never
 //! re-sent); one that was claimed but never sent goes back to the queue.
 //!
 //! Leases are judged by one clock, the database's ([`db_now_ms`]), never by
@@ -10,10 +11,13 @@ use diesel::dsl::sql;
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Nullable};
 
-use super::connection::{per_backend, write_statement, write_transaction};
+use super::connection::{per_backend, write_transaction};
 use super::rows::{Attempt, Job};
 use super::schema::{attempts, jobs};
-use super::transitions::{get_job, lock_attempt_and_job, lock_job, refresh_job_status, transition};
+use super::transitions::{
+    get_job, lock_attempt_and_job, lock_job, refresh_job_status, transition, transition_guarded,
+    Guard,
+};
 use super::{now_ms, DbConnection, StoreError, StoreResult};
 use std::collections::{BTreeMap, HashMap};
 
@@ -48,15 +52,25 @@ pub struct Claim {
     pub job: Job,
 }
 
-/// Claims the oldest queued attempt for `lease_owner` until `now + lease_ms`
-/// (see [`claim_batch`]; this claim is never confirmed for sending).
+/// Claims the oldest due queued attempt for `lease_owner` until `now +
+/// lease_ms`, without confirming it for sending (see [`claim_batch`]).
 pub fn claim_next(
     conn: &mut DbConnection,
     lease_owner: &str,
     lease_ms: i64,
     soft_timeout_ms: &(dyn Fn(&str) -> i64 + Sync),
 ) -> StoreResult<Option<Claim>> {
-    Ok(claim_batch(conn, lease_owner, lease_ms, 1, soft_timeout_ms, &|_| false)?.pop())
+    let mut admit_all = |_: &AttemptId, _: &str| true;
+    let rules = ClaimRules {
+        lease_owner,
+        lease_ms,
+        limit: 1,
+        soft_timeout_ms,
+        closed: &[],
+        admit: &mut admit_all,
+        confirm: false,
+    };
+    Ok(claim_batch(conn, rules)?.claims.pop())
 }
 
 /// The version of an attempt's job, read inside the claiming statement:
@@ -68,36 +82,99 @@ fn job_version_of_attempt() -> diesel::expression::SqlLiteral<Nullable<BigInt>> 
     )
 }
 
-/// Claims up to `limit` of the oldest queued attempts for `lease_owner`
-/// until `now + lease_ms`, in one transaction, oldest first.
+/// The database's clock in Unix milliseconds as one value for the whole
+/// transaction (PostgreSQL's `now()`, not the volatile `clock_timestamp()`).
+fn db_stable_now_ms(conn: &DbConnection) -> &'static str {
+    match conn {
+        DbConnection::Postgresql(_) => "(EXTRACT(EPOCH FROM now()) * 1000)::BIGINT",
+        DbConnection::Sqlite(_) => db_now_ms(conn),
+    }
+}
+
+#[derive(QueryableByName)]
+struct Clock {
+    #[diesel(sql_type = BigInt)]
+    now_ms: i64,
+}
+
+/// Reads the database's clock (Unix ms): statements bind it rather than
+/// evaluate a clock row by row. On PostgreSQL inside a transaction it is
+/// the transaction's start.
+pub fn db_clock_ms(conn: &mut DbConnection) -> StoreResult<i64> {
+    let query = format!("SELECT {} AS now_ms", db_stable_now_ms(conn));
+    Ok(diesel::sql_query(query).get_result::<Clock>(conn)?.now_ms)
+}
+
+/// What a claim may take, and how.
+pub struct ClaimRules<'a> {
+    pub lease_owner: &'a str,
+    pub lease_ms: i64,
+    /// The most attempts to take.
+    pub limit: i64,
+    /// Each provider's soft timeout, for `timeout_at`.
+    pub soft_timeout_ms: &'a (dyn Fn(&str) -> i64 + Sync),
+    /// Providers none of whose attempts may be taken now (paused, or at
+    /// their limits): their queued attempts are passed over, not claimed.
+    pub closed: &'a [String],
+    /// Takes this process's capacity to send one attempt of this provider
+    /// now; `false` leaves the attempt queued (and, for the rest of this
+    /// claim, the provider's other attempts too).
+    pub admit: &'a mut (dyn FnMut(&AttemptId, &str) -> bool + Send),
+    /// Whether the claim is also the confirmation before sending: the
+    /// caller sends each claimed attempt the moment the claim commits.
+    pub confirm: bool,
+}
+
+/// What a claim took, and which providers' attempts it left queued for
+/// lack of capacity.
+#[derive(Debug, Default)]
+pub struct ClaimBatch {
+    pub claims: Vec<Claim>,
+    /// Providers with a due attempt this claim could not admit.
+    pub held_back: Vec<String>,
+}
+
+/// Claims up to `rules.limit` of the oldest due queued attempts for
+/// `rules.lease_owner` until `now + lease_ms`, in one transaction, oldest
+/// first. An attempt is due when its job is unfinished, its provider is not
+/// `closed`, and it is not a retry still waiting (`not_before`, by the
+/// database's clock).
 ///
 /// PostgreSQL: `SELECT … FOR UPDATE SKIP LOCKED`, so processes sharing one
 /// database never pick the same row. SQLite: the write transaction holds the
 /// database's write lock. Either way the `UPDATE … WHERE state = 'queued'` is
 /// the final guard: an attempt is sent at most once.
 ///
-/// When `send_now(provider)` says an attempt will be sent the moment the
-/// claim commits (its provider asked for no pause), the claim is also the
-/// confirmation before sending: `sent_at` is recorded in the same statement,
-/// whose guards are the confirmation's (running under this lease, job
-/// unfinished, by construction). An attempt that must wait is confirmed
-/// separately, after its wait ([`confirm_send`]).
-pub fn claim_batch(
-    conn: &mut DbConnection,
-    lease_owner: &str,
-    lease_ms: i64,
-    limit: i64,
-    soft_timeout_ms: &(dyn Fn(&str) -> i64 + Sync),
-    send_now: &(dyn Fn(&str) -> bool + Sync),
-) -> StoreResult<Vec<Claim>> {
+/// Each candidate is `admit`ted (the caller takes its provider's capacity)
+/// before it is claimed; one that is not stays queued. With `confirm`, the
+/// claim is also the confirmation before sending: `sent_at` is recorded in
+/// the same statement, whose guards are the confirmation's (running under
+/// this lease, job unfinished, by construction), and the caller sends at
+/// once.
+pub fn claim_batch(conn: &mut DbConnection, rules: ClaimRules<'_>) -> StoreResult<ClaimBatch> {
+    let ClaimRules {
+        lease_owner,
+        lease_ms,
+        limit,
+        soft_timeout_ms,
+        closed,
+        admit,
+        confirm,
+    } = rules;
     write_transaction(conn, |conn| {
-        // Only attempts of unfinished jobs; on PostgreSQL the attempts and
-        // their jobs are locked without waiting (rows another process holds
-        // are skipped).
+        // Only due attempts of unfinished jobs; on PostgreSQL the attempts
+        // and their jobs are locked without waiting (rows another process
+        // holds are skipped).
+        let due = sql::<diesel::sql_types::Bool>(&format!(
+            "(attempts.not_before IS NULL OR attempts.not_before <= {})",
+            db_stable_now_ms(conn)
+        ));
         let queued = attempts::table
             .inner_join(jobs::table.on(same_job()))
             .filter(attempts::state.eq(AttemptState::Queued))
             .filter(jobs::status.ne_all(JobStatus::TERMINAL))
+            .filter(attempts::provider.ne_all(closed.to_vec()))
+            .filter(due)
             .order((attempts::created_at.asc(), attempts::id.asc()))
             .select((attempts::id, attempts::owner_id, attempts::provider))
             .limit(limit);
@@ -110,7 +187,15 @@ pub fn claim_batch(
         // the table, even before the table has statistics.
         let mut by_owner_and_provider: BTreeMap<(UserId, String), Vec<AttemptId>> =
             Default::default();
+        let mut held_back: Vec<String> = Vec::new();
         for (attempt_id, owner_id, provider) in candidates {
+            if held_back.contains(&provider) {
+                continue;
+            }
+            if !admit(&attempt_id, &provider) {
+                held_back.push(provider);
+                continue;
+            }
             by_owner_and_provider
                 .entry((owner_id, provider))
                 .or_default()
@@ -128,7 +213,7 @@ pub fn claim_batch(
             )
             .set((
                 attempts::state.eq(AttemptEvent::Claimed.target()),
-                attempts::sent_at.eq(send_now(&provider).then_some(now)),
+                attempts::sent_at.eq(confirm.then_some(now)),
                 attempts::version_read.eq(job_version_of_attempt()),
                 attempts::lease_owner.eq(lease_owner),
                 attempts::lease_expires_at.eq(lease_until),
@@ -164,7 +249,7 @@ pub fn claim_batch(
             jobs.extend(rows.into_iter().map(|job| (job.id.clone(), job)));
         }
         claimed.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
-        claimed
+        let claims = claimed
             .into_iter()
             .map(|attempt| {
                 let job = jobs.remove(&attempt.job_id).ok_or_else(|| {
@@ -172,7 +257,8 @@ pub fn claim_batch(
                 })?;
                 Ok(Claim { attempt, job })
             })
-            .collect()
+            .collect::<StoreResult<Vec<Claim>>>()?;
+        Ok(ClaimBatch { claims, held_back })
     })
 }
 
@@ -232,51 +318,44 @@ pub(crate) fn same_job() -> diesel::dsl::And<
         .and(jobs::owner_id.eq(attempts::owner_id))
 }
 
-/// The attempt's job is not finished: a correlated look-up by the job's
-/// whole primary key (as `job_id IN (unfinished jobs)` the planner may
-/// hash every unfinished job instead).
-fn job_unfinished() -> diesel::expression::SqlLiteral<diesel::sql_types::Bool> {
-    let terminal = JobStatus::TERMINAL.map(|status| format!("'{}'", status.as_str()));
-    sql::<diesel::sql_types::Bool>(&format!(
-        "EXISTS (SELECT 1 FROM jobs WHERE jobs.id = attempts.job_id \
-         AND jobs.owner_id = attempts.owner_id AND jobs.status NOT IN ({}))",
-        terminal.join(", ")
-    ))
-}
-
-/// Extends the lease of a running attempt this process holds, while its job
-/// is unfinished. False when the claim is void: the attempt is no longer
-/// running under this owner, or its job finished.
+/// Extends the lease of a sent attempt this process holds, while its call
+/// is out. The lease is renewed whatever happened to the job meanwhile: an
+/// attempt whose job finished through another attempt is still awaiting
+/// its answer, and its process is alive; when its call ends without an
+/// answer it is closed as superseded ([`mark_unknown`]), never reaped as
+/// if its process had stopped. False when the attempt is no longer running
+/// under this owner.
 pub fn renew_lease(
     conn: &mut DbConnection,
     attempt_id: &AttemptId,
+    owner_id: &UserId,
     lease_owner: &str,
     lease_ms: i64,
 ) -> StoreResult<bool> {
-    let until = db_now_plus(conn, lease_ms);
-    let changed = write_statement(conn, |conn| {
-        diesel::update(
-            attempts::table
-                .filter(attempts::id.eq(attempt_id))
-                .filter(attempts::state.eq(AttemptState::Running))
-                .filter(attempts::lease_owner.eq(lease_owner))
-                .filter(job_unfinished()),
+    let changed = write_transaction(conn, |conn| {
+        // The clock is read first and bound, not evaluated by the UPDATE.
+        let until = db_clock_ms(conn)? + lease_ms;
+        Ok::<_, StoreError>(
+            diesel::update(
+                attempts::table
+                    .filter(attempts::id.eq(attempt_id))
+                    .filter(attempts::owner_id.eq(owner_id))
+                    .filter(attempts::state.eq(AttemptState::Running))
+                    .filter(attempts::lease_owner.eq(lease_owner)),
+            )
+            .set(attempts::lease_expires_at.eq(Some(until)))
+            .execute(conn)?,
         )
-        .set(attempts::lease_expires_at.eq(until))
-        .execute(conn)
     })?;
     Ok(changed == 1)
 }
 
-/// What confirming a claim immediately before sending found.
+/// What giving back a claim found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SendPermit {
-    /// The claim holds: `sent_at` is recorded; send now.
-    Granted,
-    /// The job finished while the claim waited: the attempt was closed
-    /// unsent, with this reason.
+    /// The job had finished: the attempt was closed unsent, with this reason.
     Withdrawn(String),
-    /// The lease ran out before sending: the attempt went back to the queue.
+    /// The attempt went back to the queue, `sent_at` cleared.
     Requeued,
     /// The attempt is no longer this worker's (another process took it over,
     /// or it is not running): nothing to do.
@@ -285,109 +364,98 @@ pub enum SendPermit {
 
 const NOT_SENT_JOB_FINISHED: &str = "not sent: the job had already finished";
 
-/// The one guarded statement before a send: the attempt is still `running`,
-/// leased by `lease_owner` (by the database's clock), never sent, and its
-/// job is unfinished. If so, `sent_at` is recorded and the lease renewed;
-/// if not, nothing may be sent and the attempt records why.
-pub fn confirm_send(
+/// Gives back this worker's claim whose request never left, as the worker
+/// itself says (its provider asked for a pause between the claim and the
+/// send, or the process is stopping): back to the queue in one guarded
+/// statement that clears `sent_at` (the claim had recorded it for a send
+/// that did not happen), or closed if its job has finished. Sent later by
+/// whoever claims it, once.
+pub fn give_back_before_sending(
     conn: &mut DbConnection,
     attempt_id: &AttemptId,
     lease_owner: &str,
-    lease_ms: i64,
 ) -> StoreResult<SendPermit> {
-    let (now, until) = (db_now(conn), db_now_plus(conn, lease_ms));
-    let confirmed = write_statement(conn, |conn| {
-        diesel::update(
-            attempts::table
-                .filter(attempts::id.eq(attempt_id))
-                .filter(attempts::state.eq(AttemptState::Running))
-                .filter(attempts::lease_owner.eq(lease_owner))
-                .filter(attempts::sent_at.is_null())
-                .filter(attempts::lease_expires_at.gt(now))
-                .filter(job_unfinished()),
-        )
-        .set((
-            attempts::sent_at.eq(now_ms()),
-            attempts::lease_expires_at.eq(until),
-        ))
-        .execute(conn)
-    })?;
-    if confirmed == 1 {
-        return Ok(SendPermit::Granted);
-    }
-    give_back_unsent(conn, attempt_id, lease_owner)
+    give_back(conn, attempt_id, lease_owner, false)
 }
 
-/// Gives up this worker's unsent claim (at shutdown, or when it became
-/// void): back to the queue, or closed if its job has finished. Nothing was
-/// sent, so the attempt may be sent later by whoever claims it.
+/// Gives back this worker's claim if the row says it was never sent (no
+/// `sent_at`): back to the queue, or closed if its job has finished.
 pub fn give_back_unsent(
     conn: &mut DbConnection,
     attempt_id: &AttemptId,
     lease_owner: &str,
+) -> StoreResult<SendPermit> {
+    give_back(conn, attempt_id, lease_owner, true)
+}
+
+fn give_back(
+    conn: &mut DbConnection,
+    attempt_id: &AttemptId,
+    lease_owner: &str,
+    never_sent: bool,
 ) -> StoreResult<SendPermit> {
     write_transaction(conn, |conn| {
         let Some(attempt) = lock_attempt_and_job(conn, attempt_id)? else {
             return Ok(SendPermit::Lost);
         };
         let ours = attempt.state == AttemptState::Running
-            && attempt.sent_at.is_none()
+            && (!never_sent || attempt.sent_at.is_none())
             && attempt.lease_owner.as_deref() == Some(lease_owner);
         if !ours {
             return Ok(SendPermit::Lost);
         }
+        let guard = Guard {
+            lease_owner: Some(lease_owner),
+            never_sent,
+        };
         let job = get_job(conn, &attempt.job_id)?;
         if job.status.is_terminal() {
-            close_unsent(conn, &attempt, NOT_SENT_JOB_FINISHED)?;
+            close_unsent(conn, &attempt, guard)?;
             return Ok(SendPermit::Withdrawn(NOT_SENT_JOB_FINISHED.to_owned()));
         }
-        requeue(conn, &attempt)?;
+        requeue(conn, &attempt, guard)?;
         Ok(SendPermit::Requeued)
     })
 }
 
-/// An unsent running attempt goes back to `queued`: it was claimed, never
-/// sent, so sending it later sends it once.
-fn requeue(conn: &mut DbConnection, attempt: &Attempt) -> StoreResult<()> {
+/// A running attempt whose request never left goes back to `queued`
+/// ([`AttemptEvent::GivenBack`]): sending it later sends it once.
+fn requeue(conn: &mut DbConnection, attempt: &Attempt, guard: Guard<'_>) -> StoreResult<bool> {
     let now = now_ms();
-    diesel::update(
-        attempts::table
-            .filter(attempts::id.eq(&attempt.id))
-            .filter(attempts::owner_id.eq(&attempt.owner_id))
-            .filter(attempts::state.eq(AttemptState::Running))
-            .filter(attempts::sent_at.is_null()),
-    )
-    .set((
-        attempts::state.eq(AttemptState::Queued),
-        attempts::version_read.eq(None::<i64>),
-        attempts::lease_expires_at.eq(None::<i64>),
-        attempts::started_at.eq(None::<i64>),
-        attempts::timeout_at.eq(None::<i64>),
-    ))
-    .execute(conn)?;
-    refresh_job_status(conn, &attempt.job_id, now)
+    let moved = transition_guarded(conn, attempt, AttemptEvent::GivenBack, now, None, guard)?;
+    refresh_job_status(conn, &attempt.job_id, now)?;
+    Ok(moved)
 }
 
-/// An unsent running attempt of a finished job is closed, never sent.
-fn close_unsent(conn: &mut DbConnection, attempt: &Attempt, reason: &str) -> StoreResult<()> {
-    diesel::update(
-        attempts::table
-            .filter(attempts::id.eq(&attempt.id))
-            .filter(attempts::owner_id.eq(&attempt.owner_id))
-            .filter(attempts::state.eq(AttemptState::Running))
-            .filter(attempts::sent_at.is_null()),
-    )
-    .set((
-        attempts::state.eq(AttemptState::Failed),
-        attempts::finished_at.eq(now_ms()),
-        attempts::error.eq(reason),
-        attempts::lease_expires_at.eq(None::<i64>),
-    ))
-    .execute(conn)?;
-    Ok(())
+/// A running attempt whose request never left, of a finished job, is closed,
+/// never sent ([`AttemptEvent::ClosedUnsent`]).
+fn close_unsent(conn: &mut DbConnection, attempt: &Attempt, guard: Guard<'_>) -> StoreResult<bool> {
+    Ok(transition_guarded(
+        conn,
+        attempt,
+        AttemptEvent::ClosedUnsent,
+        now_ms(),
+        Some(NOT_SENT_JOB_FINISHED),
+        guard,
+    )?)
 }
 
-/// The soft timeout passed: the attempt (and its job) become `unknown`.
+/// Why a sent attempt of a finished job is closed rather than left `unknown`.
+fn superseded_note(job: &Job, what: &str) -> String {
+    let how = match (&job.completed_by, job.status) {
+        (Some(winner), _) => format!("succeeded through attempt {winner}"),
+        (None, status) => format!("{status}"),
+    };
+    format!(
+        "{what}; closed, not left unknown: its job had already {how}. The provider may have \
+         received the request; a late answer is still written to the race log"
+    )
+}
+
+/// The soft timeout passed: the attempt (and its job) become `unknown`. If
+/// the job finished through another attempt meanwhile, nobody waits on
+/// this one: it is closed with a note ([`AttemptEvent::Superseded`]), not
+/// left in the unknown queue (where it would also hold retention off).
 pub fn mark_unknown(
     conn: &mut DbConnection,
     attempt_id: &AttemptId,
@@ -396,6 +464,13 @@ pub fn mark_unknown(
     write_transaction(conn, |conn| {
         let now = now_ms();
         let attempt = lock_attempt_and_job(conn, attempt_id)?.ok_or(StoreError::NotFound)?;
+        let job = get_job(conn, &attempt.job_id)?;
+        if job.status.is_terminal() && attempt.state == AttemptState::Running {
+            let note = superseded_note(&job, reason);
+            if transition(conn, &attempt, AttemptEvent::Superseded, now, Some(&note))? {
+                return Ok(Applied::Superseded);
+            }
+        }
         if !transition(conn, &attempt, AttemptEvent::SoftTimeout, now, Some(reason))? {
             return Ok(Applied::Ignored(attempt.state));
         }
@@ -405,11 +480,13 @@ pub fn mark_unknown(
 }
 
 /// Running attempts whose lease ran out (by the database's clock) belonged
-/// to a process that stopped. One that was sent becomes `unknown` (the
-/// provider may have received it) and is never re-sent; one that was never
-/// sent goes back to the queue (or is closed, if its job finished). Each
-/// attempt is handled in a transaction of its own, so reapers in several
-/// processes never hold locks on two jobs at once. Returns what changed.
+/// to a process that stopped, or that could not record their outcome. One
+/// that was sent becomes `unknown` (the provider may have received it) and
+/// is never re-sent, unless its job finished through another attempt (then
+/// it is closed with a note); one that was never sent goes back to the
+/// queue (or is closed, if its job finished). Each attempt is handled in a
+/// transaction of its own, so reapers in several processes never hold locks
+/// on two jobs at once. Returns what changed.
 pub fn expire_leases(conn: &mut DbConnection) -> StoreResult<Vec<(AttemptId, AttemptState)>> {
     let now = db_now(conn);
     let expired: Vec<(AttemptId, JobId)> = attempts::table
@@ -426,6 +503,9 @@ pub fn expire_leases(conn: &mut DbConnection) -> StoreResult<Vec<(AttemptId, Att
     }
     Ok(changed)
 }
+
+const LEASE_EXPIRED: &str = "lease expired: the process running this attempt stopped, or could \
+                             not record its outcome; the provider may have received the request";
 
 fn expire_one(
     conn: &mut DbConnection,
@@ -446,32 +526,33 @@ fn expire_one(
         let Some(attempt) = still_expired else {
             return Ok(None);
         };
+        let job = get_job(conn, job_id)?;
+        let now = now_ms();
         if attempt.sent_at.is_none() {
-            let job = get_job(conn, job_id)?;
+            let guard = Guard {
+                lease_owner: None,
+                never_sent: true,
+            };
             if job.status.is_terminal() {
-                close_unsent(conn, &attempt, NOT_SENT_JOB_FINISHED)?;
-                return Ok(Some(AttemptState::Failed));
+                return Ok(close_unsent(conn, &attempt, guard)?.then_some(AttemptState::Failed));
             }
-            requeue(conn, &attempt)?;
-            return Ok(Some(AttemptState::Queued));
+            return Ok(requeue(conn, &attempt, guard)?.then_some(AttemptState::Queued));
         }
-        let reason = "lease expired: the process running this attempt stopped; \
-                      the provider may have received the request";
-        let updated = diesel::update(
-            attempts::table
-                .filter(attempts::id.eq(attempt_id))
-                .filter(attempts::state.eq_any(AttemptEvent::LeaseExpired.from_states())),
-        )
-        .set((
-            attempts::state.eq(AttemptEvent::LeaseExpired.target()),
-            attempts::error.eq(reason),
-            attempts::lease_expires_at.eq(None::<i64>),
-        ))
-        .execute(conn)?;
-        if updated != 1 {
+        if job.status.is_terminal() {
+            let note = superseded_note(&job, LEASE_EXPIRED);
+            let closed = transition(conn, &attempt, AttemptEvent::Superseded, now, Some(&note))?;
+            return Ok(closed.then_some(AttemptState::Abandoned));
+        }
+        if !transition(
+            conn,
+            &attempt,
+            AttemptEvent::LeaseExpired,
+            now,
+            Some(LEASE_EXPIRED),
+        )? {
             return Ok(None);
         }
-        refresh_job_status(conn, job_id, now_ms())?;
+        refresh_job_status(conn, job_id, now)?;
         Ok(Some(AttemptState::Unknown))
     })
 }

@@ -60,6 +60,18 @@ pub struct Attempt {
     /// When the worker confirmed its claim and sent the attempt; `None`:
     /// never sent.
     pub sent_at: Option<i64>,
+    /// A retry is not sent before this time (Unix ms, the database's
+    /// clock): its provider's `Retry-After`, or a backoff.
+    pub not_before: Option<i64>,
+}
+
+impl Attempt {
+    /// How long this attempt had to wait before it could be sent (a
+    /// retry's wait; 0 for any other attempt).
+    pub fn waited_ms(&self) -> i64 {
+        self.not_before
+            .map_or(0, |not_before| (not_before - self.created_at).max(0))
+    }
 }
 
 /// A race-log row: an answer that did not win, and why.

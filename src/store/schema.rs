@@ -88,6 +88,7 @@ diesel::table! {
         sent_at -> Nullable<BigInt>,
         /// The job's owner.
         owner_id -> Text,
+        not_before -> Nullable<BigInt>,
     }
 }
 

@@ -105,6 +105,16 @@ pub fn lock_attempt_and_job(
     find_attempt(conn, attempt_id)
 }
 
+/// Conditions a transition may need besides the attempt's state.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Guard<'a> {
+    /// Only while this worker holds the attempt's lease.
+    pub lease_owner: Option<&'a str>,
+    /// Only if the attempt was never sent (`sent_at` is null): what another
+    /// process can judge from the row alone.
+    pub never_sent: bool,
+}
+
 /// Moves an attempt along `event` if it is in one of the event's from-states.
 /// Returns whether the row changed. The row is addressed by its whole
 /// primary key, so the plan is a unique-index look-up at any table size. `error`, when given, replaces the
@@ -117,23 +127,58 @@ pub fn transition(
     now: i64,
     error: Option<&str>,
 ) -> QueryResult<bool> {
+    transition_guarded(conn, attempt, event, now, error, Guard::default())
+}
+
+/// [`transition`], only if `guard` holds too. An attempt that goes back to
+/// the queue ([`AttemptEvent::GivenBack`]) leaves everything its claim
+/// wrote behind: the version read, the lease, the start and the soft
+/// timeout, and `sent_at`, which means "this request is leaving now".
+pub fn transition_guarded(
+    conn: &mut DbConnection,
+    attempt: &Attempt,
+    event: AttemptEvent,
+    now: i64,
+    error: Option<&str>,
+    guard: Guard<'_>,
+) -> QueryResult<bool> {
     let target = event.target();
     let finished_at =
         matches!(target, AttemptState::Succeeded | AttemptState::Failed).then_some(now);
-    let guarded = attempts::table
+    let mut guarded = diesel::update(attempts::table)
         .filter(attempts::id.eq(&attempt.id))
         .filter(attempts::owner_id.eq(&attempt.owner_id))
-        .filter(attempts::state.eq_any(event.from_states()));
-    let moved = (
-        attempts::state.eq(target),
-        attempts::finished_at.eq(finished_at),
-        attempts::lease_expires_at.eq(None::<i64>),
-    );
-    let changed = match error {
-        Some(error) => diesel::update(guarded)
-            .set((moved, attempts::error.eq(error)))
-            .execute(conn)?,
-        None => diesel::update(guarded).set(moved).execute(conn)?,
+        .filter(attempts::state.eq_any(event.from_states()))
+        .into_boxed();
+    if let Some(lease_owner) = guard.lease_owner {
+        guarded = guarded.filter(attempts::lease_owner.eq(lease_owner.to_owned()));
+    }
+    if guard.never_sent {
+        guarded = guarded.filter(attempts::sent_at.is_null());
+    }
+    let changed = if target == AttemptState::Queued {
+        guarded
+            .set((
+                attempts::state.eq(target),
+                attempts::sent_at.eq(None::<i64>),
+                attempts::version_read.eq(None::<i64>),
+                attempts::lease_expires_at.eq(None::<i64>),
+                attempts::started_at.eq(None::<i64>),
+                attempts::timeout_at.eq(None::<i64>),
+            ))
+            .execute(conn)?
+    } else {
+        let moved = (
+            attempts::state.eq(target),
+            attempts::finished_at.eq(finished_at),
+            attempts::lease_expires_at.eq(None::<i64>),
+        );
+        match error {
+            Some(error) => guarded
+                .set((moved, attempts::error.eq(error.to_owned())))
+                .execute(conn)?,
+            None => guarded.set(moved).execute(conn)?,
+        }
     };
     Ok(changed == 1)
 }
@@ -163,6 +208,20 @@ pub fn insert_queued_attempt(
     provider: &str,
     now: i64,
 ) -> QueryResult<Attempt> {
+    insert_waiting_attempt(conn, job_id, owner_id, number, provider, now, None)
+}
+
+/// [`insert_queued_attempt`], for a retry that may not be sent before
+/// `not_before` (Unix ms, the database's clock).
+pub fn insert_waiting_attempt(
+    conn: &mut DbConnection,
+    job_id: &JobId,
+    owner_id: &UserId,
+    number: i32,
+    provider: &str,
+    now: i64,
+    not_before: Option<i64>,
+) -> QueryResult<Attempt> {
     let row = Attempt {
         id: AttemptId::new(),
         job_id: job_id.clone(),
@@ -180,6 +239,7 @@ pub fn insert_queued_attempt(
         finished_at: None,
         error: None,
         sent_at: None,
+        not_before,
     };
     diesel::insert_into(attempts::table)
         .values(&row)

@@ -16,12 +16,13 @@ use crate::domain::AttemptId;
     post, path = "/api/v1/callbacks/attempts/{id}", tag = "callbacks",
     params(
         ("id" = String, Path, description = "Attempt id"),
-        ("X-Onejob-Signature" = String, Header, description = "`sha256=` + hex HMAC-SHA256 of the body under the attempt's secret"),
+        ("X-Onejob-Timestamp" = String, Header, description = "When the callback was signed, in Unix seconds; older than `server.callback_window_seconds` is refused"),
+        ("X-Onejob-Signature" = String, Header, description = "`sha256=` + hex HMAC-SHA256, under the attempt's secret, of the timestamp, a dot and the body"),
     ),
     request_body = CallbackBody,
     responses(
-        (status = 200, body = CallbackOutcome),
-        (status = 401, description = "Missing or wrong signature; nothing changed", body = Problem, content_type = "application/problem+json"),
+        (status = 200, description = "Applied; a repeat of a callback already applied answers as the first did and writes nothing", body = CallbackOutcome),
+        (status = 401, description = "Missing or wrong signature or timestamp (`invalid-signature`), or signed outside the window (`callback-expired`); nothing changed", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "Callbacks are off, or no such attempt", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body larger than `server.body_limit_bytes`", body = Problem, content_type = "application/problem+json"),
         (status = 422, body = Problem, content_type = "application/problem+json"),
@@ -35,11 +36,15 @@ pub async fn receive(
 ) -> Result<HttpResponse, ApiError> {
     let body = limited_body(&req, payload, app.config().server.body_limit_bytes).await?;
     let attempt_id = AttemptId::parse(&path).ok_or_else(ApiError::not_found)?;
-    let signature = req
-        .headers()
-        .get("X-Onejob-Signature")
-        .and_then(|v| v.to_str().ok());
-    let applied = app.receive_callback(&attempt_id, &body, signature).await?;
+    let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
+    let applied = app
+        .receive_callback(
+            &attempt_id,
+            header("X-Onejob-Timestamp"),
+            &body,
+            header("X-Onejob-Signature"),
+        )
+        .await?;
     Ok(HttpResponse::Ok().json(CallbackOutcome {
         outcome: applied.label().to_owned(),
     }))

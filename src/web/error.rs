@@ -25,6 +25,7 @@ pub enum ProblemType {
     ChainExhausted,
     ProviderNotQualified,
     InvalidSignature,
+    CallbackExpired,
     MalformedJson,
     InvalidBody,
     UnknownTask,
@@ -39,7 +40,7 @@ pub enum ProblemType {
 }
 
 impl ProblemType {
-    pub const ALL: [ProblemType; 23] = [
+    pub const ALL: [ProblemType; 24] = [
         Self::Unauthorized,
         Self::Forbidden,
         Self::NotFound,
@@ -52,6 +53,7 @@ impl ProblemType {
         Self::ChainExhausted,
         Self::ProviderNotQualified,
         Self::InvalidSignature,
+        Self::CallbackExpired,
         Self::MalformedJson,
         Self::InvalidBody,
         Self::UnknownTask,
@@ -92,7 +94,9 @@ impl ProblemType {
             Self::ProviderNotQualified => ("provider-not-qualified", S::CONFLICT, "Provider not qualified for this task",
                 "Only the job's primary provider and providers with a current passing qualification for the task may take a new attempt. Run `onejob qualify` or use the console's Providers page."),
             Self::InvalidSignature => ("invalid-signature", S::UNAUTHORIZED, "Invalid callback signature",
-                "The callback's `X-Onejob-Signature` is missing or is not the HMAC-SHA256 of the body under this attempt's secret."),
+                "The callback's `X-Onejob-Signature` is missing or is not the HMAC-SHA256, under this attempt's secret, of `X-Onejob-Timestamp`, a dot and the body."),
+            Self::CallbackExpired => ("callback-expired", S::UNAUTHORIZED, "Callback signed outside the window",
+                "The callback is signed correctly, but its `X-Onejob-Timestamp` is further from this server's clock than `server.callback_window_seconds` (5 minutes by default). Sign each delivery with the current time."),
             Self::MalformedJson => ("malformed-json", S::BAD_REQUEST, "Malformed JSON",
                 "The request body is not well-formed JSON."),
             Self::InvalidBody => ("invalid-body", S::UNPROCESSABLE_ENTITY, "Invalid request body",
@@ -264,6 +268,12 @@ impl From<AppError> for ApiError {
             AppError::AttemptNotUnknown(state) => Self::new(ProblemType::AttemptNotUnknown, detail)
                 .with("attempt_state", state.as_str()),
             AppError::InvalidSignature => Self::new(ProblemType::InvalidSignature, detail),
+            AppError::CallbackExpired {
+                age_seconds,
+                window_seconds,
+            } => Self::new(ProblemType::CallbackExpired, detail)
+                .with("age_seconds", age_seconds)
+                .with("window_seconds", window_seconds),
             AppError::Unavailable(_) => Self::new(ProblemType::ServiceUnavailable, detail),
             AppError::Internal => Self::internal(),
         }

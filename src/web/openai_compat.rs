@@ -24,7 +24,7 @@ use super::auth::{authenticate_or, Caller};
 use super::body::json_text;
 use super::error::{ApiError, ProblemType};
 use crate::app::intake::JobRequest;
-use crate::app::{App, AppError, Job};
+use crate::app::{App, AppError, Attempt, Job};
 use crate::domain::{IdempotencyKey, IdempotencyKeyError, JobStatus};
 
 /// How long a client should wait before rejoining a job still in flight.
@@ -329,12 +329,12 @@ fn read_request(body: &Value) -> Result<(String, Delivery), OpenAiError> {
             headers(("X-Onejob-Job-Id" = String, description = "The job"), ("Idempotent-Replayed" = String, description = "`true` when the key had already made this job"))),
         (status = 400, description = "Missing or invalid Idempotency-Key, malformed JSON, or a request of the wrong shape", body = OpenAiErrorBody),
         (status = 401, description = "No valid onejob API token as the bearer", body = OpenAiErrorBody),
-        (status = 404, description = "`model` is not a chat route (`model_not_found`)", body = OpenAiErrorBody),
-        (status = 409, description = "The key already made a request with a different body (`idempotency_key_reused`); not retried", body = OpenAiErrorBody),
+        (status = 404, description = "`model` is not a chat route (`model_not_found`); a replay of a request it accepted is answered whatever today's routes", body = OpenAiErrorBody),
+        (status = 409, description = "The key already made a request with a different body (`idempotency_key_reused`), or its job has no attempt in flight and waits for support (`job_needs_support`); not retried", body = OpenAiErrorBody),
         (status = 413, description = "Body too large", body = OpenAiErrorBody),
         (status = 415, description = "Not application/json", body = OpenAiErrorBody),
         (status = 424, description = "The job failed: every provider allowed for the route failed (`job_failed`); not retried", body = OpenAiErrorBody),
-        (status = 503, description = "Still running when the wait ended (`job_in_progress`), outcome unknown pending support (`outcome_unknown`), or database busy; `Retry-After` says when to retry with the same key", body = OpenAiErrorBody,
+        (status = 503, description = "Still running when the wait ended (`job_in_progress`), outcome unknown pending support (`outcome_unknown`, answered at once for a duplicate), or database busy; `Retry-After` says when to retry with the same key", body = OpenAiErrorBody,
             headers(("Retry-After" = String, description = "Seconds"))),
     ),
     security(("bearer" = []))
@@ -348,14 +348,9 @@ pub async fn chat_completions(
     let key = idempotency_key(&req)?;
     let input = json_text(&req, payload, app.config().server.body_limit_bytes).await?;
     let (model, delivery) = read_request(&input.value())?;
-    // A task that is not a chat route is not a model. An unknown name is
-    // left to creation, which answers a replay before looking at today's
-    // configuration.
-    if let Some(contract) = app.config().contracts.get(&model) {
-        if !contract.is_chat() {
-            return Err(OpenAiError::model_not_found(&model));
-        }
-    }
+    // A name that is not a chat route today is left to creation, which
+    // answers a replay from the key's job before it looks at today's
+    // configuration (and refuses a new request for it as `model_not_found`).
     let watch = app.watch_finishes();
     let created = app
         .create_job(
@@ -366,17 +361,52 @@ pub async fn chat_completions(
                 input,
                 provider: None,
                 params: None,
+                chat_route: true,
             },
         )
         .await?;
-    let (job, _) = app
-        .wait_for_job(watch, created.job, created.attempts, app.max_wait())
-        .await?;
-    answer(&job, created.replayed, &delivery)
+    // What only a person can move on is answered at once, not after the
+    // whole wait: an unknown outcome, and a job left with no attempt.
+    let (job, attempts) = if created.job.status == JobStatus::Unknown
+        || needs_support(&created.job, &created.attempts)
+    {
+        (created.job, created.attempts)
+    } else {
+        app.wait_for_job(watch, created.job, created.attempts, app.max_wait())
+            .await?
+    };
+    answer(&job, &attempts, created.replayed, &delivery)
+}
+
+/// A job that is not finished and has no live attempt (its last one was
+/// abandoned and nobody started another): nothing will move it but support.
+fn needs_support(job: &Job, attempts: &[Attempt]) -> bool {
+    !job.status.is_terminal() && !attempts.iter().any(|a| a.state.is_live())
 }
 
 /// The response for a job as the wait left it.
-fn answer(job: &Job, replayed: bool, delivery: &Delivery) -> Result<HttpResponse, OpenAiError> {
+fn answer(
+    job: &Job,
+    attempts: &[Attempt],
+    replayed: bool,
+    delivery: &Delivery,
+) -> Result<HttpResponse, OpenAiError> {
+    if needs_support(job, attempts) {
+        return Err(OpenAiError::new(
+            StatusCode::CONFLICT,
+            format!(
+                "Job {id} is pending with no attempt in flight: its last attempt was abandoned \
+                 and no new one was started, so nothing will answer this request until support \
+                 acts. Support must start a new attempt (POST /api/v1/jobs/{id}/attempts, or the \
+                 console's job page) or mark the job failed; until then, retrying with the same \
+                 Idempotency-Key gets this answer.",
+                id = job.id
+            ),
+        )
+        .code("job_needs_support")
+        .retry(Retry::Never)
+        .job(job));
+    }
     match job.status {
         JobStatus::Succeeded => {}
         JobStatus::Failed => {

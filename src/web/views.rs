@@ -48,6 +48,7 @@ impl From<CreateJobRequest> for JobRequest {
             input: text(body.input),
             provider: body.provider,
             params: body.params.map(text),
+            chat_route: false,
         }
     }
 }
@@ -91,6 +92,9 @@ pub struct AttemptView {
     pub timeout_at: Option<String>,
     pub finished_at: Option<String>,
     pub error: Option<String>,
+    /// A retry (after a refusal in which nothing happened) is not sent
+    /// before this: its provider's `Retry-After`, or a backoff.
+    pub not_before: Option<String>,
 }
 
 impl AttemptView {
@@ -121,6 +125,7 @@ impl From<&Attempt> for AttemptView {
             timeout_at: rfc3339_opt(a.timeout_at),
             finished_at: rfc3339_opt(a.finished_at),
             error: a.error.clone(),
+            not_before: rfc3339_opt(a.not_before),
         }
     }
 }

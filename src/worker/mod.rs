@@ -3,7 +3,9 @@
 //! one transaction.
 //!
 //! - success → the compare-and-swap (a loser goes to the race log);
-//! - definite failure → `failed`, then the next allowed provider, or the job fails;
+//! - definite failure → `failed`, then the next allowed provider, a retry on
+//!   the same provider once its wait is over (a refusal in which nothing
+//!   happened), or the job fails;
 //! - soft timeout → `unknown`; the call stays open for the late-result window and
 //!   whatever comes back still goes through the CAS;
 //! - a `running` attempt whose lease expired (its process died) → `unknown`,
@@ -18,9 +20,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::app::dispatch::Dispatch;
-use crate::app::work::StartOffer;
-use crate::app::{now_ms, App, AppError, Claim, SendPermit};
-use crate::domain::{AttemptId, AttemptState, Outcome};
+use crate::app::work::{Admitted, StartOffer};
+use crate::app::{now_ms, App, AppError, Claim};
+use crate::domain::{AttemptId, AttemptState, Outcome, UserId};
+use crate::providers::limits::{LateHold, SendSlot};
+use crate::providers::Reply;
 
 /// A running worker pool; dropping it does not stop it, [`WorkerHandle::shutdown`] does.
 pub struct WorkerHandle {
@@ -31,8 +35,8 @@ pub struct WorkerHandle {
 
 impl WorkerHandle {
     /// A deploy's stop, which strands nothing:
-    /// - claiming stops at once; a claim not yet sent (waiting out a
-    ///   provider's `Retry-After`) goes back to the queue;
+    /// - claiming stops at once (attempts waiting for a provider's pause or
+    ///   capacity wait in the queue, never in a claim);
     /// - calls in flight may answer, or reach their soft timeout (the
     ///   configuration keeps `grace` longer than every soft timeout);
     /// - writing their outcomes is retried until `grace` ends;
@@ -58,15 +62,16 @@ impl WorkerHandle {
 /// counters, and what retention says has expired.
 const CLEANUP_EVERY: Duration = Duration::from_secs(60);
 
-/// How a failure reads when the provider's outcome itself could not be stored.
-const UNRECORDABLE: &str = "the provider's outcome could not be recorded";
-
 /// A call that outlasted its soft timeout and is kept open for late news.
 struct LateCall {
     attempt_id: AttemptId,
     provider: String,
     sent_at: Instant,
     window: Duration,
+    /// Its place in flight at the provider (the provider is still working).
+    slot: Option<SendSlot>,
+    /// Its place under the provider's `max_late_calls`.
+    _hold: LateHold,
 }
 
 #[derive(Clone)]
@@ -142,10 +147,30 @@ impl Worker {
         let poll = Duration::from_millis(self.app.config().worker.poll_interval_ms);
         // Attempts may be queued from before this process started.
         let mut drained = false;
+        // Providers whose due attempts the last claim left queued.
+        let mut held: Vec<String> = Vec::new();
         while !self.shutdown.is_cancelled() {
             if drained {
+                // A provider holding attempts back reopens when one of its
+                // calls ends, or by the clock (a pause or a window ends).
+                let providers = self.app.providers();
+                let reopens = held
+                    .iter()
+                    .filter_map(|name| providers.get(name)?.limiter().closed()?.until())
+                    .min();
+                let reopened = async {
+                    match (held.is_empty(), reopens) {
+                        (true, _) => std::future::pending().await,
+                        (false, Some(at)) => tokio::select! {
+                            _ = providers.capacity_freed() => {}
+                            _ = tokio::time::sleep_until(at) => {}
+                        },
+                        (false, None) => providers.capacity_freed().await,
+                    }
+                };
                 tokio::select! {
                     _ = self.app.attempt_queued() => {}
+                    _ = reopened => {}
                     _ = sleep(poll) => {}
                     _ = self.shutdown.cancelled() => break,
                 }
@@ -164,13 +189,15 @@ impl Worker {
             let asked = free.len();
             let claimed = self.app.claim_batch(&self.lease_owner, asked).await;
             match claimed {
-                Ok(claims) => {
-                    let full = claims.len() == asked;
+                Ok(claimed) => {
+                    let full = claimed.admitted.len() == asked;
                     offer.set_backlog(full);
+                    offer.set_held(&claimed.held);
+                    held = claimed.held;
                     drained = !full;
-                    for claim in claims {
+                    for admitted in claimed.admitted {
                         let slot = free.pop().expect("no more claims than free slots");
-                        self.run_in_slot(claim, slot);
+                        self.run_in_slot(admitted, slot);
                     }
                 }
                 Err(error) => {
@@ -206,11 +233,11 @@ impl Worker {
 
     /// Runs a claimed (or started) attempt in a task of its own, holding
     /// its slot until the attempt is done.
-    fn run_in_slot(&self, claim: Claim, slot: tokio::sync::OwnedSemaphorePermit) {
+    fn run_in_slot(&self, admitted: Admitted, slot: tokio::sync::OwnedSemaphorePermit) {
         let worker = self.clone();
         self.tracker.spawn_on(
             async move {
-                worker.run_attempt(claim).await;
+                worker.run_attempt(admitted).await;
                 drop(slot);
             },
             &self.runtime,
@@ -276,97 +303,75 @@ impl Worker {
         }
     }
 
-    #[tracing::instrument(skip_all, fields(job_id = %claim.job.id, attempt_id = %claim.attempt.id, provider = %claim.attempt.provider))]
-    async fn run_attempt(&self, claim: Claim) {
+    #[tracing::instrument(skip_all, fields(job_id = %admitted.claim.job.id, attempt_id = %admitted.claim.attempt.id, provider = %admitted.claim.attempt.provider))]
+    async fn run_attempt(&self, admitted: Admitted) {
+        let Admitted { claim, slot } = admitted;
         let attempt_id = claim.attempt.id.clone();
         let provider = claim.attempt.provider.clone();
+        let lease = Duration::from_millis(self.app.config().worker.lease_ms);
         let dispatch = match self.app.dispatch(&claim) {
             Ok(dispatch) => Arc::new(dispatch),
             Err(not_sent) => {
-                self.apply(&attempt_id, &provider, not_sent).await;
+                let deadline = Instant::now() + lease;
+                self.apply(&attempt_id, &provider, not_sent, deadline).await;
                 return;
             }
         };
-        let lease_ms = self.app.config().worker.lease_ms;
-        // The first beat is one period from now (an `interval`'s immediate
-        // first tick, awaited, would pass through the timer for nothing).
-        let period = Duration::from_millis((lease_ms / 3).max(50));
-        let mut heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-        // Confirmed by the claim itself (no pause was asked for): send now.
-        if claim.attempt.sent_at.is_none()
-            && !self
-                .wait_and_confirm(&claim, &dispatch, &mut heartbeat)
+        // Every claim this worker makes is confirmed by the claiming
+        // statement (or the creating transaction): the send follows now,
+        // unless a pause began since the claim took its slot. Then the
+        // request does not leave: the attempt goes back to the queue (its
+        // `sent_at` cleared) and is claimed again once the pause is over.
+        let paused_since = slot.as_ref().is_some_and(|s| !s.clear_to_send());
+        if claim.attempt.sent_at.is_none() || paused_since {
+            drop(slot);
+            match self
+                .app
+                .give_back_before_sending(&attempt_id, &self.lease_owner)
                 .await
-        {
-            return;
-        }
-        self.send(claim, dispatch, heartbeat).await;
-    }
-
-    /// For a claim that was not confirmed when it was made: waits out the
-    /// provider's pause, then confirms the claim immediately before sending.
-    /// False when nothing may be sent (and the attempt records why).
-    async fn wait_and_confirm(
-        &self,
-        claim: &Claim,
-        dispatch: &Dispatch,
-        heartbeat: &mut tokio::time::Interval,
-    ) -> bool {
-        let attempt_id = &claim.attempt.id;
-        // A provider that asked for a pause (429/529 Retry-After) is not called
-        // before it ends; the soft timeout starts only when the request is sent.
-        // The claim is kept alive meanwhile; if it becomes void (the job
-        // finished, the lease was lost) or the process is stopping, nothing
-        // is sent.
-        if let Some(until) = dispatch.provider.not_before() {
-            tracing::info!("waiting for the provider's Retry-After before sending");
-            loop {
-                tokio::select! {
-                    _ = tokio::time::sleep_until(until) => break,
-                    _ = self.shutdown.cancelled() => break,
-                    _ = heartbeat.tick() => {
-                        if !self.renew_lease(attempt_id).await {
-                            break;
-                        }
-                    }
+            {
+                Ok(permit) => {
+                    tracing::info!(?permit, "the provider asked for a pause before the attempt left: not sent, given back")
+                }
+                Err(error) => {
+                    tracing::error!(%error, "giving back an unsent claim failed; the attempt was not sent, and its lease will run out")
                 }
             }
+            return;
         }
-        if self.shutdown.is_cancelled() {
-            self.give_back(attempt_id).await;
-            return false;
-        }
-        // The one guarded statement before the send.
-        match self.app.confirm_send(attempt_id, &self.lease_owner).await {
-            Ok(SendPermit::Granted) => true,
-            Ok(refused) => {
-                tracing::warn!(?refused, "the claim is void: the attempt was not sent");
-                false
-            }
-            Err(error) => {
-                // Unconfirmed means unsent; the lease will run out and the
-                // attempt go back to the queue.
-                tracing::error!(%error, "confirming the claim failed: the attempt was not sent");
-                false
-            }
-        }
+        self.send(claim, dispatch, slot).await;
     }
 
     /// Sends a confirmed claim and applies what comes back (or, past the
     /// soft timeout, marks it unknown and keeps listening for late news).
-    async fn send(
-        &self,
-        claim: Claim,
-        dispatch: Arc<Dispatch>,
-        mut heartbeat: tokio::time::Interval,
-    ) {
+    async fn send(&self, claim: Claim, dispatch: Arc<Dispatch>, mut slot: Option<SendSlot>) {
         let attempt_id = claim.attempt.id.clone();
+        let owner_id = claim.attempt.owner_id.clone();
         let provider = claim.attempt.provider.clone();
+        if let Some(slot) = slot.as_mut() {
+            slot.sending();
+            slot.settle_tokens(dispatch.estimated_tokens());
+        }
         tracing::info!("attempt sent");
         let metrics = self.app.metrics();
+        let now = now_ms();
         metrics
             .claim_lag_seconds
-            .observe((now_ms() - claim.attempt.created_at).max(0) as f64 / 1000.0);
+            .observe((now - claim.attempt.created_at).max(0) as f64 / 1000.0);
+        let due = claim.attempt.not_before.unwrap_or(claim.attempt.created_at);
+        metrics
+            .provider_wait_seconds
+            .get_or_create(&crate::app::metrics::ProviderLabel {
+                provider: provider.clone(),
+            })
+            .observe((now - due).max(0) as f64 / 1000.0);
+        let lease = Duration::from_millis(self.app.config().worker.lease_ms);
+        // The first beat is one period from now (an `interval`'s immediate
+        // first tick, awaited, would pass through the timer for nothing).
+        let period = (lease / 3).max(Duration::from_millis(50));
+        let mut heartbeat = tokio::time::interval_at(Instant::now() + period, period);
+        // The claim set the lease just now; each renewal moves it on.
+        let mut lease_until = Instant::now() + lease;
         let sent_at = Instant::now();
         let soft_timeout = dispatch.provider.soft_timeout();
         let soft_deadline = Instant::now() + soft_timeout;
@@ -374,19 +379,26 @@ impl Worker {
         let mut call = Box::pin(async move { sending.send().await });
         let answered = loop {
             tokio::select! {
-                outcome = &mut call => break Some(outcome),
+                reply = &mut call => break Some(reply),
                 _ = tokio::time::sleep_until(soft_deadline) => break None,
                 _ = heartbeat.tick() => {
-                    // Sent already: a lost lease changes nothing here; the
-                    // answer still goes through the compare-and-swap.
-                    self.renew_lease(&attempt_id).await;
+                    // Sent already: the lease is kept while the call is out,
+                    // whatever happened to the job (an answer still goes
+                    // through the compare-and-swap).
+                    let renewed_at = Instant::now();
+                    if self.renew_lease(&attempt_id, &owner_id).await {
+                        lease_until = renewed_at + lease;
+                    }
                 }
             }
         };
         match answered {
-            Some(outcome) => {
+            Some(reply) => {
                 metrics.observe_provider_call(&provider, sent_at.elapsed());
-                self.apply(&attempt_id, &provider, outcome).await
+                let outcome = self.settle(&provider, reply, slot.as_ref());
+                drop(slot);
+                self.apply(&attempt_id, &provider, outcome, lease_until)
+                    .await
             }
             None => {
                 let reason = format!(
@@ -394,9 +406,29 @@ impl Worker {
                     soft_timeout.as_millis()
                 );
                 tracing::warn!("{reason}: attempt is now unknown");
-                self.apply(&attempt_id, &provider, Outcome::Unknown(reason))
-                    .await;
-                // Keep the call open for late news, off this claim loop's slot.
+                self.apply(
+                    &attempt_id,
+                    &provider,
+                    Outcome::Unknown(reason),
+                    lease_until,
+                )
+                .await;
+                // Keep the call open for late news, off this claim loop's
+                // slot, if the provider's cap on open late calls allows.
+                let Some(hold) = dispatch.provider.limiter().try_hold_late() else {
+                    metrics
+                        .late_calls_dropped
+                        .get_or_create(&crate::app::metrics::ProviderLabel {
+                            provider: provider.clone(),
+                        })
+                        .inc();
+                    tracing::warn!(
+                        max_late_calls = dispatch.provider.settings.max_late_calls,
+                        "too many timed-out calls are open to this provider: this one is dropped, \
+                         and its attempt stays unknown until support resolves it"
+                    );
+                    return;
+                };
                 let worker = self.clone();
                 let window = dispatch.provider.late_result_window();
                 let late = LateCall {
@@ -404,6 +436,8 @@ impl Worker {
                     provider,
                     sent_at,
                     window,
+                    slot,
+                    _hold: hold,
                 };
                 self.tracker
                     .spawn(async move { worker.await_late_result(late, call).await });
@@ -411,24 +445,50 @@ impl Worker {
         }
     }
 
+    /// What a reply says, with its bookkeeping done: the tokens it used are
+    /// counted against the provider's `tokens_per_minute`, a pause it asked
+    /// for is counted.
+    fn settle(&self, provider: &str, reply: Reply, slot: Option<&SendSlot>) -> Outcome {
+        if let (Some(tokens), Some(slot)) = (reply.tokens_used, slot) {
+            slot.settle_tokens(tokens);
+        }
+        if let Outcome::Refused(refusal) = &reply.outcome {
+            if let Some(pause) = refusal.pause {
+                self.app.metrics().paused(provider, pause);
+                tracing::info!(
+                    pause_ms = pause.as_millis() as u64,
+                    "the provider asked for a pause"
+                );
+            }
+        }
+        reply.outcome
+    }
+
     async fn await_late_result(
         self,
         late: LateCall,
-        call: std::pin::Pin<Box<dyn std::future::Future<Output = Outcome> + Send>>,
+        call: std::pin::Pin<Box<dyn std::future::Future<Output = Reply> + Send>>,
     ) {
         let LateCall {
             attempt_id,
             provider,
             sent_at,
             window,
+            slot,
+            _hold,
         } = late;
+        let lease = Duration::from_millis(self.app.config().worker.lease_ms);
         tokio::select! {
-            outcome = call => match outcome {
-                Outcome::Unknown(reason) => tracing::warn!(%attempt_id, %reason, "late call ended without an answer"),
-                outcome => {
-                    tracing::info!(%attempt_id, "late answer arrived");
-                    self.app.metrics().observe_provider_call(&provider, sent_at.elapsed());
-                    self.apply(&attempt_id, &provider, outcome).await;
+            reply = call => {
+                let outcome = self.settle(&provider, reply, slot.as_ref());
+                drop(slot);
+                match outcome {
+                    Outcome::Unknown(reason) => tracing::warn!(%attempt_id, %reason, "late call ended without an answer"),
+                    outcome => {
+                        tracing::info!(%attempt_id, "late answer arrived");
+                        self.app.metrics().observe_provider_call(&provider, sent_at.elapsed());
+                        self.apply(&attempt_id, &provider, outcome, Instant::now() + lease).await;
+                    }
                 }
             },
             _ = sleep(window) => {
@@ -441,17 +501,21 @@ impl Worker {
     }
 
     /// Renews the claim's lease, retrying a few times when the database is
-    /// busy. False when the claim is void (not running under this worker any
-    /// more, or its job finished); an answer still goes through the CAS.
-    async fn renew_lease(&self, attempt_id: &AttemptId) -> bool {
+    /// busy. False when it was not renewed (the attempt is no longer running
+    /// under this worker, or the database stayed busy); an answer still goes
+    /// through the CAS.
+    async fn renew_lease(&self, attempt_id: &AttemptId, owner_id: &UserId) -> bool {
         let mut delay = Duration::from_millis(50);
         for attempt in 1..=4 {
-            match self.app.renew_lease(attempt_id, &self.lease_owner).await {
+            match self
+                .app
+                .renew_lease(attempt_id, owner_id, &self.lease_owner)
+                .await
+            {
                 Ok(true) => return true,
                 Ok(false) => {
                     tracing::warn!(
-                        "lease lost: the attempt is no longer running under this process, or its \
-                         job finished"
+                        "lease lost: the attempt is no longer running under this process"
                     );
                     return false;
                 }
@@ -462,36 +526,27 @@ impl Worker {
                 }
             }
         }
-        // Still unknown whether it holds; treat it as held (the reaper
-        // decides by the database's clock) rather than drop a live call.
-        true
+        false
     }
 
-    /// Gives an unsent claim back (at shutdown).
-    async fn give_back(&self, attempt_id: &AttemptId) {
-        match self
-            .app
-            .give_back_unsent(attempt_id, &self.lease_owner)
-            .await
-        {
-            Ok(outcome) => {
-                tracing::info!(%attempt_id, ?outcome, "unsent claim given back at shutdown")
-            }
-            Err(error) => {
-                tracing::error!(%error, %attempt_id, "giving back an unsent claim failed; its lease will run out and return it to the queue")
-            }
-        }
-    }
-
-    /// Applies an outcome, retrying while the database is busy or away: an
-    /// answer must not be lost. Gives up only when the shutdown grace ends;
-    /// the attempt then surfaces as `unknown` (its lease expires), which is
-    /// the truth. An error a retry cannot fix (the database refuses what
-    /// was sent) is not retried forever: the attempt fails, with the reason.
-    async fn apply(&self, attempt_id: &AttemptId, provider: &str, outcome: Outcome) {
-        let mut outcome = outcome;
+    /// Applies an outcome, as it is: an outcome is never rewritten.
+    ///
+    /// While the database is busy or away, the write is retried until the
+    /// shutdown grace ends: an answer must not be lost (if the lease runs
+    /// out meanwhile, the attempt shows `unknown`, and the answer still
+    /// applies as late news). A write the database refuses otherwise is
+    /// retried until `lease_until`, the lease this worker last renewed;
+    /// then it is left: the attempt stays `running`, and once its lease has
+    /// run out the reaper makes it `unknown`, as for a process that
+    /// stopped. Nothing fails over on an outcome that was not recorded.
+    async fn apply(
+        &self,
+        attempt_id: &AttemptId,
+        provider: &str,
+        outcome: Outcome,
+        lease_until: Instant,
+    ) {
         let mut delay = Duration::from_millis(100);
-        let mut refused = 0;
         for attempt in 1.. {
             match self
                 .app
@@ -507,20 +562,10 @@ impl Worker {
                     tracing::warn!(%reason, attempt, "applying an outcome failed; retrying in {delay:?}");
                 }
                 Err(error) => {
-                    refused += 1;
-                    tracing::error!(%error, attempt, "the database refused an outcome");
-                    if refused >= 3 {
-                        if matches!(outcome, Outcome::Failed(ref r) if r.starts_with(UNRECORDABLE))
-                        {
-                            tracing::error!(%attempt_id, "even the failure could not be recorded; the attempt will surface as unknown");
-                            return;
-                        }
-                        outcome = Outcome::Failed(format!(
-                            "{UNRECORDABLE} ({}): {error}",
-                            outcome.label()
-                        ));
-                        refused = 0;
-                        continue;
+                    tracing::error!(%error, attempt, outcome = outcome.label(), "the database refused an outcome; retrying while the lease holds");
+                    if Instant::now() + delay >= lease_until {
+                        tracing::error!(%attempt_id, outcome = outcome.label(), "the outcome could not be recorded before the lease ran out; the attempt stays running and the reaper makes it unknown");
+                        return;
                     }
                 }
             }

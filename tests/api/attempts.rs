@@ -552,16 +552,25 @@ async fn claimed_by_a_process_that_died(
                 job_store::CreateOutcome::Created(job) => job,
                 other => panic!("{other:?}"),
             };
-            let claim = queue::claim_next(conn, "a-process-that-died", 300, &|_| 3000)
-                .unwrap()
-                .expect("the queued attempt is claimed");
-            if sent {
-                assert_eq!(
-                    queue::confirm_send(conn, &claim.attempt.id, "a-process-that-died", 300)
-                        .unwrap(),
-                    queue::SendPermit::Granted
-                );
-            }
+            // Claimed, and, if `sent`, confirmed by the claim and sent.
+            let mut admit = |_: &onejob::domain::AttemptId, _: &str| true;
+            let claim = queue::claim_batch(
+                conn,
+                queue::ClaimRules {
+                    lease_owner: "a-process-that-died",
+                    lease_ms: 300,
+                    limit: 1,
+                    soft_timeout_ms: &|_| 3000,
+                    closed: &[],
+                    admit: &mut admit,
+                    confirm: sent,
+                },
+            )
+            .unwrap()
+            .claims
+            .pop()
+            .expect("the queued attempt is claimed");
+            assert_eq!(claim.attempt.sent_at.is_some(), sent);
             (job.id, claim.attempt.id)
         })
         .await

@@ -41,24 +41,38 @@ fn server_key() -> CallbackKey {
     CallbackKey::new(&Secret::new(CALLBACK_KEY))
 }
 
-/// The signature the provider would send for `body` to `attempt_id`.
-fn signed(attempt_id: &str, body: &str) -> Option<String> {
-    Some(server_key().sign(attempt_id, body.as_bytes()))
+/// Now, in Unix seconds, as a provider signs its callbacks.
+fn now_s() -> i64 {
+    onejob::app::now_ms() / 1000
+}
+
+/// A timestamp and the signature over it and a body.
+type Signed = (i64, String);
+
+/// What the provider would send for `body` to `attempt_id`, signed now.
+fn signed(attempt_id: &str, body: &str) -> Option<Signed> {
+    Some(signed_at(attempt_id, body, now_s()))
+}
+
+fn signed_at(attempt_id: &str, body: &str, at: i64) -> Signed {
+    (at, server_key().sign(attempt_id, at, body.as_bytes()))
 }
 
 async fn post_callback(
     app: &TestApp,
     attempt_id: &str,
     body: &str,
-    signature: Option<String>,
+    signed: Option<Signed>,
 ) -> reqwest::Response {
     let mut request = app
         .client
         .post(app.url(&format!("/api/v1/callbacks/attempts/{attempt_id}")))
         .header("Content-Type", "application/json")
         .body(body.to_owned());
-    if let Some(signature) = signature {
-        request = request.header("X-Onejob-Signature", signature);
+    if let Some((at, signature)) = signed {
+        request = request
+            .header("X-Onejob-Timestamp", at.to_string())
+            .header("X-Onejob-Signature", signature);
     }
     request.send().await.unwrap()
 }
@@ -141,19 +155,38 @@ async fn a_callback_with_a_bad_signature_is_401_and_changes_nothing(backend: Tes
     let (_fake, app, job_id, attempt_id) = awaiting_callback(backend, "cb-bad").await;
     let before = stored(&app, &job_id).await;
     let body = r#"{"result": {"summary": "forged"}}"#;
-    let forged =
-        CallbackKey::new(&Secret::new("not the server's key")).sign(&attempt_id, body.as_bytes());
+    let now = now_s();
+    let forged = CallbackKey::new(&Secret::new("not the server's key")).sign(
+        &attempt_id,
+        now,
+        body.as_bytes(),
+    );
     // Signed for another body: the signature covers the body.
-    let other_body = server_key().sign(&attempt_id, br#"{"result": {"summary": "real"}}"#);
-    for signature in [
+    let other_body = server_key().sign(&attempt_id, now, br#"{"result": {"summary": "real"}}"#);
+    // Signed at another time: the signature covers the timestamp.
+    let other_time = server_key().sign(&attempt_id, now - 1, body.as_bytes());
+    for signed in [
         None,
-        Some("sha256=00".to_owned()),
-        Some(forged),
-        Some(other_body),
+        Some((now, "sha256=00".to_owned())),
+        Some((now, forged)),
+        Some((now, other_body)),
+        Some((now, other_time)),
     ] {
-        let response = post_callback(&app, &attempt_id, body, signature).await;
+        let response = post_callback(&app, &attempt_id, body, signed).await;
         assert_problem(response, StatusCode::UNAUTHORIZED, "invalid-signature").await;
     }
+    // Signed correctly but without its timestamp: nothing to verify against.
+    let (_, signature) = signed_at(&attempt_id, body, now);
+    let response = app
+        .client
+        .post(app.url(&format!("/api/v1/callbacks/attempts/{attempt_id}")))
+        .header("Content-Type", "application/json")
+        .header("X-Onejob-Signature", signature)
+        .body(body.to_owned())
+        .send()
+        .await
+        .unwrap();
+    assert_problem(response, StatusCode::UNAUTHORIZED, "invalid-signature").await;
     let after = app.get_job(&app.alice.token, &job_id).await;
     assert_eq!(after["status"], "unknown");
     assert!(after["result"].is_null());
@@ -173,13 +206,8 @@ async fn a_signed_callback_goes_through_the_cas(backend: TestBackend) {
         Some(format!("http://127.0.0.1:9/api/v1/callbacks/attempts/{attempt_id}").as_str())
     );
     let body = r#"{"result": {"summary": "called back"}}"#;
-    let response = post_callback(
-        &app,
-        &attempt_id,
-        body,
-        Some(key.sign(&attempt_id, body.as_bytes())),
-    )
-    .await;
+    let delivery = signed(&attempt_id, body);
+    let response = post_callback(&app, &attempt_id, body, delivery.clone()).await;
     assert_eq!(response.status(), StatusCode::OK);
     let outcome: Value = response.json().await.unwrap();
     assert_eq!(outcome["outcome"], "won");
@@ -197,38 +225,99 @@ async fn a_signed_callback_goes_through_the_cas(backend: TestBackend) {
         after.job.result.as_ref().map(|r| r.value()),
         Some(json!({"summary": "called back"}))
     );
-    // The same callback again is ignored: the attempt is finished.
-    let response = post_callback(
-        &app,
-        &attempt_id,
-        body,
-        Some(key.sign(&attempt_id, body.as_bytes())),
-    )
-    .await;
-    let outcome: Value = response.json().await.unwrap();
-    assert_eq!(outcome["outcome"], "ignored");
-    // The repeat changed nothing, and is in the race log as a repeat.
-    let repeated = stored(&app, &job_id).await;
+    // The same callback again, as delivered, and once more signed anew:
+    // each answers as the first did, and writes nothing.
+    for again in [delivery, signed(&attempt_id, body)] {
+        let response = post_callback(&app, &attempt_id, body, again).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        let outcome: Value = response.json().await.unwrap();
+        assert_eq!(outcome["outcome"], "won", "answered as the first delivery");
+    }
     assert_eq!(
-        (&repeated.job, &repeated.attempts, &repeated.audit),
-        (&after.job, &after.attempts, &after.audit),
-        "the repeat changed nothing"
+        stored(&app, &job_id).await,
+        after,
+        "a repeat writes nothing: no race-log row, no change"
     );
-    assert_eq!(repeated.races.len(), 1, "{:?}", repeated.races);
-    let race = &repeated.races[0];
+    // Another answer for the finished attempt is not a repeat: it is
+    // discarded and written to the race log.
+    let other = r#"{"result": {"summary": "a second opinion"}}"#;
+    assert_eq!(callback_outcome(&app, &attempt_id, other).await, "ignored");
+    let later = stored(&app, &job_id).await;
+    assert_eq!(later.races.len(), 1, "{:?}", later.races);
+    let race = &later.races[0];
     assert_eq!(race.losing_attempt_id, after.attempts[0].id);
-    assert_eq!(
-        race.winning_attempt_id.as_ref(),
-        Some(&after.attempts[0].id)
-    );
     assert_eq!(
         race.reason,
         "a repeated answer: the attempt had already answered"
     );
     assert_eq!(
         race.payload_sha256,
-        sha256_hex(canonical_json(&json!({"summary": "called back"})).as_bytes())
+        sha256_hex(canonical_json(&json!({"summary": "a second opinion"})).as_bytes())
     );
+}
+
+/// Item: signed callbacks expire and repeat harmlessly. A captured callback
+/// replayed many times adds nothing after its first delivery, and one
+/// signed longer ago than the window is refused and changes nothing.
+async fn a_replayed_callback_writes_nothing_new_and_an_old_one_is_refused(backend: TestBackend) {
+    let fake = FakeProvider::start(Shape::OpenAi).await;
+    let app = spawn_app_with(backend, callback_config(&fake)).await;
+    let (job_id, first) = job_awaiting_callback(&app, &fake, "cb-replay").await;
+    assert_eq!(
+        app.abandon(&app.sue.token, &first, "try again")
+            .await
+            .status(),
+        StatusCode::OK
+    );
+    fake.push(Behaviour::Hang);
+    let response = app
+        .start_attempt(&app.sue.token, &job_id, Some(json!({"provider": "async"})))
+        .await;
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let job = app
+        .wait_for_job(&job_id, WAIT, |j| j["attempts"][1]["state"] == "unknown")
+        .await;
+    let second = job["attempts"][1]["id"].as_str().unwrap().to_owned();
+    let winning = r#"{"result": {"summary": "the winner"}}"#;
+    assert_eq!(callback_outcome(&app, &second, winning).await, "won");
+
+    // The first attempt's callback loses, once; its replays write nothing.
+    let losing = r#"{"result": {"summary": "the loser"}}"#;
+    let captured = signed(&first, losing);
+    let response = post_callback(&app, &first, losing, captured.clone()).await;
+    assert_eq!(response.json::<Value>().await.unwrap()["outcome"], "lost");
+    let after = stored(&app, &job_id).await;
+    assert_eq!(after.races.len(), 1);
+    for _ in 0..5 {
+        let response = post_callback(&app, &first, losing, captured.clone()).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.json::<Value>().await.unwrap()["outcome"], "lost");
+    }
+    assert_eq!(
+        stored(&app, &job_id).await,
+        after,
+        "five replays, nothing new"
+    );
+
+    // Signed six minutes ago: refused, whatever it says.
+    let old = r#"{"result": {"summary": "from the past"}}"#;
+    let stale = signed_at(&second, old, now_s() - 360);
+    let response = post_callback(&app, &second, old, Some(stale)).await;
+    let problem = assert_problem(response, StatusCode::UNAUTHORIZED, "callback-expired").await;
+    assert_eq!(problem["window_seconds"], 300);
+    assert!(problem["age_seconds"].as_i64().unwrap() >= 360, "{problem}");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("older than 300 s"),
+        "{problem}"
+    );
+    // And a timestamp far ahead of the server's clock.
+    let ahead = signed_at(&second, old, now_s() + 3600);
+    let response = post_callback(&app, &second, old, Some(ahead)).await;
+    assert_problem(response, StatusCode::UNAUTHORIZED, "callback-expired").await;
+    assert_eq!(stored(&app, &job_id).await, after, "nothing changed");
 }
 
 async fn a_callback_with_an_error_fails_the_attempt_with_that_error(backend: TestBackend) {
@@ -336,26 +425,13 @@ async fn a_callback_for_an_attempt_that_already_lost_is_race_logged(backend: Tes
     );
     assert_eq!(after.audit, vec!["abandon_attempt", "start_attempt"]);
 
-    // The loser's attempt is finished: a repeated answer is ignored and
-    // race-logged as a repeat; an error is ignored. Neither changes the job
-    // or the attempts.
-    assert_eq!(callback_outcome(&app, &first, losing).await, "ignored");
+    // The loser's attempt is finished: the same answer again answers as it
+    // did and writes nothing; an error is ignored. Neither changes anything.
+    assert_eq!(callback_outcome(&app, &first, losing).await, "lost");
     let error = r#"{"error": "too late to fail"}"#;
     assert_eq!(callback_outcome(&app, &first, error).await, "ignored");
     let later = stored(&app, &job_id).await;
-    assert_eq!(
-        (&later.job, &later.attempts, &later.audit),
-        (&after.job, &after.attempts, &after.audit),
-        "nothing changed"
-    );
-    assert_eq!(later.races.len(), 2, "{:?}", later.races);
-    assert_eq!(later.races[0], after.races[0]);
-    let repeat = &later.races[1];
-    assert_eq!(repeat.losing_attempt_id, loser.id);
-    assert_eq!(
-        repeat.reason,
-        "a repeated answer: the attempt had already answered"
-    );
+    assert_eq!(later, after, "nothing changed, nothing logged");
 }
 
 async fn a_callback_for_an_abandoned_attempt_goes_through_the_cas_and_wins(backend: TestBackend) {
@@ -443,4 +519,5 @@ on_both_backends!(
     a_callback_for_an_abandoned_attempt_goes_through_the_cas_and_wins,
     a_callback_for_an_attempt_that_does_not_exist_is_404,
     a_callback_body_without_exactly_one_of_result_and_error_is_422_and_changes_nothing,
+    a_replayed_callback_writes_nothing_new_and_an_old_one_is_refused,
 );

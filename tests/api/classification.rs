@@ -591,16 +591,45 @@ async fn the_anthropic_shape_is_spoken_and_classified(backend: TestBackend) {
         .await;
     let attempt = settled_attempt(&app, &job_id, 0).await;
     assert_eq!(attempt["state"], "failed");
-    // A definite failure with no fallback in the chain: the job failed.
-    let job = app.wait_for_status(&job_id, "failed", WAIT).await;
+    // Overloaded: nothing happened. With no fallback in the chain, the job
+    // retries on the same provider after a backoff (no Retry-After), and
+    // the retry succeeds.
+    let job = app.wait_for_status(&job_id, "succeeded", WAIT).await;
     let (stored_job, rows) = stored(&app, &job_id).await;
-    assert_eq!(rows.len(), 1, "no fallback to fail over to: {rows:#?}");
+    assert_eq!(rows.len(), 2, "one retry: {rows:#?}");
     assert_eq!(rows[0].state, AttemptState::Failed);
     let error = rows[0].error.as_deref().unwrap();
     assert!(
         error.contains("overloaded (529)") && error.contains("overloaded_error"),
         "{error}"
     );
+    assert_eq!(
+        (rows[1].number, rows[1].provider.as_str(), rows[1].state),
+        (2, "claude", AttemptState::Succeeded)
+    );
+    let waited = rows[1].not_before.unwrap() - rows[1].created_at;
+    assert!(
+        (500..1000).contains(&waited),
+        "the first backoff step is half to all of a second: {waited} ms"
+    );
+    assert!(rows[1].sent_at.unwrap() >= rows[1].not_before.unwrap());
+    assert_eq!(stored_job.completed_by.as_ref(), Some(&rows[1].id));
+    assert!(job["attempts"][1]["not_before"].as_str().is_some());
+
+    // A refusal that would end the same way again (400), with no fallback
+    // in the chain: the job failed, without a retry.
+    fake.push(Behaviour::Status {
+        status: 400,
+        retry_after: None,
+        body: r#"{"type":"error","error":{"type":"invalid_request_error"}}"#.into(),
+    });
+    let job_id = app
+        .create_job(&app.alice.token, "a3", &summarize("bad"))
+        .await;
+    let job = app.wait_for_status(&job_id, "failed", WAIT).await;
+    let (stored_job, rows) = stored(&app, &job_id).await;
+    assert_eq!(rows.len(), 1, "no fallback, no retry: {rows:#?}");
+    assert_eq!(rows[0].state, AttemptState::Failed);
     assert_eq!(stored_job.status, JobStatus::Failed);
     assert_eq!(stored_job.result, None);
     let reason = stored_job.failure_reason.unwrap();

@@ -307,7 +307,10 @@ async fn a_sigterm_mid_call_lets_the_answer_land_inside_the_grace(backend: TestB
     assert_eq!(fake.requests_for(&attempt_id), 1);
 }
 
-async fn a_claim_unsent_at_sigterm_is_requeued_and_sent_once_after_the_restart(
+/// A deploy strands nothing that waits on a provider's pause: the attempt
+/// waits in the queue (never claimed, never sent) across SIGTERM, and the
+/// next version sends it, once; a retry told to wait a minute still waits.
+async fn an_attempt_waiting_out_a_pause_at_sigterm_is_sent_once_after_the_restart(
     backend: TestBackend,
 ) {
     let Setup {
@@ -336,32 +339,35 @@ async fn a_claim_unsent_at_sigterm_is_requeued_and_sent_once_after_the_restart(
             .status(),
         StatusCode::CREATED
     );
-    wait_for(&store, "the 429 recorded", |a| {
-        a.len() == 1 && a[0].state == AttemptState::Failed
+    // The 429 is a failure of that attempt, and a retry waits out the
+    // minute on the same provider (the task's only one).
+    let rows = wait_for(&store, "the 429 recorded and its retry queued", |a| {
+        a.len() == 2 && a[0].state == AttemptState::Failed && a[1].state == AttemptState::Queued
     })
     .await;
-    // The next attempt is claimed and waits out the pause, unsent.
+    let retry = rows[1].clone();
+    let waits_for = retry.not_before.unwrap() - retry.created_at;
+    assert!(
+        waits_for >= 60_000,
+        "Retry-After: 60, waited {waits_for} ms"
+    );
+    // The next job's attempt waits in the queue, unclaimed, unsent.
     let response = post(&server.base, &token, "waits", &summarize("x"))
         .await
         .unwrap();
     let job: Value = response.json().await.unwrap();
     let attempt_id = job["attempts"][0]["id"].as_str().unwrap().to_owned();
-    wait_for(&store, "the attempt claimed", |a| {
-        a.iter()
-            .any(|a| a.id.as_str() == attempt_id && a.state == AttemptState::Running)
-    })
-    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rows = attempts(&store).await;
+    let waiting = rows.iter().find(|a| a.id.as_str() == attempt_id).unwrap();
+    assert_eq!(waiting.state, AttemptState::Queued, "{waiting:#?}");
 
     server.terminate();
     let status = server.wait_exit(Duration::from_secs(20)).await;
     assert!(status.success(), "exit {status}:\n{}", server.stderr());
     let rows = attempts(&store).await;
     let waiting = rows.iter().find(|a| a.id.as_str() == attempt_id).unwrap();
-    assert_eq!(
-        waiting.state,
-        AttemptState::Queued,
-        "given back: {waiting:#?}"
-    );
+    assert_eq!(waiting.state, AttemptState::Queued, "{waiting:#?}");
     assert!(waiting.sent_at.is_none());
     assert_eq!(fake.requests_for(&attempt_id), 0, "nothing was sent");
 
@@ -374,8 +380,11 @@ async fn a_claim_unsent_at_sigterm_is_requeued_and_sent_once_after_the_restart(
             .any(|a| a.id.as_str() == attempt_id && a.state == AttemptState::Succeeded)
     })
     .await;
-    assert_eq!(rows.len(), 2, "the same attempt, no new one");
+    assert_eq!(rows.len(), 3, "the same attempt, no new one: {rows:#?}");
     assert_eq!(fake.requests_for(&attempt_id), 1, "sent exactly once");
+    let still = rows.iter().find(|a| a.id == retry.id).unwrap();
+    assert_eq!(still.state, AttemptState::Queued, "the retry still waits");
+    assert_eq!(fake.requests_for(retry.id.as_str()), 0);
 }
 
 /// What the chaos clients saw.
@@ -703,6 +712,6 @@ async fn metrics_bind_serves_only_the_metrics_without_a_token(backend: TestBacke
 on_both_backends!(
     an_http_only_and_a_worker_only_process_split_the_work,
     a_sigterm_mid_call_lets_the_answer_land_inside_the_grace,
-    a_claim_unsent_at_sigterm_is_requeued_and_sent_once_after_the_restart,
+    an_attempt_waiting_out_a_pause_at_sigterm_is_sent_once_after_the_restart,
     metrics_bind_serves_only_the_metrics_without_a_token,
 );

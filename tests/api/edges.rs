@@ -62,18 +62,23 @@ fn answer(summary: &str) -> Behaviour {
     Behaviour::Answer(json!({ "summary": summary }))
 }
 
-/// Item: no send after the claim became void. A provider that asked to
-/// pause (429, Retry-After) holds a claimed attempt before sending; the job
-/// finishes meanwhile (an abandoned attempt's late answer wins); the waiting
-/// claim is withdrawn and the provider never receives it.
-async fn a_claim_waiting_out_retry_after_is_never_sent_once_its_job_finished(backend: TestBackend) {
+/// Item: no send once the job finished. A provider that asked to pause
+/// (429, Retry-After) holds an attempt in the queue, unclaimed and unsent;
+/// the job finishes meanwhile (an abandoned attempt's late answer wins);
+/// the waiting attempt is closed and the provider never receives it.
+async fn an_attempt_waiting_out_retry_after_is_never_sent_once_its_job_finished(
+    backend: TestBackend,
+) {
     let slow = FakeProvider::start(Shape::OpenAi).await;
     let paused = FakeProvider::start(Shape::OpenAi).await;
+    // `direct` gives up after one attempt: its 429 fails the job at once.
+    let direct = strict_task_toml("direct", &["paused"], "Summarize: {{ text }}")
+        .replace("output_schema = ", "max_attempts = 1\noutput_schema = ");
     let toml = [
         fake_provider_toml("slow", "openai", &slow.base_url, ""),
         fake_provider_toml("paused", "openai", &paused.base_url, ""),
         strict_task_toml("summarize", &["slow", "paused"], "Summarize: {{ text }}"),
-        strict_task_toml("direct", &["paused"], "Summarize: {{ text }}"),
+        direct,
     ]
     .concat();
     let mut config = config_of(&toml);
@@ -94,7 +99,12 @@ async fn a_claim_waiting_out_retry_after_is_never_sent_once_its_job_finished(bac
     let mut other = summarize("other");
     other["task"] = "direct".into();
     let other = app.create_job(&app.alice.token, "other", &other).await;
-    app.wait_for_status(&other, "failed", WAIT).await;
+    let other = app.wait_for_status(&other, "failed", WAIT).await;
+    let reason = other["failure_reason"].as_str().unwrap();
+    assert!(
+        reason.contains("the retry budget is spent") && reason.contains("max_attempts = 1"),
+        "{reason}"
+    );
     let requests_before = paused.total_requests();
 
     slow.set_default(Behaviour::Hold);
@@ -114,11 +124,15 @@ async fn a_claim_waiting_out_retry_after_is_never_sent_once_its_job_finished(bac
     assert_eq!(response.status(), StatusCode::CREATED);
     let second: Value = response.json().await.unwrap();
     let second = second["id"].as_str().unwrap().to_owned();
-    // The worker claims it and waits out the pause.
+    // It waits out the pause in the queue: never claimed, never sent.
     wait_attempts(&app, &job_id, |a| {
-        a.len() == 2 && a[1].state == AttemptState::Running
+        a.len() == 2 && a[1].state == AttemptState::Queued
     })
     .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let waiting = attempts_of(&app, &job_id).await;
+    assert_eq!(waiting[1].state, AttemptState::Queued, "{:#?}", waiting[1]);
+    assert!(waiting[1].sent_at.is_none() && waiting[1].lease_owner.is_none());
 
     // The abandoned first attempt answers late, and wins.
     slow.release(&first, answer("late but first"));
@@ -151,11 +165,16 @@ fn callback_config(fake: &FakeProvider) -> onejob::config::Config {
 
 async fn signed_callback(app: &TestApp, attempt_id: &str, body: &str) -> String {
     let key = CallbackKey::new(&Secret::new(CALLBACK_KEY));
+    let now = onejob::app::now_ms() / 1000;
     let response = app
         .client
         .post(app.url(&format!("/api/v1/callbacks/attempts/{attempt_id}")))
         .header("Content-Type", "application/json")
-        .header("X-Onejob-Signature", key.sign(attempt_id, body.as_bytes()))
+        .header("X-Onejob-Timestamp", now.to_string())
+        .header(
+            "X-Onejob-Signature",
+            key.sign(attempt_id, now, body.as_bytes()),
+        )
         .body(body.to_owned())
         .send()
         .await
@@ -457,7 +476,7 @@ async fn the_unknown_queue_pages_and_marks_attempts_whose_job_already_won(backen
 }
 
 on_both_backends!(
-    a_claim_waiting_out_retry_after_is_never_sent_once_its_job_finished,
+    an_attempt_waiting_out_retry_after_is_never_sent_once_its_job_finished,
     a_success_after_an_error_callback_is_race_logged,
     a_valid_callback_after_invalid_output_is_race_logged,
     a_nul_byte_from_a_provider_is_stored_safely_and_the_job_moves_on,

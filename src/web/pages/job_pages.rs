@@ -246,6 +246,7 @@ pub async fn submit_job(
         input,
         provider: provider.clone(),
         params,
+        chat_route: false,
     };
     match app.create_job(&user.user, key, request).await {
         Ok(created) => Ok(see_other(&format!("/jobs/{}", created.job.id))),
@@ -302,9 +303,20 @@ impl AttemptLine {
                 _ => String::new(),
             },
             // A success keeps the text of what it recovered from.
-            error: match (error, a.state) {
-                (Some(earlier), AttemptState::Succeeded) => format!("earlier: {earlier}"),
-                (error, _) => error.unwrap_or_default(),
+            error: match (error, a.state, a.not_before) {
+                (_, AttemptState::Queued, Some(not_before)) => format!(
+                    "a retry: not sent before {}, when its provider said it may be called again",
+                    when(not_before)
+                ),
+                (Some(earlier), AttemptState::Succeeded, _) => format!("earlier: {earlier}"),
+                (error, _, Some(_)) => {
+                    let waited = format!("a retry, sent after waiting {}", duration(a.waited_ms()));
+                    match error {
+                        Some(error) => format!("{waited}; {error}"),
+                        None => waited,
+                    }
+                }
+                (error, _, None) => error.unwrap_or_default(),
             },
         }
     }

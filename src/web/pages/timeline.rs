@@ -81,6 +81,12 @@ pub fn layout(created_at: i64, attempts: &[Attempt], now: i64) -> Timeline {
             let y = TOP + i as f64 * ROW_HEIGHT;
             let class = class_of(a);
             let mut title = format!("attempt {} on {}: {}", a.number, a.provider, class);
+            if let Some(not_before) = a.not_before {
+                title.push_str(&format!(
+                    ", a retry not sent before +{}",
+                    seconds(not_before - created_at)
+                ));
+            }
             if a.started_at.is_some() {
                 title.push_str(&format!(", sent at +{}", seconds(start - created_at)));
             }
@@ -143,6 +149,7 @@ mod tests {
             finished_at: finished,
             error: None,
             sent_at: Some(started),
+            not_before: None,
         }
     }
 
