@@ -96,6 +96,14 @@ struct State {
     held: HashMap<String, oneshot::Sender<Behaviour>>,
     /// Every id ever held, in order.
     held_order: Vec<String>,
+    /// When the queue is empty, requests take these in turn (then the default).
+    rotation: Vec<Behaviour>,
+    rotation_next: usize,
+    /// Requests being answered now, and the most there ever were at once.
+    open: usize,
+    max_open: usize,
+    /// Past this many requests at once, a request gets this behaviour.
+    capacity: Option<(usize, Behaviour)>,
 }
 
 struct Shared {
@@ -131,6 +139,11 @@ impl FakeProvider {
                 requests: Vec::new(),
                 held: HashMap::new(),
                 held_order: Vec::new(),
+                rotation: Vec::new(),
+                rotation_next: 0,
+                open: 0,
+                max_open: 0,
+                capacity: None,
             }),
             changed: Notify::new(),
         });
@@ -152,6 +165,25 @@ impl FakeProvider {
     /// `Answer(json!({"summary": "fake summary"}))`).
     pub fn set_default(&self, behaviour: Behaviour) {
         lock(&self.state).default = behaviour;
+    }
+
+    /// When the queue is empty, requests take these behaviours in turn
+    /// (the first request the first one, and round again).
+    pub fn set_rotation(&self, behaviours: Vec<Behaviour>) {
+        let mut state = lock(&self.state);
+        state.rotation = behaviours;
+        state.rotation_next = 0;
+    }
+
+    /// Serves at most `requests` at once, as a provider's concurrency limit
+    /// does: a request beyond them gets `refusal` instead.
+    pub fn set_capacity(&self, requests: usize, refusal: Behaviour) {
+        lock(&self.state).capacity = Some((requests, refusal));
+    }
+
+    /// The most requests it was answering at once.
+    pub fn max_open(&self) -> usize {
+        lock(&self.state).max_open
     }
 
     /// How many requests carried this `X-Request-Id` header value.
@@ -266,12 +298,33 @@ async fn handle(mut stream: TcpStream, shape: Shape, state: Arc<Shared>) {
     let mut behaviour = {
         let mut guard = lock(&state);
         guard.requests.push(request);
-        match guard.queue.pop_front() {
-            Some(behaviour) => behaviour,
-            None => guard.default.clone(),
+        guard.open += 1;
+        guard.max_open = guard.max_open.max(guard.open);
+        let over = match &guard.capacity {
+            Some((requests, refusal)) if guard.open > *requests => Some(refusal.clone()),
+            _ => None,
+        };
+        match (over, guard.queue.pop_front()) {
+            (Some(refusal), _) => refusal,
+            (None, Some(behaviour)) => behaviour,
+            (None, None) if !guard.rotation.is_empty() => {
+                let next = guard.rotation_next % guard.rotation.len();
+                guard.rotation_next += 1;
+                guard.rotation[next].clone()
+            }
+            (None, None) => guard.default.clone(),
         }
     };
     state.changed.notify_waiters();
+    // Counted as open until this connection is done, however it ends.
+    struct Open(Arc<Shared>);
+    impl Drop for Open {
+        fn drop(&mut self) {
+            let mut state = lock(&self.0);
+            state.open = state.open.saturating_sub(1);
+        }
+    }
+    let _open = Open(state.clone());
     let behaviour = loop {
         behaviour = match behaviour {
             Behaviour::Delay { ms, then } => {

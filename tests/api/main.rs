@@ -28,6 +28,7 @@ mod multi_process;
 mod openai_compat;
 mod pages;
 mod qualification;
+mod rate_limits;
 mod retention;
 mod schema_rules;
 mod secrecy;
