@@ -32,6 +32,7 @@ mod rate_limits;
 mod retention;
 mod schema_rules;
 mod secrecy;
+mod send_path;
 mod server_process;
 mod sessions;
 mod start_on_create;
