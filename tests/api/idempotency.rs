@@ -486,6 +486,7 @@ on_both_backends!(
     numbers_that_differ_are_different_payloads_and_none_is_rounded,
     strings_in_other_unicode_forms_are_different_payloads,
     a_retry_after_a_configuration_change_gets_its_replay_not_a_422,
+    a_key_whose_job_vanished_mid_request_makes_a_new_job_not_a_404,
     two_simultaneous_posts_with_one_key_make_one_job,
     fifty_simultaneous_posts_with_one_key_make_one_job,
     replay_returns_the_same_job_with_location_and_replayed_header,
@@ -497,3 +498,69 @@ on_both_backends!(
     another_owners_job_is_404,
     job_list_is_the_callers_own_newest_first_and_paginated,
 );
+
+/// Item: no 404 on creation. The job a retried key conflicts with is
+/// removed by retention in the middle of the request (a trigger deletes the
+/// finished job as the insert runs: on PostgreSQL after the insert found the
+/// conflict and before the read, on SQLite just before the insert): the key
+/// is free again, and the request makes a new job, `201`, never a 404.
+async fn a_key_whose_job_vanished_mid_request_makes_a_new_job_not_a_404(backend: TestBackend) {
+    use diesel::connection::SimpleConnection;
+    let fake = crate::fake_provider::FakeProvider::start(crate::fake_provider::Shape::OpenAi).await;
+    let app =
+        crate::helpers::spawn_app_with(backend, crate::fake_provider::one_fake_config(&fake)).await;
+    fake.push(crate::fake_provider::Behaviour::Status {
+        status: 400,
+        retry_after: None,
+        body: "{}".into(),
+    });
+    let old = app
+        .create_job(&app.alice.token, "vanishing", &summarize("x"))
+        .await;
+    app.wait_for_status(&old, "failed", crate::fake_provider::WAIT)
+        .await;
+    app.with_conn(|conn| {
+        match conn {
+        onejob::store::DbConnection::Postgresql(c) => c.batch_execute(
+            "CREATE FUNCTION vanish() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+               DELETE FROM attempts WHERE job_id IN \
+                 (SELECT id FROM jobs WHERE idempotency_key = 'vanishing' AND status = 'failed'); \
+               DELETE FROM jobs WHERE idempotency_key = 'vanishing' AND status = 'failed'; \
+               RETURN NULL; END $$; \
+             CREATE TRIGGER vanish AFTER INSERT ON jobs FOR EACH STATEMENT \
+               EXECUTE FUNCTION vanish();",
+        ),
+        onejob::store::DbConnection::Sqlite(c) => c.batch_execute(
+            "CREATE TRIGGER vanish BEFORE INSERT ON jobs WHEN NEW.idempotency_key = 'vanishing' \
+             BEGIN \
+               DELETE FROM attempts WHERE job_id IN \
+                 (SELECT id FROM jobs WHERE idempotency_key = 'vanishing' AND status = 'failed'); \
+               DELETE FROM jobs WHERE idempotency_key = 'vanishing' AND status = 'failed'; \
+             END;",
+        ),
+    }
+    .unwrap()
+    })
+    .await;
+    let retried = app
+        .post_job(&app.alice.token, "vanishing", &summarize("x"))
+        .await;
+    assert_eq!(
+        retried.status(),
+        StatusCode::CREATED,
+        "a new job, not a 404"
+    );
+    let job: Value = retried.json().await.unwrap();
+    assert_ne!(job["id"], old.as_str());
+    assert_eq!(app.job_count(&app.alice.id).await, 1, "the old job is gone");
+    let response = app
+        .get(&app.alice.token, &format!("/api/v1/jobs/{old}"))
+        .await;
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    app.wait_for_status(
+        job["id"].as_str().unwrap(),
+        "succeeded",
+        crate::fake_provider::WAIT,
+    )
+    .await;
+}

@@ -24,13 +24,20 @@ on_both_backends!(
     prefer_wait_sees_a_job_another_process_finished,
     waiting_requests_hold_no_database_connection,
     undeclared_methods_answer_405_with_allow,
+    a_replay_is_answered_whatever_todays_routes,
+    a_duplicate_of_an_unknown_job_or_one_waiting_for_support_is_answered_at_once,
 );
 
 /// One OpenAI-compatible upstream behind the chat route `gpt-safe`, a
 /// prompt task `summarize` on the same upstream (not a chat route), and
 /// `max_wait_seconds` as given.
 fn chat_config(upstream: &FakeProvider, max_wait_seconds: u64) -> onejob::config::Config {
-    let mut config = config_of(&format!(
+    chat_config_of(&chat_toml(upstream), max_wait_seconds)
+}
+
+/// `chat_config`'s file.
+fn chat_toml(upstream: &FakeProvider) -> String {
+    format!(
         r#"{}
 [[tasks]]
 name = "gpt-safe"
@@ -44,7 +51,11 @@ input_fields = ["text"]
 template = "Summarize: {{{{ text }}}}"
 "#,
         fake_provider_toml("up", "openai", &format!("{}/v1", upstream.base_url), "")
-    ));
+    )
+}
+
+fn chat_config_of(toml: &str, max_wait_seconds: u64) -> onejob::config::Config {
+    let mut config = config_of(toml);
     // Calls here are held by the tests, not timed out.
     for provider in &mut config.providers {
         provider.timeout_ms = 30_000;
@@ -667,4 +678,117 @@ async fn waiting_requests_hold_no_database_connection(backend: TestBackend) {
         let job: Value = waiter.await.unwrap().1.json().await.unwrap();
         assert_eq!(job["status"], "succeeded");
     }
+}
+
+/// Item: replays ignore today's route table. A chat completion made while
+/// `gpt-safe` was a chat route is replayed by a process whose configuration
+/// made it a prompt task; a new request for it there is `model_not_found`.
+async fn a_replay_is_answered_whatever_todays_routes(backend: TestBackend) {
+    let upstream = FakeProvider::start(Shape::OpenAi).await;
+    upstream.set_default(Behaviour::AnswerText("Hello there.".into()));
+    let app = spawn_app_with(backend, chat_config(&upstream, 10)).await;
+    let first = chat(&app, Some("before-the-change"), &hello("hi")).await;
+    assert_eq!(first.status(), StatusCode::OK);
+    let first: Value = first.json().await.unwrap();
+
+    let changed = chat_toml(&upstream).replace(
+        "name = \"gpt-safe\"\nkind = \"chat\"\nproviders = [\"up\"]",
+        "name = \"gpt-safe\"\nproviders = [\"up\"]\ninput_fields = [\"text\"]\n\
+         template = \"Now a prompt: {{ text }}\"",
+    );
+    assert_ne!(changed, chat_toml(&upstream), "the route was changed");
+    let (next, _, _server) = start_instance(chat_config_of(&changed, 10), app.store.clone()).await;
+    let send = |key: &str| {
+        app.client
+            .post(format!("{next}/v1/chat/completions"))
+            .bearer_auth(&app.alice.token)
+            .header("Idempotency-Key", key)
+            .json(&hello("hi"))
+            .send()
+    };
+    let replay = send("before-the-change").await.unwrap();
+    assert_eq!(replay.status(), StatusCode::OK, "the replay is answered");
+    assert_eq!(header(&replay, "Idempotent-Replayed"), Some("true"));
+    let replayed: Value = replay.json().await.unwrap();
+    assert_eq!(replayed, first, "the same answer");
+    let fresh = send("after-the-change").await.unwrap();
+    let body = error_of(fresh, StatusCode::NOT_FOUND, "model_not_found").await;
+    assert_eq!(body["error"]["param"], "model");
+    assert_eq!(upstream.total_requests(), 1, "one call in all");
+}
+
+/// Item: what only a person can move on is answered at once. A duplicate
+/// of a job whose attempt is unknown is `outcome_unknown` without waiting
+/// `max_wait_seconds`; once support abandons the attempt, leaving the job
+/// pending with nothing in flight, a duplicate is a clear 409 naming the
+/// job and what support must do, not "still running" forever.
+async fn a_duplicate_of_an_unknown_job_or_one_waiting_for_support_is_answered_at_once(
+    backend: TestBackend,
+) {
+    let upstream = FakeProvider::start(Shape::OpenAi).await;
+    upstream.push(Behaviour::Hold);
+    let mut config = chat_config(&upstream, 5);
+    config.providers[0].timeout_ms = 400;
+    let app = spawn_app_with(backend, config).await;
+    let first = in_background(chat_request(&app, "stuck", &hello("hi")));
+    let attempt_id = upstream.wait_held_count(1).await.remove(0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let job_id = loop {
+        let jobs: Value = app
+            .get(&app.alice.token, "/api/v1/jobs")
+            .await
+            .json()
+            .await
+            .unwrap();
+        let job = &jobs["jobs"][0];
+        if job["status"] == "unknown" {
+            break job["id"].as_str().unwrap().to_owned();
+        }
+        assert!(Instant::now() < deadline, "{jobs:#}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    };
+
+    let started = Instant::now();
+    let duplicate = chat(&app, Some("stuck"), &hello("hi")).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "answered at once, not after max_wait_seconds: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(header(&duplicate, "x-should-retry"), Some("true"));
+    assert_eq!(header(&duplicate, "X-Onejob-Job-Id"), Some(job_id.as_str()));
+    error_of(
+        duplicate,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "outcome_unknown",
+    )
+    .await;
+
+    assert_eq!(
+        app.abandon(&app.sue.token, &attempt_id, "provider lost it")
+            .await
+            .status(),
+        StatusCode::OK
+    );
+    let started = Instant::now();
+    let stalled = chat(&app, Some("stuck"), &hello("hi")).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(header(&stalled, "x-should-retry"), Some("false"));
+    assert_eq!(header(&stalled, "X-Onejob-Job-Id"), Some(job_id.as_str()));
+    let body = error_of(stalled, StatusCode::CONFLICT, "job_needs_support").await;
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(&job_id)
+            && message.contains("no attempt in flight")
+            && message.contains(&format!("POST /api/v1/jobs/{job_id}/attempts")),
+        "{message}"
+    );
+    // The first request's wait ends after the abandon: the same answer.
+    let (_, first) = first.await.unwrap();
+    error_of(first, StatusCode::CONFLICT, "job_needs_support").await;
+    assert_eq!(upstream.total_requests(), 1, "one call in all");
 }

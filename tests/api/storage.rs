@@ -117,4 +117,59 @@ async fn get_routes_also_answer_head(backend: TestBackend) {
     );
 }
 
-on_both_backends!(get_routes_also_answer_head);
+/// Item: a 2xx means the job is on disk, whatever the server's settings.
+/// SQLite sessions run `synchronous=FULL`; PostgreSQL sessions pin
+/// `synchronous_commit = on` even when the database (or a role) defaults
+/// to `off`, which would lose acknowledged jobs on a crash.
+async fn every_session_commits_durably_whatever_the_database_default(backend: TestBackend) {
+    let prepared = PreparedApp::new(backend, test_config(DEFAULT_TEST_PROVIDERS)).await;
+    match backend {
+        TestBackend::Sqlite => {
+            let synchronous = prepared
+                .with_conn(|conn| pragma_number(conn, "synchronous"))
+                .await;
+            assert_eq!(synchronous, 2, "synchronous=FULL");
+        }
+        TestBackend::Postgres => {
+            let name = prepared.db.postgres_name().unwrap().to_owned();
+            let url = prepared.db.url.clone();
+            tokio::task::spawn_blocking(move || {
+                use diesel::connection::SimpleConnection;
+                let show = |conn: &mut PgConnection| {
+                    diesel::sql_query("SELECT current_setting('synchronous_commit') AS value")
+                        .get_result::<Word>(conn)
+                        .unwrap()
+                        .value
+                };
+                let mut plain = PgConnection::establish(url.as_str()).unwrap();
+                plain
+                    .batch_execute(&format!(
+                        "ALTER DATABASE {name} SET synchronous_commit = off"
+                    ))
+                    .unwrap();
+                // A session without onejob's settings now gets `off`…
+                let mut fresh = PgConnection::establish(url.as_str()).unwrap();
+                assert_eq!(show(&mut fresh), "off", "the database's default took");
+                // …and every session of onejob's pool `on`.
+                let store =
+                    Store::connect(&url, &test_config(DEFAULT_TEST_PROVIDERS).database).unwrap();
+                let mut held = Vec::new();
+                for _ in 0..3 {
+                    let mut conn = store.conn().unwrap();
+                    let DbConnection::Postgresql(pg) = &mut *conn else {
+                        panic!("a PostgreSQL store");
+                    };
+                    assert_eq!(show(pg), "on");
+                    held.push(conn);
+                }
+            })
+            .await
+            .unwrap();
+        }
+    }
+}
+
+on_both_backends!(
+    get_routes_also_answer_head,
+    every_session_commits_durably_whatever_the_database_default,
+);
