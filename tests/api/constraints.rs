@@ -249,7 +249,92 @@ async fn raw_sql_cannot_file_a_jobs_rows_under_another_owner(backend: TestBacken
         .await;
 }
 
+/// Item: every state change goes through `domain::state`. For every event
+/// and every state an attempt can be in, the store's guarded transition
+/// moves the row exactly when the state machine allows the event from that
+/// state, to the state it names; giving back or closing a claim as unsent
+/// never touches an attempt that was sent.
+async fn every_transition_takes_its_starting_states_from_the_state_machine(backend: TestBackend) {
+    use diesel::prelude::*;
+    use onejob::domain::{AttemptEvent as E, AttemptId, AttemptState};
+    use onejob::store::schema::attempts;
+    use onejob::store::transitions::{self, Guard};
+    let prepared = PreparedApp::new(backend, test_config(DEFAULT_TEST_PROVIDERS)).await;
+    let owner = prepared.alice.id.clone();
+    prepared
+        .with_conn(move |conn| {
+            conn.batch_execute(&insert_job("j-states", &owner, "k-states"))
+                .unwrap();
+            conn.batch_execute(&insert_attempt("a-states", "j-states", &owner, 1, "queued"))
+                .unwrap();
+            let id = AttemptId::from_stored("a-states".to_owned());
+            let set = |conn: &mut DbConnection, state: AttemptState, sent: Option<i64>| {
+                diesel::update(attempts::table.find(&id))
+                    .set((
+                        attempts::state.eq(state),
+                        attempts::sent_at.eq(sent),
+                        attempts::lease_owner.eq(Some("me")),
+                    ))
+                    .execute(conn)
+                    .unwrap();
+                transitions::get_attempt(conn, &id).unwrap()
+            };
+            let events = [
+                E::Claimed,
+                E::Skipped,
+                E::ProviderSucceeded,
+                E::ProviderFailed,
+                E::SoftTimeout,
+                E::LeaseExpired,
+                E::Abandoned,
+                E::GivenBack,
+                E::ClosedUnsent,
+                E::Superseded,
+            ];
+            for event in events {
+                for state in AttemptState::ALL {
+                    let attempt = set(conn, state, None);
+                    let moved = transitions::transition(conn, &attempt, event, 1, None).unwrap();
+                    let allowed = event.apply(state);
+                    assert_eq!(moved, allowed.is_ok(), "{event:?} from {state}");
+                    let now = transitions::get_attempt(conn, &id).unwrap();
+                    assert_eq!(
+                        now.state,
+                        allowed.unwrap_or(state),
+                        "{event:?} from {state}"
+                    );
+                    if event == E::GivenBack && moved {
+                        assert_eq!((now.sent_at, now.lease_expires_at), (None, None));
+                    }
+                }
+                if matches!(event, E::GivenBack | E::ClosedUnsent) {
+                    let sent = set(conn, AttemptState::Running, Some(1));
+                    let unsent_only = Guard {
+                        lease_owner: Some("me"),
+                        never_sent: true,
+                    };
+                    assert!(
+                        !transitions::transition_guarded(conn, &sent, event, 1, None, unsent_only)
+                            .unwrap(),
+                        "{event:?} of a sent attempt"
+                    );
+                    let someone_else = Guard {
+                        lease_owner: Some("someone else"),
+                        never_sent: false,
+                    };
+                    assert!(
+                        !transitions::transition_guarded(conn, &sent, event, 1, None, someone_else)
+                            .unwrap(),
+                        "{event:?} under another lease"
+                    );
+                }
+            }
+        })
+        .await;
+}
+
 on_both_backends!(
+    every_transition_takes_its_starting_states_from_the_state_machine,
     raw_sql_cannot_file_a_jobs_rows_under_another_owner,
     raw_sql_cannot_insert_a_second_job_under_one_owners_key,
     raw_sql_cannot_insert_a_second_live_attempt_for_one_job,
