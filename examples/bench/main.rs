@@ -14,7 +14,9 @@
 //! p99), `storm` (256 requests under one key vs 256 under their own), `processes`
 //! (three processes vs one on one PostgreSQL), `prefill` (creation and lifecycle
 //! with `--prefill` finished jobs stored vs an empty database), `overhead`
-//! (`/v1/chat/completions` through onejob vs calling the upstream directly).
+//! (`/v1/chat/completions` through onejob vs calling the upstream directly),
+//! `ratelimit` (a provider that refuses past its concurrency, with onejob's
+//! `max_in_flight` off and on).
 //! See docs/benchmarks.md.
 
 mod ceiling;
@@ -206,6 +208,9 @@ async fn main() {
     }
     if bench.wants("overhead") {
         bench.overhead().await;
+    }
+    if bench.wants("ratelimit") {
+        bench.ratelimit().await;
     }
     // Last: storing a million rows leaves the disk busy for a while.
     if bench.args.prefill > 0 && bench.wants("prefill") {
@@ -858,6 +863,111 @@ providers = ["up"]
                 self.drop_database("onejob_bench_overhead");
             }
         }
+    }
+
+    /// A provider that answers 8 requests at once (in 200 ms) and refuses
+    /// more with `429 Retry-After: 1`, and 48 jobs created at once, on a
+    /// worker with 48 slots: with `max_in_flight` off, onejob provokes the
+    /// refusals and the jobs drain by retries a second apart; with
+    /// `max_in_flight = 8`, they queue for the capacity and none is
+    /// refused. Every job succeeds either way.
+    async fn ratelimit(&mut self) {
+        const JOBS: usize = 48;
+        const CAPACITY: usize = 8;
+        const LATENCY_MS: u64 = 200;
+        println!(
+            "\n[ratelimit] {JOBS} jobs at once on a provider serving {CAPACITY} at a time in \
+             {LATENCY_MS} ms (429 Retry-After: 1 past that), max_in_flight off and on"
+        );
+        let mut drains = Vec::new();
+        for max_in_flight in [None, Some(CAPACITY)] {
+            let (upstream, calls) = upstream::start_limited(CAPACITY, LATENCY_MS);
+            let limit = max_in_flight.map_or(String::new(), |n| format!("max_in_flight = {n}\n"));
+            let routes = format!(
+                r#"
+[[providers]]
+name = "up"
+kind = "openai"
+base_url = "{upstream}/v1"
+model = "bench-model"
+api_key_env = "BENCH_UPSTREAM_KEY"
+timeout_ms = 30000
+{limit}
+[[tasks]]
+name = "summarize"
+providers = ["up"]
+input_fields = ["text"]
+template = "Summarize: {{{{ text }}}}"
+"#
+            );
+            let tag = if max_in_flight.is_some() { "on" } else { "off" };
+            let name = format!("onejob_bench_ratelimit_{tag}");
+            let url = self.pg.fresh_database(&name);
+            let deployment = Deployment::prepare(
+                self.dir(),
+                &format!("ratelimit-{tag}"),
+                &url,
+                &config(JOBS, 16, &routes),
+            );
+            let servers = deployment.serve(1).await;
+            let since = chrono::Utc::now().timestamp_millis();
+            let started = Instant::now();
+            let (client, token, base) = (
+                self.client.clone(),
+                deployment.token.clone(),
+                servers[0].base.clone(),
+            );
+            let created = load::burst(JOBS, move |n| {
+                let (client, token, base) = (client.clone(), token.clone(), base.clone());
+                async move {
+                    let response = client
+                        .post(format!("{base}/api/v1/jobs"))
+                        .bearer_auth(token)
+                        .header("Idempotency-Key", format!("ratelimit-{n}"))
+                        .json(&json!({"task": "summarize", "input": {"text": format!("job {n}")}}))
+                        .send()
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    match response.status().as_u16() {
+                        201 => Ok(()),
+                        status => Err(format!("{status}")),
+                    }
+                }
+            })
+            .await;
+            let succeeded = wait_until_finished(&url, since, Duration::from_secs(120));
+            let drain = started.elapsed();
+            let (total, refused) = calls.read();
+            let share = refused as f64 / total.max(1) as f64;
+            println!(
+                "  max_in_flight {}: {} created ({} errors), {succeeded} of {JOBS} jobs succeeded; \
+                 {total} provider calls, {refused} refused ({:.0}%); drained in {:.2} s",
+                max_in_flight.map_or("off".to_owned(), |n| n.to_string()),
+                created.latencies.len(),
+                created.errors,
+                share * 100.0,
+                drain.as_secs_f64()
+            );
+            assert_eq!(
+                succeeded as usize, JOBS,
+                "every job succeeds, rate limited or not"
+            );
+            drains.push((drain, refused, share));
+            drop(servers);
+            self.drop_database(&name);
+        }
+        let ((off, _, off_share), (on, on_refused, _)) = (drains[0], drains[1]);
+        self.push(Ratio {
+            name: "rate limited: drain with max_in_flight vs without".into(),
+            product: format!("{:.2} s, {on_refused} refused", on.as_secs_f64()),
+            ceiling: format!(
+                "{:.2} s, {:.0}% of calls refused",
+                off.as_secs_f64(),
+                off_share * 100.0
+            ),
+            ratio: on.as_secs_f64() / off.as_secs_f64(),
+            goal: Goal::Other("no refusal with max_in_flight", on_refused == 0),
+        });
     }
 
     fn report(&self, elapsed: Duration) {

@@ -39,3 +39,67 @@ pub fn start() -> String {
     });
     base
 }
+
+/// What a rate-limited upstream saw.
+#[derive(Clone, Default)]
+pub struct Calls {
+    pub total: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    pub refused: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    open: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Calls {
+    pub fn read(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.total.load(Relaxed), self.refused.load(Relaxed))
+    }
+}
+
+/// An OpenAI-compatible upstream with a concurrency limit, as providers
+/// have: it answers `capacity` requests at once, each after `latency_ms`,
+/// and refuses any more with `429` and `Retry-After: 1`. Its base URL,
+/// and its counts.
+pub fn start_limited(capacity: usize, latency_ms: u64) -> (String, Calls) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let listener = TcpListener::bind("127.0.0.1:0").expect("binding the upstream");
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let calls = Calls::default();
+    let served = calls.clone();
+    std::thread::spawn(move || {
+        actix_web::rt::System::new().block_on(async move {
+            HttpServer::new(move || {
+                let calls = served.clone();
+                App::new().route(
+                    "/v1/chat/completions",
+                    web::post().to(move |body: web::Json<Value>| {
+                        let calls = calls.clone();
+                        async move {
+                            calls.total.fetch_add(1, Relaxed);
+                            let open = calls.open.fetch_add(1, Relaxed) + 1;
+                            let response = if open > capacity {
+                                calls.refused.fetch_add(1, Relaxed);
+                                HttpResponse::TooManyRequests()
+                                    .insert_header(("Retry-After", "1"))
+                                    .json(json!({"error": {"type": "rate_limit_exceeded"}}))
+                            } else {
+                                actix_web::rt::time::sleep(std::time::Duration::from_millis(
+                                    latency_ms,
+                                ))
+                                .await;
+                                complete(body).await
+                            };
+                            calls.open.fetch_sub(1, Relaxed);
+                            response
+                        }
+                    }),
+                )
+            })
+            .workers(2)
+            .listen(listener)
+            .expect("listening")
+            .run()
+            .await
+        })
+    });
+    (base, calls)
+}
