@@ -327,6 +327,21 @@ async fn a_budget_of_two_attempts_fails_the_job_clearly(backend: TestBackend) {
     assert_sent_once_and_sent_at_is_true(&by_job, &[("limited", &fake)]);
     let rows = &by_job[job_id.as_str()];
     assert!(rows[1].sent_at.unwrap() >= rows[1].not_before.unwrap());
+    // The job page shows the retry as an attempt of its own, in the
+    // timeline and the table, and the reason.
+    app.set_password("alice", "alice-pw").await;
+    let browser = crate::helpers::FormClient::new(&app);
+    browser.sign_in("alice", "alice-pw").await;
+    let page = browser
+        .get(&format!("/jobs/{job_id}"))
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("#2 limited"), "the timeline has the retry");
+    assert_eq!(page.matches("data-state=\"failed\"").count(), 2, "{page}");
+    assert!(page.contains("a retry, sent after waiting"), "{page}");
+    assert!(page.contains("the retry budget is spent"), "{page}");
 }
 
 /// The longest total wait is a budget too: Retry-After 2 s with at most
