@@ -194,8 +194,8 @@ impl Metrics {
         );
         registry.register(
             "onejob_provider_held_back",
-            "Claims that left a provider's due attempts queued, because it was paused or at one \
-             of its limits (max_in_flight, requests_per_minute, tokens_per_minute)",
+            "Claims that found a provider paused or at one of its limits (max_in_flight, \
+             requests_per_minute, tokens_per_minute) and passed its queued attempts, if any, over",
             metrics.provider_held_back.clone(),
         );
         registry.register(
