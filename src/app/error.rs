@@ -57,6 +57,9 @@ pub enum AppError {
     AttemptNotUnknown(AttemptState),
     #[error("the signature does not match this attempt and body")]
     InvalidSignature,
+    /// Client JSON nests deeper than the configured limit; nothing walked it.
+    #[error("{0}; send a flatter document")]
+    NestingTooDeep(#[from] crate::domain::json_depth::TooDeep),
     /// Busy for now; retrying (with the same idempotency key) is safe.
     #[error("{0}")]
     Unavailable(String),
