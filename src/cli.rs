@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::app::App;
+
+mod first_admin;
 use crate::config::{Config, Environment};
 use crate::domain::Role;
 use crate::startup::{open_store, Application, ProcessRole};
@@ -85,6 +87,9 @@ pub enum UsersCommand {
     Enable { name: String },
     /// Delete every API token of a user.
     RevokeTokens { name: String },
+    /// Rename a user (for instance one whose name differs from another's
+    /// only in case); their tokens, sessions and jobs stay theirs.
+    Rename { name: String, new_name: String },
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -134,13 +139,23 @@ pub async fn execute(cli: Cli) -> CliResult {
     }
 }
 
-/// Opens the store (and migrates) off the async runtime's threads.
+/// Opens the store (and migrates) off the async runtime's threads, and
+/// names any users whose names differ only in case.
 async fn open(
     url: &DatabaseUrl,
     config: &Config,
 ) -> Result<crate::store::Store, Box<dyn std::error::Error>> {
     let (url, config) = (url.clone(), config.clone());
-    Ok(tokio::task::spawn_blocking(move || open_store(&url, &config)).await??)
+    let store = tokio::task::spawn_blocking(move || open_store(&url, &config)).await??;
+    let clashes = store.run(crate::store::users::case_clashes).await?;
+    for (name, earlier) in clashes {
+        tracing::warn!(
+            "user {name:?} differs only in case from {earlier:?}, an earlier user; user names \
+             are now compared without regard to case: rename it with \
+             `onejob users rename {name} <new-name>`"
+        );
+    }
+    Ok(store)
 }
 
 async fn users_command(app: &App, command: UsersCommand) -> CliResult {
@@ -168,6 +183,10 @@ async fn users_command(app: &App, command: UsersCommand) -> CliResult {
         UsersCommand::RevokeTokens { name } => {
             let n = app.revoke_tokens_by_name(&name).await?;
             eprintln!("revoked {n} API token(s) of {name}");
+        }
+        UsersCommand::Rename { name, new_name } => {
+            app.rename_user(&name, &new_name).await?;
+            eprintln!("renamed {name} to {new_name}");
         }
         UsersCommand::Password { name } => {
             let password = app.reset_password(&name).await?;
@@ -254,17 +273,14 @@ async fn serve(
     let bind = bind.unwrap_or_else(|| config.server.bind.clone());
     let store = open(&url, &config).await?;
     let listener = TcpListener::bind(&bind).map_err(|e| format!("cannot listen on {bind}: {e}"))?;
-    let first_admin = App::new(store.clone(), config.clone())
-        .ensure_first_admin()
-        .await?;
-    if let Some(password) = first_admin {
-        // Printed once, never logged or stored in clear.
-        eprintln!(
-            "\n  onejob created the first user.\n    name:     admin\n    password: {password}\n  \
-             Sign in at http://{}/login — this password is not shown again \
-             (`onejob users password admin` sets a new one).\n",
-            listener.local_addr()?
-        );
+    // Only a process that serves the pages can be signed in to.
+    if role.serves_pages() {
+        let sign_in_at = match &config.server.public_url {
+            Some(url) => format!("{}/login", url.trim_end_matches('/')),
+            None => format!("http://{}/login", listener.local_addr()?),
+        };
+        let app = App::new(store.clone(), config.clone());
+        first_admin::create_and_hand_over(&app, &url, &sign_in_at).await?;
     }
     tracing::info!(
         address = %listener.local_addr()?,

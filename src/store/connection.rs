@@ -62,6 +62,16 @@ impl DatabaseUrl {
         }
     }
 
+    /// The folder a SQLite database file lives in (`None` for PostgreSQL).
+    pub fn sqlite_folder(&self) -> Option<std::path::PathBuf> {
+        (self.backend() == Backend::Sqlite).then(|| {
+            std::path::Path::new(self.sqlite_path())
+                .parent()
+                .map(std::path::Path::to_path_buf)
+                .unwrap_or_default()
+        })
+    }
+
     /// The SQLite file path, without an optional `sqlite://` prefix.
     fn sqlite_path(&self) -> &str {
         self.0.strip_prefix("sqlite://").unwrap_or(&self.0)
