@@ -122,6 +122,7 @@ pub struct DbConnectionManager {
     busy_timeout_ms: u64,
     synchronous: SqliteSynchronous,
     postgres_session: String,
+    statements: Option<super::statement_log::StatementLog>,
 }
 
 impl DbConnectionManager {
@@ -142,7 +143,14 @@ impl DbConnectionManager {
                 config.postgres_statement_timeout_ms,
                 config.postgres_idle_in_transaction_timeout_ms
             ),
+            statements: None,
         }
+    }
+
+    /// Records every statement of every connection it makes in `log`.
+    pub fn recording(mut self, log: super::statement_log::StatementLog) -> Self {
+        self.statements = Some(log);
+        self
     }
 
     pub fn establish(&self) -> Result<DbConnection, ConnectError> {
@@ -154,6 +162,9 @@ impl DbConnectionManager {
             Backend::Postgres => {
                 let mut conn =
                     diesel::PgConnection::establish(self.url.as_str()).map_err(connection_error)?;
+                if let Some(log) = &self.statements {
+                    conn.set_instrumentation(log.instrumentation());
+                }
                 conn.batch_execute(&self.postgres_session)
                     .map_err(|source| ConnectError::Pragmas {
                         url: self.url.redacted(),
@@ -164,6 +175,9 @@ impl DbConnectionManager {
             Backend::Sqlite => {
                 let mut conn = diesel::SqliteConnection::establish(self.url.sqlite_path())
                     .map_err(connection_error)?;
+                if let Some(log) = &self.statements {
+                    conn.set_instrumentation(log.instrumentation());
+                }
                 let synchronous = match self.synchronous {
                     SqliteSynchronous::Full => "FULL",
                     SqliteSynchronous::Normal => "NORMAL",
