@@ -61,6 +61,29 @@ pub enum Command {
     /// keys) and race- and audit-log entries older than the `[retention]`
     /// windows; prints what went. The server also does this every minute.
     Prune,
+    /// Past one PostgreSQL: Citus (docs/scaling.md).
+    Citus {
+        #[command(subcommand)]
+        command: CitusCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CitusCommand {
+    /// Distribute a migrated database by owner, on the Citus coordinator
+    /// `DATABASE_URL` names: registers the nodes, makes the reference
+    /// tables, distributes and colocates the owner tables. Run it again
+    /// and it changes nothing.
+    Distribute {
+        /// How the workers reach the coordinator, HOST:PORT (registered
+        /// unless it already is).
+        #[arg(long)]
+        coordinator: Option<String>,
+        /// A worker to add, HOST:PORT; repeat for each. The worker needs
+        /// this database, with `CREATE EXTENSION citus`, made beforehand.
+        #[arg(long = "worker")]
+        workers: Vec<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -136,6 +159,13 @@ pub async fn execute(cli: Cli) -> CliResult {
             let app = App::new(open(&url, &config).await?, config);
             prune_command(&app).await
         }
+        Command::Citus {
+            command:
+                CitusCommand::Distribute {
+                    coordinator,
+                    workers,
+                },
+        } => citus_distribute(&url, &config, coordinator.as_deref(), &workers).await,
     }
 }
 
@@ -261,6 +291,37 @@ async fn prune_command(app: &App) -> CliResult {
         pruned.audit_entries,
         window(windows.audit_days, "written")
     );
+    Ok(())
+}
+
+async fn citus_distribute(
+    url: &DatabaseUrl,
+    config: &Config,
+    coordinator: Option<&str>,
+    workers: &[String],
+) -> CliResult {
+    use crate::store::distribution::{self, DistributeError, Node};
+    use diesel::Connection;
+    let coordinator = coordinator.map(Node::parse).transpose()?;
+    let workers = workers
+        .iter()
+        .map(|w| Node::parse(w))
+        .collect::<Result<Vec<_>, _>>()?;
+    if url.backend() != crate::store::Backend::Postgres {
+        return Err(DistributeError::NotPostgres.into());
+    }
+    // Refused before the migrations touch a server without Citus.
+    let mut check = diesel::PgConnection::establish(url.as_str())?;
+    distribution::require_citus(&mut check)?;
+    drop(check);
+    let store = open(url, config).await?;
+    let mut conn = store.conn()?;
+    let crate::store::DbConnection::Postgresql(pg) = &mut *conn else {
+        return Err(DistributeError::NotPostgres.into());
+    };
+    for step in distribution::distribute(pg, coordinator.as_ref(), &workers)? {
+        println!("{step}");
+    }
     Ok(())
 }
 
