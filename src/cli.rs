@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::app::App;
+
+mod first_admin;
 use crate::config::{Config, Environment};
 use crate::domain::Role;
 use crate::startup::{open_store, Application, ProcessRole};
@@ -59,6 +61,29 @@ pub enum Command {
     /// keys) and race- and audit-log entries older than the `[retention]`
     /// windows; prints what went. The server also does this every minute.
     Prune,
+    /// Past one PostgreSQL: Citus (docs/scaling.md).
+    Citus {
+        #[command(subcommand)]
+        command: CitusCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CitusCommand {
+    /// Distribute a migrated database by owner, on the Citus coordinator
+    /// `DATABASE_URL` names: registers the nodes, makes the reference
+    /// tables, distributes and colocates the owner tables. Run it again
+    /// and it changes nothing.
+    Distribute {
+        /// How the workers reach the coordinator, HOST:PORT (registered
+        /// unless it already is).
+        #[arg(long)]
+        coordinator: Option<String>,
+        /// A worker to add, HOST:PORT; repeat for each. The worker needs
+        /// this database, with `CREATE EXTENSION citus`, made beforehand.
+        #[arg(long = "worker")]
+        workers: Vec<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -85,6 +110,9 @@ pub enum UsersCommand {
     Enable { name: String },
     /// Delete every API token of a user.
     RevokeTokens { name: String },
+    /// Rename a user (for instance one whose name differs from another's
+    /// only in case); their tokens, sessions and jobs stay theirs.
+    Rename { name: String, new_name: String },
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -131,16 +159,33 @@ pub async fn execute(cli: Cli) -> CliResult {
             let app = App::new(open(&url, &config).await?, config);
             prune_command(&app).await
         }
+        Command::Citus {
+            command:
+                CitusCommand::Distribute {
+                    coordinator,
+                    workers,
+                },
+        } => citus_distribute(&url, &config, coordinator.as_deref(), &workers).await,
     }
 }
 
-/// Opens the store (and migrates) off the async runtime's threads.
+/// Opens the store (and migrates) off the async runtime's threads, and
+/// names any users whose names differ only in case.
 async fn open(
     url: &DatabaseUrl,
     config: &Config,
 ) -> Result<crate::store::Store, Box<dyn std::error::Error>> {
     let (url, config) = (url.clone(), config.clone());
-    Ok(tokio::task::spawn_blocking(move || open_store(&url, &config)).await??)
+    let store = tokio::task::spawn_blocking(move || open_store(&url, &config)).await??;
+    let clashes = store.run(crate::store::users::case_clashes).await?;
+    for (name, earlier) in clashes {
+        tracing::warn!(
+            "user {name:?} differs only in case from {earlier:?}, an earlier user; user names \
+             are now compared without regard to case: rename it with \
+             `onejob users rename {name} <new-name>`"
+        );
+    }
+    Ok(store)
 }
 
 async fn users_command(app: &App, command: UsersCommand) -> CliResult {
@@ -168,6 +213,10 @@ async fn users_command(app: &App, command: UsersCommand) -> CliResult {
         UsersCommand::RevokeTokens { name } => {
             let n = app.revoke_tokens_by_name(&name).await?;
             eprintln!("revoked {n} API token(s) of {name}");
+        }
+        UsersCommand::Rename { name, new_name } => {
+            app.rename_user(&name, &new_name).await?;
+            eprintln!("renamed {name} to {new_name}");
         }
         UsersCommand::Password { name } => {
             let password = app.reset_password(&name).await?;
@@ -245,6 +294,37 @@ async fn prune_command(app: &App) -> CliResult {
     Ok(())
 }
 
+async fn citus_distribute(
+    url: &DatabaseUrl,
+    config: &Config,
+    coordinator: Option<&str>,
+    workers: &[String],
+) -> CliResult {
+    use crate::store::distribution::{self, DistributeError, Node};
+    use diesel::Connection;
+    let coordinator = coordinator.map(Node::parse).transpose()?;
+    let workers = workers
+        .iter()
+        .map(|w| Node::parse(w))
+        .collect::<Result<Vec<_>, _>>()?;
+    if url.backend() != crate::store::Backend::Postgres {
+        return Err(DistributeError::NotPostgres.into());
+    }
+    // Refused before the migrations touch a server without Citus.
+    let mut check = diesel::PgConnection::establish(url.as_str())?;
+    distribution::require_citus(&mut check)?;
+    drop(check);
+    let store = open(url, config).await?;
+    let mut conn = store.conn()?;
+    let crate::store::DbConnection::Postgresql(pg) = &mut *conn else {
+        return Err(DistributeError::NotPostgres.into());
+    };
+    for step in distribution::distribute(pg, coordinator.as_ref(), &workers)? {
+        println!("{step}");
+    }
+    Ok(())
+}
+
 async fn serve(
     config: Config,
     url: DatabaseUrl,
@@ -254,17 +334,14 @@ async fn serve(
     let bind = bind.unwrap_or_else(|| config.server.bind.clone());
     let store = open(&url, &config).await?;
     let listener = TcpListener::bind(&bind).map_err(|e| format!("cannot listen on {bind}: {e}"))?;
-    let first_admin = App::new(store.clone(), config.clone())
-        .ensure_first_admin()
-        .await?;
-    if let Some(password) = first_admin {
-        // Printed once, never logged or stored in clear.
-        eprintln!(
-            "\n  onejob created the first user.\n    name:     admin\n    password: {password}\n  \
-             Sign in at http://{}/login — this password is not shown again \
-             (`onejob users password admin` sets a new one).\n",
-            listener.local_addr()?
-        );
+    // Only a process that serves the pages can be signed in to.
+    if role.serves_pages() {
+        let sign_in_at = match &config.server.public_url {
+            Some(url) => format!("{}/login", url.trim_end_matches('/')),
+            None => format!("http://{}/login", listener.local_addr()?),
+        };
+        let app = App::new(store.clone(), config.clone());
+        first_admin::create_and_hand_over(&app, &url, &sign_in_at).await?;
     }
     tracing::info!(
         address = %listener.local_addr()?,

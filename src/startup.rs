@@ -65,6 +65,12 @@ impl ProcessRole {
             Self::Worker => "worker",
         }
     }
+
+    /// Whether this process serves the browser pages (and so can be
+    /// signed in to).
+    pub fn serves_pages(self) -> bool {
+        !matches!(self, Self::Worker)
+    }
 }
 
 pub struct Application {
@@ -147,6 +153,7 @@ impl Application {
                 .wrap(from_fn(web::security_headers))
                 .wrap(from_fn(web::record_http))
                 .wrap(from_fn(web::echo_request_id))
+                .wrap(from_fn(web::body::body_deadline))
                 .wrap(TracingLogger::default())
                 .app_data(state.clone())
                 .configure(routes)

@@ -3,14 +3,10 @@
 //! Signing in never holds a database connection while a password is hashed:
 //! the name is checked first (no database, no hashing, for a name that
 //! cannot exist), the throttle and the stored hash are read, the connection
-//! goes back to the pool, and argon2 runs on a blocking thread behind a
-//! small concurrency limit; a flood of sign-ins gets `503` (with
-//! `Retry-After`) rather than starving every other request and the worker's
-//! lease renewals of connections or CPU.
-
-use std::sync::Arc;
-
-use tokio::sync::Semaphore;
+//! goes back to the pool, and argon2 runs on a blocking thread when its turn
+//! comes in a short, bounded line (`password_queue`); a flood slows sign-ins
+//! down a little or gets `503` (with `Retry-After`), never starving every
+//! other request and the worker's lease renewals of connections or CPU.
 
 use super::{require_admin, App, AppError, AppResult, User};
 use crate::domain::password::{generate_password, hash_password, verify_password, UserName};
@@ -24,26 +20,21 @@ use crate::store::users::{self, IssuedToken, UserError, UserSummary};
 #[derive(Debug)]
 pub enum SignIn {
     Ok(User),
-    /// Wrong name or password (which, is not said).
-    BadCredentials,
+    /// Wrong name or password (which, is not said to the client). `account`
+    /// is the name when it belongs to an account: only such a name is safe
+    /// to log (anything else may be a password typed into the wrong field).
+    BadCredentials {
+        account: Option<String>,
+    },
     /// The right password, for a disabled user.
     Disabled,
     /// Too many failures from this address (for this name): wait this long.
     Throttled {
         retry_after_s: i64,
     },
-    /// Every password-hashing slot is busy: try again shortly.
+    /// No password check could be run in time: try again shortly. Nothing
+    /// was counted.
     Busy,
-}
-
-/// The limit on concurrent password hashing.
-pub fn password_slots(configured: usize) -> Arc<Semaphore> {
-    let slots = if configured == 0 {
-        std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
-    } else {
-        configured
-    };
-    Arc::new(Semaphore::new(slots))
 }
 
 impl App {
@@ -65,53 +56,81 @@ impl App {
             .await?)
     }
 
-    /// Checks a name and password from `address`.
+    /// Checks a name and password from `address`, in this order, so that
+    /// a flood costs honest users as little as possible:
+    /// 1. a name that cannot exist: refused, nothing counted or hashed;
+    /// 2. this address's place in the line for password checks, and a read
+    ///    of its throttle: refused at once (503 / 429), nothing counted;
+    /// 3. its turn in the line (at most a short wait): else 503, nothing
+    ///    counted;
+    /// 4. counted in advance, atomically, as a failure of the address and,
+    ///    if the name is an account's, of the name at this address;
+    /// 5. the password; a good one takes its own count back.
     pub async fn sign_in(
         &self,
         raw_name: &str,
         password: &str,
-        address: &str,
+        address: std::net::IpAddr,
     ) -> AppResult<SignIn> {
         let Some(name) = UserName::parse(raw_name) else {
-            return Ok(SignIn::BadCredentials);
+            return Ok(SignIn::BadCredentials { account: None });
         };
-        let scopes = throttle::scopes(name.as_str(), address);
-        let names: Vec<String> = scopes.iter().map(|(scope, _)| scope.clone()).collect();
+        let group = throttle::address_group(address);
+        let address_scope = throttle::address_scope(&group);
+        let name_scope = throttle::name_scope(&name.folded(), &group);
+        let queue = &self.inner.password_queue;
+        let Ok(place) = queue.join(&group) else {
+            return Ok(SignIn::Busy);
+        };
+        let now = now_ms();
+        let scope_names = [name_scope.0.clone(), address_scope.0.clone()];
+        let blocked = self
+            .store()
+            .run(move |conn| {
+                let scopes: Vec<&str> = scope_names.iter().map(String::as_str).collect();
+                sessions::blocked_until(conn, &scopes, now)
+            })
+            .await?;
+        if let Some(until) = blocked {
+            return Ok(throttled(until, now));
+        }
+        let Ok(turn) = queue.turn(place).await else {
+            return Ok(SignIn::Busy);
+        };
         let now = now_ms();
         let lookup = name.as_str().to_owned();
+        let counted = (name_scope.clone(), address_scope.clone());
         let (reservation, credentials) = self
             .store()
             .run(move |conn| {
+                let credentials = sessions::credentials(conn, &lookup)?;
+                let (name_scope, address_scope) = counted;
+                let mut scopes = vec![address_scope];
+                if credentials.is_some() {
+                    scopes.push(name_scope);
+                }
                 let reservation = sessions::reserve_attempt(conn, &scopes, now)?;
-                let credentials = match reservation {
-                    Reservation::Blocked { .. } => None,
-                    Reservation::Allowed => sessions::credentials(conn, &lookup)?,
-                };
                 Ok((reservation, credentials))
             })
             .await?;
         if let Reservation::Blocked { until } = reservation {
-            return Ok(SignIn::Throttled {
-                retry_after_s: ((until - now) as f64 / 1000.0).ceil().max(1.0) as i64,
-            });
+            return Ok(throttled(until, now));
         }
-        let Ok(permit) = self.inner.password_slots.clone().try_acquire_owned() else {
-            return Ok(SignIn::Busy);
-        };
         let stored = credentials.as_ref().and_then(|c| c.password_hash.clone());
         let password = password.to_owned();
         let verified = tokio::task::spawn_blocking(move || {
-            let _permit = permit;
+            let _turn = turn;
             verify_password(&password, stored.as_deref())
         })
         .await
         .map_err(|_| AppError::Internal)?;
         match credentials {
             Some(credentials) if verified => {
-                // A good password: this name's count at this address (and
-                // the address's) starts again.
+                let now = now_ms();
                 self.store()
-                    .run(move |conn| sessions::clear_scopes(conn, &names))
+                    .run(move |conn| {
+                        sessions::settle_good_sign_in(conn, &name_scope.0, &address_scope, now)
+                    })
                     .await?;
                 if credentials.disabled {
                     return Ok(SignIn::Disabled);
@@ -119,7 +138,9 @@ impl App {
                 Ok(SignIn::Ok(credentials.user))
             }
             // Counted already, in the reservation.
-            _ => Ok(SignIn::BadCredentials),
+            credentials => Ok(SignIn::BadCredentials {
+                account: credentials.map(|c| c.user.name),
+            }),
         }
     }
 
@@ -154,11 +175,10 @@ impl App {
     async fn hash(&self, password: &str) -> AppResult<String> {
         let permit = self
             .inner
-            .password_slots
-            .clone()
-            .acquire_owned()
+            .password_queue
+            .slot()
             .await
-            .map_err(|_| AppError::Internal)?;
+            .ok_or(AppError::Internal)?;
         let password = password.to_owned();
         tokio::task::spawn_blocking(move || {
             let _permit = permit;
@@ -232,6 +252,13 @@ impl App {
         .await
     }
 
+    /// Renames a user from the command line.
+    pub async fn rename_user(&self, name: &str, new_name: &str) -> Result<(), UserError> {
+        let (name, new_name) = (name.to_owned(), new_name.to_owned());
+        self.blocking_users(move |conn| users::rename_user(conn, &name, &new_name))
+            .await
+    }
+
     /// Deletes every API token of a user from the command line; how many.
     pub async fn revoke_tokens_by_name(&self, name: &str) -> Result<usize, UserError> {
         let name = name.to_owned();
@@ -250,6 +277,13 @@ impl App {
             .run(move |conn| Ok(f(conn)))
             .await
             .map_err(UserError::Store)?
+    }
+}
+
+/// A sign-in refused until `until` (Unix ms).
+fn throttled(until: i64, now: i64) -> SignIn {
+    SignIn::Throttled {
+        retry_after_s: ((until - now) as f64 / 1000.0).ceil().max(1.0) as i64,
     }
 }
 

@@ -9,6 +9,7 @@ use serde_json::Value;
 use utoipa::ToSchema;
 
 use super::{App, AppError, AppResult};
+use crate::domain::outcome::{redacted, with_detail};
 use crate::domain::{Applied, AttemptId, CallbackRefusal, Outcome};
 
 /// A callback's body: exactly one of `result` and `error`.
@@ -63,18 +64,40 @@ impl App {
                 });
             }
         }
+        crate::domain::json_depth::check_nesting(body, self.config().server.max_json_depth)?;
         let parsed: CallbackBody = serde_json::from_slice(body)
             .map_err(|e| AppError::invalid_body(format!("the callback body is not valid: {e}")))?;
+        let (attempt, job) = self.attempt_and_job(attempt_id).await?;
         let outcome = match (parsed.result, parsed.error) {
             (Some(result), None) => Outcome::Succeeded(result),
-            (None, Some(error)) => Outcome::Failed(error),
+            // As for an error answered at once: the owner sees the summary,
+            // staff the provider's words, secrets masked.
+            (None, Some(error)) => {
+                let secrets = [
+                    self.config()
+                        .provider(&attempt.provider)
+                        .and_then(|p| p.api_key.as_ref())
+                        .map(|key| key.expose().to_owned()),
+                    Some(
+                        callbacks
+                            .key
+                            .attempt_secret(attempt_id.as_str())
+                            .expose()
+                            .to_owned(),
+                    ),
+                ];
+                let detail = redacted(&error, secrets.iter().flatten().map(String::as_str));
+                Outcome::Failed(with_detail(
+                    "the provider reported a failure by callback",
+                    &detail,
+                ))
+            }
             _ => {
                 return Err(AppError::invalid_body(
                     "send exactly one of `result` and `error`",
                 ))
             }
         };
-        let (attempt, job) = self.attempt_and_job(attempt_id).await?;
         let outcome = match self.config().contracts.get(&job.task) {
             Some(contract) => contract.judge(outcome),
             None => outcome,

@@ -63,6 +63,9 @@ pub enum AppError {
         age_seconds: i64,
         window_seconds: u64,
     },
+    /// Client JSON nests deeper than the configured limit; nothing walked it.
+    #[error("{0}; send a flatter document")]
+    NestingTooDeep(#[from] crate::domain::json_depth::TooDeep),
     /// Busy for now; retrying (with the same idempotency key) is safe.
     #[error("{0}")]
     Unavailable(String),

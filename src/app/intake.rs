@@ -131,6 +131,11 @@ impl App {
             .params
             .clone()
             .unwrap_or_else(|| JsonText::parse("{}").expect("an empty object"));
+        // Before anything walks them (the fingerprint, the contract's checks).
+        let max_depth = self.config().server.max_json_depth;
+        for text in [&request.input, &params] {
+            crate::domain::json_depth::check_nesting(text.as_str().as_bytes(), max_depth)?;
+        }
         if !params.value().is_object() {
             return Err(AppError::InvalidBody {
                 detail: "`params` must be a JSON object".into(),

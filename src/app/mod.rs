@@ -25,6 +25,7 @@ pub mod gate;
 pub mod intake;
 pub mod metrics;
 pub mod outcomes;
+pub mod password_queue;
 pub mod qualification;
 pub mod queries;
 pub mod resolve;
@@ -81,7 +82,7 @@ struct Inner {
     /// by polling).
     job_finished: broadcast::Sender<JobId>,
     /// Argon2 runs here, a few at a time (see `accounts`).
-    password_slots: Arc<tokio::sync::Semaphore>,
+    password_queue: Arc<password_queue::PasswordQueue>,
     /// This process's worker's offer to start new jobs at once (`work`).
     start_offer: std::sync::RwLock<std::sync::Weak<work::StartOffer>>,
     /// Keys this process is creating jobs for (`twins`).
@@ -106,7 +107,7 @@ impl App {
         }));
         Self {
             inner: Arc::new(Inner {
-                password_slots: accounts::password_slots(
+                password_queue: password_queue::PasswordQueue::new(
                     config.server.password_hashing_concurrency,
                 ),
                 store,

@@ -34,6 +34,16 @@ pub fn check_file(file: &ConfigFile) -> Result<(), (String, String)> {
     if this.server.body_limit_bytes == 0 {
         return invalid("server.body_limit_bytes".into(), "must be greater than 0");
     }
+    let ceiling = crate::domain::json_depth::MAX_NESTING_CEILING;
+    if !(1..=ceiling).contains(&this.server.max_json_depth) {
+        return invalid(
+            "server.max_json_depth".into(),
+            &format!("must be between 1 and {ceiling}"),
+        );
+    }
+    if this.server.body_timeout_ms == 0 {
+        return invalid("server.body_timeout_ms".into(), "must be greater than 0");
+    }
     if let Some(url) = &this.server.public_url {
         if insecure_remote_http(url) && !this.server.allow_insecure_http {
             return invalid(

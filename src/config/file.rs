@@ -33,6 +33,13 @@ pub struct ServerSettings {
     pub metrics_bind: Option<String>,
     /// Largest accepted request body, in bytes.
     pub body_limit_bytes: usize,
+    /// The deepest a client's JSON may nest (arrays and objects), checked
+    /// before anything walks it: deeper is refused with 422
+    /// `nesting-too-deep`. 1 to 128.
+    pub max_json_depth: usize,
+    /// How long a request body may take to arrive once its headers have;
+    /// a slower one is answered 408 and its connection closed.
+    pub body_timeout_ms: u64,
     /// HTTP worker threads; 0 means one per CPU core.
     pub http_workers: usize,
     /// How long a graceful shutdown waits for in-flight requests and calls.
@@ -87,6 +94,8 @@ impl Default for ServerSettings {
             bind: "127.0.0.1:8080".into(),
             metrics_bind: None,
             body_limit_bytes: 64 * 1024,
+            max_json_depth: crate::domain::json_depth::DEFAULT_MAX_NESTING,
+            body_timeout_ms: 10_000,
             http_workers: 0,
             shutdown_grace_ms: 0,
             session_hours: 12,

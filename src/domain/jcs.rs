@@ -18,6 +18,8 @@
 
 use std::cmp::Ordering;
 
+use super::json_depth::{TooDeep, MAX_NESTING_CEILING};
+
 /// 2^53 − 1: the largest magnitude a number may have (I-JSON's safe range).
 pub const MAX_SAFE_INTEGER: f64 = 9_007_199_254_740_991.0;
 
@@ -37,6 +39,8 @@ pub enum CanonicalError {
     DuplicateKey(String),
     #[error("a string holds an unpaired UTF-16 surrogate")]
     LoneSurrogate,
+    #[error("{0}")]
+    TooDeep(#[from] TooDeep),
 }
 
 /// The canonical text of one JSON document.
@@ -44,6 +48,7 @@ pub fn canonicalize(text: &str) -> Result<String, CanonicalError> {
     let mut parser = Parser {
         bytes: text.as_bytes(),
         at: 0,
+        depth: 0,
     };
     parser.skip_white();
     let mut out = String::with_capacity(text.len());
@@ -58,6 +63,10 @@ pub fn canonicalize(text: &str) -> Result<String, CanonicalError> {
 struct Parser<'a> {
     bytes: &'a [u8],
     at: usize,
+    /// Arrays and objects open around the current position: the walk
+    /// recurses once per level, so the depth is bounded
+    /// ([`MAX_NESTING_CEILING`]) whatever the edges checked before.
+    depth: usize,
 }
 
 impl Parser<'_> {
@@ -92,8 +101,8 @@ impl Parser<'_> {
 
     fn value(&mut self, out: &mut String) -> Result<(), CanonicalError> {
         match self.peek() {
-            Some(b'{') => self.object(out),
-            Some(b'[') => self.array(out),
+            Some(b'{') => self.nested(|p| p.object(out)),
+            Some(b'[') => self.nested(|p| p.array(out)),
             Some(b'"') => {
                 let s = self.string()?;
                 write_string(&s, out);
@@ -105,6 +114,23 @@ impl Parser<'_> {
             Some(b'-' | b'0'..=b'9') => self.number(out),
             _ => Err(CanonicalError::Syntax(self.at)),
         }
+    }
+
+    /// One level deeper, refused past [`MAX_NESTING_CEILING`].
+    fn nested(
+        &mut self,
+        walk: impl FnOnce(&mut Self) -> Result<(), CanonicalError>,
+    ) -> Result<(), CanonicalError> {
+        if self.depth >= MAX_NESTING_CEILING {
+            return Err(TooDeep {
+                limit: MAX_NESTING_CEILING,
+            }
+            .into());
+        }
+        self.depth += 1;
+        let walked = walk(self);
+        self.depth -= 1;
+        walked
     }
 
     fn object(&mut self, out: &mut String) -> Result<(), CanonicalError> {
@@ -422,6 +448,24 @@ mod tests {
 
     fn canon(text: &str) -> String {
         canonicalize(text).unwrap()
+    }
+
+    #[test]
+    fn nesting_past_the_ceiling_is_refused_without_overflowing_the_stack() {
+        let ok = "[".repeat(MAX_NESTING_CEILING) + &"]".repeat(MAX_NESTING_CEILING);
+        assert_eq!(canon(&ok), ok);
+        for depth in [MAX_NESTING_CEILING + 1, 12_000, 100_000] {
+            let deep = "[".repeat(depth) + &"]".repeat(depth);
+            assert!(matches!(
+                canonicalize(&deep),
+                Err(CanonicalError::TooDeep(TooDeep { limit })) if limit == MAX_NESTING_CEILING
+            ));
+            let objects = r#"{"a":"#.repeat(depth) + "1" + &"}".repeat(depth);
+            assert!(matches!(
+                canonicalize(&objects),
+                Err(CanonicalError::TooDeep(_))
+            ));
+        }
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod fingerprint;
 pub mod idempotency_key;
 pub mod ids;
 pub mod jcs;
+pub mod json_depth;
 pub mod json_text;
 pub mod outcome;
 pub mod password;

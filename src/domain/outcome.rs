@@ -70,6 +70,23 @@ pub fn with_detail(summary: impl Into<String>, detail: &str) -> String {
     }
 }
 
+/// The longest provider text kept in a reason.
+pub const MAX_DETAIL_CHARS: usize = 400;
+
+/// Provider text with every secret in `secrets` replaced by `***` (before
+/// it is shortened, so no fragment survives a cut), then shortened to
+/// [`MAX_DETAIL_CHARS`].
+pub fn redacted<'a>(text: &str, secrets: impl IntoIterator<Item = &'a str>) -> String {
+    let mut text = text.to_owned();
+    for secret in secrets.into_iter().filter(|s| !s.is_empty()) {
+        text = text.replace(secret, "***");
+    }
+    if text.chars().count() > MAX_DETAIL_CHARS {
+        text = text.chars().take(MAX_DETAIL_CHARS).collect::<String>() + "…";
+    }
+    text
+}
+
 /// A reason without the provider's text: what a job's owner is shown.
 pub fn summary_of(reason: &str) -> &str {
     reason.split(DETAIL_MARKER).next().unwrap_or(reason)

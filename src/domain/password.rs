@@ -26,6 +26,15 @@ impl UserName {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The name as uniqueness compares it: `admin` and `Admin` are one
+    /// name. For the ASCII a name is made of, Unicode's compatibility case
+    /// folding (NFKC_Casefold) is exactly ASCII lower case; characters
+    /// whose compatibility forms are ASCII (fullwidth `ａｄｍｉｎ`, say) are
+    /// refused by [`UserName::parse`], so no look-alike gets in that way.
+    pub fn folded(&self) -> String {
+        self.0.to_ascii_lowercase()
+    }
 }
 
 /// A readable random password: 20 characters from an unambiguous alphabet.

@@ -2,6 +2,16 @@
 //! counted per (name, address) and per address, each failure past a free
 //! allowance doubles the wait (capped), and the count starts again after a
 //! quiet window. Nobody at another address is ever made to wait for a name.
+//!
+//! - An "address" is an IPv4 address, or an IPv6 /64 (one subscriber's
+//!   network: rotating through it is free for an attacker).
+//! - The per-name count only grows for names that belong to an account: a
+//!   flood of made-up names costs nobody's account anything.
+//! - A good password clears its own (name, address) count and takes back
+//!   only its own tentative failure from the address's count, so a sprayer
+//!   cannot wipe the address's record by signing in to their own account.
+
+use std::net::IpAddr;
 
 /// Failures counted for one scope.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,18 +48,35 @@ impl Policy {
     }
 }
 
-/// The throttle scopes of a sign-in: the name at this address, and the
-/// address alone.
-pub fn scopes(name: &str, address: &str) -> [(String, Policy); 2] {
-    [
-        (format!("name:{name}@{address}"), NAME_AT_ADDRESS),
-        (format!("addr:{address}"), ADDRESS),
-    ]
+/// The address a sign-in is counted under: an IPv4 address as it is, an
+/// IPv6 address by its /64 (an IPv4-mapped one as the IPv4 address).
+pub fn address_group(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => v4.to_string(),
+            None => {
+                let s = v6.segments();
+                let network = std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0);
+                format!("{network}/64")
+            }
+        },
+    }
+}
+
+/// The scope of one account's name (as uniqueness folds it) at one address.
+pub fn name_scope(folded_name: &str, group: &str) -> (String, Policy) {
+    (format!("name:{folded_name}@{group}"), NAME_AT_ADDRESS)
+}
+
+/// The scope of one address, whatever the names.
+pub fn address_scope(group: &str) -> (String, Policy) {
+    (format!("addr:{group}"), ADDRESS)
 }
 
 /// The prefix of every scope of one name (for clearing them all).
-pub fn name_prefix(name: &str) -> String {
-    format!("name:{name}@")
+pub fn name_prefix(folded_name: &str) -> String {
+    format!("name:{folded_name}@")
 }
 
 #[cfg(test)]
@@ -65,9 +92,20 @@ mod tests {
 
     #[test]
     fn scopes_keep_names_and_addresses_apart() {
-        let [(a, _), (b, _)] = scopes("admin", "192.0.2.7");
+        let group = address_group("192.0.2.7".parse().unwrap());
+        let (a, _) = name_scope("admin", &group);
+        let (b, _) = address_scope(&group);
         assert_eq!(a, "name:admin@192.0.2.7");
         assert_eq!(b, "addr:192.0.2.7");
         assert!(a.starts_with(&name_prefix("admin")));
+    }
+
+    #[test]
+    fn ipv6_addresses_of_one_64_are_one_address() {
+        let group = |ip: &str| address_group(ip.parse().unwrap());
+        assert_eq!(group("2001:db8:1:2::1"), "2001:db8:1:2::/64");
+        assert_eq!(group("2001:db8:1:2:ffff:1:2:3"), group("2001:db8:1:2::9"));
+        assert_ne!(group("2001:db8:1:2::1"), group("2001:db8:1:3::1"));
+        assert_eq!(group("::ffff:192.0.2.7"), "192.0.2.7");
     }
 }

@@ -151,19 +151,11 @@ impl HttpClient {
     /// Removes the API key and the call's callback secret from a reason (before
     /// it is shortened, so no fragment survives a cut), then shortens it.
     fn redact(&self, call: &Call, text: String) -> String {
-        let mut text = text;
         let secrets = [
             self.api_key.as_ref().map(Secret::expose),
             call.callback.as_ref().map(|c| c.secret.expose()),
         ];
-        for secret in secrets.into_iter().flatten().filter(|s| !s.is_empty()) {
-            text = text.replace(secret, "***");
-        }
-        const MAX_REASON_CHARS: usize = 400;
-        if text.chars().count() > MAX_REASON_CHARS {
-            text = text.chars().take(MAX_REASON_CHARS).collect::<String>() + "…";
-        }
-        text
+        crate::domain::outcome::redacted(&text, secrets.into_iter().flatten())
     }
 
     async fn send(&self, call: &Call) -> Reply {

@@ -62,6 +62,16 @@ impl DatabaseUrl {
         }
     }
 
+    /// The folder a SQLite database file lives in (`None` for PostgreSQL).
+    pub fn sqlite_folder(&self) -> Option<std::path::PathBuf> {
+        (self.backend() == Backend::Sqlite).then(|| {
+            std::path::Path::new(self.sqlite_path())
+                .parent()
+                .map(std::path::Path::to_path_buf)
+                .unwrap_or_default()
+        })
+    }
+
     /// The SQLite file path, without an optional `sqlite://` prefix.
     fn sqlite_path(&self) -> &str {
         self.0.strip_prefix("sqlite://").unwrap_or(&self.0)
@@ -112,6 +122,7 @@ pub struct DbConnectionManager {
     busy_timeout_ms: u64,
     synchronous: SqliteSynchronous,
     postgres_session: String,
+    statements: Option<super::statement_log::StatementLog>,
 }
 
 impl DbConnectionManager {
@@ -136,7 +147,14 @@ impl DbConnectionManager {
                 config.postgres_statement_timeout_ms,
                 config.postgres_idle_in_transaction_timeout_ms
             ),
+            statements: None,
         }
+    }
+
+    /// Records every statement of every connection it makes in `log`.
+    pub fn recording(mut self, log: super::statement_log::StatementLog) -> Self {
+        self.statements = Some(log);
+        self
     }
 
     pub fn establish(&self) -> Result<DbConnection, ConnectError> {
@@ -148,6 +166,9 @@ impl DbConnectionManager {
             Backend::Postgres => {
                 let mut conn =
                     diesel::PgConnection::establish(self.url.as_str()).map_err(connection_error)?;
+                if let Some(log) = &self.statements {
+                    conn.set_instrumentation(log.instrumentation());
+                }
                 conn.batch_execute(&self.postgres_session)
                     .map_err(|source| ConnectError::Pragmas {
                         url: self.url.redacted(),
@@ -158,6 +179,9 @@ impl DbConnectionManager {
             Backend::Sqlite => {
                 let mut conn = diesel::SqliteConnection::establish(self.url.sqlite_path())
                     .map_err(connection_error)?;
+                if let Some(log) = &self.statements {
+                    conn.set_instrumentation(log.instrumentation());
+                }
                 let synchronous = match self.synchronous {
                     SqliteSynchronous::Full => "FULL",
                     SqliteSynchronous::Normal => "NORMAL",

@@ -6,6 +6,7 @@
 pub mod completion;
 pub mod connection;
 pub mod console;
+pub mod distribution;
 pub mod jobs;
 pub mod migrations;
 pub mod operator;
@@ -16,6 +17,7 @@ pub mod rows;
 pub mod schema;
 pub mod sessions;
 pub mod sql_types;
+pub mod statement_log;
 pub mod transitions;
 pub mod users;
 
@@ -183,7 +185,29 @@ impl Store {
         url: &DatabaseUrl,
         settings: &DatabaseSettings,
     ) -> Result<Self, connection::ConnectError> {
-        let manager = DbConnectionManager::new(url.clone(), settings);
+        Self::connect_with(
+            DbConnectionManager::new(url.clone(), settings),
+            url,
+            settings,
+        )
+    }
+
+    /// As [`connect`](Self::connect), recording every statement its
+    /// connections send in `log`.
+    pub fn connect_recording(
+        url: &DatabaseUrl,
+        settings: &DatabaseSettings,
+        log: statement_log::StatementLog,
+    ) -> Result<Self, connection::ConnectError> {
+        let manager = DbConnectionManager::new(url.clone(), settings).recording(log);
+        Self::connect_with(manager, url, settings)
+    }
+
+    fn connect_with(
+        manager: DbConnectionManager,
+        url: &DatabaseUrl,
+        settings: &DatabaseSettings,
+    ) -> Result<Self, connection::ConnectError> {
         // Prove the URL works before building the pool, keeping the real error text.
         drop(manager.establish()?);
         let pool = Pool::builder()

@@ -83,10 +83,11 @@ fn job_version_of_attempt() -> diesel::expression::SqlLiteral<Nullable<BigInt>> 
 }
 
 /// The database's clock in Unix milliseconds as one value for the whole
-/// transaction (PostgreSQL's `now()`, not the volatile `clock_timestamp()`).
+/// statement (PostgreSQL's `statement_timestamp()`, which Citus evaluates
+/// once, not the volatile `clock_timestamp()`; see `store::distribution`).
 fn db_stable_now_ms(conn: &DbConnection) -> &'static str {
     match conn {
-        DbConnection::Postgresql(_) => "(EXTRACT(EPOCH FROM now()) * 1000)::BIGINT",
+        DbConnection::Postgresql(_) => "(EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT",
         DbConnection::Sqlite(_) => db_now_ms(conn),
     }
 }
@@ -98,8 +99,7 @@ struct Clock {
 }
 
 /// Reads the database's clock (Unix ms): statements bind it rather than
-/// evaluate a clock row by row. On PostgreSQL inside a transaction it is
-/// the transaction's start.
+/// evaluate a clock inside a write.
 pub fn db_clock_ms(conn: &mut DbConnection) -> StoreResult<i64> {
     let query = format!("SELECT {} AS now_ms", db_stable_now_ms(conn));
     Ok(diesel::sql_query(query).get_result::<Clock>(conn)?.now_ms)

@@ -16,6 +16,7 @@ diesel::table! {
         password_hash -> Nullable<Text>,
         disabled_at -> Nullable<BigInt>,
         last_sign_in_at -> Nullable<BigInt>,
+        name_folded -> Nullable<Text>,
     }
 }
 

@@ -5,7 +5,7 @@
 
 use diesel::prelude::*;
 
-use super::connection::write_transaction;
+use super::connection::{per_backend, write_transaction};
 use super::schema::{sessions, sign_in_throttle, users};
 use super::users::{token_digest, User, UserError};
 use super::{now_ms, DbConnection, StoreResult};
@@ -48,7 +48,7 @@ pub fn credentials(conn: &mut DbConnection, name: &str) -> StoreResult<Option<Cr
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reservation {
     /// It may; it was counted as a failure in advance (a good password
-    /// clears the count).
+    /// takes that back: `settle_good_sign_in`).
     Allowed,
     /// A scope must wait until then; nothing was counted.
     Blocked { until: i64 },
@@ -134,14 +134,52 @@ fn lock_scope(conn: &mut DbConnection, scope: &str, now: i64) -> QueryResult<(i3
     }
 }
 
-/// Forgets the failures of these scopes (after a good sign-in).
-pub fn clear_scopes(conn: &mut DbConnection, scopes: &[String]) -> StoreResult<()> {
-    diesel::delete(sign_in_throttle::table.filter(sign_in_throttle::scope.eq_any(scopes)))
-        .execute(conn)?;
-    Ok(())
+/// Until when any of these scopes must wait, if one must wait now: a read
+/// that changes nothing, so a sign-in that would be refused anyway is
+/// refused before it queues for a password check.
+pub fn blocked_until(
+    conn: &mut DbConnection,
+    scopes: &[&str],
+    now: i64,
+) -> StoreResult<Option<i64>> {
+    let until: Option<i64> = sign_in_throttle::table
+        .filter(sign_in_throttle::scope.eq_any(scopes))
+        .select(diesel::dsl::max(sign_in_throttle::blocked_until))
+        .first(conn)?;
+    Ok(until.filter(|until| *until > now))
 }
 
-/// Forgets every failure counted against a name, at any address.
+/// After a good password: the name's count at this address is forgotten,
+/// and the address's count loses only the failure this sign-in was counted
+/// as in advance (`reserve_attempt`). Earlier failures from the address
+/// still count: signing in to one's own account does not wipe a spray.
+pub fn settle_good_sign_in(
+    conn: &mut DbConnection,
+    name_scope: &str,
+    address_scope: &(String, Policy),
+    now: i64,
+) -> StoreResult<()> {
+    let (scope, policy) = address_scope;
+    write_transaction(conn, |conn| {
+        diesel::delete(sign_in_throttle::table.find(name_scope)).execute(conn)?;
+        let (failures, _, blocked_until) = lock_scope(conn, scope, now)?;
+        let failures = (failures - 1).max(0);
+        if failures == 0 {
+            diesel::delete(sign_in_throttle::table.find(scope)).execute(conn)?;
+            return Ok(());
+        }
+        let wait_until = now + policy.wait_after(i64::from(failures));
+        diesel::update(sign_in_throttle::table.find(scope))
+            .set((
+                sign_in_throttle::failures.eq(failures),
+                sign_in_throttle::blocked_until.eq(blocked_until.min(wait_until)),
+            ))
+            .execute(conn)?;
+        Ok(())
+    })
+}
+
+/// Forgets every failure counted against a name (folded), at any address.
 fn clear_name(conn: &mut DbConnection, name: &str) -> QueryResult<usize> {
     let pattern = format!(
         "{}%",
@@ -174,7 +212,7 @@ pub fn set_password_hash(
             .set(users::password_hash.eq(hash))
             .execute(conn)?;
         diesel::delete(sessions::table.filter(sessions::user_id.eq(&id))).execute(conn)?;
-        clear_name(conn, name)?;
+        clear_name(conn, &name.to_ascii_lowercase())?;
         Ok(id)
     })
 }
@@ -195,22 +233,16 @@ pub fn create_first_admin(conn: &mut DbConnection, password_hash: &str) -> Store
         let row = (
             users::id.eq(UserId::new()),
             users::name.eq("admin"),
+            users::name_folded.eq("admin"),
             users::role.eq(Role::Admin),
             users::created_at.eq(now_ms()),
             users::password_hash.eq(Some(password_hash)),
         );
-        let inserted = match conn {
-            DbConnection::Sqlite(c) => diesel::insert_into(users::table)
-                .values(row)
-                .on_conflict(users::name)
-                .do_nothing()
-                .execute(c)?,
-            DbConnection::Postgresql(c) => diesel::insert_into(users::table)
-                .values(row)
-                .on_conflict(users::name)
-                .do_nothing()
-                .execute(c)?,
-        };
+        // Any unique index may be the one a concurrent process hit first.
+        let insert = diesel::insert_into(users::table)
+            .values(row)
+            .on_conflict_do_nothing();
+        let inserted = per_backend!(conn, |c| insert.execute(c)?);
         Ok(inserted == 1)
     })
 }

@@ -5,6 +5,7 @@ use diesel::prelude::*;
 
 use super::schema::{api_tokens, users};
 use super::{now_ms, DbConnection, StoreError, StoreResult};
+use crate::domain::password::UserName;
 use crate::domain::{sha256_hex, Role, UserId};
 
 /// Who someone is: the owner of jobs and tokens, and the actor of console
@@ -37,13 +38,6 @@ impl From<diesel::result::Error> for UserError {
     fn from(e: diesel::result::Error) -> Self {
         Self::Store(e.into())
     }
-}
-
-fn is_valid_user_name(name: &str) -> bool {
-    (1..=64).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
 }
 
 /// Generates a token: `oj_` + 256 random bits in hex.
@@ -86,29 +80,87 @@ fn insert_user(
     role: Role,
     password_hash: Option<&str>,
 ) -> Result<User, UserError> {
-    if !is_valid_user_name(name) {
-        return Err(UserError::InvalidName);
-    }
+    let name = UserName::parse(name)
+        .filter(|parsed| parsed.as_str() == name)
+        .ok_or(UserError::InvalidName)?;
     let id = UserId::new();
-    let inserted = diesel::insert_into(users::table)
-        .values((
-            users::id.eq(&id),
-            users::name.eq(name),
-            users::role.eq(role),
-            users::created_at.eq(now_ms()),
-            users::password_hash.eq(password_hash),
-        ))
-        .execute(conn);
+    // In a savepoint: after a refusal, the transaction can still say who
+    // holds the name.
+    let inserted = conn.transaction(|conn| {
+        diesel::insert_into(users::table)
+            .values((
+                users::id.eq(&id),
+                users::name.eq(name.as_str()),
+                users::name_folded.eq(name.folded()),
+                users::role.eq(role),
+                users::created_at.eq(now_ms()),
+                users::password_hash.eq(password_hash),
+            ))
+            .execute(conn)
+    });
     match inserted {
         Err(e) if super::connection::is_unique_violation(&e) => {
-            return Err(UserError::NameTaken(name.to_owned()))
+            return Err(UserError::NameTaken(holder_of(conn, &name)?));
         }
         other => other?,
     };
     Ok(User {
         id,
-        name: name.to_owned(),
+        name: name.as_str().to_owned(),
         role,
+    })
+}
+
+/// The existing name a new `name` clashes with (the same but for case).
+fn holder_of(conn: &mut DbConnection, name: &UserName) -> StoreResult<String> {
+    let holder: Option<String> = users::table
+        .filter(users::name_folded.eq(name.folded()))
+        .or_filter(users::name.eq(name.as_str()))
+        .select(users::name)
+        .first(conn)
+        .optional()?;
+    Ok(holder.unwrap_or_else(|| name.as_str().to_owned()))
+}
+
+/// Users whose names differ only in case from an earlier user's: each with
+/// the name of that earlier user. They were made before names were compared
+/// without regard to case, and keep working until renamed.
+pub fn case_clashes(conn: &mut DbConnection) -> StoreResult<Vec<(String, String)>> {
+    let (later, earlier) = diesel::alias!(users as later, users as earlier);
+    Ok(later
+        .inner_join(
+            earlier.on(earlier.field(users::name_folded).eq(diesel::dsl::sql::<
+                diesel::sql_types::Nullable<diesel::sql_types::Text>,
+            >("lower(later.name)"))),
+        )
+        .filter(later.field(users::name_folded).is_null())
+        .order(later.field(users::name))
+        .select((later.field(users::name), earlier.field(users::name)))
+        .load(conn)?)
+}
+
+/// Renames a user; the new name must be free without regard to case.
+/// Sessions, tokens, jobs and audit entries follow the user's id.
+pub fn rename_user(conn: &mut DbConnection, old: &str, new: &str) -> Result<(), UserError> {
+    let new_name = UserName::parse(new)
+        .filter(|parsed| parsed.as_str() == new)
+        .ok_or(UserError::InvalidName)?;
+    super::connection::write_transaction(conn, |conn| {
+        let id = id_of(conn, old)?;
+        let renamed = conn.transaction(|conn| {
+            diesel::update(users::table.find(&id))
+                .set((
+                    users::name.eq(new_name.as_str()),
+                    users::name_folded.eq(new_name.folded()),
+                ))
+                .execute(conn)
+        });
+        match renamed {
+            Err(e) if super::connection::is_unique_violation(&e) => {
+                Err(UserError::NameTaken(holder_of(conn, &new_name)?))
+            }
+            other => other.map(drop).map_err(UserError::from),
+        }
     })
 }
 

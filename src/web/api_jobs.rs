@@ -6,7 +6,7 @@ use serde::Deserialize;
 use utoipa::IntoParams;
 
 use super::auth::Caller;
-use super::body::{json_body, page_limit, parse_query, query_id, EmptyBody};
+use super::body::{json_body, page_limit, parse_query, query_id, BodyRules, EmptyBody};
 use super::error::{job_location, ApiError, ProblemType};
 use super::views::{
     AttemptView, CreateJobRequest, JobPage, JobSummary, JobView, Problem, StartAttemptRequest,
@@ -103,7 +103,7 @@ pub async fn create_job(
     let body: CreateJobRequest = json_body(
         &req,
         payload,
-        app.config().server.body_limit_bytes,
+        BodyRules::of(&app.config().server),
         EmptyBody::Refuse,
     )
     .await?;
@@ -240,7 +240,7 @@ pub async fn start_attempt(
     let body: StartAttemptRequest = json_body(
         &req,
         payload,
-        app.config().server.body_limit_bytes,
+        BodyRules::of(&app.config().server),
         EmptyBody::Is(StartAttemptRequest::default()),
     )
     .await?;

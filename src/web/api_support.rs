@@ -6,7 +6,7 @@ use serde::Deserialize;
 use utoipa::IntoParams;
 
 use super::auth::Caller;
-use super::body::{json_body, page_limit, parse_query, query_id, EmptyBody};
+use super::body::{json_body, page_limit, parse_query, query_id, BodyRules, EmptyBody};
 use super::error::ApiError;
 use super::views::{AbandonRequest, AttemptView, Problem, RaceView, UnknownAttemptView};
 use crate::app::now_ms;
@@ -44,7 +44,7 @@ pub async fn abandon_attempt(
     let body: AbandonRequest = json_body(
         &req,
         payload,
-        app.config().server.body_limit_bytes,
+        BodyRules::of(&app.config().server),
         EmptyBody::Refuse,
     )
     .await?;

@@ -2,11 +2,104 @@
 //! limit (413), `application/json` required (415), well-formed JSON (400), the
 //! documented shape (422).
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use actix_web::body::MessageBody;
+use actix_web::dev::{Payload, ServiceRequest, ServiceResponse};
+use actix_web::error::PayloadError;
+use actix_web::middleware::Next;
 use actix_web::{web, HttpMessage, HttpRequest};
-use futures_util::StreamExt;
+use futures_util::{Stream, StreamExt};
 use serde::de::DeserializeOwned;
 
 use super::error::{ApiError, ProblemType};
+use crate::domain::json_depth::check_nesting;
+
+/// How a client's JSON is read: at most `max_bytes` (413), nested at most
+/// `max_depth` levels (422 `nesting-too-deep`).
+#[derive(Debug, Clone, Copy)]
+pub struct BodyRules {
+    pub max_bytes: usize,
+    pub max_depth: usize,
+}
+
+impl BodyRules {
+    pub fn of(server: &crate::config::ServerSettings) -> Self {
+        Self {
+            max_bytes: server.body_limit_bytes,
+            max_depth: server.max_json_depth,
+        }
+    }
+}
+
+/// The error a body stream yields once its time is up.
+fn body_timed_out() -> PayloadError {
+    PayloadError::Io(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "the request body did not arrive in time",
+    ))
+}
+
+/// Whether reading a body failed because it arrived too slowly.
+pub fn is_body_timeout(error: &PayloadError) -> bool {
+    matches!(error, PayloadError::Io(e) if e.kind() == std::io::ErrorKind::TimedOut)
+}
+
+/// A request body that must have arrived by a deadline.
+struct DeadlinePayload {
+    inner: Payload,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    timed_out: bool,
+}
+
+impl Stream for DeadlinePayload {
+    type Item = Result<web::Bytes, PayloadError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.timed_out {
+            return Poll::Ready(None);
+        }
+        if let Poll::Ready(item) = Pin::new(&mut self.inner).poll_next(cx) {
+            return Poll::Ready(item);
+        }
+        match self.deadline.as_mut().poll(cx) {
+            Poll::Ready(()) => {
+                self.timed_out = true;
+                Poll::Ready(Some(Err(body_timed_out())))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// Gives every request body `server.body_timeout_ms` to arrive once the
+/// headers have (actix's own header timeout covers the headers): a body
+/// that trickles in, or never comes after its `Content-Length`, ends the
+/// request with 408 and its connection is closed, instead of holding a
+/// connection and a handler for as long as the client likes.
+pub async fn body_deadline(
+    mut req: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    let timeout = req
+        .app_data::<web::Data<crate::app::App>>()
+        .map(|app| Duration::from_millis(app.config().server.body_timeout_ms));
+    if let Some(timeout) = timeout {
+        let inner = req.take_payload();
+        let limited = DeadlinePayload {
+            inner,
+            deadline: Box::pin(tokio::time::sleep(timeout)),
+            timed_out: false,
+        };
+        let stream: Pin<Box<dyn Stream<Item = Result<web::Bytes, PayloadError>>>> =
+            Box::pin(limited);
+        req.set_payload(Payload::from(stream));
+    }
+    next.call(req).await
+}
 
 /// What an empty body means: a refusal, or this value.
 pub enum EmptyBody<T> {
@@ -37,10 +130,14 @@ pub async fn limited_body(
     let mut body = web::BytesMut::new();
     while let Some(chunk) = payload.next().await {
         let chunk = chunk.map_err(|e| {
-            ApiError::new(
-                ProblemType::MalformedJson,
-                format!("the body could not be read: {e}"),
-            )
+            if is_body_timeout(&e) {
+                ApiError::new(ProblemType::RequestTimeout, e.to_string())
+            } else {
+                ApiError::new(
+                    ProblemType::MalformedJson,
+                    format!("the body could not be read: {e}"),
+                )
+            }
         })?;
         if body.len() + chunk.len() > limit {
             return Err(too_large());
@@ -50,19 +147,25 @@ pub async fn limited_body(
     Ok(body.freeze())
 }
 
+/// 422 `nesting-too-deep` when a JSON text nests deeper than `max_depth`.
+pub fn require_shallow(body: &[u8], max_depth: usize) -> Result<(), ApiError> {
+    check_nesting(body, max_depth).map_err(ApiError::from)
+}
+
 pub async fn json_body<T: DeserializeOwned>(
     req: &HttpRequest,
     payload: web::Payload,
-    limit: usize,
+    rules: BodyRules,
     empty: EmptyBody<T>,
 ) -> Result<T, ApiError> {
-    let body = limited_body(req, payload, limit).await?;
+    let body = limited_body(req, payload, rules.max_bytes).await?;
     if body.is_empty() {
         if let EmptyBody::Is(value) = empty {
             return Ok(value);
         }
     }
     require_json_type(req)?;
+    require_shallow(&body, rules.max_depth)?;
     serde_json::from_slice(&body).map_err(|e| {
         use serde_json::error::Category;
         match e.classify() {
@@ -94,14 +197,15 @@ fn require_json_type(req: &HttpRequest) -> Result<(), ApiError> {
 }
 
 /// A JSON body kept as the exact text sent (for fingerprints), under the
-/// same rules as [`json_body`]: size, media type, well-formed JSON.
+/// same rules as [`json_body`]: size, media type, depth, well-formed JSON.
 pub async fn json_text(
     req: &HttpRequest,
     payload: web::Payload,
-    limit: usize,
+    rules: BodyRules,
 ) -> Result<crate::domain::JsonText, ApiError> {
-    let body = limited_body(req, payload, limit).await?;
+    let body = limited_body(req, payload, rules.max_bytes).await?;
     require_json_type(req)?;
+    require_shallow(&body, rules.max_depth)?;
     let text = String::from_utf8(body.to_vec())
         .map_err(|_| ApiError::new(ProblemType::MalformedJson, "the body is not valid UTF-8"))?;
     crate::domain::JsonText::parse(text).map_err(|e| {

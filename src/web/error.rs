@@ -34,13 +34,15 @@ pub enum ProblemType {
     InvalidQuery,
     UnsupportedMediaType,
     PayloadTooLarge,
+    NestingTooDeep,
+    RequestTimeout,
     MethodNotAllowed,
     ServiceUnavailable,
     Internal,
 }
 
 impl ProblemType {
-    pub const ALL: [ProblemType; 24] = [
+    pub const ALL: [ProblemType; 26] = [
         Self::Unauthorized,
         Self::Forbidden,
         Self::NotFound,
@@ -62,6 +64,8 @@ impl ProblemType {
         Self::InvalidQuery,
         Self::UnsupportedMediaType,
         Self::PayloadTooLarge,
+        Self::NestingTooDeep,
+        Self::RequestTimeout,
         Self::MethodNotAllowed,
         Self::ServiceUnavailable,
         Self::Internal,
@@ -113,6 +117,10 @@ impl ProblemType {
                 "Send the body as `Content-Type: application/json`."),
             Self::PayloadTooLarge => ("payload-too-large", S::PAYLOAD_TOO_LARGE, "Request body too large",
                 "The body is larger than the configured limit (`server.body_limit_bytes`)."),
+            Self::NestingTooDeep => ("nesting-too-deep", S::UNPROCESSABLE_ENTITY, "JSON nested too deeply",
+                "The JSON nests more arrays and objects inside each other than the configured limit (`server.max_json_depth`, named in `limit`). Nothing was stored."),
+            Self::RequestTimeout => ("request-timeout", S::REQUEST_TIMEOUT, "The request body arrived too slowly",
+                "The body did not arrive within `server.body_timeout_ms` of the headers. Nothing was stored; the connection is closed."),
             Self::MethodNotAllowed => ("method-not-allowed", S::METHOD_NOT_ALLOWED, "Method not allowed",
                 "The path exists but does not answer this method; the `Allow` header lists those it does."),
             Self::ServiceUnavailable => ("service-unavailable", S::SERVICE_UNAVAILABLE, "Temporarily unavailable",
@@ -212,9 +220,24 @@ impl ResponseError for ApiError {
             ProblemType::ServiceUnavailable => {
                 response.insert_header((header::RETRY_AFTER, "1"));
             }
+            // The rest of a slow body may still be on its way: nothing more
+            // is read from this connection.
+            ProblemType::RequestTimeout => {
+                response.force_close();
+            }
             _ => {}
         }
         response.body(self.body().to_string())
+    }
+}
+
+impl From<crate::domain::json_depth::TooDeep> for ApiError {
+    fn from(too_deep: crate::domain::json_depth::TooDeep) -> Self {
+        Self::new(
+            ProblemType::NestingTooDeep,
+            format!("{too_deep}; send a flatter document"),
+        )
+        .with("limit", too_deep.limit)
     }
 }
 
@@ -274,6 +297,7 @@ impl From<AppError> for ApiError {
             } => Self::new(ProblemType::CallbackExpired, detail)
                 .with("age_seconds", age_seconds)
                 .with("window_seconds", window_seconds),
+            AppError::NestingTooDeep(too_deep) => too_deep.into(),
             AppError::Unavailable(_) => Self::new(ProblemType::ServiceUnavailable, detail),
             AppError::Internal => Self::internal(),
         }

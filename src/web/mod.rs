@@ -21,7 +21,7 @@ use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::middleware::{from_fn, Next};
 use actix_web::{guard, web, HttpMessage};
 
-use error::ApiError;
+use error::{ApiError, ProblemType};
 
 /// A route for GET that also answers HEAD (actix's GET routes do not).
 fn read() -> actix_web::Route {
@@ -77,6 +77,15 @@ pub fn routes(cfg: &mut web::ServiceConfig, body_limit: usize) {
         web::FormConfig::default()
             .limit(body_limit)
             .error_handler(|error, _| {
+                let timed_out = matches!(&error,
+                    actix_web::error::UrlencodedError::Payload(e) if body::is_body_timeout(e));
+                if timed_out {
+                    return pages::PageError::from(ApiError::new(
+                        ProblemType::RequestTimeout,
+                        "The form did not arrive in time. Send it again.",
+                    ))
+                    .into();
+                }
                 pages::PageError::bad_request(format!("The form could not be read: {error}")).into()
             }),
     )

@@ -21,7 +21,7 @@ use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 use serde_json::{json, Value};
 
 use super::auth::{authenticate_or, Caller};
-use super::body::json_text;
+use super::body::{json_text, BodyRules};
 use super::error::{ApiError, ProblemType};
 use crate::app::intake::JobRequest;
 use crate::app::{App, AppError, Attempt, Job};
@@ -346,7 +346,7 @@ pub async fn chat_completions(
     payload: web::Payload,
 ) -> Result<HttpResponse, OpenAiError> {
     let key = idempotency_key(&req)?;
-    let input = json_text(&req, payload, app.config().server.body_limit_bytes).await?;
+    let input = json_text(&req, payload, BodyRules::of(&app.config().server)).await?;
     let (model, delivery) = read_request(&input.value())?;
     // A name that is not a chat route today is left to creation, which
     // answers a replay from the key's job before it looks at today's

@@ -331,18 +331,76 @@ async fn a_callback_with_an_error_fails_the_attempt_with_that_error(backend: Tes
     assert_eq!(attempt.outcome, None);
     assert_eq!(
         attempt.error.as_deref(),
-        Some("the model refused the input")
+        Some(
+            "the provider reported a failure by callback\n— the provider said: \
+             the model refused the input"
+        ),
+        "the owner's summary, then the provider's words for staff"
     );
     // A definite failure with nowhere to fail over to fails the job.
     assert_eq!(after.job.status, JobStatus::Failed);
     assert_eq!((after.job.result, after.job.completed_by), (None, None));
     let reason = after.job.failure_reason.unwrap();
     assert!(
-        reason.contains("last error: the model refused the input"),
+        reason.contains("last error: the provider reported a failure by callback"),
         "{reason}"
+    );
+    assert!(
+        !reason.contains("the model refused the input"),
+        "the job's reason is the owner's: {reason}"
     );
     assert!(after.races.is_empty());
     assert_eq!(fake.requests_for(&attempt_id), 1);
+}
+
+/// An error callback's text can name internal hosts and accounts, or echo a
+/// secret: its owner sees a summary (in the API and on the job page), staff
+/// see the provider's words with secrets masked, as for an error answered
+/// at once.
+async fn a_callback_error_shows_the_owner_only_a_summary(backend: TestBackend) {
+    let (_fake, app, job_id, attempt_id) = awaiting_callback(backend, "cb-leak").await;
+    let secret = server_key().attempt_secret(&attempt_id);
+    let body = format!(
+        r#"{{"error": "boom: internal host db-9.corp leaked, account acct-5555, key {}, secret {}"}}"#,
+        crate::helpers::FAKE_API_KEY,
+        secret.expose()
+    );
+    assert_eq!(callback_outcome(&app, &attempt_id, &body).await, "failed");
+    let owner = app.get_job(&app.alice.token, &job_id).await;
+    let owner_text = owner.to_string();
+    assert_eq!(owner["status"], "failed");
+    assert_eq!(
+        owner["attempts"][0]["error"],
+        "the provider reported a failure by callback"
+    );
+    for leak in ["db-9.corp", "acct-5555", "boom"] {
+        assert!(
+            !owner_text.contains(leak),
+            "the owner sees {leak}: {owner_text}"
+        );
+    }
+    app.set_password("alice", "alice-password").await;
+    let browser = crate::helpers::FormClient::new(&app);
+    browser.sign_in("alice", "alice-password").await;
+    let page = browser
+        .get(&format!("/jobs/{job_id}"))
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("the provider reported a failure by callback"));
+    assert!(
+        !page.contains("db-9.corp"),
+        "the job page shows the summary only"
+    );
+    let staff = app.get_job(&app.sue.token, &job_id).await;
+    let staff_error = staff["attempts"][0]["error"].as_str().unwrap().to_owned();
+    assert!(staff_error.contains("db-9.corp"), "{staff_error}");
+    for secret in [crate::helpers::FAKE_API_KEY, secret.expose()] {
+        assert!(!staff_error.contains(secret), "masked: {staff_error}");
+        assert!(!owner_text.contains(secret));
+    }
+    assert!(staff_error.contains("key ***, secret ***"), "{staff_error}");
 }
 
 async fn a_signature_for_one_attempt_is_refused_for_another(backend: TestBackend) {
@@ -511,6 +569,7 @@ async fn a_callback_body_without_exactly_one_of_result_and_error_is_422_and_chan
 }
 
 on_both_backends!(
+    a_callback_error_shows_the_owner_only_a_summary,
     a_callback_with_a_bad_signature_is_401_and_changes_nothing,
     a_signed_callback_goes_through_the_cas,
     a_callback_with_an_error_fails_the_attempt_with_that_error,

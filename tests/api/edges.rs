@@ -215,9 +215,9 @@ async fn a_success_after_an_error_callback_is_race_logged(backend: TestBackend) 
     assert_eq!(races.len(), 1, "{races:?}");
     assert_eq!(races[0].0, attempt_id);
     assert!(
-        races[0]
-            .1
-            .contains("already been recorded as failed (quota exceeded)"),
+        races[0].1.contains(
+            "already been recorded as failed (the provider reported a failure by callback"
+        ),
         "{}",
         races[0].1
     );

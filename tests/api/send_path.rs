@@ -308,7 +308,190 @@ async fn past_max_late_calls_a_timed_out_call_is_dropped_and_counted(backend: Te
     assert_eq!(job["status"], JobStatus::Succeeded.as_str());
 }
 
+/// The statements the send path's new steps send keep the distribution
+/// rule (`store::distribution`): every write to `attempts` names its owner,
+/// and no write evaluates a volatile function (the database's clock is
+/// read first and bound). Statements those steps reuse from before (the
+/// job-row lock, re-deriving a job's status) are left to the rule's own
+/// rewrite, and only checked for volatile functions.
+async fn the_send_paths_new_statements_keep_the_distribution_rule(backend: TestBackend) {
+    use onejob::domain::retry::Failure;
+    use onejob::domain::{AllowedProviders, IdempotencyKey, JsonText, RetryPolicy};
+    use onejob::store::completion::{complete_failure, FailurePlan};
+    use onejob::store::distribution::{judge, Breach, Verdict};
+    use onejob::store::jobs::{create_job, CreateOutcome, NewJob};
+    use onejob::store::queue::{self, ClaimRules};
+    use onejob::store::statement_log::StatementLog;
+    use onejob::store::Store;
+    let prepared = crate::helpers::PreparedApp::new(
+        backend,
+        crate::helpers::test_config(crate::helpers::DEFAULT_TEST_PROVIDERS),
+    )
+    .await;
+    let log = StatementLog::new();
+    let store = {
+        let (url, database, log) = (
+            prepared.db.url.clone(),
+            prepared.config.database.clone(),
+            log.clone(),
+        );
+        tokio::task::spawn_blocking(move || Store::connect_recording(&url, &database, log))
+            .await
+            .unwrap()
+            .unwrap()
+    };
+    let prepared = prepared.with_store(store);
+    let owner = prepared.alice.id.clone();
+    let checked = prepared
+        .with_conn(move |conn| {
+            let new_job = |key: &str| NewJob {
+                start: None,
+                owner_id: owner.clone(),
+                key: IdempotencyKey::parse(key).unwrap(),
+                task: "summarize".into(),
+                provider: "sim-fast".into(),
+                requested_provider: None,
+                input: JsonText::from_value(&json!({"text": key})),
+                params: JsonText::from_value(&json!({})),
+                fingerprint: "0".repeat(64),
+            };
+            let claim = |conn: &mut DbConnection, lease_ms: i64, confirm: bool| {
+                let mut admit = |_: &onejob::domain::AttemptId, _: &str| true;
+                queue::claim_batch(
+                    conn,
+                    ClaimRules {
+                        lease_owner: "w",
+                        lease_ms,
+                        limit: 1,
+                        soft_timeout_ms: &|_| 3000,
+                        closed: &[],
+                        admit: &mut admit,
+                        confirm,
+                    },
+                )
+                .unwrap()
+                .claims
+                .pop()
+                .unwrap()
+            };
+            let mut chunks: Vec<(&str, Vec<String>)> = Vec::new();
+            let job = |conn: &mut DbConnection, key: &str| match create_job(conn, &new_job(key))
+                .unwrap()
+            {
+                CreateOutcome::Created(job) => job,
+                other => panic!("{other:?}"),
+            };
+
+            job(conn, "renew");
+            let claimed = claim(conn, 2000, true);
+            log.take();
+            assert!(queue::renew_lease(
+                conn,
+                &claimed.attempt.id,
+                &claimed.attempt.owner_id,
+                "w",
+                2000
+            )
+            .unwrap());
+            chunks.push(("renewing a lease", log.take()));
+            assert_eq!(
+                queue::give_back_before_sending(conn, &claimed.attempt.id, "w").unwrap(),
+                queue::SendPermit::Requeued
+            );
+            chunks.push(("giving a claim back", log.take()));
+
+            let claimed = claim(conn, 2000, true);
+            conn.batch_execute(&format!(
+                "UPDATE jobs SET status = 'failed', version = version + 1 WHERE id = '{}'",
+                claimed.job.id
+            ))
+            .unwrap();
+            log.take();
+            assert_eq!(
+                queue::mark_unknown(conn, &claimed.attempt.id, "soft timeout").unwrap(),
+                onejob::domain::Applied::Superseded
+            );
+            chunks.push(("closing a superseded attempt", log.take()));
+
+            job(conn, "retry");
+            let claimed = claim(conn, 2000, true);
+            log.take();
+            let plan = FailurePlan {
+                gate: AllowedProviders {
+                    allowed: vec!["sim-fast".into()],
+                    skipped: vec![],
+                },
+                policy: RetryPolicy::default(),
+                jitter: 0.5,
+            };
+            let retried = complete_failure(
+                conn,
+                &claimed.attempt.id,
+                "rate limited (429)",
+                Failure::NothingHappened {
+                    retry_after_ms: Some(60_000),
+                },
+                &plan,
+            )
+            .unwrap();
+            assert!(matches!(
+                retried,
+                onejob::domain::Applied::RetryScheduled { .. }
+            ));
+            chunks.push(("scheduling a retry", log.take()));
+
+            job(conn, "unsent");
+            claim(conn, 1, false);
+            job(conn, "sent");
+            std::thread::sleep(Duration::from_millis(20));
+            claim(conn, 1, true);
+            std::thread::sleep(Duration::from_millis(20));
+            log.take();
+            let expired = queue::expire_leases(conn).unwrap();
+            assert_eq!(expired.len(), 2, "{expired:?}");
+            chunks.push(("expiring leases", log.take()));
+            chunks
+        })
+        .await;
+    // SQLite's statements quote names with backticks, PostgreSQL's with
+    // double quotes (which the rule already ignores).
+    let checked: Vec<(&str, Vec<String>)> = checked
+        .into_iter()
+        .map(|(step, statements)| {
+            (
+                step,
+                statements.iter().map(|s| s.replace('`', "")).collect(),
+            )
+        })
+        .collect();
+    for (step, statements) in &checked {
+        let writes = statements
+            .iter()
+            .filter(|sql| {
+                onejob::store::distribution::normalize(sql).starts_with("update attempts")
+            })
+            .count();
+        assert!(
+            writes > 0,
+            "{step}: no write to attempts recorded: {statements:#?}"
+        );
+        for sql in statements {
+            let verdict = judge(sql);
+            assert_ne!(
+                verdict,
+                Verdict::Refused(Breach::VolatileInWrite),
+                "{step}: {sql}"
+            );
+            let normal = onejob::store::distribution::normalize(sql);
+            if normal.starts_with("update attempts") || normal.starts_with("delete from attempts") {
+                assert_eq!(verdict, Verdict::Routed, "{step}: {sql}");
+            }
+        }
+    }
+}
+
 on_both_backends!(
+    the_send_paths_new_statements_keep_the_distribution_rule,
     a_refused_outcome_is_retried_not_rewritten_and_nothing_fails_over,
     a_sent_attempt_whose_job_finished_elsewhere_is_closed_not_stranded,
     past_max_late_calls_a_timed_out_call_is_dropped_and_counted,

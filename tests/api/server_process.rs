@@ -14,6 +14,7 @@ pub struct ServerProcess {
     pub pid: u32,
     child: Child,
     stderr_path: PathBuf,
+    stdout_path: PathBuf,
 }
 
 /// Waits for a server that someone else started on `port`.
@@ -75,15 +76,17 @@ impl ServerProcess {
         role: &str,
     ) -> Self {
         let stderr_path = dir.join(format!("{name}.err"));
+        let stdout_path = dir.join(format!("{name}.out"));
         let child = Command::new(env!("CARGO_BIN_EXE_onejob"))
             .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
+            .current_dir(dir)
             .env("ONEJOB_ROLE", role)
             .env("ONEJOB_CONFIG", config)
             .env("DATABASE_URL", database_url)
             .env("ONEJOB_TEST_FAKE_KEY", FAKE_API_KEY)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
-            .stdout(std::fs::File::create(dir.join(format!("{name}.out"))).unwrap())
+            .stdout(std::fs::File::create(&stdout_path).unwrap())
             .stderr(std::fs::File::create(&stderr_path).unwrap())
             .spawn()
             .expect("start onejob serve");
@@ -92,6 +95,7 @@ impl ServerProcess {
             pid: child.id(),
             child,
             stderr_path,
+            stdout_path,
         }
     }
 
@@ -126,6 +130,11 @@ impl ServerProcess {
     /// What the process wrote on stderr so far.
     pub fn stderr(&self) -> String {
         std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    /// What the process wrote on stdout so far.
+    pub fn stdout(&self) -> String {
+        std::fs::read_to_string(&self.stdout_path).unwrap_or_default()
     }
 
     /// Sends SIGTERM (a graceful stop, as a deploy does).

@@ -263,7 +263,8 @@ pub async fn submit_job(
             refusal @ (AppError::UnknownTask { .. }
             | AppError::UnknownProvider { .. }
             | AppError::InvalidInput { .. }
-            | AppError::InvalidBody { .. }),
+            | AppError::InvalidBody { .. }
+            | AppError::NestingTooDeep(_)),
         ) => Ok(redisplay(refusal.to_string())),
         Err(other) => Err(other.into()),
     }

@@ -158,15 +158,24 @@ impl ResponseError for PageError {
                 status,
                 title,
                 message,
-            } => render_with(
-                *status,
-                &ErrorPage {
-                    nav: Nav::anonymous(),
-                    status: status.as_u16(),
-                    title,
-                    message,
-                },
-            ),
+            } => {
+                let mut response = render_with(
+                    *status,
+                    &ErrorPage {
+                        nav: Nav::anonymous(),
+                        status: status.as_u16(),
+                        title,
+                        message,
+                    },
+                );
+                // The rest of a slow body may still be on its way.
+                if *status == StatusCode::REQUEST_TIMEOUT {
+                    response
+                        .head_mut()
+                        .set_connection_type(actix_web::http::ConnectionType::Close);
+                }
+                response
+            }
         }
     }
 }

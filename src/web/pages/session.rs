@@ -236,10 +236,7 @@ pub async fn sign_in(
         .map(|n| n.as_str().to_owned())
         .unwrap_or_default();
     let address = crate::web::client_address(&req, &app.config().server.trusted_proxies);
-    match app
-        .sign_in(&form.name, &form.password, &address.to_string())
-        .await?
-    {
+    match app.sign_in(&form.name, &form.password, address).await? {
         SignIn::Ok(user) => {
             let token = app.start_session(&user).await?;
             tracing::info!(user = %user.name, "signed in");
@@ -253,8 +250,17 @@ pub async fn sign_in(
             ));
             Ok(response)
         }
-        SignIn::BadCredentials => {
-            tracing::warn!(user = %name, %address, "failed sign-in");
+        SignIn::BadCredentials { account } => {
+            // A name that is no account's may be a password typed into the
+            // wrong field: only a digest of it is logged.
+            match account {
+                Some(user) => tracing::warn!(%user, %address, "failed sign-in"),
+                None => tracing::warn!(
+                    name_sha256 = &crate::domain::sha256_hex(form.name.as_bytes())[..12],
+                    %address,
+                    "failed sign-in for a name that is no account's"
+                ),
+            }
             Ok(sign_in_page(
                 &req,
                 StatusCode::UNAUTHORIZED,
@@ -288,7 +294,7 @@ pub async fn sign_in(
             Ok(response)
         }
         SignIn::Throttled { retry_after_s } => {
-            tracing::warn!(user = %name, %address, "sign-in throttled");
+            tracing::warn!(%address, "sign-in throttled");
             let message = if retry_after_s < 60 {
                 format!(
                     "Too many failed sign-ins from here. Try again in {retry_after_s} second(s)."
