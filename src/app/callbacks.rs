@@ -67,7 +67,9 @@ impl App {
         crate::domain::json_depth::check_nesting(body, self.config().server.max_json_depth)?;
         let parsed: CallbackBody = serde_json::from_slice(body)
             .map_err(|e| AppError::invalid_body(format!("the callback body is not valid: {e}")))?;
-        let (attempt, job) = self.attempt_and_job(attempt_id).await?;
+        // The URL names the attempt alone: its owner is found first.
+        let key = self.locate_attempt(attempt_id).await?;
+        let (attempt, job) = self.attempt_and_job(&key).await?;
         let outcome = match (parsed.result, parsed.error) {
             (Some(result), None) => Outcome::Succeeded(result),
             // As for an error answered at once: the owner sees the summary,
@@ -102,7 +104,6 @@ impl App {
             Some(contract) => contract.judge(outcome),
             None => outcome,
         };
-        self.apply_outcome(attempt_id, &attempt.provider, outcome)
-            .await
+        self.apply_outcome(&key, &attempt.provider, outcome).await
     }
 }

@@ -51,6 +51,7 @@ pub use crate::store::console::{
 };
 pub use crate::store::now_ms;
 pub use crate::store::queue::{Claim, SendPermit};
+pub use crate::store::transitions::{AttemptKey, JobKey};
 pub use crate::store::users::User;
 pub use crate::store::{Attempt, Job, QualificationRun, RaceEntry};
 pub use accounts::SignIn;

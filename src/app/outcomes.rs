@@ -6,10 +6,11 @@
 
 use serde_json::Value;
 
-use super::{App, AppResult, Attempt, Job};
+use super::{App, AppError, AppResult, Attempt, Job};
 use crate::domain::retry::Failure;
 use crate::domain::{Applied, AttemptId, JobId, Outcome, RetryPolicy};
 use crate::store::completion::FailurePlan;
+use crate::store::transitions::AttemptKey;
 use crate::store::{completion, queue, transitions};
 
 impl App {
@@ -17,18 +18,19 @@ impl App {
     /// attempt, sent to `provider`, in one transaction.
     pub async fn apply_outcome(
         &self,
-        attempt_id: &AttemptId,
+        attempt: &AttemptKey,
         provider: &str,
         outcome: Outcome,
     ) -> AppResult<Applied> {
+        let attempt_id = &attempt.id;
         let (applied, job_id) = match outcome.printable() {
             Outcome::Succeeded(answer) => {
-                let (applied, job_id) = self.apply_success(attempt_id, answer).await?;
+                let (applied, job_id) = self.apply_success(attempt, answer).await?;
                 (applied, Some(job_id))
             }
             Outcome::Failed(error) => {
                 let (applied, job_id) = self
-                    .apply_failure(attempt_id, error, Failure::Definite)
+                    .apply_failure(attempt, error, Failure::Definite)
                     .await?;
                 (applied, Some(job_id))
             }
@@ -36,16 +38,15 @@ impl App {
                 let failure = Failure::NothingHappened {
                     retry_after_ms: refusal.retry_after.map(|d| d.as_millis() as i64),
                 };
-                let (applied, job_id) = self
-                    .apply_failure(attempt_id, refusal.reason, failure)
-                    .await?;
+                let (applied, job_id) =
+                    self.apply_failure(attempt, refusal.reason, failure).await?;
                 (applied, Some(job_id))
             }
             Outcome::Unknown(reason) => {
-                let id = attempt_id.clone();
+                let key = attempt.clone();
                 let applied = self
                     .store()
-                    .run(move |conn| queue::mark_unknown(conn, &id, &reason))
+                    .run(move |conn| queue::mark_unknown(conn, &key, &reason))
                     .await?;
                 (applied, None)
             }
@@ -97,39 +98,46 @@ impl App {
 
     async fn apply_success(
         &self,
-        attempt_id: &AttemptId,
+        attempt: &AttemptKey,
         answer: Value,
     ) -> AppResult<(Applied, JobId)> {
-        let id = attempt_id.clone();
+        let key = attempt.clone();
         Ok(self
             .store()
-            .run(move |conn| completion::complete_success(conn, &id, &answer))
+            .run(move |conn| completion::complete_success(conn, &key, &answer))
             .await?)
     }
 
     /// An attempt and the job it works for.
-    pub(crate) async fn attempt_and_job(
-        &self,
-        attempt_id: &AttemptId,
-    ) -> AppResult<(Attempt, Job)> {
-        let id = attempt_id.clone();
+    pub(crate) async fn attempt_and_job(&self, attempt: &AttemptKey) -> AppResult<(Attempt, Job)> {
+        let key = attempt.clone();
         Ok(self
             .store()
             .run(move |conn| {
-                let attempt = transitions::get_attempt(conn, &id)?;
-                let job = transitions::get_job(conn, &attempt.job_id)?;
+                let attempt = transitions::find_owned_attempt(conn, &key.id, &key.owner_id)?
+                    .ok_or(crate::store::StoreError::NotFound)?;
+                let job = transitions::get_job(conn, &attempt.job_key())?;
                 Ok((attempt, job))
             })
             .await?)
     }
 
+    /// The key of an attempt known by its id alone (a callback's URL).
+    pub(crate) async fn locate_attempt(&self, attempt_id: &AttemptId) -> AppResult<AttemptKey> {
+        let id = attempt_id.clone();
+        self.store()
+            .run(move |conn| transitions::locate_attempt(conn, &id))
+            .await?
+            .ok_or(AppError::NotFound)
+    }
+
     async fn apply_failure(
         &self,
-        attempt_id: &AttemptId,
+        attempt: &AttemptKey,
         error: String,
         failure: Failure,
     ) -> AppResult<(Applied, JobId)> {
-        let (_, job) = self.attempt_and_job(attempt_id).await?;
+        let (_, job) = self.attempt_and_job(attempt).await?;
         // Failover goes only where the gate allows; retries within the
         // task's budget.
         let plan = FailurePlan {
@@ -141,10 +149,10 @@ impl App {
                 .map_or_else(RetryPolicy::default, |c| c.definition.retry_policy()),
             jitter: fastrand::f64(),
         };
-        let id = attempt_id.clone();
+        let key = attempt.clone();
         let applied = self
             .store()
-            .run(move |conn| completion::complete_failure(conn, &id, &error, failure, &plan))
+            .run(move |conn| completion::complete_failure(conn, &key, &error, failure, &plan))
             .await?;
         Ok((applied, job.id))
     }

@@ -8,6 +8,7 @@ use super::{
 };
 use crate::domain::{AttemptId, IdempotencyKey, JobId, QualificationStatus};
 pub use crate::store::console::{JobFilter, JobListing};
+use crate::store::transitions::JobKey;
 use crate::store::{console, jobs as job_store, now_ms};
 
 /// One cell of the provider × task qualification matrix.
@@ -24,13 +25,20 @@ impl App {
     /// A job and its attempts, if `viewer` may see it (else not found).
     pub async fn job_for(&self, viewer: &User, job_id: &JobId) -> AppResult<(Job, Vec<Attempt>)> {
         let id = job_id.clone();
+        // An owner's look-up names the owner (one shard when distributed);
+        // staff may open anyone's job, found by its id alone.
+        let owner = (!viewer.role.is_staff()).then(|| viewer.id.clone());
         let found = self
             .store()
             .run(move |conn| {
-                let Some(job) = job_store::find_job(conn, &id)? else {
+                let job = match owner {
+                    Some(owner_id) => job_store::find_owned_job(conn, &JobKey { id, owner_id })?,
+                    None => job_store::find_job(conn, &id)?,
+                };
+                let Some(job) = job else {
                     return Ok(None);
                 };
-                let attempts = job_store::attempts_of(conn, &id)?;
+                let attempts = job_store::attempts_of(conn, &job.key())?;
                 Ok(Some((job, attempts)))
             })
             .await?;

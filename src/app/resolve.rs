@@ -20,7 +20,13 @@ impl App {
         let (id, actor_id) = (attempt_id.clone(), actor.id.clone());
         let attempt = self
             .store()
-            .run(move |conn| Ok(operator::abandon(conn, &id, &actor_id, reason.as_str())))
+            .run(move |conn| {
+                // Staff name the attempt alone: find its owner first.
+                let Some(key) = crate::store::transitions::locate_attempt(conn, &id)? else {
+                    return Ok(Err(operator::ActionError::AttemptNotFound));
+                };
+                Ok(operator::abandon(conn, &key, &actor_id, reason.as_str()))
+            })
             .await??;
         self.metrics()
             .attempt_reached(&attempt.provider, "abandoned");
@@ -33,13 +39,13 @@ impl App {
         require_staff(actor)?;
         let reason = Reason::parse(reason).map_err(AppError::bad_reason)?;
         let (job, _) = self.job_for(actor, job_id).await?;
-        let (id, actor_id) = (job.id.clone(), actor.id.clone());
+        let (key, actor_id) = (job.key(), actor.id.clone());
         let job = self
             .store()
             .run(move |conn| {
                 Ok(operator::fail_job_by_operator(
                     conn,
-                    &id,
+                    &key,
                     &actor_id,
                     reason.as_str(),
                 ))

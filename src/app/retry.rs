@@ -32,13 +32,13 @@ impl App {
         }
         // Staff acting on another owner's job are audited.
         let audited_actor = (job.owner_id != actor.id).then(|| actor.id.clone());
-        let id = job.id.clone();
+        let key = job.key();
         let attempt = self
             .store()
             .run(move |conn| {
                 Ok(operator::start_attempt(
                     conn,
-                    &id,
+                    &key,
                     provider.as_deref(),
                     &gate.allowed,
                     audited_actor.as_ref(),

@@ -64,12 +64,12 @@ impl App {
                 continue;
             }
             next_poll = Instant::now() + POLL;
-            let id = job.id.clone();
+            let key = job.key();
             (job, attempts) = self
                 .store()
                 .run(move |conn| {
-                    let job = job_store::get_job(conn, &id)?;
-                    let attempts = job_store::attempts_of(conn, &id)?;
+                    let job = job_store::get_job(conn, &key)?;
+                    let attempts = job_store::attempts_of(conn, &key)?;
                     Ok((job, attempts))
                 })
                 .await?;

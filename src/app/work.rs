@@ -11,7 +11,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::task::task_tracker::TaskTrackerToken;
 use tokio_util::task::TaskTracker;
 
-use super::{App, AppResult, Claim};
+use super::{App, AppResult, AttemptKey, Claim};
 use crate::domain::{AttemptId, AttemptState, UserId};
 use crate::providers::limits::SendSlot;
 use crate::store::queue::{self, ClaimRules, SendPermit, StartNow};
@@ -131,13 +131,13 @@ impl App {
     /// queue with `sent_at` cleared, or closed if its job finished.
     pub async fn give_back_before_sending(
         &self,
-        attempt_id: &AttemptId,
+        attempt: &AttemptKey,
         lease_owner: &str,
     ) -> AppResult<SendPermit> {
-        let (id, owner) = (attempt_id.clone(), lease_owner.to_owned());
+        let (key, owner) = (attempt.clone(), lease_owner.to_owned());
         let permit = self
             .store()
-            .run(move |conn| queue::give_back_before_sending(conn, &id, &owner))
+            .run(move |conn| queue::give_back_before_sending(conn, &key, &owner))
             .await?;
         if permit == SendPermit::Requeued {
             self.notify_queued();

@@ -11,7 +11,7 @@ use super::rows::{Attempt, Job, RaceEntry};
 use super::schema::{attempts, jobs, race_log};
 use super::transitions::{
     attempts_of, fail_job, get_job, insert_queued_attempt, insert_waiting_attempt,
-    lock_attempt_and_job, refresh_job_status, transition,
+    lock_attempt_and_job, refresh_job_status, transition, AttemptKey,
 };
 use super::{now_ms, DbConnection, StoreError, StoreResult};
 use crate::domain::retry::{next_step, Failure, Made, NextStep};
@@ -24,12 +24,12 @@ use crate::domain::{
 /// "First result wins"). Returns what happened and the attempt's job.
 pub fn complete_success(
     conn: &mut DbConnection,
-    attempt_id: &AttemptId,
+    key: &AttemptKey,
     payload: &Value,
 ) -> StoreResult<(Applied, JobId)> {
     write_transaction(conn, |conn| {
         let now = now_ms();
-        let attempt = lock_attempt_and_job(conn, attempt_id)?.ok_or(StoreError::NotFound)?;
+        let attempt = lock_attempt_and_job(conn, key)?.ok_or(StoreError::NotFound)?;
         let payload_text = canonical_json(payload);
         if let Some(first) = already_delivered(conn, &attempt, &payload_text)? {
             return Ok((Applied::Repeated(first), attempt.job_id));
@@ -39,7 +39,7 @@ pub fn complete_success(
             .is_err()
         {
             // Every success that is not applied is in the race log, with why.
-            let job = get_job(conn, &attempt.job_id)?;
+            let job = get_job(conn, &attempt.job_key())?;
             let reason = match (attempt.state, &attempt.error) {
                 (AttemptState::Succeeded, _) => {
                     "a repeated answer: the attempt had already answered".to_owned()
@@ -53,9 +53,7 @@ pub fn complete_success(
             return Ok((Applied::Discarded(attempt.state), attempt.job_id));
         }
         let version_read = attempt.version_read.ok_or_else(|| {
-            StoreError::corrupt(format!(
-                "attempt {attempt_id} has a result but never started"
-            ))
+            StoreError::corrupt(format!("attempt {} has a result but never started", key.id))
         })?;
         let won = settle_success(conn, &attempt, version_read, &payload_text, now)?;
         if won {
@@ -67,7 +65,7 @@ pub fn complete_success(
             }
             return Ok((Applied::Won, attempt.job_id));
         }
-        let job = get_job(conn, &attempt.job_id)?;
+        let job = get_job(conn, &attempt.job_key())?;
         let reason = match (&job.completed_by, job.status) {
             (Some(winner), _) => format!("attempt {winner} had already completed the job"),
             (None, JobStatus::Failed) => "the job had already been finalized as failed".to_owned(),
@@ -101,7 +99,7 @@ fn already_delivered(
         _ => "ignored",
     };
     if attempt.outcome == Some(RaceResult::Won) {
-        let job = get_job(conn, &attempt.job_id)?;
+        let job = get_job(conn, &attempt.job_key())?;
         if job.completed_by.as_ref() == Some(&attempt.id)
             && job.result.as_ref().map(|r| r.as_str()) == Some(payload_text)
         {
@@ -321,15 +319,14 @@ pub struct FailurePlan {
 /// fails with the reason.
 pub fn complete_failure(
     conn: &mut DbConnection,
-    attempt_id: &AttemptId,
+    key: &AttemptKey,
     error: &str,
     failure: Failure,
     plan: &FailurePlan,
 ) -> StoreResult<Applied> {
     write_transaction(conn, |conn| {
         let now = now_ms();
-        let attempt: Attempt =
-            lock_attempt_and_job(conn, attempt_id)?.ok_or(StoreError::NotFound)?;
+        let attempt: Attempt = lock_attempt_and_job(conn, key)?.ok_or(StoreError::NotFound)?;
         if AttemptEvent::ProviderFailed.apply(attempt.state).is_err() {
             return Ok(Applied::Ignored(attempt.state));
         }
@@ -340,12 +337,12 @@ pub fn complete_failure(
             now,
             Some(error),
         )?;
-        let job = get_job(conn, &attempt.job_id)?;
+        let job = get_job(conn, &attempt.job_key())?;
         // An operator already decided what follows an abandoned attempt.
         if attempt.state == AttemptState::Abandoned || job.status.is_terminal() {
             return Ok(Applied::Recorded);
         }
-        let attempts = attempts_of(conn, &job.id)?;
+        let attempts = attempts_of(conn, &job.key())?;
         let made: Vec<Made> = attempts
             .iter()
             .map(|a| Made {
@@ -367,7 +364,7 @@ pub fn complete_failure(
             NextStep::FailOver(provider) => {
                 let next =
                     insert_queued_attempt(conn, &job.id, &job.owner_id, number, provider, now)?;
-                refresh_job_status(conn, &job.id, now)?;
+                refresh_job_status(conn, &job.key(), now)?;
                 Ok(Applied::FailedOver {
                     attempt_id: next.id,
                     provider: provider.to_owned(),
@@ -386,7 +383,7 @@ pub fn complete_failure(
                     db_now,
                     Some(not_before),
                 )?;
-                refresh_job_status(conn, &job.id, now)?;
+                refresh_job_status(conn, &job.key(), now)?;
                 Ok(Applied::RetryScheduled {
                     attempt_id: next.id,
                     provider: provider.to_owned(),

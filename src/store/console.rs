@@ -178,11 +178,26 @@ pub struct JobListing {
 
 /// Jobs of every owner, newest first, `limit` at a time, narrowed by the
 /// filter. `provider` matches any attempt's provider, not only the first.
+/// A search by owner resolves the name first, so that on a database
+/// distributed by owner it asks that owner's shard alone.
 pub fn find_jobs(
     conn: &mut DbConnection,
     filter: &JobFilter,
     limit: i64,
 ) -> StoreResult<Vec<JobListing>> {
+    let owner_id: Option<Option<UserId>> = match &filter.owner_name {
+        Some(name) => Some(
+            users::table
+                .filter(users::name.eq(name))
+                .select(users::id)
+                .first(conn)
+                .optional()?,
+        ),
+        None => None,
+    };
+    if owner_id == Some(None) {
+        return Ok(Vec::new());
+    }
     let mut query = jobs::table
         .inner_join(users::table)
         .order(jobs::id.desc())
@@ -197,8 +212,8 @@ pub fn find_jobs(
             jobs::created_at,
         ))
         .into_boxed();
-    if let Some(owner) = &filter.owner_name {
-        query = query.filter(users::name.eq(owner.clone()));
+    if let Some(Some(owner_id)) = owner_id {
+        query = query.filter(jobs::owner_id.eq(owner_id));
     }
     if let Some(key) = &filter.idempotency_key {
         query = query.filter(jobs::idempotency_key.eq(key.clone()));
@@ -207,13 +222,13 @@ pub fn find_jobs(
         query = query.filter(jobs::status.eq(status));
     }
     if let Some(provider) = &filter.provider {
-        query = query.filter(
-            jobs::id.eq_any(
-                attempts::table
-                    .filter(attempts::provider.eq(provider.clone()))
-                    .select(attempts::job_id),
-            ),
-        );
+        // Matched on the whole key, so each shard answers for its own.
+        query = query.filter(diesel::dsl::exists(
+            attempts::table
+                .filter(attempts::job_id.eq(jobs::id))
+                .filter(attempts::owner_id.eq(jobs::owner_id))
+                .filter(attempts::provider.eq(provider.clone())),
+        ));
     }
     if let Some(before) = &filter.before {
         query = query.filter(jobs::id.lt(before.clone()));

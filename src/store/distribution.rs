@@ -65,7 +65,60 @@ pub struct FanOutRead {
 /// a background scan that takes no lock, or a look-up by an id that comes
 /// with no owner (a callback URL, a staff action), after which every
 /// statement names the owner.
-pub const FAN_OUT_READS: &[FanOutRead] = &[];
+pub const FAN_OUT_READS: &[FanOutRead] = &[
+    FanOutRead {
+        purpose: "the claim's candidates (no lock; each owner's are then locked and claimed)",
+        marker: "attempts.not_before is null or attempts.not_before <=",
+    },
+    FanOutRead {
+        purpose: "the reaper's expired leases (no lock; each is reaped by its owner)",
+        marker: "select attempts.id, attempts.job_id, attempts.owner_id from attempts where ((attempts.state = $1) and (attempts.lease_expires_at <",
+    },
+    FanOutRead {
+        purpose: "retention's finished jobs (no lock; each owner's are then locked and deleted)",
+        marker: "select j.id, j.owner_id from jobs j where j.id > $1",
+    },
+    FanOutRead {
+        purpose: "retention's old race-log entries (no lock; deleted per owner)",
+        marker: "select id, owner_id from race_log where lost_at <",
+    },
+    FanOutRead {
+        purpose: "retention's old audit entries (no lock; deleted per owner)",
+        marker: "select id, owner_id from audit_log where at <",
+    },
+    FanOutRead {
+        purpose: "an attempt by its id alone (a callback's URL, a staff action)",
+        marker: "from attempts where (attempts.id = $1) limit",
+    },
+    FanOutRead {
+        purpose: "a job by its id alone (staff opening any owner's job)",
+        marker: "from jobs where (jobs.id = $1) limit",
+    },
+    FanOutRead {
+        purpose: "the console: the unknown queue",
+        marker: "where (attempts.state = $1) order by attempts.started_at asc, attempts.id asc",
+    },
+    FanOutRead {
+        purpose: "the console: the counts on its front page",
+        marker: "from attempts where (attempts.state = $1)",
+    },
+    FanOutRead {
+        purpose: "the console: the race log",
+        marker: "from race_log where (race_log.lost_at >= $1)",
+    },
+    FanOutRead {
+        purpose: "the console: the race log's attempts",
+        marker: "from attempts where (attempts.id = any($1))",
+    },
+    FanOutRead {
+        purpose: "the console: the audit log",
+        marker: "from (audit_log inner join users on (audit_log.actor_id = users.id)) order by",
+    },
+    FanOutRead {
+        purpose: "the console: job search across owners",
+        marker: "from (jobs inner join users on (jobs.owner_id = users.id))",
+    },
+];
 
 /// What the rule says about one statement.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -156,7 +209,7 @@ fn patterns() -> &'static Patterns {
             .distributed
             .iter()
             .flat_map(|t| {
-                ["from ", "join ", "update ", "into "]
+                ["from ", "from (", "from ((", "from (((", "join ", "update ", "into "]
                     .into_iter()
                     .map(move |word| format!("{word}{t}"))
             })
@@ -312,6 +365,10 @@ mod tests {
         );
         assert_eq!(judge("BEGIN"), Verdict::Unrelated);
         assert_eq!(judge("SELECT * FROM jobsx"), Verdict::Unrelated);
+        assert_eq!(
+            judge("SELECT 1 FROM ((audit_log INNER JOIN users ON x) INNER JOIN y ON z) FOR UPDATE"),
+            Verdict::Refused(Breach::LockAcrossShards)
+        );
         assert_eq!(
             judge("INSERT INTO race_log (id) VALUES ($1)"),
             Verdict::Insert

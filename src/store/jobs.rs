@@ -10,7 +10,7 @@ use super::transitions::insert_queued_attempt;
 use super::{now_ms, DbConnection, StoreResult};
 use crate::domain::{AttemptId, AttemptState, IdempotencyKey, JobId, JobStatus, JsonText, UserId};
 
-pub use super::transitions::{attempts_of, find_job, get_job};
+pub use super::transitions::{attempts_of, find_job, find_owned_job, get_job, JobKey};
 
 /// What a client asked for, validated and fingerprinted by the caller.
 #[derive(Debug, Clone)]
@@ -111,7 +111,7 @@ fn existing_by_key(
 ) -> StoreResult<(CreateOutcome, Vec<Attempt>)> {
     let existing =
         find_by_key(conn, &new.owner_id, new.key.as_str())?.ok_or(super::StoreError::NotFound)?;
-    let attempts = attempts_of(conn, &existing.id)?;
+    let attempts = attempts_of(conn, &existing.key())?;
     Ok((CreateOutcome::Existing(existing), attempts))
 }
 

@@ -9,8 +9,9 @@ use super::connection::{is_unique_violation, write_transaction};
 use super::rows::{Attempt, Job};
 use super::schema::audit_log;
 use super::transitions::{
-    attempts_of, fail_job, find_job, get_attempt, get_job, insert_queued_attempt, live_attempt,
-    lock_attempt_and_job, lock_job, refresh_job_status, transition,
+    attempts_of, fail_job, find_owned_attempt, find_owned_job, get_job, insert_queued_attempt,
+    live_attempt, lock_attempt_and_job, lock_job, refresh_job_status, transition, AttemptKey,
+    JobKey,
 };
 use super::{now_ms, DbConnection, StoreError};
 use crate::domain::{
@@ -108,19 +109,20 @@ pub fn record_user_audit(
 /// the race.
 pub fn start_attempt(
     conn: &mut DbConnection,
-    job_id: &JobId,
+    key: &JobKey,
     provider: Option<&str>,
     order: &[String],
     actor: Option<&UserId>,
 ) -> Result<Attempt, ActionError> {
     write_transaction(conn, |conn| {
         let now = now_ms();
-        lock_job(conn, job_id)?;
-        let job = find_job(conn, job_id)?.ok_or(ActionError::JobNotFound)?;
+        let job_id = &key.id;
+        lock_job(conn, key)?;
+        let job = find_owned_job(conn, key)?.ok_or(ActionError::JobNotFound)?;
         if job.status.is_terminal() {
             return Err(ActionError::JobFinished(job.status));
         }
-        let tried: Vec<String> = attempts_of(conn, job_id)?
+        let tried: Vec<String> = attempts_of(conn, key)?
             .into_iter()
             .map(|a| a.provider)
             .collect();
@@ -133,7 +135,7 @@ pub fn start_attempt(
                     // A live attempt is the better answer than "all tried":
                     // it is what the caller waits for.
                     None => {
-                        return Err(in_flight(conn, job_id)?.unwrap_or(ActionError::ChainExhausted))
+                        return Err(in_flight(conn, key)?.unwrap_or(ActionError::ChainExhausted))
                     }
                 }
             }
@@ -145,11 +147,11 @@ pub fn start_attempt(
         let row = match inserted {
             Ok(row) => row,
             Err(e) if is_unique_violation(&e) => {
-                return Err(in_flight(conn, job_id)?.ok_or(ActionError::Store(e.into()))?)
+                return Err(in_flight(conn, key)?.ok_or(ActionError::Store(e.into()))?)
             }
             Err(e) => return Err(e.into()),
         };
-        refresh_job_status(conn, job_id, now)?;
+        refresh_job_status(conn, key, now)?;
         if let Some(actor) = actor {
             let reason = format!("started attempt {} on {provider}", row.number);
             record_audit(
@@ -168,8 +170,8 @@ pub fn start_attempt(
 }
 
 /// The refusal naming the job's live attempt, if it has one.
-fn in_flight(conn: &mut DbConnection, job_id: &JobId) -> Result<Option<ActionError>, StoreError> {
-    Ok(live_attempt(conn, job_id)?.map(|a| ActionError::InFlight {
+fn in_flight(conn: &mut DbConnection, key: &JobKey) -> Result<Option<ActionError>, StoreError> {
+    Ok(live_attempt(conn, key)?.map(|a| ActionError::InFlight {
         attempt_id: a.id,
         state: a.state,
     }))
@@ -180,15 +182,16 @@ fn in_flight(conn: &mut DbConnection, job_id: &JobId) -> Result<Option<ActionErr
 /// finished; a version-guarded update, audited.
 pub fn fail_job_by_operator(
     conn: &mut DbConnection,
-    job_id: &JobId,
+    key: &JobKey,
     actor: &UserId,
     reason: &str,
 ) -> Result<Job, ActionError> {
     write_transaction(conn, |conn| {
         let now = now_ms();
-        lock_job(conn, job_id)?;
-        let job = find_job(conn, job_id)?.ok_or(ActionError::JobNotFound)?;
-        if let Some(live) = live_attempt(conn, job_id)? {
+        let job_id = &key.id;
+        lock_job(conn, key)?;
+        let job = find_owned_job(conn, key)?.ok_or(ActionError::JobNotFound)?;
+        if let Some(live) = live_attempt(conn, key)? {
             return Err(ActionError::InFlight {
                 attempt_id: live.id,
                 state: live.state,
@@ -202,7 +205,7 @@ pub fn fail_job_by_operator(
                 now,
             )?
         {
-            return Err(ActionError::JobFinished(get_job(conn, job_id)?.status));
+            return Err(ActionError::JobFinished(get_job(conn, key)?.status));
         }
         record_audit(
             conn,
@@ -214,7 +217,7 @@ pub fn fail_job_by_operator(
             reason,
             now,
         )?;
-        Ok(get_job(conn, job_id)?)
+        Ok(get_job(conn, key)?)
     })
 }
 
@@ -223,14 +226,13 @@ pub fn fail_job_by_operator(
 /// the abandoned attempt still goes through the CAS.
 pub fn abandon(
     conn: &mut DbConnection,
-    attempt_id: &AttemptId,
+    key: &AttemptKey,
     actor_id: &UserId,
     reason: &str,
 ) -> Result<Attempt, ActionError> {
     write_transaction(conn, |conn| {
         let now = now_ms();
-        let attempt =
-            lock_attempt_and_job(conn, attempt_id)?.ok_or(ActionError::AttemptNotFound)?;
+        let attempt = lock_attempt_and_job(conn, key)?.ok_or(ActionError::AttemptNotFound)?;
         if !transition(
             conn,
             &attempt,
@@ -240,17 +242,17 @@ pub fn abandon(
         )? {
             return Err(ActionError::NotUnknown(attempt.state));
         }
-        refresh_job_status(conn, &attempt.job_id, now)?;
+        refresh_job_status(conn, &attempt.job_key(), now)?;
         record_audit(
             conn,
             actor_id,
             &attempt.owner_id,
             "abandon_attempt",
             Some(&attempt.job_id),
-            Some(attempt_id),
+            Some(&key.id),
             reason,
             now,
         )?;
-        Ok(get_attempt(conn, attempt_id)?)
+        Ok(find_owned_attempt(conn, &key.id, &attempt.owner_id)?.ok_or(StoreError::NotFound)?)
     })
 }

@@ -16,15 +16,18 @@ use super::rows::{Attempt, Job};
 use super::schema::{attempts, jobs};
 use super::transitions::{
     get_job, lock_attempt_and_job, lock_job, refresh_job_status, transition, transition_guarded,
-    Guard,
+    AttemptKey, Guard, JobKey,
 };
 use super::{now_ms, DbConnection, StoreError, StoreResult};
 use std::collections::{BTreeMap, HashMap};
 
 use crate::domain::{Applied, AttemptEvent, AttemptId, AttemptState, JobId, JobStatus, UserId};
 
-/// PostgreSQL's clock in Unix milliseconds, as SQL.
-pub(crate) const PG_NOW_MS: &str = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT";
+/// PostgreSQL's clock in Unix milliseconds, as SQL: `statement_timestamp()`,
+/// one value for the whole statement, which Citus evaluates once on the
+/// coordinator (a volatile `clock_timestamp()` is refused inside an UPDATE
+/// on a distributed table; see `store::distribution`).
+pub(crate) const PG_NOW_MS: &str = "(EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT";
 
 /// The database's clock in Unix milliseconds, as SQL for this backend.
 pub fn db_now_ms(conn: &DbConnection) -> &'static str {
@@ -82,16 +85,6 @@ fn job_version_of_attempt() -> diesel::expression::SqlLiteral<Nullable<BigInt>> 
     )
 }
 
-/// The database's clock in Unix milliseconds as one value for the whole
-/// statement (PostgreSQL's `statement_timestamp()`, which Citus evaluates
-/// once, not the volatile `clock_timestamp()`; see `store::distribution`).
-fn db_stable_now_ms(conn: &DbConnection) -> &'static str {
-    match conn {
-        DbConnection::Postgresql(_) => "(EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT",
-        DbConnection::Sqlite(_) => db_now_ms(conn),
-    }
-}
-
 #[derive(QueryableByName)]
 struct Clock {
     #[diesel(sql_type = BigInt)]
@@ -101,7 +94,7 @@ struct Clock {
 /// Reads the database's clock (Unix ms): statements bind it rather than
 /// evaluate a clock inside a write.
 pub fn db_clock_ms(conn: &mut DbConnection) -> StoreResult<i64> {
-    let query = format!("SELECT {} AS now_ms", db_stable_now_ms(conn));
+    let query = format!("SELECT {} AS now_ms", db_now_ms(conn));
     Ok(diesel::sql_query(query).get_result::<Clock>(conn)?.now_ms)
 }
 
@@ -162,83 +155,97 @@ pub fn claim_batch(conn: &mut DbConnection, rules: ClaimRules<'_>) -> StoreResul
         confirm,
     } = rules;
     write_transaction(conn, |conn| {
-        // Only due attempts of unfinished jobs; on PostgreSQL the attempts
-        // and their jobs are locked without waiting (rows another process
-        // holds are skipped).
+        // Candidates, oldest first, read without locks: on a database
+        // distributed by owner this read asks every shard, and Citus takes
+        // no lock across shards. Twice as many as asked, so that rows
+        // another process is claiming right now leave others to take.
         let due = sql::<diesel::sql_types::Bool>(&format!(
             "(attempts.not_before IS NULL OR attempts.not_before <= {})",
-            db_stable_now_ms(conn)
+            db_now_ms(conn)
         ));
-        let queued = attempts::table
+        let candidates: Vec<(AttemptId, UserId, JobId, String)> = attempts::table
             .inner_join(jobs::table.on(same_job()))
             .filter(attempts::state.eq(AttemptState::Queued))
             .filter(jobs::status.ne_all(JobStatus::TERMINAL))
             .filter(attempts::provider.ne_all(closed.to_vec()))
             .filter(due)
             .order((attempts::created_at.asc(), attempts::id.asc()))
-            .select((attempts::id, attempts::owner_id, attempts::provider))
-            .limit(limit);
-        let candidates: Vec<(AttemptId, UserId, String)> = match conn {
-            DbConnection::Postgresql(pg) => queued.for_update().skip_locked().load(pg)?,
-            DbConnection::Sqlite(_) => queued.load(conn)?,
-        };
-        // Rows are addressed by both halves of their primary key (id and
-        // owner): the planner then expects a handful of rows, not a share of
-        // the table, even before the table has statistics.
-        let mut by_owner_and_provider: BTreeMap<(UserId, String), Vec<AttemptId>> =
-            Default::default();
-        let mut held_back: Vec<String> = Vec::new();
-        for (attempt_id, owner_id, provider) in candidates {
-            if held_back.contains(&provider) {
-                continue;
+            .select((
+                attempts::id,
+                attempts::owner_id,
+                attempts::job_id,
+                attempts::provider,
+            ))
+            .limit(limit * 2)
+            .load(conn)?;
+        // One owner at a time, each statement naming the owner (one shard).
+        let mut owners: Vec<UserId> = Vec::new();
+        let mut of_owner: HashMap<UserId, Vec<(AttemptId, JobId, String)>> = HashMap::new();
+        for (attempt_id, owner_id, job_id, provider) in candidates {
+            if !of_owner.contains_key(&owner_id) {
+                owners.push(owner_id.clone());
             }
-            if !admit(&attempt_id, &provider) {
-                held_back.push(provider);
-                continue;
-            }
-            by_owner_and_provider
-                .entry((owner_id, provider))
+            of_owner
+                .entry(owner_id)
                 .or_default()
-                .push(attempt_id);
+                .push((attempt_id, job_id, provider));
         }
         let now = now_ms();
-        let mut claimed: Vec<Attempt> = Vec::new();
-        for ((owner_id, provider), ids) in by_owner_and_provider {
-            let lease_until = db_now_plus(conn, lease_ms);
-            let claim = diesel::update(
-                attempts::table
-                    .filter(attempts::owner_id.eq(owner_id))
-                    .filter(attempts::id.eq_any(ids))
-                    .filter(attempts::state.eq_any(AttemptEvent::Claimed.from_states())),
-            )
-            .set((
-                attempts::state.eq(AttemptEvent::Claimed.target()),
-                attempts::sent_at.eq(confirm.then_some(now)),
-                attempts::version_read.eq(job_version_of_attempt()),
-                attempts::lease_owner.eq(lease_owner),
-                attempts::lease_expires_at.eq(lease_until),
-                attempts::started_at.eq(now),
-                attempts::timeout_at.eq(now + soft_timeout_ms(&provider)),
-            ));
-            let rows: Vec<Attempt> = per_backend!(conn, |c| claim
-                .returning(Attempt::as_returning())
-                .load(c)?);
-            claimed.extend(rows);
-        }
-        // Each job's live attempt is now its running one.
-        let mut job_ids_by_owner: BTreeMap<UserId, Vec<JobId>> = Default::default();
-        for attempt in &claimed {
-            job_ids_by_owner
-                .entry(attempt.owner_id.clone())
-                .or_default()
-                .push(attempt.job_id.clone());
-        }
-        let mut jobs: HashMap<JobId, Job> = HashMap::new();
-        for (owner_id, job_ids) in job_ids_by_owner {
+        let mut held_back: Vec<String> = Vec::new();
+        let mut taken = 0;
+        let mut claims: Vec<Claim> = Vec::new();
+        for owner_id in owners {
+            if taken >= limit {
+                break;
+            }
+            let group = of_owner.remove(&owner_id).unwrap_or_default();
+            let lockable = lock_unfinished_jobs(conn, &owner_id, &group)?;
+            let mut by_provider: BTreeMap<String, Vec<AttemptId>> = BTreeMap::new();
+            for (attempt_id, job_id, provider) in group {
+                if taken >= limit {
+                    break;
+                }
+                if !lockable.contains(&job_id) || held_back.contains(&provider) {
+                    continue;
+                }
+                if !admit(&attempt_id, &provider) {
+                    held_back.push(provider);
+                    continue;
+                }
+                taken += 1;
+                by_provider.entry(provider).or_default().push(attempt_id);
+            }
+            let mut claimed: Vec<Attempt> = Vec::new();
+            for (provider, ids) in by_provider {
+                let lease_until = db_now_plus(conn, lease_ms);
+                let claim = diesel::update(
+                    attempts::table
+                        .filter(attempts::owner_id.eq(&owner_id))
+                        .filter(attempts::id.eq_any(ids))
+                        .filter(attempts::state.eq_any(AttemptEvent::Claimed.from_states())),
+                )
+                .set((
+                    attempts::state.eq(AttemptEvent::Claimed.target()),
+                    attempts::sent_at.eq(confirm.then_some(now)),
+                    attempts::version_read.eq(job_version_of_attempt()),
+                    attempts::lease_owner.eq(lease_owner),
+                    attempts::lease_expires_at.eq(lease_until),
+                    attempts::started_at.eq(now),
+                    attempts::timeout_at.eq(now + soft_timeout_ms(&provider)),
+                ));
+                let rows: Vec<Attempt> = per_backend!(conn, |c| claim
+                    .returning(Attempt::as_returning())
+                    .load(c)?);
+                claimed.extend(rows);
+            }
+            if claimed.is_empty() {
+                continue;
+            }
+            // Each job's live attempt is now its running one.
             let running = diesel::update(
                 jobs::table
-                    .filter(jobs::owner_id.eq(owner_id))
-                    .filter(jobs::id.eq_any(job_ids)),
+                    .filter(jobs::owner_id.eq(&owner_id))
+                    .filter(jobs::id.eq_any(claimed.iter().map(|a| a.job_id.clone()))),
             )
             .set((
                 jobs::status.eq(JobStatus::for_live_attempt(Some(AttemptState::Running))),
@@ -246,19 +253,44 @@ pub fn claim_batch(conn: &mut DbConnection, rules: ClaimRules<'_>) -> StoreResul
             ));
             let rows: Vec<Job> =
                 per_backend!(conn, |c| running.returning(Job::as_returning()).load(c)?);
-            jobs.extend(rows.into_iter().map(|job| (job.id.clone(), job)));
-        }
-        claimed.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
-        let claims = claimed
-            .into_iter()
-            .map(|attempt| {
+            let mut jobs: HashMap<JobId, Job> =
+                rows.into_iter().map(|job| (job.id.clone(), job)).collect();
+            for attempt in claimed {
                 let job = jobs.remove(&attempt.job_id).ok_or_else(|| {
                     StoreError::corrupt(format!("claimed attempt {} has no job", attempt.id))
                 })?;
-                Ok(Claim { attempt, job })
-            })
-            .collect::<StoreResult<Vec<Claim>>>()?;
+                claims.push(Claim { attempt, job });
+            }
+        }
+        claims.sort_by(|a, b| {
+            (a.attempt.created_at, &a.attempt.id).cmp(&(b.attempt.created_at, &b.attempt.id))
+        });
         Ok(ClaimBatch { claims, held_back })
+    })
+}
+
+/// The jobs among `group`'s that are unfinished and free to claim: on
+/// PostgreSQL they are locked, without waiting (`FOR UPDATE SKIP LOCKED`:
+/// a job another process holds, claiming or deciding it, is skipped).
+/// SQLite's write transaction already holds the database's write lock.
+fn lock_unfinished_jobs(
+    conn: &mut DbConnection,
+    owner_id: &UserId,
+    group: &[(AttemptId, JobId, String)],
+) -> StoreResult<std::collections::HashSet<JobId>> {
+    let job_ids: Vec<JobId> = group.iter().map(|(_, job_id, _)| job_id.clone()).collect();
+    Ok(match conn {
+        DbConnection::Postgresql(pg) => jobs::table
+            .filter(jobs::owner_id.eq(owner_id))
+            .filter(jobs::id.eq_any(job_ids))
+            .filter(jobs::status.ne_all(JobStatus::TERMINAL))
+            .select(jobs::id)
+            .for_update()
+            .skip_locked()
+            .load::<JobId>(pg)?
+            .into_iter()
+            .collect(),
+        DbConnection::Sqlite(_) => job_ids.into_iter().collect(),
     })
 }
 
@@ -372,30 +404,30 @@ const NOT_SENT_JOB_FINISHED: &str = "not sent: the job had already finished";
 /// whoever claims it, once.
 pub fn give_back_before_sending(
     conn: &mut DbConnection,
-    attempt_id: &AttemptId,
+    key: &AttemptKey,
     lease_owner: &str,
 ) -> StoreResult<SendPermit> {
-    give_back(conn, attempt_id, lease_owner, false)
+    give_back(conn, key, lease_owner, false)
 }
 
 /// Gives back this worker's claim if the row says it was never sent (no
 /// `sent_at`): back to the queue, or closed if its job has finished.
 pub fn give_back_unsent(
     conn: &mut DbConnection,
-    attempt_id: &AttemptId,
+    key: &AttemptKey,
     lease_owner: &str,
 ) -> StoreResult<SendPermit> {
-    give_back(conn, attempt_id, lease_owner, true)
+    give_back(conn, key, lease_owner, true)
 }
 
 fn give_back(
     conn: &mut DbConnection,
-    attempt_id: &AttemptId,
+    key: &AttemptKey,
     lease_owner: &str,
     never_sent: bool,
 ) -> StoreResult<SendPermit> {
     write_transaction(conn, |conn| {
-        let Some(attempt) = lock_attempt_and_job(conn, attempt_id)? else {
+        let Some(attempt) = lock_attempt_and_job(conn, key)? else {
             return Ok(SendPermit::Lost);
         };
         let ours = attempt.state == AttemptState::Running
@@ -408,7 +440,7 @@ fn give_back(
             lease_owner: Some(lease_owner),
             never_sent,
         };
-        let job = get_job(conn, &attempt.job_id)?;
+        let job = get_job(conn, &attempt.job_key())?;
         if job.status.is_terminal() {
             close_unsent(conn, &attempt, guard)?;
             return Ok(SendPermit::Withdrawn(NOT_SENT_JOB_FINISHED.to_owned()));
@@ -423,7 +455,7 @@ fn give_back(
 fn requeue(conn: &mut DbConnection, attempt: &Attempt, guard: Guard<'_>) -> StoreResult<bool> {
     let now = now_ms();
     let moved = transition_guarded(conn, attempt, AttemptEvent::GivenBack, now, None, guard)?;
-    refresh_job_status(conn, &attempt.job_id, now)?;
+    refresh_job_status(conn, &attempt.job_key(), now)?;
     Ok(moved)
 }
 
@@ -458,13 +490,13 @@ fn superseded_note(job: &Job, what: &str) -> String {
 /// left in the unknown queue (where it would also hold retention off).
 pub fn mark_unknown(
     conn: &mut DbConnection,
-    attempt_id: &AttemptId,
+    key: &AttemptKey,
     reason: &str,
 ) -> StoreResult<Applied> {
     write_transaction(conn, |conn| {
         let now = now_ms();
-        let attempt = lock_attempt_and_job(conn, attempt_id)?.ok_or(StoreError::NotFound)?;
-        let job = get_job(conn, &attempt.job_id)?;
+        let attempt = lock_attempt_and_job(conn, key)?.ok_or(StoreError::NotFound)?;
+        let job = get_job(conn, &attempt.job_key())?;
         if job.status.is_terminal() && attempt.state == AttemptState::Running {
             let note = superseded_note(&job, reason);
             if transition(conn, &attempt, AttemptEvent::Superseded, now, Some(&note))? {
@@ -474,7 +506,7 @@ pub fn mark_unknown(
         if !transition(conn, &attempt, AttemptEvent::SoftTimeout, now, Some(reason))? {
             return Ok(Applied::Ignored(attempt.state));
         }
-        refresh_job_status(conn, &attempt.job_id, now)?;
+        refresh_job_status(conn, &attempt.job_key(), now)?;
         Ok(Applied::MarkedUnknown)
     })
 }
@@ -489,15 +521,15 @@ pub fn mark_unknown(
 /// on two jobs at once. Returns what changed.
 pub fn expire_leases(conn: &mut DbConnection) -> StoreResult<Vec<(AttemptId, AttemptState)>> {
     let now = db_now(conn);
-    let expired: Vec<(AttemptId, JobId)> = attempts::table
+    let expired: Vec<(AttemptId, JobId, UserId)> = attempts::table
         .filter(attempts::state.eq(AttemptState::Running))
         .filter(attempts::lease_expires_at.lt(now))
-        .select((attempts::id, attempts::job_id))
+        .select((attempts::id, attempts::job_id, attempts::owner_id))
         .limit(100)
         .load(conn)?;
     let mut changed = Vec::new();
-    for (attempt_id, job_id) in expired {
-        if let Some(state) = expire_one(conn, &attempt_id, &job_id)? {
+    for (attempt_id, id, owner_id) in expired {
+        if let Some(state) = expire_one(conn, &attempt_id, &JobKey { id, owner_id })? {
             changed.push((attempt_id, state));
         }
     }
@@ -510,14 +542,15 @@ const LEASE_EXPIRED: &str = "lease expired: the process running this attempt sto
 fn expire_one(
     conn: &mut DbConnection,
     attempt_id: &AttemptId,
-    job_id: &JobId,
+    key: &JobKey,
 ) -> StoreResult<Option<AttemptState>> {
     write_transaction(conn, |conn| {
-        lock_job(conn, job_id)?;
+        lock_job(conn, key)?;
         let now = db_now(conn);
         // Re-read under the lock: a renewal or an answer may have come first.
         let still_expired = attempts::table
             .filter(attempts::id.eq(attempt_id))
+            .filter(attempts::owner_id.eq(&key.owner_id))
             .filter(attempts::state.eq(AttemptState::Running))
             .filter(attempts::lease_expires_at.lt(now))
             .select(Attempt::as_select())
@@ -526,7 +559,7 @@ fn expire_one(
         let Some(attempt) = still_expired else {
             return Ok(None);
         };
-        let job = get_job(conn, job_id)?;
+        let job = get_job(conn, key)?;
         let now = now_ms();
         if attempt.sent_at.is_none() {
             let guard = Guard {
@@ -552,7 +585,7 @@ fn expire_one(
         )? {
             return Ok(None);
         }
-        refresh_job_status(conn, job_id, now)?;
+        refresh_job_status(conn, key, now)?;
         Ok(Some(AttemptState::Unknown))
     })
 }

@@ -49,23 +49,83 @@ pub fn id_bound(ms: i64) -> String {
 /// Finished jobs that may go, oldest id first: `$1` the id to look after,
 /// `$2` the id bound, `$3` the cutoff, `$4` the batch size. Every link is
 /// matched on the owner too, as the keys are (docs/scaling.md).
-const PRUNABLE_JOBS: &str = "
-    SELECT j.id, j.owner_id FROM jobs j
-    WHERE j.id > $1 AND j.id < $2
-      AND j.status IN ('succeeded', 'failed')
-      AND j.updated_at < $3
-      AND NOT EXISTS (SELECT 1 FROM attempts a
-                      WHERE a.job_id = j.id AND a.owner_id = j.owner_id
-                        AND a.state IN ('queued', 'running', 'unknown'))
-      AND NOT EXISTS (SELECT 1 FROM race_log r
-                      WHERE r.job_id = j.id AND r.owner_id = j.owner_id)
-      AND NOT EXISTS (SELECT 1 FROM audit_log l
-                      WHERE l.job_id = j.id AND l.owner_id = j.owner_id)
-      AND NOT EXISTS (SELECT 1 FROM attempts a
-                      JOIN audit_log l ON l.attempt_id = a.id AND l.owner_id = a.owner_id
-                      WHERE a.job_id = j.id AND a.owner_id = j.owner_id)
-    ORDER BY j.id
-    LIMIT $4";
+fn prunable_jobs() -> String {
+    format!(
+        "SELECT j.id, j.owner_id FROM jobs j
+          WHERE j.id > $1 AND j.id < $2
+            AND j.status IN ('succeeded', 'failed')
+            AND j.updated_at < $3
+            AND {STILL_PRUNABLE}
+          ORDER BY j.id
+          LIMIT $4"
+    )
+}
+
+/// What keeps a finished job `j`: a live attempt (a late answer awaited), or
+/// a race- or audit-log entry about it or its attempts.
+const STILL_PRUNABLE: &str = "
+        NOT EXISTS (SELECT 1 FROM attempts a
+                     WHERE a.job_id = j.id AND a.owner_id = j.owner_id
+                       AND a.state IN ('queued', 'running', 'unknown'))
+    AND NOT EXISTS (SELECT 1 FROM race_log r
+                     WHERE r.job_id = j.id AND r.owner_id = j.owner_id)
+    AND NOT EXISTS (SELECT 1 FROM audit_log l
+                     WHERE l.job_id = j.id AND l.owner_id = j.owner_id)
+    AND NOT EXISTS (SELECT 1 FROM attempts a
+                     JOIN audit_log l ON l.attempt_id = a.id AND l.owner_id = a.owner_id
+                     WHERE a.job_id = j.id AND a.owner_id = j.owner_id)";
+
+/// One owner's part of a batch: the jobs found for it are locked (`SKIP
+/// LOCKED`: a job another process is pruning, or a late answer is writing
+/// about, is left for the next run), checked again, and deleted with their
+/// attempts in one statement; every part names the owner.
+fn prune_owners_jobs(
+    pg: &mut diesel::PgConnection,
+    owner_id: &str,
+    ids: &[String],
+    cutoff: i64,
+) -> QueryResult<Removed> {
+    let statement = format!(
+        "WITH doomed AS (
+             SELECT j.id, j.owner_id FROM jobs j
+              WHERE j.owner_id = $1 AND j.id = ANY($2)
+                AND j.status IN ('succeeded', 'failed') AND j.updated_at < $3
+                AND {STILL_PRUNABLE}
+              FOR UPDATE OF j SKIP LOCKED),
+         gone_attempts AS (
+             DELETE FROM attempts WHERE owner_id = $1
+                AND job_id IN (SELECT id FROM doomed)
+             RETURNING id),
+         gone_jobs AS (
+             DELETE FROM jobs WHERE owner_id = $1 AND id IN (SELECT id FROM doomed)
+             RETURNING id)
+         SELECT (SELECT count(*) FROM gone_jobs) AS jobs,
+                (SELECT count(*) FROM gone_attempts) AS attempts,
+                (SELECT max(id) FROM gone_jobs) AS last_id"
+    );
+    diesel::sql_query(statement)
+        .bind::<Text, _>(owner_id)
+        .bind::<diesel::sql_types::Array<Text>, _>(ids)
+        .bind::<BigInt, _>(cutoff)
+        .get_result(pg)
+}
+
+/// Candidates grouped by owner, ids in order.
+fn by_owner(candidates: Vec<OwnedId>) -> std::collections::BTreeMap<String, Vec<String>> {
+    let mut owners: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for row in candidates {
+        owners.entry(row.owner_id).or_default().push(row.id);
+    }
+    owners
+}
+
+#[derive(QueryableByName)]
+struct OwnedId {
+    #[diesel(sql_type = Text)]
+    id: String,
+    #[diesel(sql_type = Text)]
+    owner_id: String,
+}
 
 #[derive(QueryableByName)]
 struct Id {
@@ -101,37 +161,34 @@ pub fn prune_finished_jobs(
     let bound = id_bound(cutoff);
     match conn {
         DbConnection::Postgresql(pg) => {
-            // SKIP LOCKED: a job another process is pruning (or a late
-            // answer is writing about) is left for the next run.
-            let statement = format!(
-                "WITH doomed AS ({PRUNABLE_JOBS} FOR UPDATE OF j SKIP LOCKED),
-                 gone_attempts AS (
-                     DELETE FROM attempts WHERE (job_id, owner_id) IN (SELECT id, owner_id FROM doomed)
-                     RETURNING id),
-                 gone_jobs AS (
-                     DELETE FROM jobs WHERE (id, owner_id) IN (SELECT id, owner_id FROM doomed)
-                     RETURNING id)
-                 SELECT (SELECT count(*) FROM gone_jobs) AS jobs,
-                        (SELECT count(*) FROM gone_attempts) AS attempts,
-                        (SELECT max(id) FROM gone_jobs) AS last_id"
-            );
-            let removed: Removed = diesel::sql_query(statement)
+            // Candidates are read without locks (on a database distributed
+            // by owner the read asks every shard, which takes no lock),
+            // then each owner's are locked and deleted in a statement that
+            // names the owner (one shard).
+            let candidates: Vec<OwnedId> = diesel::sql_query(prunable_jobs())
                 .bind::<Text, _>(&after)
                 .bind::<Text, _>(&bound)
                 .bind::<BigInt, _>(cutoff)
                 .bind::<BigInt, _>(limit)
-                .get_result(pg)?;
-            Ok(JobsBatch {
-                jobs: removed.jobs as u64,
-                attempts: removed.attempts as u64,
-                last_id: removed.last_id.map(JobId::from_stored),
-            })
+                .load(pg)?;
+            let mut batch = JobsBatch::default();
+            for (owner_id, ids) in by_owner(candidates) {
+                let removed = prune_owners_jobs(pg, &owner_id, &ids, cutoff)?;
+                batch.jobs += removed.jobs as u64;
+                batch.attempts += removed.attempts as u64;
+                batch.last_id = batch
+                    .last_id
+                    .into_iter()
+                    .chain(removed.last_id.map(JobId::from_stored))
+                    .max();
+            }
+            Ok(batch)
         }
         DbConnection::Sqlite(_) => write_transaction(conn, |conn| {
             // Switched off again by the commit or rollback. Ids are unique
             // by construction, so here they alone name the rows.
             conn.batch_execute("PRAGMA defer_foreign_keys = ON")?;
-            let ids: Vec<String> = diesel::sql_query(PRUNABLE_JOBS.replace('$', "?"))
+            let ids: Vec<String> = diesel::sql_query(prunable_jobs().replace('$', "?"))
                 .bind::<Text, _>(&after)
                 .bind::<Text, _>(&bound)
                 .bind::<BigInt, _>(cutoff)
@@ -180,12 +237,26 @@ pub fn prune_log(conn: &mut DbConnection, log: Log, cutoff: i64, limit: i64) -> 
     let (table, time) = log.table_and_time();
     let oldest = format!("SELECT id FROM {table} WHERE {time} < $1 ORDER BY {time} LIMIT $2");
     let removed = match conn {
-        DbConnection::Postgresql(pg) => diesel::sql_query(format!(
-            "DELETE FROM {table} WHERE id IN ({oldest} FOR UPDATE SKIP LOCKED)"
-        ))
-        .bind::<BigInt, _>(cutoff)
-        .bind::<BigInt, _>(limit)
-        .execute(pg)?,
+        // Found without locks, deleted per owner (see `prune_finished_jobs`);
+        // two processes pruning at once delete each entry once.
+        DbConnection::Postgresql(pg) => {
+            let candidates: Vec<OwnedId> = diesel::sql_query(format!(
+                "SELECT id, owner_id FROM {table} WHERE {time} < $1 ORDER BY {time} LIMIT $2"
+            ))
+            .bind::<BigInt, _>(cutoff)
+            .bind::<BigInt, _>(limit)
+            .load(pg)?;
+            let mut removed = 0;
+            for (owner_id, ids) in by_owner(candidates) {
+                removed += diesel::sql_query(format!(
+                    "DELETE FROM {table} WHERE owner_id = $1 AND id = ANY($2)"
+                ))
+                .bind::<Text, _>(&owner_id)
+                .bind::<diesel::sql_types::Array<Text>, _>(&ids)
+                .execute(pg)?;
+            }
+            removed
+        }
         DbConnection::Sqlite(sqlite) => diesel::sql_query(format!(
             "DELETE FROM {table} WHERE id IN ({})",
             oldest.replace('$', "?")

@@ -11,12 +11,79 @@ use super::schema::{attempts, jobs};
 use super::{DbConnection, StoreError, StoreResult};
 use crate::domain::{AttemptEvent, AttemptId, AttemptState, JobId, JobStatus, UserId};
 
+/// A job named by its whole primary key: its id and its owner. Every
+/// statement that locks, updates or deletes a job's rows names the owner,
+/// so on a database distributed by owner it runs on one shard
+/// (`store::distribution`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct JobKey {
+    pub id: JobId,
+    pub owner_id: UserId,
+}
+
+/// An attempt named by its whole primary key, as [`JobKey`] names a job.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct AttemptKey {
+    pub id: AttemptId,
+    pub owner_id: UserId,
+}
+
+/// Shown as the attempt's id, which names it to people.
+impl std::fmt::Display for AttemptKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.id.fmt(f)
+    }
+}
+
+impl Job {
+    pub fn key(&self) -> JobKey {
+        JobKey {
+            id: self.id.clone(),
+            owner_id: self.owner_id.clone(),
+        }
+    }
+}
+
+impl Attempt {
+    pub fn key(&self) -> AttemptKey {
+        AttemptKey {
+            id: self.id.clone(),
+            owner_id: self.owner_id.clone(),
+        }
+    }
+
+    /// The key of this attempt's job.
+    pub fn job_key(&self) -> JobKey {
+        JobKey {
+            id: self.job_id.clone(),
+            owner_id: self.owner_id.clone(),
+        }
+    }
+}
+
+/// An attempt found by its id alone: for callers that have nothing else (a
+/// callback's URL, a staff action). On a distributed database this read
+/// asks every shard; what follows names the owner it found.
 pub fn find_attempt(
     conn: &mut DbConnection,
     attempt_id: &AttemptId,
 ) -> StoreResult<Option<Attempt>> {
     Ok(attempts::table
-        .find(attempt_id)
+        .filter(attempts::id.eq(attempt_id))
+        .select(Attempt::as_select())
+        .first(conn)
+        .optional()?)
+}
+
+/// An attempt of a known owner, by its whole key.
+pub fn find_owned_attempt(
+    conn: &mut DbConnection,
+    attempt_id: &AttemptId,
+    owner_id: &UserId,
+) -> StoreResult<Option<Attempt>> {
+    Ok(attempts::table
+        .filter(attempts::id.eq(attempt_id))
+        .filter(attempts::owner_id.eq(owner_id))
         .select(Attempt::as_select())
         .first(conn)
         .optional()?)
@@ -26,31 +93,45 @@ pub fn get_attempt(conn: &mut DbConnection, attempt_id: &AttemptId) -> StoreResu
     find_attempt(conn, attempt_id)?.ok_or(StoreError::NotFound)
 }
 
+/// A job found by its id alone (a staff look-up; a shared link). On a
+/// distributed database this read asks every shard.
 pub fn find_job(conn: &mut DbConnection, job_id: &JobId) -> StoreResult<Option<Job>> {
     Ok(jobs::table
-        .find(job_id)
+        .filter(jobs::id.eq(job_id))
         .select(Job::as_select())
         .first(conn)
         .optional()?)
 }
 
-pub fn get_job(conn: &mut DbConnection, job_id: &JobId) -> StoreResult<Job> {
-    find_job(conn, job_id)?.ok_or(StoreError::NotFound)
+/// A job by its whole key.
+pub fn find_owned_job(conn: &mut DbConnection, key: &JobKey) -> StoreResult<Option<Job>> {
+    Ok(jobs::table
+        .filter(jobs::id.eq(&key.id))
+        .filter(jobs::owner_id.eq(&key.owner_id))
+        .select(Job::as_select())
+        .first(conn)
+        .optional()?)
+}
+
+pub fn get_job(conn: &mut DbConnection, key: &JobKey) -> StoreResult<Job> {
+    find_owned_job(conn, key)?.ok_or(StoreError::NotFound)
 }
 
 /// The job's attempts in the order they were made.
-pub fn attempts_of(conn: &mut DbConnection, job_id: &JobId) -> StoreResult<Vec<Attempt>> {
+pub fn attempts_of(conn: &mut DbConnection, key: &JobKey) -> StoreResult<Vec<Attempt>> {
     Ok(attempts::table
-        .filter(attempts::job_id.eq(job_id))
+        .filter(attempts::job_id.eq(&key.id))
+        .filter(attempts::owner_id.eq(&key.owner_id))
         .order(attempts::number.asc())
         .select(Attempt::as_select())
         .load(conn)?)
 }
 
 /// The job's live attempt (queued, running or unknown), if any.
-pub fn live_attempt(conn: &mut DbConnection, job_id: &JobId) -> StoreResult<Option<Attempt>> {
+pub fn live_attempt(conn: &mut DbConnection, key: &JobKey) -> StoreResult<Option<Attempt>> {
     Ok(attempts::table
-        .filter(attempts::job_id.eq(job_id))
+        .filter(attempts::job_id.eq(&key.id))
+        .filter(attempts::owner_id.eq(&key.owner_id))
         .filter(attempts::state.eq_any(AttemptState::LIVE))
         .select(Attempt::as_select())
         .first(conn)
@@ -62,10 +143,11 @@ pub fn live_attempt(conn: &mut DbConnection, job_id: &JobId) -> StoreResult<Opti
 /// they queue on the job in one order (no deadlocks) and each reads what the
 /// previous one committed. SQLite needs nothing: `BEGIN IMMEDIATE` already
 /// makes writers take turns.
-pub fn lock_job(conn: &mut DbConnection, job_id: &JobId) -> QueryResult<()> {
+pub fn lock_job(conn: &mut DbConnection, key: &JobKey) -> QueryResult<()> {
     if let DbConnection::Postgresql(pg) = conn {
         jobs::table
-            .find(job_id)
+            .filter(jobs::id.eq(&key.id))
+            .filter(jobs::owner_id.eq(&key.owner_id))
             .select(jobs::id)
             .for_update()
             .first::<JobId>(pg)
@@ -74,35 +156,50 @@ pub fn lock_job(conn: &mut DbConnection, job_id: &JobId) -> QueryResult<()> {
     Ok(())
 }
 
-/// Locks the attempt's job, then reads the attempt as it is under that lock.
-/// On PostgreSQL the job is found from the attempt inside the locking
-/// statement (one statement, not a read and then a lock).
+/// Locks the attempt's job, then reads the attempt as it is under that
+/// lock. On PostgreSQL the job is found from the attempt inside the locking
+/// statement (one statement, not a read and then a lock), by scalar
+/// subqueries evaluated once: the job is then found by its whole primary
+/// key (as `IN (subquery)` the planner may join, and a plan made while the
+/// table was small scans all jobs).
 pub fn lock_attempt_and_job(
     conn: &mut DbConnection,
-    attempt_id: &AttemptId,
+    key: &AttemptKey,
 ) -> StoreResult<Option<Attempt>> {
     if let DbConnection::Postgresql(pg) = conn {
-        // Scalar subqueries, evaluated once: the job is then found by its
-        // whole primary key. (As `IN (subquery)` the planner may join, and a
-        // plan made while the table was small scans all jobs.)
-        let of_attempt = attempts::table.filter(attempts::id.eq(attempt_id)).limit(1);
+        let of_attempt = attempts::table
+            .filter(attempts::id.eq(&key.id))
+            .filter(attempts::owner_id.eq(&key.owner_id))
+            .limit(1);
         jobs::table
+            .filter(jobs::owner_id.eq(&key.owner_id))
             .filter(
                 jobs::id
                     .nullable()
                     .eq(of_attempt.select(attempts::job_id).single_value()),
-            )
-            .filter(
-                jobs::owner_id
-                    .nullable()
-                    .eq(of_attempt.select(attempts::owner_id).single_value()),
             )
             .select(jobs::id)
             .for_update()
             .first::<JobId>(pg)
             .optional()?;
     }
-    find_attempt(conn, attempt_id)
+    find_owned_attempt(conn, &key.id, &key.owner_id)
+}
+
+/// The key of an attempt known by its id alone (see [`find_attempt`]).
+pub fn locate_attempt(
+    conn: &mut DbConnection,
+    attempt_id: &AttemptId,
+) -> StoreResult<Option<AttemptKey>> {
+    Ok(attempts::table
+        .filter(attempts::id.eq(attempt_id))
+        .select(attempts::owner_id)
+        .first::<UserId>(conn)
+        .optional()?
+        .map(|owner_id| AttemptKey {
+            id: attempt_id.clone(),
+            owner_id,
+        }))
 }
 
 /// Conditions a transition may need besides the attempt's state.
@@ -185,12 +282,13 @@ pub fn transition_guarded(
 
 /// Re-derives a non-terminal job's status from its live attempt. Terminal jobs
 /// are never touched.
-pub fn refresh_job_status(conn: &mut DbConnection, job_id: &JobId, now: i64) -> StoreResult<()> {
-    let live = live_attempt(conn, job_id)?.map(|a| a.state);
+pub fn refresh_job_status(conn: &mut DbConnection, key: &JobKey, now: i64) -> StoreResult<()> {
+    let live = live_attempt(conn, key)?.map(|a| a.state);
     let status = JobStatus::for_live_attempt(live);
     diesel::update(
         jobs::table
-            .filter(jobs::id.eq(job_id))
+            .filter(jobs::id.eq(&key.id))
+            .filter(jobs::owner_id.eq(&key.owner_id))
             .filter(jobs::status.ne_all(JobStatus::TERMINAL)),
     )
     .set((jobs::status.eq(status), jobs::updated_at.eq(now)))
@@ -253,6 +351,7 @@ pub fn fail_job(conn: &mut DbConnection, job: &Job, reason: &str, now: i64) -> Q
     let updated = diesel::update(
         jobs::table
             .filter(jobs::id.eq(&job.id))
+            .filter(jobs::owner_id.eq(&job.owner_id))
             .filter(jobs::version.eq(job.version))
             .filter(jobs::completed_by.is_null())
             .filter(jobs::status.ne_all(JobStatus::TERMINAL)),

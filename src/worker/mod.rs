@@ -21,7 +21,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::app::dispatch::Dispatch;
 use crate::app::work::{Admitted, StartOffer};
-use crate::app::{now_ms, App, AppError, Claim};
+use crate::app::{now_ms, App, AppError, AttemptKey, Claim};
 use crate::domain::{AttemptId, AttemptState, Outcome, UserId};
 use crate::providers::limits::{LateHold, SendSlot};
 use crate::providers::Reply;
@@ -64,7 +64,7 @@ const CLEANUP_EVERY: Duration = Duration::from_secs(60);
 
 /// A call that outlasted its soft timeout and is kept open for late news.
 struct LateCall {
-    attempt_id: AttemptId,
+    attempt_id: AttemptKey,
     provider: String,
     sent_at: Instant,
     window: Duration,
@@ -306,7 +306,7 @@ impl Worker {
     #[tracing::instrument(skip_all, fields(job_id = %admitted.claim.job.id, attempt_id = %admitted.claim.attempt.id, provider = %admitted.claim.attempt.provider))]
     async fn run_attempt(&self, admitted: Admitted) {
         let Admitted { claim, slot } = admitted;
-        let attempt_id = claim.attempt.id.clone();
+        let attempt_id = claim.attempt.key();
         let provider = claim.attempt.provider.clone();
         let lease = Duration::from_millis(self.app.config().worker.lease_ms);
         let dispatch = match self.app.dispatch(&claim) {
@@ -345,7 +345,7 @@ impl Worker {
     /// Sends a confirmed claim and applies what comes back (or, past the
     /// soft timeout, marks it unknown and keeps listening for late news).
     async fn send(&self, claim: Claim, dispatch: Arc<Dispatch>, mut slot: Option<SendSlot>) {
-        let attempt_id = claim.attempt.id.clone();
+        let attempt_id = claim.attempt.key();
         let owner_id = claim.attempt.owner_id.clone();
         let provider = claim.attempt.provider.clone();
         if let Some(slot) = slot.as_mut() {
@@ -386,7 +386,7 @@ impl Worker {
                     // whatever happened to the job (an answer still goes
                     // through the compare-and-swap).
                     let renewed_at = Instant::now();
-                    if self.renew_lease(&attempt_id, &owner_id).await {
+                    if self.renew_lease(&attempt_id.id, &owner_id).await {
                         lease_until = renewed_at + lease;
                     }
                 }
@@ -541,7 +541,7 @@ impl Worker {
     /// stopped. Nothing fails over on an outcome that was not recorded.
     async fn apply(
         &self,
-        attempt_id: &AttemptId,
+        attempt_id: &AttemptKey,
         provider: &str,
         outcome: Outcome,
         lease_until: Instant,

@@ -444,7 +444,7 @@ async fn chain_exhausted_when_every_provider_of_the_chain_was_tried(backend: Tes
 
 async fn attempts_rows(app: &TestApp, job_id: &str) -> Vec<onejob::app::Attempt> {
     let job_id = JobId::parse(job_id).unwrap();
-    app.with_conn(move |conn| job_store::attempts_of(conn, &job_id).unwrap())
+    app.with_conn(move |conn| crate::helpers::attempt_rows(conn, &job_id))
         .await
 }
 

@@ -7,6 +7,7 @@ use diesel::prelude::*;
 use onejob::domain::{Applied, AttemptId, JobId, JsonText, UserId};
 use onejob::store::jobs::{self as job_store, CreateOutcome, NewJob};
 use onejob::store::schema::{jobs, race_log};
+use onejob::store::transitions::{AttemptKey, JobKey};
 use onejob::store::DbConnection;
 use onejob::store::{completion, operator, queue};
 use reqwest::StatusCode;
@@ -87,7 +88,11 @@ fn two_attempts_ready_to_race(
     key: &str,
 ) -> (JobId, AttemptId, AttemptId) {
     let (job_id, first) = job_with_an_abandoned_attempt(conn, owner, key);
-    operator::start_attempt(conn, &job_id, Some("sim-fast"), &[], None).unwrap();
+    let job = JobKey {
+        id: job_id.clone(),
+        owner_id: owner.clone(),
+    };
+    operator::start_attempt(conn, &job, Some("sim-fast"), &[], None).unwrap();
     let second = queue::claim_next(conn, "racer", 60_000, &|_| 100)
         .unwrap()
         .unwrap()
@@ -112,13 +117,17 @@ async fn two_completions_racing_for_one_job_have_exactly_one_winner(backend: Tes
                 .into_iter()
                 .map(|attempt_id| {
                     let (store, barrier) = (store.clone(), barrier.clone());
+                    let key = AttemptKey {
+                        id: attempt_id.clone(),
+                        owner_id: owner.clone(),
+                    };
                     std::thread::spawn(move || {
                         let mut conn = store.conn().unwrap();
                         let payload = json!({"from": attempt_id});
                         barrier.wait();
                         (
                             attempt_id.clone(),
-                            completion::complete_success(&mut conn, &attempt_id, &payload)
+                            completion::complete_success(&mut conn, &key, &payload)
                                 .unwrap()
                                 .0,
                         )
@@ -131,7 +140,14 @@ async fn two_completions_racing_for_one_job_have_exactly_one_winner(backend: Tes
             assert_eq!(winners.len(), 1, "round {round}: {results:?}");
             let winner = winners[0].0.clone();
             let mut conn = store.conn().unwrap();
-            let job = job_store::get_job(&mut conn, &job_id).unwrap();
+            let job = job_store::get_job(
+                &mut conn,
+                &JobKey {
+                    id: job_id.clone(),
+                    owner_id: owner.clone(),
+                },
+            )
+            .unwrap();
             assert_eq!(job.completed_by.as_ref(), Some(&winner));
             assert_eq!(job.result.map(|r| r.value()), Some(json!({"from": winner})));
             assert_eq!(job.version, 1);
@@ -172,11 +188,15 @@ fn job_with_an_abandoned_attempt(
         .unwrap()
         .attempt
         .id;
+    let first_key = AttemptKey {
+        id: first.clone(),
+        owner_id: owner.clone(),
+    };
     assert_eq!(
-        queue::mark_unknown(conn, &first, "soft timeout").unwrap(),
+        queue::mark_unknown(conn, &first_key, "soft timeout").unwrap(),
         Applied::MarkedUnknown
     );
-    operator::abandon(conn, &first, owner, "race test").unwrap();
+    operator::abandon(conn, &first_key, owner, "race test").unwrap();
     (job.id, first)
 }
 
@@ -195,7 +215,11 @@ async fn a_new_attempt_racing_a_winning_late_result_is_never_sent(backend: TestB
             );
             let barrier = Arc::new(Barrier::new(2));
             let late = {
-                let (store, barrier, first) = (store.clone(), barrier.clone(), first.clone());
+                let (store, barrier) = (store.clone(), barrier.clone());
+                let first = AttemptKey {
+                    id: first.clone(),
+                    owner_id: owner.clone(),
+                };
                 std::thread::spawn(move || {
                     let mut conn = store.conn().unwrap();
                     barrier.wait();
@@ -203,22 +227,21 @@ async fn a_new_attempt_racing_a_winning_late_result_is_never_sent(backend: TestB
                 })
             };
             let retry = {
-                let (store, barrier, job_id, order) = (
-                    store.clone(),
-                    barrier.clone(),
-                    job_id.clone(),
-                    order.clone(),
-                );
+                let (store, barrier, order) = (store.clone(), barrier.clone(), order.clone());
+                let job = JobKey {
+                    id: job_id.clone(),
+                    owner_id: owner.clone(),
+                };
                 std::thread::spawn(move || {
                     let mut conn = store.conn().unwrap();
                     barrier.wait();
-                    operator::start_attempt(&mut conn, &job_id, None, &order, None)
+                    operator::start_attempt(&mut conn, &job, None, &order, None)
                 })
             };
             assert_eq!(late.join().unwrap(), Applied::Won, "round {round}");
             let retried = retry.join().unwrap();
             let mut conn = store.conn().unwrap();
-            let attempts = job_store::attempts_of(&mut conn, &job_id).unwrap();
+            let attempts = crate::helpers::attempt_rows(&mut conn, &job_id);
             match retried {
                 // The new attempt came first; the late answer then won and
                 // closed it before anyone could send it.

@@ -22,7 +22,7 @@ use crate::helpers::{
 
 async fn attempts_of(app: &TestApp, job_id: &str) -> Vec<Attempt> {
     let job_id = JobId::parse(job_id).unwrap();
-    app.with_conn(move |conn| onejob::store::jobs::attempts_of(conn, &job_id).unwrap())
+    app.with_conn(move |conn| crate::helpers::attempt_rows(conn, &job_id))
         .await
 }
 

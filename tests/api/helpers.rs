@@ -694,3 +694,18 @@ pub fn record_figures(name: &str, figures: &str) {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join(format!("{name}.txt")), format!("{figures}\n")).unwrap();
 }
+
+/// A job's attempts, oldest first, read by the job's id alone (tests look
+/// rows up by id; the application names the owner too).
+pub fn attempt_rows(
+    conn: &mut onejob::store::DbConnection,
+    job_id: &onejob::domain::JobId,
+) -> Vec<onejob::store::Attempt> {
+    use onejob::store::schema::attempts;
+    attempts::table
+        .filter(attempts::job_id.eq(job_id))
+        .order(attempts::number.asc())
+        .select(onejob::store::Attempt::as_select())
+        .load(conn)
+        .unwrap()
+}

@@ -39,5 +39,6 @@ mod server_process;
 mod sessions;
 mod sign_in_abuse;
 mod start_on_create;
+mod statement_rules;
 mod storage;
 mod twins;

@@ -22,7 +22,7 @@ use crate::helpers::{spawn_app_with, summarize, TestApp, TestBackend};
 
 async fn attempts_of(app: &TestApp, job_id: &str) -> Vec<Attempt> {
     let job_id = JobId::parse(job_id).unwrap();
-    app.with_conn(move |conn| onejob::store::jobs::attempts_of(conn, &job_id).unwrap())
+    app.with_conn(move |conn| crate::helpers::attempt_rows(conn, &job_id))
         .await
 }
 
@@ -395,7 +395,7 @@ async fn the_send_paths_new_statements_keep_the_distribution_rule(backend: TestB
             .unwrap());
             chunks.push(("renewing a lease", log.take()));
             assert_eq!(
-                queue::give_back_before_sending(conn, &claimed.attempt.id, "w").unwrap(),
+                queue::give_back_before_sending(conn, &claimed.attempt.key(), "w").unwrap(),
                 queue::SendPermit::Requeued
             );
             chunks.push(("giving a claim back", log.take()));
@@ -408,7 +408,7 @@ async fn the_send_paths_new_statements_keep_the_distribution_rule(backend: TestB
             .unwrap();
             log.take();
             assert_eq!(
-                queue::mark_unknown(conn, &claimed.attempt.id, "soft timeout").unwrap(),
+                queue::mark_unknown(conn, &claimed.attempt.key(), "soft timeout").unwrap(),
                 onejob::domain::Applied::Superseded
             );
             chunks.push(("closing a superseded attempt", log.take()));
@@ -426,7 +426,7 @@ async fn the_send_paths_new_statements_keep_the_distribution_rule(backend: TestB
             };
             let retried = complete_failure(
                 conn,
-                &claimed.attempt.id,
+                &claimed.attempt.key(),
                 "rate limited (429)",
                 Failure::NothingHappened {
                     retry_after_ms: Some(60_000),

@@ -13,7 +13,7 @@ use crate::helpers::{spawn_app_with, summarize, TestApp, TestBackend};
 
 async fn attempts_of(app: &TestApp, job_id: &str) -> Vec<Attempt> {
     let job_id = JobId::parse(job_id).unwrap();
-    app.with_conn(move |conn| onejob::store::jobs::attempts_of(conn, &job_id).unwrap())
+    app.with_conn(move |conn| crate::helpers::attempt_rows(conn, &job_id))
         .await
 }
 
