@@ -31,10 +31,11 @@ INSERT INTO attempts (id, job_id, owner_id, number, provider, state, version_rea
 -- the compare-and-swap
 BEGIN;
 SELECT jobs.id FROM jobs
-  WHERE jobs.id = (SELECT job_id FROM attempts WHERE attempts.id = :attempt_id LIMIT 1)
-    AND jobs.owner_id = (SELECT owner_id FROM attempts WHERE attempts.id = :attempt_id LIMIT 1)
+  WHERE jobs.owner_id = :owner
+    AND jobs.id = (SELECT job_id FROM attempts
+                    WHERE attempts.id = :attempt_id AND attempts.owner_id = :owner LIMIT 1)
   LIMIT 1 FOR UPDATE;
-SELECT * FROM attempts WHERE id = :attempt_id LIMIT 1;
+SELECT * FROM attempts WHERE id = :attempt_id AND owner_id = :owner LIMIT 1;
 WITH cas AS (
   UPDATE jobs SET result = '{"summary":"ok"}', completed_by = :attempt_id, status = 'succeeded',
       version = version + 1, updated_at = bench_now_ms()

@@ -49,6 +49,15 @@ impl Layout {
     pub fn is_distributed(&self, table: &str) -> bool {
         self.distributed.contains(&table)
     }
+
+    /// In how many of the lists `table` is placed (exactly one, or the
+    /// layout is wrong).
+    pub fn placements(&self, table: &str) -> usize {
+        [self.distributed, self.reference, self.local]
+            .iter()
+            .filter(|list| list.contains(&table))
+            .count()
+    }
 }
 
 /// A read that names no owner and so runs on every shard, by design.

@@ -133,10 +133,14 @@ pub struct ClaimBatch {
 /// `closed`, and it is not a retry still waiting (`not_before`, by the
 /// database's clock).
 ///
-/// PostgreSQL: `SELECT … FOR UPDATE SKIP LOCKED`, so processes sharing one
-/// database never pick the same row. SQLite: the write transaction holds the
-/// database's write lock. Either way the `UPDATE … WHERE state = 'queued'` is
-/// the final guard: an attempt is sent at most once.
+/// Candidates are read without locks; then, one owner at a time, their
+/// unfinished jobs are locked (PostgreSQL: `FOR UPDATE SKIP LOCKED`, so
+/// processes sharing one database never both claim one; SQLite: the write
+/// transaction holds the database's write lock) and their attempts
+/// claimed. Every locking or writing statement names its owner, so the
+/// claim runs on a database distributed by owner (`store::distribution`).
+/// Either way the `UPDATE … WHERE state = 'queued'` is the final guard: an
+/// attempt is sent at most once.
 ///
 /// Each candidate is `admit`ted (the caller takes its provider's capacity)
 /// before it is claimed; one that is not stays queued. With `confirm`, the

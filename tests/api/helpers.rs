@@ -109,6 +109,16 @@ impl TestDb {
         Self::new(backend, None)
     }
 
+    /// A database made elsewhere (say, on a Citus coordinator), used as
+    /// it is and never dropped.
+    pub fn existing(url: &str) -> Self {
+        Self {
+            url: DatabaseUrl::parse(url).unwrap(),
+            pg_name: None,
+            _dir: None,
+        }
+    }
+
     /// The PostgreSQL database's name (none for SQLite).
     pub fn postgres_name(&self) -> Option<&str> {
         self.pg_name.as_deref()

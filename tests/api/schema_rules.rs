@@ -18,49 +18,10 @@ use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Bool, Nullable, Text};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
+use onejob::store::distribution::{Layout, DISTRIBUTION_COLUMN, LAYOUT};
 use onejob::store::DbConnection;
 
 use crate::helpers::{test_config, PreparedApp, TestBackend, TestDb, DEFAULT_TEST_PROVIDERS};
-
-/// The column every distributed table is distributed by: the owner's user id.
-const DISTRIBUTION_COLUMN: &str = "owner_id";
-
-/// Where each table goes when the database is distributed; docs/scaling.md
-/// shows the same lists. A new table must be placed in one of them.
-const LAYOUT: Layout = Layout {
-    distributed: &["jobs", "attempts", "race_log", "audit_log"],
-    reference: &[
-        "users",
-        "api_tokens",
-        "sessions",
-        "sign_in_throttle",
-        "qualifications",
-    ],
-    local: &["__diesel_schema_migrations"],
-};
-
-#[derive(Clone, Copy)]
-struct Layout {
-    /// Distributed by `owner_id`, colocated: one owner's rows on one node.
-    distributed: &'static [&'static str],
-    /// Small tables copied to every node.
-    reference: &'static [&'static str],
-    /// Tables only the coordinator has.
-    local: &'static [&'static str],
-}
-
-impl Layout {
-    fn is_distributed(&self, table: &str) -> bool {
-        self.distributed.contains(&table)
-    }
-
-    fn placements(&self, table: &str) -> usize {
-        [self.distributed, self.reference, self.local]
-            .iter()
-            .filter(|list| list.contains(&table))
-            .count()
-    }
-}
 
 /// A unique key: its table, its name and its key columns in order (`None`
 /// for an expression).
