@@ -218,9 +218,11 @@ fn patterns() -> &'static Patterns {
             .distributed
             .iter()
             .flat_map(|t| {
-                ["from ", "from (", "from ((", "from (((", "join ", "update ", "into "]
-                    .into_iter()
-                    .map(move |word| format!("{word}{t}"))
+                [
+                    "from ", "from (", "from ((", "from (((", "join ", "update ", "into ",
+                ]
+                .into_iter()
+                .map(move |word| format!("{word}{t}"))
             })
             .collect(),
         writes: LAYOUT
