@@ -392,13 +392,6 @@ impl PreparedApp {
             .unwrap()
     }
 
-    /// The same database and users, served through `store` (one built
-    /// another way, recording its statements, say).
-    pub fn with_store(mut self, store: Store) -> Self {
-        self.store = store;
-        self
-    }
-
     pub async fn start(self) -> TestApp {
         let (address, app, server) = start_instance(self.config.clone(), self.store.clone()).await;
         let providers = app.providers().clone();

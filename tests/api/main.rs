@@ -15,6 +15,7 @@ mod bad_input;
 mod browser;
 mod callbacks;
 mod classification;
+mod command_line;
 mod concurrency;
 mod constraints;
 mod deploys;
