@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use onejob::config::DEFAULT_CONFIG_TOML;
+use onejob::config::{Config, DEFAULT_CONFIG_TOML};
 use toml::{Table, Value as Toml};
 
 use crate::helpers::{spawn_app_with, summarize, test_config, TestBackend, TestDb};
@@ -70,6 +70,12 @@ pub fn demo_config_toml() -> String {
         DEMO_LATE_ANSWER_MS + 30_000,
     );
     toml::to_string(&table).unwrap()
+}
+
+/// The walk-throughs' configuration, resolved, with the suite's fast
+/// polling.
+pub fn demo_config() -> Config {
+    test_config(&demo_config_toml())
 }
 
 /// The built-in timings the README states; the walk-throughs change only

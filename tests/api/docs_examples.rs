@@ -393,3 +393,38 @@ fn a_refusal_shown_with_an_ellipsis_matches_any_text_there() {
 }
 
 on_both_backends!(every_configuration_example_in_the_docs_starts_a_server);
+
+/// Every screenshot the README shows is in `docs/screenshots/` at both
+/// widths, and a browser test takes it (into `target/screenshots/`, from
+/// where it is copied after a page changes).
+#[test]
+fn every_screenshot_the_readme_shows_is_taken_by_a_browser_test() {
+    let readme = read("README.md");
+    let browser_tests = read("tests/api/browser.rs") + &read("tests/api/browser_pages.rs");
+    let mut shown: Vec<&str> = readme
+        .split("docs/screenshots/")
+        .skip(1)
+        .filter_map(|rest| rest.split(".png").next())
+        .filter(|name| {
+            name.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        })
+        .collect();
+    shown.sort();
+    shown.dedup();
+    assert!(shown.len() >= 16, "{shown:?}");
+    for image in shown {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("docs/screenshots/{image}.png"));
+        assert!(
+            path.exists(),
+            "README shows {image}.png, which is not there"
+        );
+        let (name, width) = image.rsplit_once('-').unwrap();
+        assert!(["1280", "390"].contains(&width), "{image}");
+        assert!(
+            browser_tests.contains(&format!("\"{name}\"")),
+            "no browser test takes the screenshot {name}"
+        );
+    }
+}

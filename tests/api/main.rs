@@ -13,6 +13,7 @@ mod attempts;
 mod authorization;
 mod bad_input;
 mod browser;
+mod browser_pages;
 mod callbacks;
 mod classification;
 mod command_line;
