@@ -403,9 +403,7 @@ async fn serve(
 ) -> CliResult {
     let bind = bind.unwrap_or_else(|| config.server.bind.clone());
     // Refused before anything is opened or created.
-    if role == ProcessRole::Worker && config.worker.concurrency == 0 {
-        return Err("a worker-only process needs `[worker] concurrency` above 0".into());
-    }
+    role.check(&config)?;
     let store = open(&url, &config).await?;
     let listener = TcpListener::bind(&bind).map_err(|e| format!("cannot listen on {bind}: {e}"))?;
     // Only a process that serves the pages can be signed in to.
