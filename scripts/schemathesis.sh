@@ -43,6 +43,8 @@ providers = ["sim-fast"]
 TOML
 
 run() { "$onejob" --config "$work/onejob.toml" --database-url "$work/onejob.db" "$@"; }
+# The database first: `users` refuses to create a new SQLite file.
+run migrate 2>/dev/null
 token=$(run users add ada --role admin 2>/dev/null | tail -n 1)
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 # Started directly, not through `run`: `$!` must be onejob itself, or the

@@ -140,6 +140,8 @@ kind = "chat"
 providers = ["upstream"]
 """)
         self.env = dict(os.environ, SDK_CHECK_UPSTREAM_KEY=UPSTREAM_KEY, RUST_LOG="warn")
+        # The database first: `users` refuses to create a new SQLite file.
+        self.cli("migrate")
         self.token = self.cli("users", "add", "alice").strip().splitlines()[-1]
         self.port = free_port()
         self.log = open(os.path.join(workdir, "server.log"), "w")

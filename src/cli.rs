@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use crate::app::App;
 
 mod first_admin;
-use crate::config::{Config, Environment};
+use crate::config::{Config, Environment, SecretsNeeded};
 use crate::domain::Role;
 use crate::startup::{open_store, Application, ProcessRole};
 use crate::store::DatabaseUrl;
@@ -26,6 +26,11 @@ pub struct Cli {
     /// `postgres://…` or a SQLite file path (default: `[database] url`, else `onejob.db`).
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     pub database_url: Option<String>,
+    /// Let `users`, `qualify`, `prune` or `citus` create the SQLite file
+    /// when it does not exist (without it they refuse: a new file is
+    /// usually the wrong one; `serve` and `migrate` create it always).
+    #[arg(long, global = true)]
+    pub create_database: bool,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -134,11 +139,76 @@ impl From<RoleArg> for Role {
 
 pub type CliResult = Result<(), Box<dyn std::error::Error>>;
 
+impl Command {
+    /// The secrets this command reads from the environment: a server needs
+    /// every one; `qualify` only the key of the provider it calls; the
+    /// others none, so an operator's shell need not hold provider keys.
+    fn secrets_needed(&self) -> SecretsNeeded {
+        match self {
+            Self::Serve { .. } => SecretsNeeded::All,
+            Self::Qualify { provider, .. } => SecretsNeeded::ProviderKey(provider.clone()),
+            Self::Migrate | Self::Users { .. } | Self::Prune | Self::Citus { .. } => {
+                SecretsNeeded::None
+            }
+        }
+    }
+
+    /// Whether this command creates the database when there is none:
+    /// `serve` and `migrate` do; the others work on an existing one.
+    fn creates_database(&self) -> bool {
+        matches!(self, Self::Serve { .. } | Self::Migrate)
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Serve { .. } => "serve",
+            Self::Migrate => "migrate",
+            Self::Qualify { .. } => "qualify",
+            Self::Users { .. } => "users",
+            Self::Prune => "prune",
+            Self::Citus { .. } => "citus",
+        }
+    }
+}
+
+/// Refuses to make a new SQLite file for a command that administers an
+/// existing database: run from another directory, or without the server's
+/// `--config`, it would otherwise create an empty `onejob.db` and answer
+/// as if the server's users were not there.
+fn refuse_a_new_sqlite_file(command: &Command, url: &DatabaseUrl) -> CliResult {
+    let Some(file) = url.sqlite_file() else {
+        return Ok(());
+    };
+    if file.exists() {
+        return Ok(());
+    }
+    let file = std::path::absolute(&file).unwrap_or(file);
+    Err(format!(
+        "there is no database at {}: `onejob {}` works on an existing one. Name the \
+         server's database with the server's --config (or --database-url, DATABASE_URL), \
+         or create this one first with `onejob migrate` (or pass --create-database)",
+        file.display(),
+        command.name()
+    )
+    .into())
+}
+
 /// Runs one command. The configuration (and the environment variables it
-/// names) is read here, once.
+/// names, as far as the command needs them) is read here, once.
 pub async fn execute(cli: Cli) -> CliResult {
-    let config = Config::load(cli.config.as_deref(), &Environment::Process)?;
+    let config = Config::load_with(
+        cli.config.as_deref(),
+        &Environment::Process,
+        &cli.command.secrets_needed(),
+    )?;
     let url = DatabaseUrl::parse(cli.database_url.as_deref().unwrap_or(&config.database.url))?;
+    if !cli.command.creates_database() && !cli.create_database {
+        refuse_a_new_sqlite_file(&cli.command, &url)?;
+    }
+    if !matches!(cli.command, Command::Serve { .. }) {
+        // On stderr: stdout keeps only what a script captures (a token).
+        eprintln!("onejob: using {}", url.described());
+    }
     match cli.command {
         Command::Serve { bind, role } => serve(config, url, bind, role).await,
         Command::Migrate => {
@@ -332,6 +402,8 @@ async fn serve(
     role: ProcessRole,
 ) -> CliResult {
     let bind = bind.unwrap_or_else(|| config.server.bind.clone());
+    // Refused before anything is opened or created.
+    role.check(&config)?;
     let store = open(&url, &config).await?;
     let listener = TcpListener::bind(&bind).map_err(|e| format!("cannot listen on {bind}: {e}"))?;
     // Only a process that serves the pages can be signed in to.
@@ -345,7 +417,7 @@ async fn serve(
     }
     tracing::info!(
         address = %listener.local_addr()?,
-        database = %url.redacted(),
+        database = %url.described(),
         backend = store.backend().as_str(),
         role = role.as_str(),
         "onejob is serving"

@@ -66,6 +66,17 @@ impl ProcessRole {
         }
     }
 
+    /// Refuses a role this configuration cannot fill: a worker-only
+    /// process without worker slots would do nothing.
+    pub fn check(self, config: &Config) -> Result<(), StartupError> {
+        if self == Self::Worker && config.worker.concurrency == 0 {
+            return Err(StartupError::Role(
+                "a worker-only process needs `[worker] concurrency` above 0".into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// Whether this process serves the browser pages (and so can be
     /// signed in to).
     pub fn serves_pages(self) -> bool {
@@ -107,14 +118,9 @@ impl Application {
         store: Store,
         listener: TcpListener,
     ) -> Result<Self, StartupError> {
-        match role {
-            ProcessRole::Http => config.worker.concurrency = 0,
-            ProcessRole::Worker if config.worker.concurrency == 0 => {
-                return Err(StartupError::Role(
-                    "a worker-only process needs `[worker] concurrency` above 0".into(),
-                ))
-            }
-            _ => {}
+        role.check(&config)?;
+        if role == ProcessRole::Http {
+            config.worker.concurrency = 0;
         }
         let providers = Providers::from_settings(&config.providers);
         Self::assemble(role, config, store, providers, listener).await

@@ -88,6 +88,11 @@ impl Report {
 
 /// Runs the task's contract against the provider. Calls are real calls, with a
 /// request id of their own (`qualify-…`), bounded by the provider's soft timeout.
+///
+/// Only the checks the task has are run and reported: "template renders"
+/// for a task with a template, the output schema for a task with one. A
+/// chat route's golden inputs are requests: its budget counts their
+/// messages and their own token limit, else the provider's `max_tokens`.
 pub async fn check_contract(provider: &Arc<Provider>, contract: &Arc<TaskContract>) -> Report {
     let started = Instant::now();
     let mut checks = Vec::new();
@@ -99,10 +104,11 @@ pub async fn check_contract(provider: &Arc<Provider>, contract: &Arc<TaskContrac
             "the task has no golden examples to run",
         ));
     }
+    let has_template = !contract.is_chat() && contract.definition.template.is_some();
     // Render every golden prompt first: nothing is sent if one does not render.
     let mut prompts = Vec::new();
     for (i, golden) in goldens.iter().enumerate() {
-        match contract.render_prompt(&golden.input) {
+        match prompt_of(contract, &golden.input) {
             Ok(prompt) => prompts.push(prompt),
             Err(e) => checks.push(Check::new(
                 format!("golden[{i}] template renders"),
@@ -112,28 +118,42 @@ pub async fn check_contract(provider: &Arc<Provider>, contract: &Arc<TaskContrac
         }
     }
     if prompts.len() == goldens.len() && !goldens.is_empty() {
-        checks.push(Check::new(
-            "template renders",
-            true,
-            format!("for all {} golden inputs", goldens.len()),
-        ));
+        if has_template {
+            checks.push(Check::new(
+                "template renders",
+                true,
+                format!("for all {} golden inputs", goldens.len()),
+            ));
+        }
         let settings = &provider.settings;
         let budget = settings.context_budget();
-        let (longest, method) = prompts
+        let (longest, method, answer_limit) = prompts
             .iter()
-            .map(|p| count_tokens(settings, p))
-            .max_by_key(|(tokens, _)| *tokens)
-            .unwrap_or((0, "none"));
-        let needed = longest + settings.max_tokens;
+            .zip(goldens)
+            .map(|(prompt, golden)| {
+                let (tokens, method) = count_tokens(settings, prompt);
+                (
+                    tokens,
+                    method,
+                    answer_limit(contract, settings, &golden.input),
+                )
+            })
+            .max_by_key(|(tokens, _, limit)| u64::from(*tokens) + limit)
+            .unwrap_or((0, "none", u64::from(settings.max_tokens)));
+        let needed = u64::from(longest) + answer_limit;
+        let what = if contract.is_chat() {
+            "request"
+        } else {
+            "prompt"
+        };
         checks.push(Check::new(
             "fits the context budget",
-            needed <= budget,
+            needed <= u64::from(budget),
             format!(
-                "longest prompt {longest} tokens ({method}) + max_tokens {} = {needed}, budget {budget}",
-                settings.max_tokens
+                "longest {what} {longest} tokens ({method}) + max_tokens {answer_limit} = {needed}, budget {budget}"
             ),
         ));
-        if needed <= budget {
+        if needed <= u64::from(budget) {
             for (i, golden) in goldens.iter().enumerate() {
                 checks.push(golden_check(provider, contract, i, golden).await);
             }
@@ -160,6 +180,54 @@ pub async fn check_contract(provider: &Arc<Provider>, contract: &Arc<TaskContrac
         template_sha256: contract.template_sha256.clone(),
         output_schema_sha256: contract.output_schema_sha256.clone(),
     }
+}
+
+/// The text a golden input puts in front of the provider: the rendered
+/// prompt, or a chat request's messages.
+fn prompt_of(contract: &TaskContract, input: &serde_json::Value) -> Result<String, String> {
+    if !contract.is_chat() {
+        return contract.render_prompt(input);
+    }
+    let messages = input["messages"].as_array().cloned().unwrap_or_default();
+    Ok(messages
+        .iter()
+        .map(|m| match &m["content"] {
+            serde_json::Value::String(text) => text.clone(),
+            other => other.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n"))
+}
+
+/// The answer's token limit a call of this golden input is sent with.
+fn answer_limit(
+    contract: &TaskContract,
+    settings: &crate::providers::ProviderSettings,
+    input: &serde_json::Value,
+) -> u64 {
+    let own = contract
+        .is_chat()
+        .then(|| crate::providers::chat::requested_max_tokens(input))
+        .flatten();
+    own.unwrap_or(u64::from(settings.max_tokens))
+}
+
+/// What a passing golden answer showed, naming only the checks the task has.
+fn passed_detail(contract: &TaskContract, golden: &GoldenExample) -> String {
+    let mut held = vec![if contract.is_chat() {
+        "an answer"
+    } else {
+        "JSON"
+    }];
+    if contract.definition.output_schema.is_some() {
+        held.push("valid against the output schema");
+    }
+    held.push(if golden.expect.is_empty() {
+        "no expectations to meet"
+    } else {
+        "expectations met"
+    });
+    held.join(", ")
 }
 
 async fn golden_check(
@@ -202,7 +270,7 @@ async fn golden_check(
             name,
             false,
             format!(
-                "no answer within {} ms",
+                "no answer within the provider's soft timeout of {} ms (`timeout_ms`)",
                 provider.soft_timeout().as_millis()
             ),
         ),
@@ -213,11 +281,7 @@ async fn golden_check(
         Ok(Outcome::Succeeded(answer)) => {
             let mismatches = golden_mismatches(&golden.expect, &answer);
             if mismatches.is_empty() {
-                Check::new(
-                    name,
-                    true,
-                    "JSON, valid against the output schema, expectations met",
-                )
+                Check::new(name, true, passed_detail(contract, golden))
             } else {
                 Check::new(
                     name,
@@ -329,10 +393,18 @@ impl App {
                 .run(move |conn| qualifications::record(conn, &run))
                 .await
             {
-                Ok(()) => tracing::info!(
-                    provider = %report.provider, task = %report.task, passed = report.passed(),
-                    "simulated provider qualified at start"
-                ),
+                Ok(()) => match report.first_failure() {
+                    None => tracing::info!(
+                        provider = %report.provider, task = %report.task, passed = true,
+                        "simulated provider qualified at start"
+                    ),
+                    Some(check) => tracing::warn!(
+                        provider = %report.provider, task = %report.task, passed = false,
+                        "simulated provider {} did not qualify for task {} at start, so no job \
+                         fails over to it (a job may still name it): {} failed: {}",
+                        report.provider, report.task, check.name, check.detail
+                    ),
+                },
                 Err(e) => tracing::error!(error = %e, "storing a qualification failed"),
             }
         }

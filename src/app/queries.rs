@@ -8,6 +8,7 @@ use super::{
 };
 use crate::domain::{AttemptId, IdempotencyKey, JobId, QualificationStatus};
 pub use crate::store::console::{JobFilter, JobListing};
+pub use crate::store::jobs::JobPage;
 use crate::store::transitions::JobKey;
 use crate::store::{console, jobs as job_store, now_ms};
 
@@ -68,6 +69,31 @@ impl App {
         Ok(self
             .store()
             .run(move |conn| job_store::list_jobs(conn, &owner, before.as_ref(), limit))
+            .await?)
+    }
+
+    /// The owner's jobs as `page` says, `limit` at a time, each with the
+    /// provider it is with (the winner's, else its latest attempt's).
+    pub async fn my_jobs(
+        &self,
+        owner: &User,
+        page: job_store::JobPage,
+        limit: i64,
+    ) -> AppResult<Vec<(Job, Option<String>)>> {
+        let owner = owner.id.clone();
+        Ok(self
+            .store()
+            .run(move |conn| {
+                let jobs = job_store::list_jobs_page(conn, &owner, &page, limit)?;
+                let mut providers = job_store::providers_of(conn, &owner, &jobs)?;
+                Ok(jobs
+                    .into_iter()
+                    .map(|job| {
+                        let provider = providers.remove(&job.id);
+                        (job, provider)
+                    })
+                    .collect())
+            })
             .await?)
     }
 

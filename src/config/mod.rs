@@ -52,6 +52,31 @@ impl Environment {
     }
 }
 
+/// Which of the secrets the file names a command reads from the
+/// environment. A server needs them all; administering users, pruning and
+/// migrating need none, and qualifying one provider needs only its key, so
+/// an operator's shell need not hold every provider's key.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum SecretsNeeded {
+    /// Every provider's API key and the callback key (`serve`).
+    #[default]
+    All,
+    /// None: providers keep no key, and callbacks are off.
+    None,
+    /// The API key of this provider only; callbacks are off.
+    ProviderKey(String),
+}
+
+impl SecretsNeeded {
+    fn wants_key_of(&self, provider: &str) -> bool {
+        match self {
+            Self::All => true,
+            Self::None => false,
+            Self::ProviderKey(name) => name == provider,
+        }
+    }
+}
+
 /// Callbacks: where providers reach this server, and the key per-attempt
 /// secrets derive from.
 #[derive(Clone, Debug)]
@@ -98,26 +123,46 @@ pub enum ConfigError {
 }
 
 impl Config {
-    /// Loads the file if one is given, else the built-in default, and resolves it.
+    /// Loads the file if one is given, else the built-in default, and
+    /// resolves it, with every secret it names.
     pub fn load(path: Option<&Path>, env: &Environment) -> Result<Self, ConfigError> {
+        Self::load_with(path, env, &SecretsNeeded::All)
+    }
+
+    /// As [`load`](Self::load), reading only the secrets `needed`.
+    pub fn load_with(
+        path: Option<&Path>,
+        env: &Environment,
+        needed: &SecretsNeeded,
+    ) -> Result<Self, ConfigError> {
         match path {
             Some(path) => {
                 let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
                     path: path.display().to_string(),
                     source,
                 })?;
-                Self::from_toml(&text, &path.display().to_string(), env)
+                Self::from_toml_with(&text, &path.display().to_string(), env, needed)
             }
-            None => Self::from_toml(DEFAULT_CONFIG_TOML, "(built-in default)", env),
+            None => Self::from_toml_with(DEFAULT_CONFIG_TOML, "(built-in default)", env, needed),
         }
     }
 
     pub fn from_toml(text: &str, origin: &str, env: &Environment) -> Result<Self, ConfigError> {
+        Self::from_toml_with(text, origin, env, &SecretsNeeded::All)
+    }
+
+    /// As [`from_toml`](Self::from_toml), reading only the secrets `needed`.
+    pub fn from_toml_with(
+        text: &str,
+        origin: &str,
+        env: &Environment,
+        needed: &SecretsNeeded,
+    ) -> Result<Self, ConfigError> {
         let raw: file::ConfigFile = toml::from_str(text).map_err(|source| ConfigError::Parse {
             origin: origin.into(),
             source: Box::new(source),
         })?;
-        resolve(raw, env).map_err(|(key, message)| ConfigError::Invalid {
+        resolve(raw, env, needed).map_err(|(key, message)| ConfigError::Invalid {
             origin: origin.into(),
             key,
             message,
@@ -130,11 +175,18 @@ impl Config {
 }
 
 /// Checks the file and resolves secrets and contracts.
-fn resolve(raw: file::ConfigFile, env: &Environment) -> Result<Config, (String, String)> {
+fn resolve(
+    raw: file::ConfigFile,
+    env: &Environment,
+    needed: &SecretsNeeded,
+) -> Result<Config, (String, String)> {
     checks::check_file(&raw)?;
     let contracts = Contracts::compile(&raw.tasks)?;
     let mut providers = raw.providers;
     for (i, provider) in providers.iter_mut().enumerate() {
+        if !needed.wants_key_of(&provider.name) {
+            continue;
+        }
         if let Some(var) = &provider.api_key_env {
             let key = env.get(var).ok_or_else(|| {
                 (
@@ -147,6 +199,7 @@ fn resolve(raw: file::ConfigFile, env: &Environment) -> Result<Config, (String, 
     }
     let callbacks = match &raw.server.callback_secret_env {
         None => None,
+        Some(_) if *needed != SecretsNeeded::All => None,
         Some(var) => {
             let key = env.get(var).ok_or_else(|| {
                 (
@@ -438,6 +491,52 @@ mod tests {
         assert!(refused("audit_days = -1").contains("audit_days"));
         assert!(refused("job_days = 7").contains("job_days"));
         assert!(refused("audit_days = \"90d\"").contains("audit_days"));
+    }
+
+    #[test]
+    fn a_command_reads_only_the_secrets_it_needs() {
+        let toml = r#"
+            [server]
+            public_url = "https://onejob.example.com"
+            callback_secret_env = "ONEJOB_UNIT_CALLBACK"
+            [[providers]]
+            name = "a"
+            kind = "openai"
+            base_url = "https://api.example.com"
+            model = "m"
+            api_key_env = "ONEJOB_UNIT_KEY_A"
+            [[providers]]
+            name = "b"
+            kind = "anthropic"
+            base_url = "https://api.example.com"
+            model = "m"
+            api_key_env = "ONEJOB_UNIT_KEY_B"
+            [[tasks]]
+            name = "t"
+            providers = ["a"]
+            template = "{{ text }}"
+        "#;
+        let load = |env: &Environment, needed: SecretsNeeded| {
+            Config::from_toml_with(toml, "test", env, &needed)
+        };
+        let config = load(&no_env(), SecretsNeeded::None).unwrap();
+        assert!(config.providers.iter().all(|p| p.api_key.is_none()));
+        assert!(config.callbacks.is_none());
+        let only_b = Environment::from_pairs([("ONEJOB_UNIT_KEY_B", "sk-b")]);
+        let config = load(&only_b, SecretsNeeded::ProviderKey("b".into())).unwrap();
+        assert!(config.providers[0].api_key.is_none());
+        assert_eq!(
+            config.providers[1].api_key.as_ref().unwrap().expose(),
+            "sk-b"
+        );
+        assert!(matches!(
+            load(&no_env(), SecretsNeeded::ProviderKey("b".into())),
+            Err(ConfigError::Invalid { key, .. }) if key == "providers[1].api_key_env"
+        ));
+        assert!(matches!(
+            load(&only_b, SecretsNeeded::All),
+            Err(ConfigError::Invalid { key, .. }) if key == "providers[0].api_key_env"
+        ));
     }
 
     #[test]

@@ -4,6 +4,8 @@
 //! - OpenAI-compatible providers get the client's body as it is, with the
 //!   provider's own model, `stream` off (onejob streams the finished answer
 //!   itself), and the token limit under the name the provider wants.
+//! - Either way, a request that sets no token limit or no temperature gets
+//!   the provider's configured `max_tokens` and `temperature` (if set).
 //! - Anthropic gets the same conversation translated: system messages to
 //!   `system`, the rest as `messages`, `stop` to `stop_sequences`.
 //!
@@ -19,21 +21,52 @@ use super::ProviderKind;
 /// Request members onejob decides, not the client.
 const MANAGED: [&str; 3] = ["model", "stream", "stream_options"];
 
+/// The provider's own settings, for a request that sets none of its own.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ChatDefaults {
+    pub max_tokens: u32,
+    pub temperature: Option<f64>,
+}
+
+/// The token limit a request sets itself (`max_completion_tokens`, else
+/// `max_tokens`), if it sets one.
+pub fn requested_max_tokens(request: &Value) -> Option<u64> {
+    request["max_completion_tokens"]
+        .as_u64()
+        .or_else(|| request["max_tokens"].as_u64())
+}
+
 /// The body to send for a chat request.
 pub fn request_body(
     kind: ProviderKind,
     model: &str,
     max_tokens_field: MaxTokensField,
+    defaults: ChatDefaults,
+    request: &Value,
+) -> Value {
+    let mut body = match kind {
+        ProviderKind::Anthropic => anthropic_body(model, defaults.max_tokens, request),
+        _ => openai_body(model, max_tokens_field, defaults.max_tokens, request),
+    };
+    if body.get("temperature").is_none_or(Value::is_null) {
+        match defaults.temperature {
+            Some(t) => body["temperature"] = json!(t),
+            None => {
+                if let Some(body) = body.as_object_mut() {
+                    body.remove("temperature");
+                }
+            }
+        }
+    }
+    body
+}
+
+fn openai_body(
+    model: &str,
+    field: MaxTokensField,
     default_max_tokens: u32,
     request: &Value,
 ) -> Value {
-    match kind {
-        ProviderKind::Anthropic => anthropic_body(model, default_max_tokens, request),
-        _ => openai_body(model, max_tokens_field, request),
-    }
-}
-
-fn openai_body(model: &str, field: MaxTokensField, request: &Value) -> Value {
     let mut body: Map<String, Value> = request
         .as_object()
         .map(|o| {
@@ -45,16 +78,19 @@ fn openai_body(model: &str, field: MaxTokensField, request: &Value) -> Value {
         .unwrap_or_default();
     body.insert("model".into(), json!(model));
     // Reasoning models refuse `max_tokens`; older servers know no other.
-    let limit = body
-        .remove("max_completion_tokens")
-        .or_else(|| body.remove("max_tokens"));
-    if let Some(limit) = limit {
-        let name = match field {
-            MaxTokensField::MaxTokens => "max_tokens",
-            MaxTokensField::MaxCompletionTokens => "max_completion_tokens",
-        };
-        body.insert(name.into(), limit);
-    }
+    let limit = [
+        body.remove("max_completion_tokens"),
+        body.remove("max_tokens"),
+    ]
+    .into_iter()
+    .flatten()
+    .find(|limit| !limit.is_null())
+    .unwrap_or_else(|| json!(default_max_tokens));
+    let name = match field {
+        MaxTokensField::MaxTokens => "max_tokens",
+        MaxTokensField::MaxCompletionTokens => "max_completion_tokens",
+    };
+    body.insert(name.into(), limit);
     Value::Object(body)
 }
 
@@ -83,10 +119,7 @@ fn anthropic_body(model: &str, default_max_tokens: u32, request: &Value) -> Valu
         .filter(|m| m["role"] == "user" || m["role"] == "assistant")
         .map(|m| json!({"role": m["role"], "content": content_text(&m["content"])}))
         .collect();
-    let max_tokens = request["max_completion_tokens"]
-        .as_u64()
-        .or_else(|| request["max_tokens"].as_u64())
-        .unwrap_or(u64::from(default_max_tokens));
+    let max_tokens = requested_max_tokens(request).unwrap_or(u64::from(default_max_tokens));
     let mut body = json!({"model": model, "max_tokens": max_tokens, "messages": conversation});
     if !system.is_empty() {
         body["system"] = json!(system.join("\n\n"));
@@ -170,13 +203,18 @@ mod tests {
         })
     }
 
+    const DEFAULTS: ChatDefaults = ChatDefaults {
+        max_tokens: 100,
+        temperature: Some(0.7),
+    };
+
     #[test]
     fn openai_providers_get_the_body_with_their_model_no_stream_and_their_limit_name() {
         let body = request_body(
             ProviderKind::Openai,
             "o3",
             MaxTokensField::MaxCompletionTokens,
-            100,
+            DEFAULTS,
             &request(),
         );
         assert_eq!(body["model"], "o3");
@@ -188,10 +226,46 @@ mod tests {
             ProviderKind::Openai,
             "m",
             MaxTokensField::MaxTokens,
-            100,
+            DEFAULTS,
             &request(),
         );
         assert_eq!(body["max_tokens"], 50);
+        assert_eq!(body["temperature"], 0.2, "the request's own wins");
+    }
+
+    #[test]
+    fn a_request_without_a_limit_or_temperature_gets_the_providers() {
+        let bare = json!({"messages": [{"role": "user", "content": "Hi"}]});
+        for (kind, field, limit_name) in [
+            (
+                ProviderKind::Openai,
+                MaxTokensField::MaxTokens,
+                "max_tokens",
+            ),
+            (
+                ProviderKind::Openai,
+                MaxTokensField::MaxCompletionTokens,
+                "max_completion_tokens",
+            ),
+            (
+                ProviderKind::Anthropic,
+                MaxTokensField::MaxTokens,
+                "max_tokens",
+            ),
+        ] {
+            let body = request_body(kind, "m", field, DEFAULTS, &bare);
+            assert_eq!(body[limit_name], 100, "{kind:?} {limit_name}");
+            assert_eq!(body["temperature"], 0.7, "{kind:?}");
+            let unset = ChatDefaults {
+                max_tokens: 64,
+                temperature: None,
+            };
+            let body = request_body(kind, "m", field, unset, &bare);
+            assert_eq!(body[limit_name], 64);
+            assert!(body.get("temperature").is_none(), "{body}");
+        }
+        assert_eq!(requested_max_tokens(&bare), None);
+        assert_eq!(requested_max_tokens(&request()), Some(50));
     }
 
     #[test]
@@ -200,7 +274,7 @@ mod tests {
             ProviderKind::Anthropic,
             "claude",
             MaxTokensField::MaxTokens,
-            100,
+            DEFAULTS,
             &request(),
         );
         assert_eq!(body["system"], "Be brief.");

@@ -62,11 +62,15 @@ impl HttpClient {
 
     fn body(&self, call: &Call) -> Value {
         if let Some(request) = &call.chat {
+            let defaults = chat::ChatDefaults {
+                max_tokens: self.max_tokens,
+                temperature: self.temperature,
+            };
             let mut body = chat::request_body(
                 self.kind,
                 &self.model,
                 self.max_tokens_field,
-                self.max_tokens,
+                defaults,
                 request,
             );
             if let Some(t) = call.temperature {

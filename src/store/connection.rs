@@ -72,6 +72,23 @@ impl DatabaseUrl {
         })
     }
 
+    /// The SQLite database file (`None` for PostgreSQL).
+    pub fn sqlite_file(&self) -> Option<std::path::PathBuf> {
+        (self.backend() == Backend::Sqlite).then(|| std::path::PathBuf::from(self.sqlite_path()))
+    }
+
+    /// Which database this is, for people: the SQLite file's absolute path,
+    /// or the PostgreSQL URL without its password.
+    pub fn described(&self) -> String {
+        match self.sqlite_file() {
+            Some(file) => {
+                let file = std::path::absolute(&file).unwrap_or(file);
+                format!("the SQLite database {}", file.display())
+            }
+            None => format!("the PostgreSQL database {}", self.redacted()),
+        }
+    }
+
     /// The SQLite file path, without an optional `sqlite://` prefix.
     fn sqlite_path(&self) -> &str {
         self.0.strip_prefix("sqlite://").unwrap_or(&self.0)
@@ -361,5 +378,25 @@ mod tests {
         let url = DatabaseUrl::parse("postgres://app:s3cret@db:5432/onejob").unwrap();
         assert_eq!(url.redacted(), "postgres://app:***@db:5432/onejob");
         assert!(!url.redacted().contains("s3cret"));
+    }
+
+    #[test]
+    fn a_database_is_described_by_its_absolute_file_or_its_url_without_password() {
+        let url = DatabaseUrl::parse("postgres://app:s3cret@db:5432/onejob").unwrap();
+        assert_eq!(
+            url.described(),
+            "the PostgreSQL database postgres://app:***@db:5432/onejob"
+        );
+        let here = std::env::current_dir().unwrap().join("onejob.db");
+        assert_eq!(
+            DatabaseUrl::parse("onejob.db").unwrap().described(),
+            format!("the SQLite database {}", here.display())
+        );
+        assert_eq!(
+            DatabaseUrl::parse("sqlite:///tmp/x.db")
+                .unwrap()
+                .described(),
+            "the SQLite database /tmp/x.db"
+        );
     }
 }

@@ -243,14 +243,84 @@ pub fn list_jobs(
     before: Option<&JobId>,
     limit: i64,
 ) -> StoreResult<Vec<Job>> {
+    let page = JobPage {
+        after: before.cloned(),
+        ..JobPage::default()
+    };
+    list_jobs_page(conn, owner_id, &page, limit)
+}
+
+/// Which of an owner's jobs to list, in which order, from where.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JobPage {
+    /// Only jobs in this status.
+    pub status: Option<JobStatus>,
+    /// Oldest first (else newest first).
+    pub oldest_first: bool,
+    /// Continue past this job (the last one of the previous page), in the
+    /// page's order.
+    pub after: Option<JobId>,
+}
+
+/// The owner's jobs as `page` says, `limit` at a time (ids are
+/// time-ordered, so they order by creation).
+pub fn list_jobs_page(
+    conn: &mut DbConnection,
+    owner_id: &UserId,
+    page: &JobPage,
+    limit: i64,
+) -> StoreResult<Vec<Job>> {
     let mut query = jobs::table
         .filter(jobs::owner_id.eq(owner_id))
         .select(Job::as_select())
-        .order(jobs::id.desc())
         .limit(limit)
         .into_boxed();
-    if let Some(before) = before {
-        query = query.filter(jobs::id.lt(before.clone()));
+    query = if page.oldest_first {
+        query.order(jobs::id.asc())
+    } else {
+        query.order(jobs::id.desc())
+    };
+    if let Some(status) = page.status {
+        query = query.filter(jobs::status.eq(status));
+    }
+    match (&page.after, page.oldest_first) {
+        (Some(after), false) => query = query.filter(jobs::id.lt(after.clone())),
+        (Some(after), true) => query = query.filter(jobs::id.gt(after.clone())),
+        (None, _) => {}
     }
     Ok(query.load(conn)?)
+}
+
+/// The provider each of these jobs of one owner is with: the winning
+/// attempt's when it has one, else its latest attempt's.
+pub fn providers_of(
+    conn: &mut DbConnection,
+    owner_id: &UserId,
+    jobs: &[Job],
+) -> StoreResult<std::collections::HashMap<JobId, String>> {
+    use super::schema::attempts;
+    let ids: Vec<JobId> = jobs.iter().map(|j| j.id.clone()).collect();
+    let rows: Vec<(AttemptId, JobId, i32, String)> = attempts::table
+        .filter(attempts::owner_id.eq(owner_id))
+        .filter(attempts::job_id.eq_any(&ids))
+        .select((
+            attempts::id,
+            attempts::job_id,
+            attempts::number,
+            attempts::provider,
+        ))
+        .load(conn)?;
+    let mut providers = std::collections::HashMap::new();
+    for job in jobs {
+        let of_job = rows.iter().filter(|(_, job_id, _, _)| *job_id == job.id);
+        let winner = job
+            .completed_by
+            .as_ref()
+            .and_then(|won| of_job.clone().find(|(id, ..)| id == won));
+        let chosen = winner.or_else(|| of_job.max_by_key(|(_, _, number, _)| *number));
+        if let Some((_, _, _, provider)) = chosen {
+            providers.insert(job.id.clone(), provider.clone());
+        }
+    }
+    Ok(providers)
 }

@@ -702,7 +702,7 @@ impl SentRequest {
     }
 }
 
-fn is_job_path(path: &str) -> bool {
+pub(crate) fn is_job_path(path: &str) -> bool {
     path.strip_prefix("/jobs/")
         .is_some_and(|id| onejob::domain::JobId::parse(id).is_some())
 }
@@ -977,16 +977,16 @@ async fn job_rows(app: &TestApp, owner: &onejob::domain::UserId) -> Vec<JobRow> 
 
 /// An attempt row, as stored.
 #[derive(Debug, Queryable)]
-struct AttemptRow {
-    id: String,
-    number: i32,
-    provider: String,
-    state: String,
-    outcome: Option<String>,
+pub(crate) struct AttemptRow {
+    pub id: String,
+    pub number: i32,
+    pub provider: String,
+    pub state: String,
+    pub outcome: Option<String>,
 }
 
 /// The job's attempts, by number.
-async fn attempt_rows(app: &TestApp, job_id: &str) -> Vec<AttemptRow> {
+pub(crate) async fn attempt_rows(app: &TestApp, job_id: &str) -> Vec<AttemptRow> {
     let job_id = job_id.to_owned();
     app.with_conn(move |conn| {
         attempts::table
@@ -1006,7 +1006,7 @@ async fn attempt_rows(app: &TestApp, job_id: &str) -> Vec<AttemptRow> {
 }
 
 /// What attempt rows say: (number, provider, state, outcome) each.
-fn summary(rows: &[AttemptRow]) -> Vec<(i32, &str, &str, Option<&str>)> {
+pub(crate) fn summary(rows: &[AttemptRow]) -> Vec<(i32, &str, &str, Option<&str>)> {
     rows.iter()
         .map(|a| {
             (
@@ -1049,17 +1049,17 @@ async fn audit_rows(app: &TestApp) -> Vec<AuditRow> {
 
 /// A race-log row, as stored.
 #[derive(Debug, Queryable)]
-struct RaceRow {
-    losing_attempt_id: String,
-    winning_attempt_id: Option<String>,
-    provider: String,
+pub(crate) struct RaceRow {
+    pub losing_attempt_id: String,
+    pub winning_attempt_id: Option<String>,
+    pub provider: String,
     version_read: i64,
     version_found: i64,
     payload_sha256: String,
 }
 
 /// The job's race-log rows.
-async fn race_rows(app: &TestApp, job_id: &str) -> Vec<RaceRow> {
+pub(crate) async fn race_rows(app: &TestApp, job_id: &str) -> Vec<RaceRow> {
     let job_id = job_id.to_owned();
     app.with_conn(move |conn| {
         race_log::table
@@ -1834,9 +1834,6 @@ async fn support_abandons_an_unknown_attempt_from_the_queue_and_starts_the_next_
     browser.wait_for_text("#unknown-now", |t| t == "1").await;
     browser.goto(&app, "/admin/unknown").await;
     assert_eq!(browser.count(".unknown-row").await, 1);
-    if backend == TestBackend::Sqlite {
-        browser.screenshots("unknown-queue").await;
-    }
     browser
         .fill(
             ".unknown-row input[name=reason]",

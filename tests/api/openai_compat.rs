@@ -21,6 +21,7 @@ on_both_backends!(
     requests_without_a_key_a_model_or_a_token_are_refused_in_openais_shape,
     models_lists_the_chat_routes,
     prefer_wait_holds_the_answer_until_the_job_is_done,
+    a_chat_request_without_a_limit_or_temperature_gets_the_providers,
     prefer_wait_sees_a_job_another_process_finished,
     waiting_requests_hold_no_database_connection,
     undeclared_methods_answer_405_with_allow,
@@ -191,6 +192,60 @@ async fn the_request_reaches_the_upstream_as_sent_with_the_providers_model_and_n
     // A reasoning model's limit goes under the name it accepts.
     assert_eq!(sent.body["max_completion_tokens"], 20);
     assert!(sent.body.get("max_tokens").is_none());
+}
+
+/// docs/configuration.md: a provider's `max_tokens` and `temperature`
+/// apply to a chat request that sets none of its own, on both kinds.
+async fn a_chat_request_without_a_limit_or_temperature_gets_the_providers(backend: TestBackend) {
+    let openai = FakeProvider::start(Shape::OpenAi).await;
+    let claude = FakeProvider::start(Shape::Anthropic).await;
+    for upstream in [&openai, &claude] {
+        upstream.set_default(Behaviour::AnswerText("ok".into()));
+    }
+    let settings = "max_tokens = 77\ntemperature = 0.4";
+    let mut config = config_of(&format!(
+        r#"{}{}
+[[tasks]]
+name = "via-openai"
+kind = "chat"
+providers = ["up"]
+
+[[tasks]]
+name = "via-claude"
+kind = "chat"
+providers = ["claude"]
+"#,
+        fake_provider_toml("up", "openai", &openai.base_url, settings),
+        fake_provider_toml("claude", "anthropic", &claude.base_url, settings),
+    ));
+    for provider in &mut config.providers {
+        provider.timeout_ms = 30_000;
+    }
+    config.server.max_wait_seconds = 30;
+    let app = spawn_app_with(backend, config).await;
+    for (route, upstream) in [("via-openai", &openai), ("via-claude", &claude)] {
+        let bare = json!({"model": route, "messages": [{"role": "user", "content": "Hi"}]});
+        let response = chat(&app, Some(&format!("{route}-bare")), &bare).await;
+        assert_eq!(response.status(), StatusCode::OK, "{route}");
+        let sent = upstream.last_request().unwrap();
+        assert_eq!(sent.body["max_tokens"], 77, "{route}: {:#}", sent.body);
+        assert_eq!(sent.body["temperature"], 0.4, "{route}: {:#}", sent.body);
+
+        let mut own = bare.clone();
+        own["max_tokens"] = json!(12);
+        own["temperature"] = json!(0.9);
+        let response = chat(&app, Some(&format!("{route}-own")), &own).await;
+        assert_eq!(response.status(), StatusCode::OK, "{route}");
+        let sent = upstream.last_request().unwrap();
+        assert_eq!(
+            sent.body["max_tokens"], 12,
+            "{route}: the request's own wins"
+        );
+        assert_eq!(
+            sent.body["temperature"], 0.9,
+            "{route}: the request's own wins"
+        );
+    }
 }
 
 async fn an_anthropic_provider_serves_a_chat_route(backend: TestBackend) {

@@ -685,7 +685,7 @@ async fn the_providers_page_shows_the_matrix_and_qualifies_on_demand(backend: Te
         "{page}"
     );
     assert!(
-        page.contains("no answer within 300 ms"),
+        page.contains("no answer within the provider&#39;s soft timeout of 300 ms"),
         "the failing check is shown"
     );
     let response = ada

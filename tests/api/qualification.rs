@@ -674,3 +674,75 @@ on_both_backends!(
     qualification_fails_on_an_extra_key_on_prose_and_on_a_golden_mismatch,
     a_prompt_over_the_context_budget_fails_qualification_without_a_call,
 );
+
+/// A chat route has no template and no output schema: its qualification
+/// reports neither, and its budget counts each golden request's own token
+/// limit, else the provider's `max_tokens`, as the call is sent with. A
+/// task without a template reports no "template renders" either. (No
+/// storage: the checks alone.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn qualification_reports_only_the_checks_a_task_has() {
+    let fake = FakeProvider::start(Shape::OpenAi).await;
+    fake.set_default(Behaviour::AnswerText("OK".into()));
+    let toml = format!(
+        r#"{}
+[[tasks]]
+name = "gpt-safe"
+kind = "chat"
+providers = ["fake"]
+
+[[tasks.golden]]
+input = {{ messages = [{{ role = "user", content = "Say OK." }}] }}
+expect = {{ "/message/content" = "OK" }}
+
+[[tasks.golden]]
+input = {{ messages = [{{ role = "user", content = "Say OK." }}], max_tokens = 300 }}
+"#,
+        fake_provider_toml("fake", "openai", &fake.base_url, "max_tokens = 200")
+    );
+    let config = config_of(&toml);
+    let providers = Providers::from_settings(&config.providers);
+    let report = check_contract(
+        &providers.get("fake").unwrap(),
+        &config.contracts.get("gpt-safe").unwrap(),
+    )
+    .await;
+    assert!(report.passed(), "{:?}", report.checks);
+    let names: Vec<&str> = report.checks.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(
+        names,
+        vec![
+            "fits the context budget",
+            "golden[0] answer",
+            "golden[1] answer",
+            "round trip"
+        ]
+    );
+    let budget = &report.checks[0].detail;
+    assert!(
+        budget.starts_with("longest request ") && budget.contains("+ max_tokens 300 = "),
+        "the larger of the requests' own limit and the provider's: {budget}"
+    );
+    let answers = [&report.checks[1].detail, &report.checks[2].detail];
+    assert_eq!(answers[0], "an answer, expectations met");
+    assert_eq!(answers[1], "an answer, no expectations to meet");
+    let sent = fake.requests();
+    assert_eq!(sent[0].body["max_tokens"], 200, "the provider's limit");
+    assert_eq!(sent[1].body["max_tokens"], 300, "the request's own");
+
+    // A prompt task without a template or output schema (a simulated
+    // provider gets the input itself).
+    let config = config_of(crate::helpers::DEFAULT_TEST_PROVIDERS);
+    let providers = Providers::from_settings(&config.providers);
+    let report = check_contract(
+        &providers.get("sim-fast").unwrap(),
+        &config.contracts.get("summarize").unwrap(),
+    )
+    .await;
+    let names: Vec<&str> = report.checks.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(
+        names,
+        vec!["fits the context budget", "golden[0] answer", "round trip"]
+    );
+    assert_eq!(report.checks[1].detail, "JSON, no expectations to meet");
+}

@@ -133,6 +133,13 @@ async fn the_api_key_never_appears_in_logs_or_pages(backend: TestBackend) {
         command.args(args).env("RUST_LOG", "debug");
         output_of(command)
     };
+    // As an operator would: the database first, then its first user.
+    let migrated = cli(&["migrate"]).await;
+    assert!(
+        migrated.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrated.stderr)
+    );
     let added = cli(&["users", "add", "kim", "--role", "admin"]).await;
     assert!(
         added.status.success(),
@@ -297,6 +304,8 @@ async fn onejob_qualify_names_the_failing_check_and_exits_non_zero(backend: Test
     ]
     .concat();
     std::fs::write(&config_path, toml).unwrap();
+    // The database the server would have made.
+    drop(open(&db).await);
     let mut command = onejob(&config_path, &db);
     command.args(["qualify", "--provider", "chatty", "--task", "summarize"]);
     let output = output_of(command).await;

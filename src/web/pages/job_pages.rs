@@ -14,8 +14,9 @@ use crate::app::intake::JobRequest;
 use crate::app::now_ms;
 use crate::app::TaskDefinition;
 use crate::app::{App, AppError, Attempt, Job};
+use crate::contracts::TaskKind;
 use crate::domain::{
-    may_start_attempt, AttemptState, IdempotencyKey, JobId, JsonText, NewAttemptRefusal,
+    may_start_attempt, AttemptState, IdempotencyKey, JobId, JobStatus, JsonText, NewAttemptRefusal,
 };
 
 /// One input field of the submit form, with what was typed.
@@ -33,11 +34,29 @@ struct SubmitPage<'a> {
     idempotency_key: String,
     provider: String,
     fields: Vec<Field>,
+    /// A chat route: the input is a chat request, shown with an example.
+    is_chat: bool,
     input_json: String,
     params_json: String,
     error: Option<String>,
     /// The job this form's key already made, if it made one.
     submitted: Option<String>,
+}
+
+/// What a fresh form for a chat route holds: a request to start from.
+const CHAT_EXAMPLE: &str = r#"{
+  "messages": [
+    {"role": "system", "content": "Answer in one sentence."},
+    {"role": "user", "content": "What does an idempotency key do?"}
+  ]
+}"#;
+
+/// What a fresh form's JSON input holds.
+fn fresh_input(task: &TaskDefinition) -> String {
+    match task.kind {
+        TaskKind::Chat => CHAT_EXAMPLE.to_owned(),
+        TaskKind::Prompt => "{}".to_owned(),
+    }
 }
 
 #[derive(Deserialize)]
@@ -111,9 +130,10 @@ pub async fn new_job_form(
             .and_then(|job| job.requested_provider.clone())
             .unwrap_or_default(),
         fields,
+        is_chat: task.kind == TaskKind::Chat,
         input_json: existing
             .as_ref()
-            .map_or_else(|| "{}".to_owned(), |job| job.input.as_str().to_owned()),
+            .map_or_else(|| fresh_input(task), |job| job.input.as_str().to_owned()),
         params_json: existing
             .as_ref()
             .map(|job| job.params.as_str().to_owned())
@@ -212,6 +232,7 @@ pub async fn submit_job(
                         value: f.value.clone(),
                     })
                     .collect(),
+                is_chat: task.kind == TaskKind::Chat,
                 input_json: input_json.clone(),
                 params_json: params_json.clone(),
                 error: Some(error),
@@ -359,6 +380,8 @@ struct JobLive {
     timeline: Timeline,
     /// Why no new attempt may start now; empty when one may.
     retry_refusal: String,
+    /// For staff, while an attempt is unknown: where to resolve it.
+    queue_link: Option<String>,
     /// Staff tools: the providers a new attempt may use (the job's primary and
     /// qualified fallbacks), for "next attempt on …".
     staff: bool,
@@ -380,6 +403,10 @@ fn job_live(user: &SignedIn, job: &Job, attempts: &[Attempt], allowed: Vec<Strin
         Err(NewAttemptRefusal::AttemptInFlight(state)) => {
             let number = live.map(|a| a.number).unwrap_or_default();
             match state {
+                AttemptState::Unknown if user.user.role.is_staff() => format!(
+                    "Attempt {number} timed out and its outcome is unknown: the provider may still be working. \
+                     A new attempt can start once it answers, or once you abandon it in the Unknown queue."
+                ),
                 AttemptState::Unknown => format!(
                     "Attempt {number} timed out and its outcome is unknown: the provider may still be working. \
                      A new attempt can start once it answers or support resolves it."
@@ -389,6 +416,10 @@ fn job_live(user: &SignedIn, job: &Job, attempts: &[Attempt], allowed: Vec<Strin
         }
     };
     let staff = user.user.role.is_staff();
+    // Staff resolve an unknown attempt in the queue: the page leads there.
+    let queue_link = live
+        .filter(|a| staff && a.state == AttemptState::Unknown)
+        .map(|a| format!("/admin/unknown#attempt-{}", a.id));
     JobLive {
         csrf: user.csrf.clone(),
         id: job.id.to_string(),
@@ -409,6 +440,7 @@ fn job_live(user: &SignedIn, job: &Job, attempts: &[Attempt], allowed: Vec<Strin
             .collect(),
         timeline: timeline::layout(job.created_at, attempts, now_ms()),
         can_fail: staff && live.is_none() && !job.status.is_terminal(),
+        queue_link,
         staff,
         chain: allowed,
         retry_refusal,
@@ -510,9 +542,13 @@ pub async fn fail_job(
 
 struct JobListRow {
     id: String,
+    key: String,
     task: String,
+    /// The provider the job is with: the winner's, else its latest attempt's.
+    provider: String,
     status: &'static str,
     created: String,
+    age: String,
 }
 
 #[derive(Template)]
@@ -521,45 +557,116 @@ struct JobsPage {
     nav: Nav,
     jobs: Vec<JobListRow>,
     next: Option<String>,
+    statuses: Vec<&'static str>,
+    /// The status shown (empty: every status).
+    status: String,
+    oldest_first: bool,
+    /// The same list in the other order (the Age column's link).
+    reorder: String,
+    /// Whether the user has any job at all (with a filter, none may show).
+    filtered: bool,
 }
 
 #[derive(Deserialize)]
 pub struct JobsQuery {
+    status: Option<String>,
+    /// `newest` (the default) or `oldest`.
+    order: Option<String>,
+    /// Continue past this job, in the list's order.
+    after: Option<String>,
+    /// The older link of earlier versions: `after` in newest-first order.
     before: Option<String>,
 }
 
 const JOBS_PER_PAGE: i64 = 20;
 
-/// `GET /jobs`: the user's jobs, newest first.
+/// `/jobs?status=…&order=…`, for the links of the list.
+fn jobs_link(status: &str, oldest_first: bool, after: Option<&JobId>) -> String {
+    let mut query = Vec::new();
+    if !status.is_empty() {
+        query.push(format!("status={status}"));
+    }
+    if oldest_first {
+        query.push("order=oldest".to_owned());
+    }
+    if let Some(after) = after {
+        query.push(format!("after={after}"));
+    }
+    if query.is_empty() {
+        "/jobs".to_owned()
+    } else {
+        format!("/jobs?{}", query.join("&"))
+    }
+}
+
+/// `GET /jobs`: the user's jobs, newest (or oldest) first, optionally of one
+/// status, with their key, provider and age.
 pub async fn my_jobs(
     app: web::Data<App>,
     user: SignedIn,
     query: web::Query<JobsQuery>,
 ) -> Result<HttpResponse, PageError> {
-    let before = match &query.before {
+    fn text(value: &Option<String>) -> Option<&str> {
+        value.as_deref().filter(|v| !v.is_empty())
+    }
+    let status = match text(&query.status) {
+        None => None,
+        Some(raw) => Some(
+            JobStatus::parse(raw)
+                .ok_or_else(|| PageError::bad_request("That is not a job status."))?,
+        ),
+    };
+    let oldest_first = match text(&query.order) {
+        None | Some("newest") => false,
+        Some("oldest") => true,
+        Some(_) => {
+            return Err(PageError::bad_request(
+                "The order is newest or oldest (first).",
+            ))
+        }
+    };
+    let after = match text(&query.after).or(text(&query.before)) {
         Some(raw) => Some(
             JobId::parse(raw)
                 .ok_or_else(|| PageError::bad_request("That page link is not valid."))?,
         ),
         None => None,
     };
-    let mut jobs = app.list_jobs(&user.user, before, JOBS_PER_PAGE + 1).await?;
+    let page = crate::app::queries::JobPage {
+        status,
+        oldest_first,
+        after,
+    };
+    let mut jobs = app.my_jobs(&user.user, page, JOBS_PER_PAGE + 1).await?;
     let more = jobs.len() as i64 > JOBS_PER_PAGE;
     jobs.truncate(JOBS_PER_PAGE as usize);
+    let status_text = status.map(JobStatus::as_str).unwrap_or_default();
     let next = more
-        .then(|| jobs.last().map(|j| format!("/jobs?before={}", j.id)))
+        .then(|| {
+            jobs.last()
+                .map(|(j, _)| jobs_link(status_text, oldest_first, Some(&j.id)))
+        })
         .flatten();
+    let now = now_ms();
     Ok(render(&JobsPage {
         nav: user.nav(),
         jobs: jobs
             .iter()
-            .map(|j| JobListRow {
+            .map(|(j, provider)| JobListRow {
                 id: j.id.to_string(),
+                key: j.idempotency_key.clone(),
                 task: j.task.clone(),
+                provider: provider.clone().unwrap_or_else(|| j.provider.clone()),
                 status: j.status.as_str(),
                 created: when(j.created_at),
+                age: duration(now - j.created_at),
             })
             .collect(),
         next,
+        statuses: JobStatus::ALL.iter().map(|s| s.as_str()).collect(),
+        status: status_text.to_owned(),
+        oldest_first,
+        reorder: jobs_link(status_text, !oldest_first, None),
+        filtered: status.is_some(),
     }))
 }

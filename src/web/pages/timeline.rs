@@ -1,24 +1,24 @@
-//! The job page's timeline: one bar per attempt on a shared time axis, drawn
-//! as inline SVG on the server so a race can be seen at a glance.
+//! The job page's timeline: one row per attempt on a shared time axis, so a
+//! race can be seen at a glance. Each row is an HTML label (readable at any
+//! width: beside its bar on a wide screen, above it on a phone) and a bar in
+//! an inline SVG track that stretches to the row's width.
 
 use crate::app::Attempt;
 use crate::domain::{AttemptState, RaceResult};
 
-/// SVG user units; the drawing scales to the page width.
-const WIDTH: f64 = 640.0;
-const LABEL_WIDTH: f64 = 120.0;
-const ROW_HEIGHT: f64 = 28.0;
-const TOP: f64 = 8.0;
-const AXIS_HEIGHT: f64 = 22.0;
+/// The track's width in SVG user units; it is drawn stretched to the page.
+pub const TRACK: f64 = 1000.0;
+/// The narrowest bar drawn, so an instant failure is still seen.
+const MIN_BAR: f64 = 6.0;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Bar {
+    /// `#1 sim-slow`.
     pub label: String,
-    pub label_y: f64,
-    pub y: f64,
     pub x: f64,
     pub width: f64,
-    /// A CSS class: won, lost, failed, unknown, abandoned, running, queued.
+    /// A CSS class and the word shown: won, lost, failed, unknown,
+    /// abandoned, running, queued.
     pub class: &'static str,
     /// Where the soft timeout fell, if it is on the axis.
     pub timeout_x: Option<f64>,
@@ -28,11 +28,7 @@ pub struct Bar {
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Timeline {
-    pub width: f64,
-    pub height: f64,
-    pub bar_height: f64,
-    pub plot_left: f64,
-    pub axis_y: f64,
+    pub track: f64,
     pub axis_end_label: String,
     pub bars: Vec<Bar>,
 }
@@ -70,15 +66,12 @@ pub fn layout(created_at: i64, attempts: &[Attempt], now: i64) -> Timeline {
         .max()
         .unwrap_or(created_at + 1);
     let span = (end - created_at).max(1) as f64;
-    let plot = WIDTH - LABEL_WIDTH - 8.0;
-    let x_of = |t: i64| LABEL_WIDTH + ((t - created_at).max(0) as f64 / span) * plot;
+    let x_of = |t: i64| ((t - created_at).max(0) as f64 / span) * TRACK;
     let bars = attempts
         .iter()
-        .enumerate()
-        .map(|(i, a)| {
+        .map(|a| {
             let start = a.started_at.unwrap_or(a.created_at);
             let stop = end_of(a).max(start);
-            let y = TOP + i as f64 * ROW_HEIGHT;
             let class = class_of(a);
             let mut title = format!("attempt {} on {}: {}", a.number, a.provider, class);
             if let Some(not_before) = a.not_before {
@@ -96,25 +89,19 @@ pub fn layout(created_at: i64, attempts: &[Attempt], now: i64) -> Timeline {
                     seconds(finished - created_at)
                 ));
             }
+            let x = x_of(start).min(TRACK - MIN_BAR);
             Bar {
                 label: format!("#{} {}", a.number, a.provider),
-                label_y: y + ROW_HEIGHT * 0.6,
-                y: y + 4.0,
-                x: x_of(start),
-                width: (x_of(stop) - x_of(start)).max(3.0),
+                x,
+                width: (x_of(stop) - x).max(MIN_BAR),
                 class,
                 timeout_x: a.timeout_at.filter(|t| *t <= end).map(x_of),
                 title,
             }
         })
         .collect::<Vec<_>>();
-    let rows_height = TOP + attempts.len().max(1) as f64 * ROW_HEIGHT;
     Timeline {
-        width: WIDTH,
-        height: rows_height + AXIS_HEIGHT,
-        bar_height: ROW_HEIGHT - 8.0,
-        plot_left: LABEL_WIDTH,
-        axis_y: rows_height + 14.0,
+        track: TRACK,
         axis_end_label: format!("+{}", seconds(end - created_at)),
         bars,
     }
@@ -190,7 +177,7 @@ mod tests {
         let bar = &t.bars[0];
         assert_eq!(bar.class, "unknown");
         assert!(
-            (bar.x + bar.width - (WIDTH - 8.0)).abs() < 0.01,
+            (bar.x + bar.width - TRACK).abs() < 0.01,
             "reaches the right edge"
         );
     }
@@ -200,7 +187,8 @@ mod tests {
         let attempts = [attempt(1, 10, Some(10), AttemptState::Failed, None)];
         let t = layout(0, &attempts, 10);
         let bar = &t.bars[0];
-        assert!(bar.x >= LABEL_WIDTH && bar.x + bar.width <= WIDTH);
-        assert!(bar.width >= 3.0, "an instant failure is still visible");
+        assert!(bar.x >= 0.0 && bar.x + bar.width <= TRACK);
+        assert!(bar.width >= MIN_BAR, "an instant failure is still visible");
+        assert_eq!(bar.label, "#1 p1", "the label is text beside the bar");
     }
 }
