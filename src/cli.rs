@@ -202,6 +202,11 @@ pub async fn execute(cli: Cli) -> CliResult {
         &cli.command.secrets_needed(),
     )?;
     let url = DatabaseUrl::parse(cli.database_url.as_deref().unwrap_or(&config.database.url))?;
+    if matches!(cli.command, Command::Citus { .. })
+        && url.backend() != crate::store::Backend::Postgres
+    {
+        return Err(crate::store::distribution::DistributeError::NotPostgres.into());
+    }
     if !cli.command.creates_database() && !cli.create_database {
         refuse_a_new_sqlite_file(&cli.command, &url)?;
     }

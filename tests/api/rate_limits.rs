@@ -339,7 +339,11 @@ async fn a_budget_of_two_attempts_fails_the_job_clearly(backend: TestBackend) {
         .await
         .unwrap();
     assert!(page.contains("#2 limited"), "the timeline has the retry");
-    assert_eq!(page.matches("data-state=\"failed\"").count(), 2, "{page}");
+    assert_eq!(
+        page.matches("<tr class=\"attempt\" data-state=\"failed\"").count(),
+        2,
+        "two failed attempts in the table: {page}"
+    );
     assert!(page.contains("a retry, sent after waiting"), "{page}");
     assert!(page.contains("the retry budget is spent"), "{page}");
 }
