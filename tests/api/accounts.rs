@@ -9,11 +9,11 @@ use onejob::store::schema::{api_tokens, audit_log, sessions, sign_in_throttle, u
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::fake_provider::{
-    config_of, fake_provider_toml, one_fake_config, strict_task_toml, Behaviour, FakeProvider,
-    Shape, WAIT,
+use crate::support::fake_provider::{
+    config_of, one_fake_config, strict_task_toml, Behaviour, FakeProvider, ProviderToml, Shape,
+    WAIT,
 };
-use crate::helpers::{
+use crate::support::harness::{
     hidden_value, spawn_app, spawn_app_with, summarize, FormClient, TestApp, TestBackend,
 };
 
@@ -209,7 +209,7 @@ async fn support_finds_a_job_by_id_key_owner_status_and_provider(backend: TestBa
     // sim-hang never answers: the second job stays unknown.
     let app = spawn_app_with(
         backend,
-        crate::helpers::test_config(crate::authorization::PROVIDERS),
+        crate::support::harness::test_config(crate::authorization::PROVIDERS),
     )
     .await;
     let first = app
@@ -423,12 +423,9 @@ async fn cleanup_removes_expired_sessions_and_quiet_counters_only(backend: TestB
 async fn an_answer_larger_than_the_cap_is_refused_unread(backend: TestBackend) {
     let fake = FakeProvider::start(Shape::OpenAi).await;
     let toml = [
-        fake_provider_toml(
-            "fake",
-            "openai",
-            &fake.base_url,
-            "max_response_bytes = 2048",
-        ),
+        ProviderToml::openai("fake", &fake.base_url)
+            .with("max_response_bytes = 2048")
+            .toml(),
         strict_task_toml("summarize", &["fake"], "Summarize: {{ text }}"),
     ]
     .concat();
@@ -489,7 +486,7 @@ async fn the_callback_route_honours_the_body_limit(backend: TestBackend) {
     let fake = FakeProvider::start(Shape::OpenAi).await;
     let toml = [
         "[server]\npublic_url = \"http://127.0.0.1:9\"\ncallback_secret_env = \"ONEJOB_TEST_CALLBACK_KEY\"\nbody_limit_bytes = 1024\n".to_owned(),
-        fake_provider_toml("async", "openai", &fake.base_url, "callbacks = true"),
+        ProviderToml::openai("async", &fake.base_url).with("callbacks = true").toml(),
         strict_task_toml("summarize", &["async"], "Summarize: {{ text }}"),
     ]
     .concat();
@@ -505,8 +502,12 @@ async fn the_callback_route_honours_the_body_limit(backend: TestBackend) {
         .send()
         .await
         .unwrap();
-    crate::helpers::assert_problem(response, StatusCode::PAYLOAD_TOO_LARGE, "payload-too-large")
-        .await;
+    crate::support::harness::assert_problem(
+        response,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "payload-too-large",
+    )
+    .await;
 }
 
 /// A flood of bad sign-ins (unknown names from many addresses, each paying
@@ -622,7 +623,7 @@ async fn a_sign_in_flood_starves_neither_the_api_nor_lease_renewals(backend: Tes
         slowest.as_millis()
     );
     eprintln!("{figures}");
-    crate::helpers::record_figures(&format!("sign-in-flood-{backend:?}"), &figures);
+    crate::support::harness::record_figures(&format!("sign-in-flood-{backend:?}"), &figures);
     assert!(
         totals[0] as f64 >= 0.5 * capacity,
         "a flood that keeps the password checks busy: {figures}"

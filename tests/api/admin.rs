@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 
-use crate::helpers::{
+use crate::support::harness::{
     assert_problem, spawn_app, spawn_app_with, summarize, test_config, TestBackend,
     DEFAULT_TEST_PROVIDERS,
 };

@@ -9,10 +9,11 @@ use onejob::store::{console, jobs as job_store, queue};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::fake_provider::{
-    config_of, fake_provider_toml, strict_task_toml, Behaviour, FakeProvider, Shape, WAIT,
+use crate::support::db::attempts_of;
+use crate::support::fake_provider::{
+    answer, config_of, strict_task_toml, Behaviour, FakeProvider, ProviderToml, Shape, WAIT,
 };
-use crate::helpers::{
+use crate::support::harness::{
     assert_problem, spawn_app_with, summarize, test_config, PreparedApp, TestApp, TestBackend,
 };
 
@@ -139,8 +140,8 @@ async fn held_pair(backend: TestBackend) -> (TestApp, FakeProvider, FakeProvider
     let slow = FakeProvider::start(Shape::OpenAi).await;
     let fast = FakeProvider::start(Shape::OpenAi).await;
     let toml = [
-        fake_provider_toml("slow", "openai", &slow.base_url, ""),
-        fake_provider_toml("fast", "openai", &fast.base_url, ""),
+        ProviderToml::openai("slow", &slow.base_url).toml(),
+        ProviderToml::openai("fast", &fast.base_url).toml(),
         strict_task_toml("summarize", &["slow", "fast"], "Summarize: {{ text }}"),
     ]
     .concat();
@@ -154,10 +155,6 @@ async fn held_pair(backend: TestBackend) -> (TestApp, FakeProvider, FakeProvider
     slow.set_default(Behaviour::Hold);
     fast.set_default(Behaviour::Hold);
     (app, slow, fast)
-}
-
-fn answer(summary: &str) -> Behaviour {
-    Behaviour::Answer(json!({ "summary": summary }))
 }
 
 /// Creates a job whose first attempt (on `slow`) is held until its soft
@@ -338,7 +335,7 @@ async fn simultaneous_new_attempts_on_one_job_make_one_and_the_rest_get_409(back
             "names the attempt that won"
         );
     }
-    let attempts = attempts_rows(&app, &job_id).await;
+    let attempts = attempts_of(&app, &job_id).await;
     assert_eq!(attempts.len(), 2, "one new row: {attempts:?}");
     assert_eq!(
         attempts.iter().filter(|a| a.state.is_live()).count(),
@@ -394,7 +391,7 @@ async fn a_late_failure_fails_over_once_while_owners_ask_for_new_attempts(backen
         statuses.iter().all(|s| *s == StatusCode::CONFLICT),
         "{statuses:?}"
     );
-    let attempts = attempts_rows(&app, &job_id).await;
+    let attempts = attempts_of(&app, &job_id).await;
     assert_eq!(attempts.len(), 2, "{attempts:?}");
     assert_eq!(attempts[0].state, AttemptState::Failed);
     assert_eq!(attempts[1].provider, "fast");
@@ -425,7 +422,7 @@ async fn chain_exhausted_when_every_provider_of_the_chain_was_tried(backend: Tes
     let problem = assert_problem(response, StatusCode::CONFLICT, "chain-exhausted").await;
     assert!(problem["detail"].as_str().unwrap().contains("name one"));
     assert_eq!(
-        attempts_rows(&app, &job_id).await.len(),
+        attempts_of(&app, &job_id).await.len(),
         2,
         "nothing was added"
     );
@@ -434,18 +431,12 @@ async fn chain_exhausted_when_every_provider_of_the_chain_was_tried(backend: Tes
         .start_attempt(&app.alice.token, &job_id, Some(json!({"provider": "slow"})))
         .await;
     assert_eq!(response.status(), StatusCode::CREATED);
-    let attempts = attempts_rows(&app, &job_id).await;
+    let attempts = attempts_of(&app, &job_id).await;
     assert_eq!(attempts.len(), 3);
     assert_eq!(
         (attempts[2].number, attempts[2].provider.as_str()),
         (3, "slow")
     );
-}
-
-async fn attempts_rows(app: &TestApp, job_id: &str) -> Vec<onejob::app::Attempt> {
-    let job_id = JobId::parse(job_id).unwrap();
-    app.with_conn(move |conn| crate::helpers::attempt_rows(conn, &job_id))
-        .await
 }
 
 const BROKEN_PRIMARY: &str = r#"
@@ -577,8 +568,11 @@ async fn claimed_by_a_process_that_died(
 }
 
 async fn a_sent_attempt_whose_process_died_becomes_unknown_and_is_not_resent(backend: TestBackend) {
-    let prepared =
-        PreparedApp::new(backend, test_config(crate::helpers::DEFAULT_TEST_PROVIDERS)).await;
+    let prepared = PreparedApp::new(
+        backend,
+        test_config(crate::support::harness::DEFAULT_TEST_PROVIDERS),
+    )
+    .await;
     let (job_id, attempt_id) =
         claimed_by_a_process_that_died(&prepared, "dead-process", true).await;
 
@@ -593,7 +587,7 @@ async fn a_sent_attempt_whose_process_died_becomes_unknown_and_is_not_resent(bac
 
     // The reaper has run; the live workers were free all along. Nothing
     // was sent again, and no new attempt was started.
-    let rows = attempts_rows(&app, job_id.as_str()).await;
+    let rows = attempts_of(&app, job_id.as_str()).await;
     assert_eq!(rows.len(), 1, "and no new attempt was started");
     assert_eq!(rows[0].state, AttemptState::Unknown);
     assert!(rows[0].sent_at.is_some());
@@ -608,8 +602,11 @@ async fn a_sent_attempt_whose_process_died_becomes_unknown_and_is_not_resent(bac
 async fn a_claimed_attempt_never_sent_by_a_process_that_died_is_requeued_and_sent_once(
     backend: TestBackend,
 ) {
-    let prepared =
-        PreparedApp::new(backend, test_config(crate::helpers::DEFAULT_TEST_PROVIDERS)).await;
+    let prepared = PreparedApp::new(
+        backend,
+        test_config(crate::support::harness::DEFAULT_TEST_PROVIDERS),
+    )
+    .await;
     let (job_id, attempt_id) =
         claimed_by_a_process_that_died(&prepared, "died-before-sending", false).await;
     let app = prepared.start().await;
@@ -619,7 +616,7 @@ async fn a_claimed_attempt_never_sent_by_a_process_that_died_is_requeued_and_sen
         attempt_id.as_str(),
         "the same attempt, not a new one"
     );
-    let rows = attempts_rows(&app, job_id.as_str()).await;
+    let rows = attempts_of(&app, job_id.as_str()).await;
     assert_eq!(rows.len(), 1);
     assert!(rows[0].sent_at.is_some());
     assert_eq!(

@@ -7,7 +7,9 @@ use onejob::store::schema::{api_tokens, attempts, audit_log, jobs, qualification
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
-use crate::helpers::{spawn_app_with, summarize, test_config, FormClient, TestApp, TestBackend};
+use crate::support::harness::{
+    spawn_app_with, summarize, test_config, FormClient, TestApp, TestBackend,
+};
 
 /// sim-hang never answers, so a job sent to it stays unknown for the whole
 /// test; nothing moves unless a request is let through.

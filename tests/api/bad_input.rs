@@ -4,7 +4,7 @@ use reqwest::header::HeaderValue;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::helpers::{assert_problem, spawn_app, summarize, TestApp, TestBackend};
+use crate::support::harness::{assert_problem, spawn_app, summarize, TestApp, TestBackend};
 
 async fn assert_nothing_stored(app: &TestApp) {
     assert_eq!(

@@ -14,9 +14,12 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::browser::{attempt_rows, is_job_path, race_rows, summary, Browser};
 use crate::demo::{demo_config, DEMO_LATE_ANSWER_MS, PERSON_PAUSE};
-use crate::helpers::{spawn_app_with, summarize, test_config, FormClient, TestApp, TestBackend};
+use crate::support::db::{attempt_rows, race_rows, summary};
+use crate::support::harness::{
+    spawn_app_with, summarize, test_config, FormClient, TestApp, TestBackend,
+};
+use crate::support::webdriver::{is_job_path, Browser};
 
 async fn pause() {
     tokio::time::sleep(PERSON_PAUSE).await;
@@ -410,7 +413,7 @@ async fn my_jobs_shows_key_provider_and_age_and_sorts_and_filters_by_status(back
 fn two_tasks() -> String {
     format!(
         "{}\n[[tasks]]\nname = \"ask\"\nkind = \"chat\"\nproviders = [\"sim-fast\"]\n",
-        crate::helpers::DEFAULT_TEST_PROVIDERS
+        crate::support::harness::DEFAULT_TEST_PROVIDERS
     )
 }
 

@@ -14,22 +14,22 @@ use onejob::config::Config;
 use onejob::domain::{
     canonical_json, sha256_hex, AttemptId, AttemptState, CallbackKey, JobStatus, RaceResult, Secret,
 };
-use onejob::store::schema::{attempts, audit_log, jobs, race_log};
-use onejob::store::{Attempt, Job, RaceEntry};
+use onejob::store::schema::attempts;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::fake_provider::{
-    config_of, fake_provider_toml, strict_task_toml, Behaviour, FakeProvider, Shape, WAIT,
+use crate::support::db::stored;
+use crate::support::fake_provider::{
+    config_of, strict_task_toml, Behaviour, FakeProvider, ProviderToml, Shape, WAIT,
 };
-use crate::helpers::{
+use crate::support::harness::{
     assert_problem, spawn_app_with, summarize, TestApp, TestBackend, CALLBACK_KEY,
 };
 
 fn callback_config(fake: &FakeProvider) -> Config {
     let toml = [
         "[server]\npublic_url = \"http://127.0.0.1:9\"\ncallback_secret_env = \"ONEJOB_TEST_CALLBACK_KEY\"\n".to_owned(),
-        fake_provider_toml("async", "openai", &fake.base_url, "callbacks = true"),
+        ProviderToml::openai("async", &fake.base_url).with("callbacks = true").toml(),
         strict_task_toml("summarize", &["async"], "Summarize: {{ text }}"),
     ]
     .concat();
@@ -83,46 +83,6 @@ async fn callback_outcome(app: &TestApp, attempt_id: &str, body: &str) -> String
     assert_eq!(response.status(), StatusCode::OK, "callback {body}");
     let outcome: Value = response.json().await.unwrap();
     outcome["outcome"].as_str().unwrap().to_owned()
-}
-
-/// Everything stored about one job: its row, its attempts (oldest first),
-/// its race-log rows and its audit actions.
-#[derive(Debug, PartialEq)]
-struct Stored {
-    job: Job,
-    attempts: Vec<Attempt>,
-    races: Vec<RaceEntry>,
-    audit: Vec<String>,
-}
-
-async fn stored(app: &TestApp, job_id: &str) -> Stored {
-    let job_id = job_id.to_owned();
-    app.with_conn(move |conn| Stored {
-        job: jobs::table
-            .find(&job_id)
-            .select(Job::as_select())
-            .first(conn)
-            .unwrap(),
-        attempts: attempts::table
-            .filter(attempts::job_id.eq(&job_id))
-            .order(attempts::number.asc())
-            .select(Attempt::as_select())
-            .load(conn)
-            .unwrap(),
-        races: race_log::table
-            .filter(race_log::job_id.eq(&job_id))
-            .order((race_log::lost_at.asc(), race_log::id.asc()))
-            .select(RaceEntry::as_select())
-            .load(conn)
-            .unwrap(),
-        audit: audit_log::table
-            .filter(audit_log::job_id.eq(&job_id))
-            .order((audit_log::at.asc(), audit_log::id.asc()))
-            .select(audit_log::action)
-            .load(conn)
-            .unwrap(),
-    })
-    .await
 }
 
 /// Creates a job whose attempt goes to the callback provider, which never
@@ -362,7 +322,7 @@ async fn a_callback_error_shows_the_owner_only_a_summary(backend: TestBackend) {
     let secret = server_key().attempt_secret(&attempt_id);
     let body = format!(
         r#"{{"error": "boom: internal host db-9.corp leaked, account acct-5555, key {}, secret {}"}}"#,
-        crate::helpers::FAKE_API_KEY,
+        crate::support::harness::FAKE_API_KEY,
         secret.expose()
     );
     assert_eq!(callback_outcome(&app, &attempt_id, &body).await, "failed");
@@ -380,7 +340,7 @@ async fn a_callback_error_shows_the_owner_only_a_summary(backend: TestBackend) {
         );
     }
     app.set_password("alice", "alice-password").await;
-    let browser = crate::helpers::FormClient::new(&app);
+    let browser = crate::support::harness::FormClient::new(&app);
     browser.sign_in("alice", "alice-password").await;
     let page = browser
         .get(&format!("/jobs/{job_id}"))
@@ -396,7 +356,7 @@ async fn a_callback_error_shows_the_owner_only_a_summary(backend: TestBackend) {
     let staff = app.get_job(&app.sue.token, &job_id).await;
     let staff_error = staff["attempts"][0]["error"].as_str().unwrap().to_owned();
     assert!(staff_error.contains("db-9.corp"), "{staff_error}");
-    for secret in [crate::helpers::FAKE_API_KEY, secret.expose()] {
+    for secret in [crate::support::harness::FAKE_API_KEY, secret.expose()] {
         assert!(!staff_error.contains(secret), "masked: {staff_error}");
         assert!(!owner_text.contains(secret));
     }
@@ -481,7 +441,10 @@ async fn a_callback_for_an_attempt_that_already_lost_is_race_logged(backend: Tes
         race.payload_sha256,
         sha256_hex(canonical_json(&json!({"summary": "the first attempt"})).as_bytes())
     );
-    assert_eq!(after.audit, vec!["abandon_attempt", "start_attempt"]);
+    assert_eq!(
+        after.audit_actions(),
+        vec!["abandon_attempt", "start_attempt"]
+    );
 
     // The loser's attempt is finished: the same answer again answers as it
     // did and writes nothing; an error is ignored. Neither changes anything.
@@ -520,7 +483,7 @@ async fn a_callback_for_an_abandoned_attempt_goes_through_the_cas_and_wins(backe
         Some(json!({"summary": "after all"}))
     );
     assert!(after.races.is_empty());
-    assert_eq!(after.audit, vec!["abandon_attempt"]);
+    assert_eq!(after.audit_actions(), vec!["abandon_attempt"]);
 }
 
 async fn a_callback_for_an_attempt_that_does_not_exist_is_404(backend: TestBackend) {

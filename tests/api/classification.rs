@@ -7,19 +7,17 @@
 
 use std::time::{Duration, Instant};
 
-use diesel::prelude::*;
 use onejob::domain::{AttemptState, JobStatus, RaceResult};
-use onejob::store::schema::{attempts, jobs};
-use onejob::store::{Attempt, Job};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
-use crate::fake_provider::{
-    closed_port_url, config_of, fake_provider_toml, settled_attempt, strict_task_toml, Behaviour,
-    FakeProvider, Shape, WAIT,
+use crate::support::db::{stored, StoredJob};
+use crate::support::fake_provider::{
+    closed_port_url, config_of, settled_attempt, strict_task_toml, Behaviour, FakeProvider,
+    ProviderToml, Shape, WAIT,
 };
-use crate::helpers::{spawn_app_with, summarize, TestApp, TestBackend, FAKE_API_KEY};
+use crate::support::harness::{spawn_app_with, summarize, TestBackend, FAKE_API_KEY};
 
 /// A soft timeout no answer from 127.0.0.1 comes near: a row whose call
 /// ends (an answer, a refusal, a reset) is classified by what came back,
@@ -28,39 +26,11 @@ const NO_SOFT_TIMEOUT_MS: u64 = 30_000;
 
 /// An OpenAI-compatible provider entry with explicit clocks.
 fn http_provider(name: &str, base_url: &str, timeout_ms: u64, connect_timeout_ms: u64) -> String {
-    format!(
-        r#"
-[[providers]]
-name = "{name}"
-kind = "openai"
-base_url = "{base_url}"
-model = "fake-model"
-api_key_env = "ONEJOB_TEST_FAKE_KEY"
-timeout_ms = {timeout_ms}
-late_result_ms = 5000
-connect_timeout_ms = {connect_timeout_ms}
-"#
-    )
-}
-
-/// The job row and its attempts, oldest first, as stored.
-async fn stored(app: &TestApp, job_id: &str) -> (Job, Vec<Attempt>) {
-    let job_id = job_id.to_owned();
-    app.with_conn(move |conn| {
-        let job = jobs::table
-            .find(&job_id)
-            .select(Job::as_select())
-            .first(conn)
-            .unwrap();
-        let attempts = attempts::table
-            .filter(attempts::job_id.eq(&job_id))
-            .order(attempts::number.asc())
-            .select(Attempt::as_select())
-            .load(conn)
-            .unwrap();
-        (job, attempts)
-    })
-    .await
+    ProviderToml::openai(name, base_url)
+        .timeout_ms(timeout_ms)
+        .late_result_ms(5000)
+        .connect_timeout_ms(Some(connect_timeout_ms))
+        .toml()
 }
 
 /// A plain-HTTP server that answers whatever arrives (a TLS ClientHello
@@ -175,7 +145,7 @@ async fn every_row_of_the_classification_table(backend: TestBackend) {
     let toml = [
         http_provider("fake", &fake.base_url, NO_SOFT_TIMEOUT_MS, 1000),
         // The same server, with a soft timeout a hanging call runs into.
-        fake_provider_toml("fake-hang", "openai", &fake.base_url, ""),
+        ProviderToml::openai("fake-hang", &fake.base_url).toml(),
         http_provider("backup", &backup.base_url, NO_SOFT_TIMEOUT_MS, 1000),
         http_provider("closed", &closed_port_url(), NO_SOFT_TIMEOUT_MS, 1000),
         http_provider(
@@ -422,7 +392,11 @@ async fn every_row_of_the_classification_table(backend: TestBackend) {
         }
 
         // The rows, as stored.
-        let (job, rows) = stored(&app, &job_id).await;
+        let StoredJob {
+            job,
+            attempts: rows,
+            ..
+        } = stored(&app, &job_id).await;
         let first = &rows[0];
         match what {
             "429" => rate_limited_sent_at = first.sent_at,
@@ -546,7 +520,7 @@ async fn every_row_of_the_classification_table(backend: TestBackend) {
 async fn the_anthropic_shape_is_spoken_and_classified(backend: TestBackend) {
     let fake = FakeProvider::start(Shape::Anthropic).await;
     let toml = [
-        fake_provider_toml("claude", "anthropic", &fake.base_url, ""),
+        ProviderToml::anthropic("claude", &fake.base_url).toml(),
         strict_task_toml("summarize", &["claude"], "Summarize: {{ text }}"),
     ]
     .concat();
@@ -568,7 +542,11 @@ async fn the_anthropic_shape_is_spoken_and_classified(backend: TestBackend) {
     assert_eq!(request.body["output_format"]["type"], "json_schema");
     assert_eq!(request.body["messages"][0]["content"], "Summarize: hi");
     assert!(request.header("authorization").is_none());
-    let (stored_job, rows) = stored(&app, &job_id).await;
+    let StoredJob {
+        job: stored_job,
+        attempts: rows,
+        ..
+    } = stored(&app, &job_id).await;
     assert_eq!(rows.len(), 1);
     assert_eq!(
         (rows[0].state, rows[0].outcome),
@@ -595,7 +573,11 @@ async fn the_anthropic_shape_is_spoken_and_classified(backend: TestBackend) {
     // retries on the same provider after a backoff (no Retry-After), and
     // the retry succeeds.
     let job = app.wait_for_status(&job_id, "succeeded", WAIT).await;
-    let (stored_job, rows) = stored(&app, &job_id).await;
+    let StoredJob {
+        job: stored_job,
+        attempts: rows,
+        ..
+    } = stored(&app, &job_id).await;
     assert_eq!(rows.len(), 2, "one retry: {rows:#?}");
     assert_eq!(rows[0].state, AttemptState::Failed);
     let error = rows[0].error.as_deref().unwrap();
@@ -627,7 +609,11 @@ async fn the_anthropic_shape_is_spoken_and_classified(backend: TestBackend) {
         .create_job(&app.alice.token, "a3", &summarize("bad"))
         .await;
     let job = app.wait_for_status(&job_id, "failed", WAIT).await;
-    let (stored_job, rows) = stored(&app, &job_id).await;
+    let StoredJob {
+        job: stored_job,
+        attempts: rows,
+        ..
+    } = stored(&app, &job_id).await;
     assert_eq!(rows.len(), 1, "no fallback, no retry: {rows:#?}");
     assert_eq!(rows[0].state, AttemptState::Failed);
     assert_eq!(stored_job.status, JobStatus::Failed);

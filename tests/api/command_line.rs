@@ -11,9 +11,9 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::fake_provider::{Behaviour, FakeProvider, Shape};
-use crate::helpers::{postgres_server_url, TestBackend, TestDb};
 use crate::server_process::ServerProcess;
+use crate::support::fake_provider::{Behaviour, FakeProvider, Shape};
+use crate::support::harness::{postgres_server_url, TestBackend, TestDb};
 
 /// Environment variables no test process sets: the keys of the two paid
 /// providers and the callback key of the configuration below.
@@ -317,7 +317,7 @@ async fn only_a_process_that_serves_pages_creates_the_first_user(backend: TestBa
     let config = dir.path().join("onejob.toml");
     let base = format!(
         "[server]\npublic_url = \"https://onejob.example.com\"\n{}",
-        crate::helpers::DEFAULT_TEST_PROVIDERS
+        crate::support::harness::DEFAULT_TEST_PROVIDERS
     );
     std::fs::write(&config, &base).unwrap();
     let password_file = db

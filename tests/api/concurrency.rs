@@ -13,7 +13,7 @@ use onejob::store::{completion, operator, queue};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::helpers::{
+use crate::support::harness::{
     spawn_app, summarize, test_config, PreparedApp, TestBackend, DEFAULT_TEST_PROVIDERS,
 };
 
@@ -241,7 +241,7 @@ async fn a_new_attempt_racing_a_winning_late_result_is_never_sent(backend: TestB
             assert_eq!(late.join().unwrap(), Applied::Won, "round {round}");
             let retried = retry.join().unwrap();
             let mut conn = store.conn().unwrap();
-            let attempts = crate::helpers::attempt_rows(&mut conn, &job_id);
+            let attempts = crate::support::db::attempts_in(&mut conn, &job_id);
             match retried {
                 // The new attempt came first; the late answer then won and
                 // closed it before anyone could send it.

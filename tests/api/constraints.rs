@@ -5,7 +5,7 @@ use diesel::connection::SimpleConnection;
 use diesel::result::{DatabaseErrorKind, Error};
 use onejob::store::DbConnection;
 
-use crate::helpers::{test_config, PreparedApp, TestBackend, DEFAULT_TEST_PROVIDERS};
+use crate::support::harness::{test_config, PreparedApp, TestBackend, DEFAULT_TEST_PROVIDERS};
 
 fn insert_job(id: &str, owner: &onejob::domain::UserId, key: &str) -> String {
     format!(

@@ -14,8 +14,8 @@ use std::time::Duration;
 use onejob::config::{Config, DEFAULT_CONFIG_TOML};
 use toml::{Table, Value as Toml};
 
-use crate::helpers::{spawn_app_with, summarize, test_config, TestBackend, TestDb};
 use crate::server_process::ServerProcess;
+use crate::support::harness::{spawn_app_with, summarize, test_config, TestBackend, TestDb};
 
 /// How long a person takes between two steps of the demo (about 4 s
 /// between the README's commands). A step the README times ("5 s later")

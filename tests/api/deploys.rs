@@ -17,11 +17,11 @@ use onejob::store::{Attempt, Store};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::fake_provider::{strict_task_toml, Behaviour, FakeProvider, Shape};
-use crate::helpers::{
+use crate::server_process::{free_port, ServerProcess};
+use crate::support::fake_provider::{strict_task_toml, Behaviour, FakeProvider, Shape};
+use crate::support::harness::{
     postgres_available, summarize, test_config, TestBackend, TestDb, DEFAULT_TEST_PROVIDERS,
 };
-use crate::server_process::{free_port, ServerProcess};
 
 /// A configuration file for the processes: one fake provider, two tasks;
 /// `server` adds lines to `[server]`.
@@ -620,7 +620,7 @@ async fn chaos_kills_restarts_and_retries_lose_nothing_and_send_nothing_twice() 
         sent_twice.len(),
     );
     eprintln!("{figures}");
-    crate::helpers::record_figures("chaos", &figures);
+    crate::support::harness::record_figures("chaos", &figures);
     let wrong = tally.wrong.lock().unwrap().clone();
     assert!(
         wrong.is_empty(),

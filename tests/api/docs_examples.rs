@@ -25,7 +25,7 @@ use std::path::Path;
 use onejob::config::{Config, ConfigError, Environment, DEFAULT_CONFIG_TOML};
 use onejob::startup::{open_store, Application};
 
-use crate::helpers::{TestBackend, TestDb};
+use crate::support::harness::{TestBackend, TestDb};
 
 /// What the comment above a block says it is.
 #[derive(Debug, Clone, PartialEq)]
@@ -272,7 +272,11 @@ fn every_example() -> Vec<Example> {
 #[test]
 fn every_configuration_example_in_the_docs_parses_or_is_refused_as_shown() {
     let examples = every_example();
-    for file in ["README.md", "docs/configuration.md", "docs/deployment.md"] {
+    for file in [
+        "docs/providers.md",
+        "docs/configuration.md",
+        "docs/deployment.md",
+    ] {
         assert!(
             examples
                 .iter()
@@ -394,13 +398,17 @@ fn a_refusal_shown_with_an_ellipsis_matches_any_text_there() {
 
 on_both_backends!(every_configuration_example_in_the_docs_starts_a_server);
 
-/// Every screenshot the README shows is in `docs/screenshots/` at both
-/// widths, and a browser test takes it (into `target/screenshots/`, from
-/// where it is copied after a page changes).
+/// Every screenshot the README and the docs show is in `docs/screenshots/`
+/// at both widths, and a browser test takes it (into `target/screenshots/`,
+/// from where it is copied after a page changes).
 #[test]
 fn every_screenshot_the_readme_shows_is_taken_by_a_browser_test() {
-    let readme = read("README.md");
-    let browser_tests = read("tests/api/browser.rs") + &read("tests/api/browser_pages.rs");
+    let readme: String = documentation().iter().map(|file| read(file)).collect();
+    let browser_tests = ["submit", "console", "users", "job_search"]
+        .iter()
+        .map(|page| read(&format!("tests/api/browser/{page}.rs")))
+        .collect::<String>()
+        + &read("tests/api/browser_pages.rs");
     let mut shown: Vec<&str> = readme
         .split("docs/screenshots/")
         .skip(1)

@@ -12,19 +12,14 @@ use onejob::store::schema::race_log;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::fake_provider::{
-    config_of, fake_provider_toml, one_fake_config, strict_task_toml, Behaviour, FakeProvider,
+use crate::support::db::attempts_of;
+use crate::support::fake_provider::{
+    answer, config_of, one_fake_config, strict_task_toml, Behaviour, FakeProvider, ProviderToml,
     Shape, WAIT,
 };
-use crate::helpers::{
+use crate::support::harness::{
     assert_problem, spawn_app_with, summarize, PreparedApp, TestApp, TestBackend, CALLBACK_KEY,
 };
-
-async fn attempts_of(app: &TestApp, job_id: &str) -> Vec<Attempt> {
-    let job_id = JobId::parse(job_id).unwrap();
-    app.with_conn(move |conn| crate::helpers::attempt_rows(conn, &job_id))
-        .await
-}
 
 async fn race_reasons(app: &TestApp, job_id: &str) -> Vec<(String, String)> {
     let job_id = JobId::parse(job_id).unwrap();
@@ -58,10 +53,6 @@ async fn wait_attempts(
     }
 }
 
-fn answer(summary: &str) -> Behaviour {
-    Behaviour::Answer(json!({ "summary": summary }))
-}
-
 /// Item: no send once the job finished. A provider that asked to pause
 /// (429, Retry-After) holds an attempt in the queue, unclaimed and unsent;
 /// the job finishes meanwhile (an abandoned attempt's late answer wins);
@@ -75,8 +66,8 @@ async fn an_attempt_waiting_out_retry_after_is_never_sent_once_its_job_finished(
     let direct = strict_task_toml("direct", &["paused"], "Summarize: {{ text }}")
         .replace("output_schema = ", "max_attempts = 1\noutput_schema = ");
     let toml = [
-        fake_provider_toml("slow", "openai", &slow.base_url, ""),
-        fake_provider_toml("paused", "openai", &paused.base_url, ""),
+        ProviderToml::openai("slow", &slow.base_url).toml(),
+        ProviderToml::openai("paused", &paused.base_url).toml(),
         strict_task_toml("summarize", &["slow", "paused"], "Summarize: {{ text }}"),
         direct,
     ]
@@ -156,7 +147,7 @@ async fn an_attempt_waiting_out_retry_after_is_never_sent_once_its_job_finished(
 fn callback_config(fake: &FakeProvider) -> onejob::config::Config {
     let toml = [
         "[server]\npublic_url = \"http://127.0.0.1:9\"\ncallback_secret_env = \"ONEJOB_TEST_CALLBACK_KEY\"\n".to_owned(),
-        fake_provider_toml("async", "openai", &fake.base_url, "callbacks = true"),
+        ProviderToml::openai("async", &fake.base_url).with("callbacks = true").toml(),
         strict_task_toml("summarize", &["async"], "Summarize: {{ text }}"),
     ]
     .concat();
@@ -293,7 +284,8 @@ async fn a_nul_byte_from_a_provider_is_stored_safely_and_the_job_moves_on(backen
 /// changes nothing (the client retries with the same key).
 async fn a_locked_database_answers_503_and_the_retry_succeeds(backend: TestBackend) {
     use diesel::connection::SimpleConnection;
-    let mut config = crate::helpers::test_config(crate::helpers::DEFAULT_TEST_PROVIDERS);
+    let mut config =
+        crate::support::harness::test_config(crate::support::harness::DEFAULT_TEST_PROVIDERS);
     config.database.sqlite_busy_timeout_ms = 300;
     config.database.postgres_lock_timeout_ms = 300;
     let prepared = PreparedApp::new(backend, config).await;
@@ -359,8 +351,8 @@ async fn the_unknown_queue_pages_and_marks_attempts_whose_job_already_won(backen
     let slow = FakeProvider::start(Shape::OpenAi).await;
     let fast = FakeProvider::start(Shape::OpenAi).await;
     let toml = [
-        fake_provider_toml("slow", "openai", &slow.base_url, ""),
-        fake_provider_toml("fast", "openai", &fast.base_url, ""),
+        ProviderToml::openai("slow", &slow.base_url).toml(),
+        ProviderToml::openai("fast", &fast.base_url).toml(),
         strict_task_toml("summarize", &["slow", "fast"], "Summarize: {{ text }}"),
     ]
     .concat();
@@ -453,7 +445,7 @@ async fn the_unknown_queue_pages_and_marks_attempts_whose_job_already_won(backen
         .unwrap();
     assert_eq!(row["job_status"], "succeeded");
     app.set_password("sue", "sue-pw").await;
-    let browser = crate::helpers::FormClient::new(&app);
+    let browser = crate::support::harness::FormClient::new(&app);
     browser.sign_in("sue", "sue-pw").await;
     let queue = browser.get("/admin/unknown").await.text().await.unwrap();
     assert!(

@@ -5,7 +5,7 @@ use std::io::Write;
 use reqwest::StatusCode;
 use serde_json::Value;
 
-use crate::helpers::{spawn_app, test_config, PreparedApp, TestBackend};
+use crate::support::harness::{spawn_app, test_config, PreparedApp, TestBackend};
 
 /// A chain whose fallback never answers and whose soft timeout is a minute:
 /// qualifying it at start takes that minute.
@@ -140,7 +140,7 @@ async fn the_openapi_document_covers_the_api_and_validates(backend: TestBackend)
         Err(_) => true,
     };
     if missing {
-        if crate::helpers::in_ci() {
+        if crate::support::harness::in_ci() {
             panic!("openapi-spec-validator is required in CI (pip install openapi-spec-validator)");
         }
         let _ = writeln!(
@@ -163,18 +163,18 @@ async fn the_openapi_document_covers_the_api_and_validates(backend: TestBackend)
 async fn readyz_answers_503_while_the_database_is_down_and_200_once_it_is_back() {
     use diesel::connection::SimpleConnection;
     use diesel::prelude::*;
-    if !crate::helpers::postgres_available() {
+    if !crate::support::harness::postgres_available() {
         return;
     }
-    let mut config = test_config(crate::helpers::DEFAULT_TEST_PROVIDERS);
+    let mut config = test_config(crate::support::harness::DEFAULT_TEST_PROVIDERS);
     config.database.pool_timeout_ms = 500;
-    let app = crate::helpers::spawn_app_with(TestBackend::Postgres, config).await;
+    let app = crate::support::harness::spawn_app_with(TestBackend::Postgres, config).await;
     let readyz = || async { app.client.get(app.url("/readyz")).send().await.unwrap() };
     assert_eq!(readyz().await.status(), StatusCode::OK);
     let name = app.db.postgres_name().unwrap().to_owned();
     let mut admin = diesel::PgConnection::establish(&format!(
         "{}/postgres",
-        crate::helpers::postgres_server_url()
+        crate::support::harness::postgres_server_url()
     ))
     .unwrap();
     // The database goes away: no new connections, and every open one is cut.
@@ -187,7 +187,7 @@ async fn readyz_answers_503_while_the_database_is_down_and_200_once_it_is_back()
         ))
         .unwrap();
     let response = readyz().await;
-    crate::helpers::assert_problem(
+    crate::support::harness::assert_problem(
         response,
         StatusCode::SERVICE_UNAVAILABLE,
         "service-unavailable",

@@ -9,14 +9,15 @@
 
 use std::time::Duration;
 
-use diesel::prelude::*;
 use onejob::domain::{CallbackKey, Secret};
-use onejob::store::schema::{api_tokens, attempts, audit_log, jobs, race_log, sessions, users};
 use reqwest::StatusCode;
 use serde_json::Value;
 
-use crate::fake_provider::{config_of, fake_provider_toml, Behaviour, FakeProvider, Shape, WAIT};
-use crate::helpers::{
+use crate::support::db::snapshot;
+use crate::support::fake_provider::{
+    config_of, Behaviour, FakeProvider, ProviderToml, Shape, WAIT,
+};
+use crate::support::harness::{
     record_figures, spawn_app_with, summarize, FormClient, TestApp, TestBackend, CALLBACK_KEY,
 };
 
@@ -53,12 +54,9 @@ name = "gpt-safe"
 kind = "chat"
 providers = ["up"]
 "#,
-        fake_provider_toml(
-            "up",
-            "openai",
-            &format!("{}/v1", fake.base_url),
-            "callbacks = true"
-        )
+        ProviderToml::openai("up", &format!("{}/v1", fake.base_url))
+            .with("callbacks = true")
+            .toml()
     ));
     config.server.body_limit_bytes = 4 * 1024 * 1024;
     // The target's call is held for the whole test, never timed out.
@@ -144,7 +142,7 @@ async fn target(app: &TestApp, fake: &FakeProvider) -> Target {
         .next()
         .unwrap()
         .to_owned();
-    let login_csrf = crate::helpers::hidden_value(&login.text().await.unwrap(), "csrf");
+    let login_csrf = crate::support::harness::hidden_value(&login.text().await.unwrap(), "csrf");
     Target {
         job_id,
         attempt_id,
@@ -282,35 +280,6 @@ fn form_content_type(content_type: &str) -> &str {
     }
 }
 
-/// Everything a hostile request must not change.
-#[derive(Debug, PartialEq)]
-struct Stored {
-    jobs: i64,
-    attempts: Vec<(String, String, Option<String>)>,
-    races: i64,
-    audit: i64,
-    users: i64,
-    sessions: i64,
-    tokens: i64,
-}
-
-async fn stored(app: &TestApp) -> Stored {
-    app.with_conn(|conn| Stored {
-        jobs: jobs::table.count().get_result(conn).unwrap(),
-        attempts: attempts::table
-            .order(attempts::id)
-            .select((attempts::id, attempts::state, attempts::error))
-            .load(conn)
-            .unwrap(),
-        races: race_log::table.count().get_result(conn).unwrap(),
-        audit: audit_log::table.count().get_result(conn).unwrap(),
-        users: users::table.count().get_result(conn).unwrap(),
-        sessions: sessions::table.count().get_result(conn).unwrap(),
-        tokens: api_tokens::table.count().get_result(conn).unwrap(),
-    })
-    .await
-}
-
 /// A refusal in the entry point's own shape: problem+json from the API and
 /// callbacks, OpenAI's error object from `/v1`, a page from the browser.
 fn assert_refused(
@@ -373,7 +342,7 @@ fn nested_objects(depth: usize) -> Vec<u8> {
 async fn twelve_and_a_hundred_thousand_levels_get_422_on_every_entry_point(backend: TestBackend) {
     let (fake, app) = hostile_app(backend).await;
     let target = target(&app, &fake).await;
-    let before = stored(&app).await;
+    let before = snapshot(&app).await;
     let mut tried = 0;
     for depth in [12_000, 100_000] {
         for (shape, bytes) in [
@@ -418,7 +387,7 @@ async fn twelve_and_a_hundred_thousand_levels_get_422_on_every_entry_point(backe
     };
     assert_eq!(problem["type"], "/problems/nesting-too-deep");
     assert_eq!(problem["limit"], 64);
-    assert_eq!(stored(&app).await, before, "nothing was stored");
+    assert_eq!(snapshot(&app).await, before, "nothing was stored");
     eprintln!("deep nesting: {tried} requests, all refused with the limit named");
 }
 
@@ -500,7 +469,7 @@ async fn the_hostile_corpus_gets_4xx_everywhere_stores_nothing_and_the_server_ke
 ) {
     let (fake, app) = hostile_app(backend).await;
     let target = target(&app, &fake).await;
-    let before = stored(&app).await;
+    let before = snapshot(&app).await;
     let cases: Vec<(String, Vec<u8>)> = corpus().into_iter().chain(generated()).collect();
     let content_types = ["application/json", "text/plain", "application/octet-stream"];
     let mut tried = 0;
@@ -521,7 +490,7 @@ async fn the_hostile_corpus_gets_4xx_everywhere_stores_nothing_and_the_server_ke
         }
         assert_still_answering(&app, case).await;
     }
-    assert_eq!(stored(&app).await, before, "nothing was stored");
+    assert_eq!(snapshot(&app).await, before, "nothing was stored");
     let figures = format!(
         "hostile inputs: {} cases ({} from tests/corpus), {tried} requests to {} entry points, \
          all refused with a 4xx; nothing stored; the server answered after each",
@@ -561,10 +530,11 @@ async fn promise_a_body_and_stall(
 }
 
 async fn a_body_that_never_arrives_gets_408_and_its_connection_closes(backend: TestBackend) {
-    let mut config = crate::helpers::test_config(crate::helpers::DEFAULT_TEST_PROVIDERS);
+    let mut config =
+        crate::support::harness::test_config(crate::support::harness::DEFAULT_TEST_PROVIDERS);
     config.server.body_timeout_ms = 700;
     let app = spawn_app_with(backend, config).await;
-    let before = stored(&app).await;
+    let before = snapshot(&app).await;
     let (took, answer) = promise_a_body_and_stall(
         &app.address,
         "POST /api/v1/jobs",
@@ -593,6 +563,6 @@ async fn a_body_that_never_arrives_gets_408_and_its_connection_closes(backend: T
     .await;
     assert!(page.starts_with("HTTP/1.1 408"), "{page}");
     assert!(page.contains("text/html"), "{page}");
-    assert_eq!(stored(&app).await, before, "nothing was stored");
+    assert_eq!(snapshot(&app).await, before, "nothing was stored");
     assert_still_answering(&app, "slow bodies").await;
 }

@@ -6,7 +6,7 @@ use reqwest::StatusCode;
 use serde_json::Value;
 use tokio::sync::Barrier;
 
-use crate::helpers::{assert_problem, spawn_app, summarize, TestApp, TestBackend};
+use crate::support::harness::{assert_problem, spawn_app, summarize, TestApp, TestBackend};
 
 /// Fires `n` POSTs with one key at the same instant; returns (status, job id) pairs.
 async fn simultaneous_posts(
@@ -335,21 +335,27 @@ async fn a_retry_after_a_configuration_change_gets_its_replay_not_a_422(backend:
         .await;
     // The next version of the configuration renames the task and adds a
     // rule the old request breaks; a process running it shares the database.
-    let renamed = crate::helpers::DEFAULT_TEST_PROVIDERS
+    let renamed = crate::support::harness::DEFAULT_TEST_PROVIDERS
         .replace("name = \"summarize\"", "name = \"summarize-v2\"")
         .replace(
             "input_fields = [\"text\"]",
             "input_fields = [\"text\", \"lang\"]",
         );
     let store = {
-        let (url, config) = (app.db.url.clone(), crate::helpers::test_config(&renamed));
+        let (url, config) = (
+            app.db.url.clone(),
+            crate::support::harness::test_config(&renamed),
+        );
         tokio::task::spawn_blocking(move || onejob::startup::open_store(&url, &config))
             .await
             .unwrap()
             .unwrap()
     };
-    let (next, _, next_server) =
-        crate::helpers::start_instance(crate::helpers::test_config(&renamed), store).await;
+    let (next, _, next_server) = crate::support::harness::start_instance(
+        crate::support::harness::test_config(&renamed),
+        store,
+    )
+    .await;
     let send = |body: Value| {
         app.client
             .post(format!("{next}/api/v1/jobs"))
@@ -506,10 +512,16 @@ on_both_backends!(
 /// is free again, and the request makes a new job, `201`, never a 404.
 async fn a_key_whose_job_vanished_mid_request_makes_a_new_job_not_a_404(backend: TestBackend) {
     use diesel::connection::SimpleConnection;
-    let fake = crate::fake_provider::FakeProvider::start(crate::fake_provider::Shape::OpenAi).await;
-    let app =
-        crate::helpers::spawn_app_with(backend, crate::fake_provider::one_fake_config(&fake)).await;
-    fake.push(crate::fake_provider::Behaviour::Status {
+    let fake = crate::support::fake_provider::FakeProvider::start(
+        crate::support::fake_provider::Shape::OpenAi,
+    )
+    .await;
+    let app = crate::support::harness::spawn_app_with(
+        backend,
+        crate::support::fake_provider::one_fake_config(&fake),
+    )
+    .await;
+    fake.push(crate::support::fake_provider::Behaviour::Status {
         status: 400,
         retry_after: None,
         body: "{}".into(),
@@ -517,7 +529,7 @@ async fn a_key_whose_job_vanished_mid_request_makes_a_new_job_not_a_404(backend:
     let old = app
         .create_job(&app.alice.token, "vanishing", &summarize("x"))
         .await;
-    app.wait_for_status(&old, "failed", crate::fake_provider::WAIT)
+    app.wait_for_status(&old, "failed", crate::support::fake_provider::WAIT)
         .await;
     app.with_conn(|conn| {
         match conn {
@@ -560,7 +572,7 @@ async fn a_key_whose_job_vanished_mid_request_makes_a_new_job_not_a_404(backend:
     app.wait_for_status(
         job["id"].as_str().unwrap(),
         "succeeded",
-        crate::fake_provider::WAIT,
+        crate::support::fake_provider::WAIT,
     )
     .await;
 }

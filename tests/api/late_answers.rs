@@ -9,73 +9,24 @@
 //! abandoned attempt is recorded and starts no failover; a late success after
 //! support failed the job goes to the race log and the job stays failed.
 
-use diesel::prelude::*;
 use onejob::domain::{canonical_json, sha256_hex, AttemptState, JobId, JobStatus, RaceResult};
-use onejob::store::schema::{attempts, audit_log, jobs, race_log};
-use onejob::store::{Attempt, Job, RaceEntry};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::fake_provider::{config_of, strict_task_toml, Behaviour, FakeProvider, Shape, WAIT};
-use crate::helpers::{spawn_app_with, summarize, TestApp, TestBackend};
+use crate::support::db::stored;
+use crate::support::fake_provider::{
+    config_of, strict_task_toml, Behaviour, FakeProvider, ProviderToml, Shape, WAIT,
+};
+use crate::support::harness::{spawn_app_with, summarize, TestApp, TestBackend};
 
 /// An OpenAI-compatible provider entry: a 400 ms soft timeout (a held
 /// request always runs past it) and a late-result window far longer than
 /// any test, so that the window never closes before the test releases the
 /// answer.
 fn held_provider(name: &str, base_url: &str) -> String {
-    format!(
-        r#"
-[[providers]]
-name = "{name}"
-kind = "openai"
-base_url = "{base_url}"
-model = "fake-model"
-api_key_env = "ONEJOB_TEST_FAKE_KEY"
-timeout_ms = 400
-late_result_ms = 120000
-connect_timeout_ms = 300
-"#
-    )
-}
-
-/// Everything stored about one job: its row, its attempts (oldest first),
-/// its race-log rows and its audit rows `(action, attempt_id, reason)`.
-struct Stored {
-    job: Job,
-    attempts: Vec<Attempt>,
-    races: Vec<RaceEntry>,
-    audit: Vec<(String, Option<String>, String)>,
-}
-
-async fn stored(app: &TestApp, job_id: &str) -> Stored {
-    let job_id = job_id.to_owned();
-    app.with_conn(move |conn| Stored {
-        job: jobs::table
-            .find(&job_id)
-            .select(Job::as_select())
-            .first(conn)
-            .unwrap(),
-        attempts: attempts::table
-            .filter(attempts::job_id.eq(&job_id))
-            .order(attempts::number.asc())
-            .select(Attempt::as_select())
-            .load(conn)
-            .unwrap(),
-        races: race_log::table
-            .filter(race_log::job_id.eq(&job_id))
-            .order(race_log::lost_at.asc())
-            .select(RaceEntry::as_select())
-            .load(conn)
-            .unwrap(),
-        audit: audit_log::table
-            .filter(audit_log::job_id.eq(&job_id))
-            .order((audit_log::at.asc(), audit_log::id.asc()))
-            .select((audit_log::action, audit_log::attempt_id, audit_log::reason))
-            .load(conn)
-            .unwrap(),
-    })
-    .await
+    ProviderToml::openai(name, base_url)
+        .late_result_ms(120_000)
+        .toml()
 }
 
 /// Creates a job whose first attempt the provider holds, and waits until

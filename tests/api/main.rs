@@ -3,9 +3,13 @@
 //!
 //! Each scenario is an `async fn(TestBackend)`; `on_both_backends!` turns it
 //! into `<module>::sqlite::<name>` and `<module>::postgres::<name>`.
+//!
+//! Every module here is scenarios, except [`support`]: the harness that
+//! starts the app, the fake provider, the browser and the readers of what
+//! the server stored and counted.
 
 #[macro_use]
-mod helpers;
+mod support;
 
 mod accounts;
 mod admin;
@@ -21,9 +25,9 @@ mod concurrency;
 mod constraints;
 mod demo;
 mod deploys;
+mod docs_check;
 mod docs_examples;
 mod edges;
-mod fake_provider;
 mod health;
 mod hostile;
 mod idempotency;

@@ -5,12 +5,14 @@
 use std::collections::HashMap;
 
 use reqwest::StatusCode;
-use serde_json::{json, Value};
+use serde_json::Value;
 
-use crate::fake_provider::{
-    config_of, fake_provider_toml, strict_task_toml, Behaviour, FakeProvider, Shape, WAIT,
+use crate::support::fake_provider::{
+    answer, config_of, strict_task_toml, Behaviour, FakeProvider, ProviderToml, Shape, WAIT,
 };
-use crate::helpers::{assert_problem, spawn_app, spawn_app_with, summarize, TestApp, TestBackend};
+use crate::support::harness::{
+    assert_problem, spawn_app, spawn_app_with, summarize, TestApp, TestBackend,
+};
 
 /// Every family onejob exports, with its Prometheus type.
 const FAMILIES: [(&str, &str); 13] = [
@@ -90,18 +92,14 @@ const OLDEST_UNKNOWN: &str = "onejob_oldest_unknown_attempt_age_seconds";
 const CLAIM_LAG: &str = "onejob_claim_lag_seconds_count";
 const POOL_WAITS: &str = "onejob_pool_wait_seconds_count";
 
-fn answer(summary: &str) -> Behaviour {
-    Behaviour::Answer(json!({ "summary": summary }))
-}
-
 /// Two fake providers that hold every answer until the test releases it:
 /// `slow` first, then `fast` (qualified, so it may take a new attempt).
 async fn held_pair(backend: TestBackend) -> (TestApp, FakeProvider, FakeProvider) {
     let slow = FakeProvider::start(Shape::OpenAi).await;
     let fast = FakeProvider::start(Shape::OpenAi).await;
     let toml = [
-        fake_provider_toml("slow", "openai", &slow.base_url, ""),
-        fake_provider_toml("fast", "openai", &fast.base_url, ""),
+        ProviderToml::openai("slow", &slow.base_url).toml(),
+        ProviderToml::openai("fast", &fast.base_url).toml(),
         strict_task_toml("summarize", &["slow", "fast"], "Summarize: {{ text }}"),
     ]
     .concat();

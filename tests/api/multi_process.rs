@@ -11,11 +11,13 @@ use onejob::domain::{AttemptId, JobStatus};
 use onejob::store::schema::{attempts, jobs, users};
 use onejob::store::users as user_store;
 
-use crate::fake_provider::{strict_task_toml, Behaviour, FakeProvider, Shape};
-use crate::helpers::{
+use crate::server_process::ServerProcess;
+use crate::support::fake_provider::{
+    strict_task_toml, Behaviour, FakeProvider, ProviderToml, Shape,
+};
+use crate::support::harness::{
     postgres_available, summarize, test_config, TestBackend, TestDb, DEFAULT_TEST_PROVIDERS,
 };
-use crate::server_process::ServerProcess;
 
 const PROCESSES: usize = 3;
 const CONCURRENCY: usize = 2;
@@ -34,16 +36,11 @@ concurrency = {concurrency}
 poll_interval_ms = 50
 lease_ms = 20000
 
-[[providers]]
-name = "fake"
-kind = "openai"
-base_url = "{base}"
-model = "fake-model"
-api_key_env = "ONEJOB_TEST_FAKE_KEY"
-timeout_ms = 60000
-late_result_ms = 60000
-{task}"#,
-        base = fake.base_url,
+{provider}{task}"#,
+        provider = ProviderToml::openai("fake", &fake.base_url)
+            .timeout_ms(60_000)
+            .connect_timeout_ms(None)
+            .toml(),
         task = strict_task_toml("summarize", &["fake"], "Summarize: {{ text }}"),
     );
     let path = dir.join(name);

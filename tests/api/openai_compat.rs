@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::fake_provider::{config_of, fake_provider_toml, Behaviour, FakeProvider, Shape};
-use crate::helpers::{spawn_app_with, start_instance, TestApp, TestBackend};
+use crate::support::fake_provider::{config_of, Behaviour, FakeProvider, ProviderToml, Shape};
+use crate::support::harness::{spawn_app_with, start_instance, TestApp, TestBackend};
 
 on_both_backends!(
     a_chat_completion_answers_in_openais_shape_and_a_retry_replays_it,
@@ -51,7 +51,7 @@ providers = ["up"]
 input_fields = ["text"]
 template = "Summarize: {{{{ text }}}}"
 "#,
-        fake_provider_toml("up", "openai", &format!("{}/v1", upstream.base_url), "")
+        ProviderToml::openai("up", &format!("{}/v1", upstream.base_url)).toml()
     )
 }
 
@@ -215,8 +215,12 @@ name = "via-claude"
 kind = "chat"
 providers = ["claude"]
 "#,
-        fake_provider_toml("up", "openai", &openai.base_url, settings),
-        fake_provider_toml("claude", "anthropic", &claude.base_url, settings),
+        ProviderToml::openai("up", &openai.base_url)
+            .with(settings)
+            .toml(),
+        ProviderToml::anthropic("claude", &claude.base_url)
+            .with(settings)
+            .toml(),
     ));
     for provider in &mut config.providers {
         provider.timeout_ms = 30_000;
@@ -258,7 +262,7 @@ name = "gpt-safe"
 kind = "chat"
 providers = ["claude"]
 "#,
-        fake_provider_toml("claude", "anthropic", &claude.base_url, "")
+        ProviderToml::anthropic("claude", &claude.base_url).toml()
     ));
     config.server.max_wait_seconds = 30;
     let app = spawn_app_with(backend, config).await;

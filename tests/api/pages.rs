@@ -3,7 +3,7 @@
 
 use reqwest::StatusCode;
 
-use crate::helpers::{
+use crate::support::harness::{
     hidden_value, spawn_app, spawn_app_with, summarize, test_config, FormClient, TestBackend,
     DEFAULT_TEST_PROVIDERS,
 };
@@ -202,7 +202,7 @@ async fn sign_in_from(
         .unwrap()
 }
 
-async fn throttle_rows(app: &crate::helpers::TestApp) -> Vec<(String, i32)> {
+async fn throttle_rows(app: &crate::support::harness::TestApp) -> Vec<(String, i32)> {
     use diesel::prelude::*;
     use onejob::store::schema::sign_in_throttle as t;
     app.with_conn(|conn| {
@@ -216,9 +216,10 @@ async fn throttle_rows(app: &crate::helpers::TestApp) -> Vec<(String, i32)> {
 }
 
 async fn wrong_passwords_slow_one_address_down_and_never_lock_out_another(backend: TestBackend) {
-    let mut config = crate::helpers::test_config(crate::helpers::DEFAULT_TEST_PROVIDERS);
+    let mut config =
+        crate::support::harness::test_config(crate::support::harness::DEFAULT_TEST_PROVIDERS);
     config.server.trusted_proxies = vec!["127.0.0.1".parse().unwrap()];
-    let app = crate::helpers::spawn_app_with(backend, config).await;
+    let app = crate::support::harness::spawn_app_with(backend, config).await;
     app.set_password("ada", "ada-password").await;
     let attacker = FormClient::new(&app);
     let page = attacker.get("/login").await.text().await.unwrap();
@@ -601,9 +602,9 @@ async fn static_assets_are_served_and_htmx_is_cached_for_good(backend: TestBacke
 }
 
 async fn support_can_mark_a_resolved_job_failed_with_an_audited_reason(backend: TestBackend) {
-    let app = crate::helpers::spawn_app_with(
+    let app = crate::support::harness::spawn_app_with(
         backend,
-        crate::helpers::test_config(crate::attempts::HANGING_PRIMARY),
+        crate::support::harness::test_config(crate::attempts::HANGING_PRIMARY),
     )
     .await;
     app.set_password("sue", "s-pw").await;

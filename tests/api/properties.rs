@@ -72,7 +72,7 @@ fn rewritten(value: &Value) -> String {
 fn record(name: &str, tried: usize) {
     let figures = format!("{name}: {tried} generated inputs, every property held");
     eprintln!("{figures}");
-    crate::helpers::record_figures(&format!("property-{name}"), &figures);
+    crate::support::harness::record_figures(&format!("property-{name}"), &figures);
 }
 
 #[test]

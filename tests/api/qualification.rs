@@ -9,16 +9,17 @@ use onejob::app::qualification::{check_contract, Check};
 use onejob::app::App;
 use onejob::domain::{AttemptState, JobStatus, RaceResult};
 use onejob::providers::Providers;
-use onejob::store::schema::{attempts, audit_log, jobs, qualifications};
-use onejob::store::{Attempt, Job, QualificationRun};
+use onejob::store::schema::{audit_log, qualifications};
+use onejob::store::QualificationRun;
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::fake_provider::{
-    config_of, fake_provider_toml, settled_attempt, strict_task_toml, Behaviour, FakeProvider,
-    Shape, WAIT,
+use crate::support::db::{stored, StoredJob};
+use crate::support::fake_provider::{
+    config_of, settled_attempt, strict_task_toml, Behaviour, FakeProvider, ProviderToml, Shape,
+    WAIT,
 };
-use crate::helpers::{
+use crate::support::harness::{
     assert_problem, spawn_app_with, summarize, PreparedApp, TestApp, TestBackend,
 };
 
@@ -28,39 +29,12 @@ const TEMPLATE: &str = "Summarize: {{ text }}";
 /// no answer from 127.0.0.1 comes near (an answer is never raced by the
 /// clock into `unknown`).
 fn provider(name: &str, base_url: &str, model: &str) -> String {
-    format!(
-        r#"
-[[providers]]
-name = "{name}"
-kind = "openai"
-base_url = "{base_url}"
-model = "{model}"
-api_key_env = "ONEJOB_TEST_FAKE_KEY"
-timeout_ms = 30000
-late_result_ms = 5000
-connect_timeout_ms = 1000
-"#
-    )
-}
-
-/// The job row and its attempts, oldest first.
-async fn stored(app: &TestApp, job_id: &str) -> (Job, Vec<Attempt>) {
-    let job_id = job_id.to_owned();
-    app.with_conn(move |conn| {
-        let job = jobs::table
-            .find(&job_id)
-            .select(Job::as_select())
-            .first(conn)
-            .unwrap();
-        let attempts = attempts::table
-            .filter(attempts::job_id.eq(&job_id))
-            .order(attempts::number.asc())
-            .select(Attempt::as_select())
-            .load(conn)
-            .unwrap();
-        (job, attempts)
-    })
-    .await
+    ProviderToml::openai(name, base_url)
+        .model(model)
+        .timeout_ms(30_000)
+        .late_result_ms(5000)
+        .connect_timeout_ms(Some(1000))
+        .toml()
 }
 
 /// The audit rows about a job: `(action, attempt_id, reason)`.
@@ -131,7 +105,11 @@ async fn failover_skips_an_unqualified_provider_and_takes_a_qualified_one(backen
         b_before,
         "the unqualified provider got nothing"
     );
-    let (stored_job, rows) = stored(&app, &job_id).await;
+    let StoredJob {
+        job: stored_job,
+        attempts: rows,
+        ..
+    } = stored(&app, &job_id).await;
     let summary: Vec<_> = rows
         .iter()
         .map(|r| (r.number, r.provider.as_str(), r.state, r.outcome))
@@ -162,7 +140,11 @@ async fn failover_skips_an_unqualified_provider_and_takes_a_qualified_one(backen
         "{reason}"
     );
     assert_eq!(job["attempts"].as_array().unwrap().len(), 1);
-    let (stored_job, rows) = stored(&app, &job_id).await;
+    let StoredJob {
+        job: stored_job,
+        attempts: rows,
+        ..
+    } = stored(&app, &job_id).await;
     assert_eq!(rows.len(), 1, "{rows:#?}");
     assert_eq!(
         (rows[0].provider.as_str(), rows[0].state),
@@ -179,7 +161,7 @@ async fn a_new_attempt_on_an_unqualified_provider_is_refused(backend: TestBacken
         FakeProvider::start(Shape::OpenAi).await,
     );
     let toml = [
-        fake_provider_toml("fake-a", "openai", &a.base_url, ""),
+        ProviderToml::openai("fake-a", &a.base_url).toml(),
         provider("fake-b", &b.base_url, "fake-model"),
         strict_task_toml("summarize", &["fake-a", "fake-b"], TEMPLATE),
     ]
@@ -207,7 +189,11 @@ async fn a_new_attempt_on_an_unqualified_provider_is_refused(backend: TestBacken
             .contains("fake-b (never)"),
         "{problem:#}"
     );
-    let (stored_job, rows) = stored(&app, &job_id).await;
+    let StoredJob {
+        job: stored_job,
+        attempts: rows,
+        ..
+    } = stored(&app, &job_id).await;
     assert_eq!(rows.len(), 1, "the refusal added no attempt: {rows:#?}");
     assert_eq!(rows[0].state, AttemptState::Abandoned);
     assert_eq!(stored_job.status, JobStatus::Pending);
@@ -229,7 +215,11 @@ async fn a_new_attempt_on_an_unqualified_provider_is_refused(backend: TestBacken
         .await;
     assert_eq!(response.status(), StatusCode::CREATED);
     app.wait_for_status(&job_id, "succeeded", WAIT).await;
-    let (stored_job, rows) = stored(&app, &job_id).await;
+    let StoredJob {
+        job: stored_job,
+        attempts: rows,
+        ..
+    } = stored(&app, &job_id).await;
     assert_eq!(rows.len(), 2);
     assert_eq!(
         (rows[1].provider.as_str(), rows[1].state),
@@ -342,12 +332,12 @@ async fn assert_the_change_voids_the_qualification(
 async fn changing_the_template_voids_the_qualification(backend: TestBackend) {
     let fake = FakeProvider::start(Shape::OpenAi).await;
     let v1 = [
-        fake_provider_toml("fake", "openai", &fake.base_url, ""),
+        ProviderToml::openai("fake", &fake.base_url).toml(),
         strict_task_toml("summarize", &["fake"], TEMPLATE),
     ]
     .concat();
     let v2 = [
-        fake_provider_toml("fake", "openai", &fake.base_url, ""),
+        ProviderToml::openai("fake", &fake.base_url).toml(),
         strict_task_toml("summarize", &["fake"], "Summarize briefly: {{ text }}"),
     ]
     .concat();
@@ -443,7 +433,11 @@ async fn failover_skips_a_provider_whose_qualification_went_stale(backend: TestB
         .create_job(&app.alice.token, "stale-failover", &summarize("x"))
         .await;
     app.wait_for_status(&job_id, "failed", WAIT).await;
-    let (job, rows) = stored(&app, &job_id).await;
+    let StoredJob {
+        job,
+        attempts: rows,
+        ..
+    } = stored(&app, &job_id).await;
     assert_eq!(
         rows.len(),
         1,
@@ -502,7 +496,11 @@ async fn a_new_attempt_on_a_provider_whose_qualification_went_stale_is_refused(
             .contains("fake-b (stale)"),
         "{problem:#}"
     );
-    let (job, rows) = stored(&app, &job_id).await;
+    let StoredJob {
+        job,
+        attempts: rows,
+        ..
+    } = stored(&app, &job_id).await;
     assert_eq!(rows.len(), 1, "no attempt row was added: {rows:#?}");
     assert_eq!(rows[0].state, AttemptState::Abandoned);
     assert_eq!(job.status, JobStatus::Pending);
@@ -525,7 +523,7 @@ async fn a_new_attempt_on_a_provider_whose_qualification_went_stale_is_refused(
         .await;
     assert_eq!(response.status(), StatusCode::CREATED);
     app.wait_for_status(&job_id, "succeeded", WAIT).await;
-    let (_, rows) = stored(&app, &job_id).await;
+    let StoredJob { attempts: rows, .. } = stored(&app, &job_id).await;
     assert_eq!(
         (rows.len(), rows[1].provider.as_str()),
         (2, "fake-b"),
@@ -538,7 +536,7 @@ async fn qualification_fails_on_an_extra_key_on_prose_and_on_a_golden_mismatch(
 ) {
     let fake = FakeProvider::start(Shape::OpenAi).await;
     let toml = [
-        fake_provider_toml("fake", "openai", &fake.base_url, ""),
+        ProviderToml::openai("fake", &fake.base_url).toml(),
         strict_task_toml("summarize", &["fake"], TEMPLATE),
     ]
     .concat();
@@ -622,12 +620,9 @@ async fn qualification_fails_on_an_extra_key_on_prose_and_on_a_golden_mismatch(
 async fn a_prompt_over_the_context_budget_fails_qualification_without_a_call(backend: TestBackend) {
     let fake = FakeProvider::start(Shape::OpenAi).await;
     let toml = [
-        fake_provider_toml(
-            "fake",
-            "openai",
-            &fake.base_url,
-            "context_tokens = 100\nmax_tokens = 90",
-        ),
+        ProviderToml::openai("fake", &fake.base_url)
+            .with("context_tokens = 100\nmax_tokens = 90")
+            .toml(),
         strict_task_toml(
             "summarize",
             &["fake"],
@@ -698,7 +693,9 @@ expect = {{ "/message/content" = "OK" }}
 [[tasks.golden]]
 input = {{ messages = [{{ role = "user", content = "Say OK." }}], max_tokens = 300 }}
 "#,
-        fake_provider_toml("fake", "openai", &fake.base_url, "max_tokens = 200")
+        ProviderToml::openai("fake", &fake.base_url)
+            .with("max_tokens = 200")
+            .toml()
     );
     let config = config_of(&toml);
     let providers = Providers::from_settings(&config.providers);
@@ -732,7 +729,7 @@ input = {{ messages = [{{ role = "user", content = "Say OK." }}], max_tokens = 3
 
     // A prompt task without a template or output schema (a simulated
     // provider gets the input itself).
-    let config = config_of(crate::helpers::DEFAULT_TEST_PROVIDERS);
+    let config = config_of(crate::support::harness::DEFAULT_TEST_PROVIDERS);
     let providers = Providers::from_settings(&config.providers);
     let report = check_contract(
         &providers.get("sim-fast").unwrap(),

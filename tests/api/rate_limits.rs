@@ -16,10 +16,10 @@ use onejob::store::{Attempt, Job};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::fake_provider::{
-    config_of, fake_provider_toml, strict_task_toml, Behaviour, FakeProvider, Shape,
+use crate::support::fake_provider::{
+    config_of, strict_task_toml, Behaviour, FakeProvider, ProviderToml, Shape,
 };
-use crate::helpers::{record_figures, spawn_app_with, summarize, TestApp, TestBackend};
+use crate::support::harness::{record_figures, spawn_app_with, summarize, TestApp, TestBackend};
 
 /// A task, with extra keys (retry policy and budget) of its own.
 fn task_with(name: &str, chain: &[&str], extra: &str) -> String {
@@ -196,7 +196,7 @@ async fn an_only_provider_that_rate_limits_one_call_in_four_slows_jobs_down_and_
     let fake = FakeProvider::start(Shape::OpenAi).await;
     one_in_four_rate_limited(&fake);
     let toml = [
-        fake_provider_toml("limited", "openai", &fake.base_url, ""),
+        ProviderToml::openai("limited", &fake.base_url).toml(),
         strict_task_toml("summarize", &["limited"], "Summarize: {{ text }}"),
     ]
     .concat();
@@ -246,8 +246,8 @@ async fn with_a_qualified_fallback_a_rate_limited_attempt_fails_over(backend: Te
     one_in_four_rate_limited(&limited);
     backup.set_default(answer_in(30));
     let toml = [
-        fake_provider_toml("limited", "openai", &limited.base_url, ""),
-        fake_provider_toml("backup", "openai", &backup.base_url, ""),
+        ProviderToml::openai("limited", &limited.base_url).toml(),
+        ProviderToml::openai("backup", &backup.base_url).toml(),
         strict_task_toml("summarize", &["limited", "backup"], "Summarize: {{ text }}"),
     ]
     .concat();
@@ -300,7 +300,7 @@ async fn a_budget_of_two_attempts_fails_the_job_clearly(backend: TestBackend) {
     let fake = FakeProvider::start(Shape::OpenAi).await;
     fake.set_default(rate_limited(1));
     let toml = [
-        fake_provider_toml("limited", "openai", &fake.base_url, ""),
+        ProviderToml::openai("limited", &fake.base_url).toml(),
         task_with("summarize", &["limited"], "max_attempts = 2"),
     ]
     .concat();
@@ -330,7 +330,7 @@ async fn a_budget_of_two_attempts_fails_the_job_clearly(backend: TestBackend) {
     // The job page shows the retry as an attempt of its own, in the
     // timeline and the table, and the reason.
     app.set_password("alice", "alice-pw").await;
-    let browser = crate::helpers::FormClient::new(&app);
+    let browser = crate::support::harness::FormClient::new(&app);
     browser.sign_in("alice", "alice-pw").await;
     let page = browser
         .get(&format!("/jobs/{job_id}"))
@@ -340,7 +340,8 @@ async fn a_budget_of_two_attempts_fails_the_job_clearly(backend: TestBackend) {
         .unwrap();
     assert!(page.contains("#2 limited"), "the timeline has the retry");
     assert_eq!(
-        page.matches("<tr class=\"attempt\" data-state=\"failed\"").count(),
+        page.matches("<tr class=\"attempt\" data-state=\"failed\"")
+            .count(),
         2,
         "two failed attempts in the table: {page}"
     );
@@ -354,7 +355,7 @@ async fn a_budget_of_total_wait_fails_the_job_clearly(backend: TestBackend) {
     let fake = FakeProvider::start(Shape::OpenAi).await;
     fake.set_default(rate_limited(2));
     let toml = [
-        fake_provider_toml("limited", "openai", &fake.base_url, ""),
+        ProviderToml::openai("limited", &fake.base_url).toml(),
         task_with("summarize", &["limited"], "max_retry_wait_seconds = 3"),
     ]
     .concat();
@@ -382,8 +383,8 @@ async fn the_wait_policy_retries_the_same_provider_and_never_the_fallback(backen
     let limited = FakeProvider::start(Shape::OpenAi).await;
     let backup = FakeProvider::start(Shape::OpenAi).await;
     let toml = [
-        fake_provider_toml("limited", "openai", &limited.base_url, ""),
-        fake_provider_toml("backup", "openai", &backup.base_url, ""),
+        ProviderToml::openai("limited", &limited.base_url).toml(),
+        ProviderToml::openai("backup", &backup.base_url).toml(),
         task_with(
             "summarize",
             &["limited", "backup"],
@@ -444,7 +445,7 @@ async fn a_pause_between_the_claim_and_the_send_gives_the_attempt_back_unsent(
     use diesel::connection::SimpleConnection;
     let fake = FakeProvider::start(Shape::OpenAi).await;
     let toml = [
-        fake_provider_toml("limited", "openai", &fake.base_url, ""),
+        ProviderToml::openai("limited", &fake.base_url).toml(),
         strict_task_toml("summarize", &["limited"], "Summarize: {{ text }}"),
     ]
     .concat();
@@ -554,7 +555,9 @@ async fn max_in_flight_queues_attempts_for_capacity_instead_of_provoking_refusal
     fake.set_default(answer_in(150));
     fake.set_capacity(2, rate_limited(1));
     let toml = [
-        fake_provider_toml("limited", "openai", &fake.base_url, "max_in_flight = 2"),
+        ProviderToml::openai("limited", &fake.base_url)
+            .with("max_in_flight = 2")
+            .toml(),
         strict_task_toml("summarize", &["limited"], "Summarize: {{ text }}"),
     ]
     .concat();

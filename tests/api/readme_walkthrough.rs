@@ -1,7 +1,10 @@
-//! The README's quick start, run as written, at a person's pace: every
-//! shell command of its "Quick start" section (up to "Running the tests")
-//! runs in order, in bash, with the built `onejob` on the PATH (what
-//! `cargo install --path .` gives) and the real server the section starts.
+//! The README's quick start and the API walk-through it leads to
+//! (docs/api.md, "Walk-through"), run as written, at a person's pace: every
+//! shell command of the README's "Quick start" section, then of
+//! docs/api.md's "Walk-through" (each up to the next `## ` heading), runs
+//! in order, in bash, with the built `onejob` on the PATH (what
+//! `cargo install --path .` gives) and the real server the quick start
+//! starts.
 //!
 //! What a command's comment claims is checked against its output:
 //!
@@ -25,8 +28,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::demo::{demo_config_toml, DEMO_LATE_ANSWER_MS, PERSON_PAUSE};
-use crate::helpers::{in_ci, TestBackend, TestDb};
 use crate::server_process::{free_port, ServerProcess};
+use crate::support::harness::{in_ci, TestBackend, TestDb};
 
 /// One shell command of the README and the comment above it.
 #[derive(Debug, Clone)]
@@ -35,13 +38,16 @@ pub struct Step {
     pub command: String,
 }
 
-/// The commands of the README's "Quick start" section, in order.
-pub fn quick_start_steps(readme: &str) -> Vec<Step> {
-    let start = readme
-        .find("\n## Quick start")
-        .expect("a Quick start section");
-    let end = start + readme[start..].find("\n## Running the tests").unwrap();
-    let section = &readme[start..end];
+/// The shell commands of the section under `heading` (up to the next
+/// `## ` heading), in order.
+pub fn section_steps(text: &str, heading: &str) -> Vec<Step> {
+    let start = text
+        .find(&format!("\n{heading}\n"))
+        .unwrap_or_else(|| panic!("a section {heading:?}"));
+    let end = text[start + 1..]
+        .find("\n## ")
+        .map_or(text.len(), |at| start + 1 + at);
+    let section = &text[start..end];
     let mut steps = Vec::new();
     let mut in_sh = false;
     let mut comment = String::new();
@@ -186,9 +192,20 @@ async fn the_readme_quick_start_works_as_written_at_a_persons_pace(backend: Test
         eprintln!("!!! SKIPPING THE README WALK-THROUGH: curl is not installed");
         return;
     }
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
-    let steps = quick_start_steps(&readme);
+    let read = |file: &str| {
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(file)).unwrap()
+    };
+    let mut steps = section_steps(&read("README.md"), "## Quick start");
+    assert!(
+        steps.iter().any(|step| step.command == "onejob serve"),
+        "the README's quick start starts the server: {steps:#?}"
+    );
+    let walk_through = section_steps(&read("docs/api.md"), "## Walk-through");
+    assert!(
+        walk_through.len() >= 15,
+        "docs/api.md's walk-through: {walk_through:#?}"
+    );
+    steps.extend(walk_through);
     let work = tempfile::tempdir().unwrap();
     let bin = bin_dir();
     let config = work.path().join("demo.toml");
@@ -273,7 +290,7 @@ async fn the_readme_quick_start_works_as_written_at_a_persons_pace(backend: Test
                     tokio::time::sleep(PERSON_PAUSE).await;
                 }
                 Some(problem) => panic!(
-                    "README, the command after \"# {}\":\n{command}\n{problem}; it answered:\n{output}",
+                    "README.md or docs/api.md, the command after \"# {}\":\n{command}\n{problem}; it answered:\n{output}",
                     step.comment
                 ),
             }
@@ -345,8 +362,9 @@ async fn the_readme_quick_start_works_as_written_at_a_persons_pace(backend: Test
 
 #[test]
 fn a_claim_the_output_does_not_bear_out_is_caught() {
-    let steps = quick_start_steps(
+    let steps = section_steps(
         "\n## Quick start\n```sh\n# Create: → 201 Created, `\"status\":\"pending\"`.\ncurl -i x \\\n  -d y\n```\n\n## Running the tests\n",
+        "## Quick start",
     );
     assert_eq!(steps.len(), 1);
     assert_eq!(steps[0].command, "curl -i x \\\n  -d y");

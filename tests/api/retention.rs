@@ -15,13 +15,14 @@ use onejob::config::Config;
 use onejob::domain::UserId;
 use onejob::store::connection::write_transaction;
 use onejob::store::retention::{self, BATCH_ROWS};
-use onejob::store::schema::{attempts, audit_log, jobs, race_log};
+use onejob::store::schema::jobs;
 use onejob::store::{now_ms, DbConnection};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::fake_provider::WAIT;
-use crate::helpers::{
+use crate::support::db::{snapshot, snapshot_in};
+use crate::support::fake_provider::WAIT;
+use crate::support::harness::{
     assert_problem, spawn_app_with, test_config, PreparedApp, TestApp, TestBackend,
     DEFAULT_TEST_PROVIDERS,
 };
@@ -152,38 +153,6 @@ fn write(conn: &mut DbConnection, sql: &str) {
     write_transaction(conn, |conn| conn.batch_execute(sql)).unwrap();
 }
 
-/// What is stored: job ids, attempts per job, race and audit entries.
-#[derive(Debug, PartialEq, Eq)]
-struct Stored {
-    jobs: BTreeSet<String>,
-    attempts_of: Vec<(String, i64)>,
-    races: i64,
-    audit: i64,
-}
-
-fn stored_in(conn: &mut DbConnection) -> Stored {
-    Stored {
-        jobs: jobs::table
-            .select(jobs::id)
-            .load::<String>(conn)
-            .unwrap()
-            .into_iter()
-            .collect(),
-        attempts_of: attempts::table
-            .group_by(attempts::job_id)
-            .select((attempts::job_id, diesel::dsl::count_star()))
-            .order(attempts::job_id)
-            .load(conn)
-            .unwrap(),
-        races: race_log::table.count().get_result(conn).unwrap(),
-        audit: audit_log::table.count().get_result(conn).unwrap(),
-    }
-}
-
-async fn stored(app: &TestApp) -> Stored {
-    app.with_conn(stored_in).await
-}
-
 async fn finished_at(app: &TestApp, job_id: &str) -> i64 {
     let job_id = job_id.to_owned();
     app.with_conn(move |conn| {
@@ -269,12 +238,12 @@ async fn old_finished_jobs_go_with_their_attempts_and_recent_and_live_ones_stay(
     app.wait_for_status(&recent, "succeeded", WAIT).await;
     assert!(finished_at(&app, &recent).await > old_until);
 
-    let before = stored(&app).await;
+    let before = snapshot(&app).await;
     assert_eq!(before.jobs.len(), 6);
     // Seven days after the old ones finished, and not yet after the recent one.
     let now = old_until + 7 * DAY_MS + 1;
     assert_eq!(prune(&app, now).await, pruned(2, 2, 0, 0));
-    let after = stored(&app).await;
+    let after = snapshot(&app).await;
     let kept: BTreeSet<String> = [&unknown, &running, &finished_live, &recent]
         .into_iter()
         .cloned()
@@ -304,7 +273,7 @@ async fn old_finished_jobs_go_with_their_attempts_and_recent_and_live_ones_stay(
     // Much later, the recent job goes too; live jobs never do.
     assert_eq!(prune(&app, now + 365 * DAY_MS).await, pruned(1, 1, 0, 0));
     assert_eq!(
-        stored(&app).await.jobs,
+        snapshot(&app).await.jobs,
         [&unknown, &running, &finished_live]
             .into_iter()
             .cloned()
@@ -398,22 +367,22 @@ async fn logs_keep_their_own_windows_and_their_jobs_while_they_last(backend: Tes
     .concat();
     app.with_conn(move |conn| write(conn, &sql)).await;
     let written_until = next_millisecond().await;
-    let before = stored(&app).await;
+    let before = snapshot(&app).await;
     assert_eq!((before.races, before.audit), (1, 2), "{before:?}");
 
     let all = |ids: &[&String]| ids.iter().map(|id| (*id).clone()).collect::<BTreeSet<_>>();
     // Past the jobs' window: only the job nothing refers to goes.
     let day = |n: i64| written_until + n * DAY_MS + 1;
     assert_eq!(prune(&app, day(8)).await, pruned(1, 1, 0, 0));
-    assert_eq!(stored(&app).await.jobs, all(&[&audited, &raced]));
+    assert_eq!(snapshot(&app).await.jobs, all(&[&audited, &raced]));
     // Past the race log's: the race entry goes, and with it its job.
     assert_eq!(prune(&app, day(31)).await, pruned(1, 2, 1, 0));
-    let after = stored(&app).await;
+    let after = snapshot(&app).await;
     assert_eq!(after.jobs, all(&[&audited]));
     assert_eq!((after.races, after.audit), (0, 2));
     // Past the audit log's: both entries go, and the audited job with them.
     assert_eq!(prune(&app, day(91)).await, pruned(1, 2, 0, 2));
-    let after = stored(&app).await;
+    let after = snapshot(&app).await;
     assert!(
         after.jobs.is_empty() && after.attempts_of.is_empty(),
         "{after:?}"
@@ -436,7 +405,7 @@ async fn a_live_jobs_old_log_entries_go_and_the_job_stays(backend: TestBackend) 
     let sql = race_sql(&stuck, &owner, &attempt, &attempt, long_ago);
     app.with_conn(move |conn| write(conn, &sql)).await;
     assert_eq!(prune(&app, now_ms()).await, pruned(0, 0, 1, 0));
-    let after = stored(&app).await;
+    let after = snapshot(&app).await;
     assert_eq!(after.jobs, BTreeSet::from([stuck.clone()]));
     assert_eq!(after.attempts_of, vec![(stuck, 1)]);
 }
@@ -468,7 +437,7 @@ async fn pruning_removes_one_bounded_batch_per_statement(backend: TestBackend) {
         .unwrap();
     assert_eq!((batch.jobs, batch.attempts), (500, 500));
     let last = batch.last_id.unwrap();
-    let left = stored(&app).await.jobs;
+    let left = snapshot(&app).await.jobs;
     assert_eq!(left.len(), total - 500);
     assert!(
         left.iter().all(|id| id.as_str() > last.as_str()),
@@ -476,7 +445,7 @@ async fn pruning_removes_one_bounded_batch_per_statement(backend: TestBackend) {
     );
     // One run takes the rest, batch after batch.
     assert_eq!(prune(&app, now_ms()).await, pruned(703, 703, 0, 0));
-    assert!(stored(&app).await.jobs.is_empty());
+    assert!(snapshot(&app).await.jobs.is_empty());
 }
 
 /// The configuration file for a `onejob` process: the test providers, and
@@ -546,7 +515,7 @@ async fn onejob_prune_removes_what_outlived_its_window_and_says_so(backend: Test
 
     let unset = run_prune(config_file(dir.path(), ""), url.clone()).await;
     assert!(unset.contains("nothing to prune"), "{unset}");
-    assert_eq!(prepared.with_conn(stored_in).await.jobs.len(), 2);
+    assert_eq!(prepared.with_conn(snapshot_in).await.jobs.len(), 2);
 
     let config = config_file(dir.path(), "[retention]\njobs_days = 2\nraces_days = 2\n");
     let report = run_prune(config.clone(), url.clone()).await;
@@ -562,7 +531,7 @@ async fn onejob_prune_removes_what_outlived_its_window_and_says_so(backend: Test
     );
     assert!(report.contains("keys are free again"), "{report}");
     assert!(report.contains("kept forever"), "the audit log: {report}");
-    let after = prepared.with_conn(stored_in).await;
+    let after = prepared.with_conn(snapshot_in).await;
     assert_eq!(after.jobs, BTreeSet::from([recent.clone()]));
     assert_eq!(after.attempts_of, vec![(recent, 2)]);
     assert_eq!((after.races, after.audit), (0, 1));

@@ -21,7 +21,9 @@ use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 use onejob::store::distribution::{Layout, DISTRIBUTION_COLUMN, LAYOUT};
 use onejob::store::DbConnection;
 
-use crate::helpers::{test_config, PreparedApp, TestBackend, TestDb, DEFAULT_TEST_PROVIDERS};
+use crate::support::harness::{
+    test_config, PreparedApp, TestBackend, TestDb, DEFAULT_TEST_PROVIDERS,
+};
 
 /// A unique key: its table, its name and its key columns in order (`None`
 /// for an expression).

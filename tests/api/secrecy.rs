@@ -11,8 +11,10 @@ use onejob::store::schema::{attempts, audit_log, jobs, qualifications, race_log}
 use onejob::store::{Attempt, Job, QualificationRun, RaceEntry, Store};
 use serde_json::Value;
 
-use crate::fake_provider::{strict_task_toml, Behaviour, FakeProvider, Shape, WAIT};
-use crate::helpers::{
+use crate::support::fake_provider::{
+    strict_task_toml, Behaviour, FakeProvider, ProviderToml, Shape, WAIT,
+};
+use crate::support::harness::{
     summarize, test_config, FormClient, TestBackend, TestDb, DEFAULT_TEST_PROVIDERS, FAKE_API_KEY,
 };
 
@@ -20,19 +22,11 @@ use crate::helpers::{
 /// 127.0.0.1 comes near (a refusal is never raced by the clock into
 /// `unknown`).
 fn provider(name: &str, base_url: &str) -> String {
-    format!(
-        r#"
-[[providers]]
-name = "{name}"
-kind = "openai"
-base_url = "{base_url}"
-model = "fake-model"
-api_key_env = "ONEJOB_TEST_FAKE_KEY"
-timeout_ms = 30000
-late_result_ms = 5000
-connect_timeout_ms = 1000
-"#
-    )
+    ProviderToml::openai(name, base_url)
+        .timeout_ms(30_000)
+        .late_result_ms(5000)
+        .connect_timeout_ms(Some(1000))
+        .toml()
 }
 
 /// The binary, configured by `config_path`, on the test database.

@@ -8,32 +8,25 @@ use std::time::{Duration, Instant};
 
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
-use onejob::domain::{AttemptState, JobId, JobStatus, RaceResult};
+use onejob::domain::{AttemptState, JobStatus, RaceResult};
 use onejob::store::retention::{self, Log};
 use onejob::store::schema::race_log;
-use onejob::store::{Attempt, DbConnection};
+use onejob::store::DbConnection;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::fake_provider::{
-    config_of, fake_provider_toml, strict_task_toml, Behaviour, FakeProvider, Shape, WAIT,
+use crate::support::db::attempts_of;
+use crate::support::fake_provider::{
+    answer, config_of, strict_task_toml, Behaviour, FakeProvider, ProviderToml, Shape, WAIT,
 };
-use crate::helpers::{spawn_app_with, summarize, TestApp, TestBackend};
-
-async fn attempts_of(app: &TestApp, job_id: &str) -> Vec<Attempt> {
-    let job_id = JobId::parse(job_id).unwrap();
-    app.with_conn(move |conn| crate::helpers::attempt_rows(conn, &job_id))
-        .await
-}
-
-fn answer(summary: &str) -> Behaviour {
-    Behaviour::Answer(json!({ "summary": summary }))
-}
+use crate::support::harness::{spawn_app_with, summarize, TestBackend};
 
 /// A provider entry with its own soft timeout.
 fn provider_with_timeout(name: &str, base_url: &str, timeout_ms: u64, extra: &str) -> String {
-    fake_provider_toml(name, "openai", base_url, extra)
-        .replace("timeout_ms = 400", &format!("timeout_ms = {timeout_ms}"))
+    ProviderToml::openai(name, base_url)
+        .timeout_ms(timeout_ms)
+        .with(extra)
+        .toml()
 }
 
 /// Makes the database refuse to mark any attempt `unknown`, as a trigger
@@ -73,8 +66,8 @@ async fn a_refused_outcome_is_retried_not_rewritten_and_nothing_fails_over(backe
     let primary = FakeProvider::start(Shape::OpenAi).await;
     let fallback = FakeProvider::start(Shape::OpenAi).await;
     let toml = [
-        fake_provider_toml("primary", "openai", &primary.base_url, ""),
-        fake_provider_toml("fallback", "openai", &fallback.base_url, ""),
+        ProviderToml::openai("primary", &primary.base_url).toml(),
+        ProviderToml::openai("fallback", &fallback.base_url).toml(),
         strict_task_toml(
             "summarize",
             &["primary", "fallback"],
@@ -135,7 +128,7 @@ async fn a_sent_attempt_whose_job_finished_elsewhere_is_closed_not_stranded(back
     let slow = FakeProvider::start(Shape::OpenAi).await;
     let fast = FakeProvider::start(Shape::OpenAi).await;
     let toml = [
-        fake_provider_toml("slow", "openai", &slow.base_url, ""),
+        ProviderToml::openai("slow", &slow.base_url).toml(),
         // Its soft timeout (3 s) outlasts the lease (2 s): a lease left to
         // run out would be reaped first.
         provider_with_timeout("fast", &fast.base_url, 3000, ""),
@@ -266,7 +259,9 @@ async fn a_sent_attempt_whose_job_finished_elsewhere_is_closed_not_stranded(back
 async fn past_max_late_calls_a_timed_out_call_is_dropped_and_counted(backend: TestBackend) {
     let fake = FakeProvider::start(Shape::OpenAi).await;
     let toml = [
-        fake_provider_toml("hang", "openai", &fake.base_url, "max_late_calls = 1"),
+        ProviderToml::openai("hang", &fake.base_url)
+            .with("max_late_calls = 1")
+            .toml(),
         strict_task_toml("summarize", &["hang"], "Summarize: {{ text }}"),
     ]
     .concat();
@@ -323,9 +318,9 @@ async fn the_send_paths_new_statements_keep_the_distribution_rule(backend: TestB
     use onejob::store::queue::{self, ClaimRules};
     use onejob::store::statement_log::StatementLog;
     use onejob::store::Store;
-    let prepared = crate::helpers::PreparedApp::new(
+    let prepared = crate::support::harness::PreparedApp::new(
         backend,
-        crate::helpers::test_config(crate::helpers::DEFAULT_TEST_PROVIDERS),
+        crate::support::harness::test_config(crate::support::harness::DEFAULT_TEST_PROVIDERS),
     )
     .await;
     let log = StatementLog::new();

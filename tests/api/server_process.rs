@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::helpers::FAKE_API_KEY;
+use crate::support::harness::FAKE_API_KEY;
 
 pub struct ServerProcess {
     pub base: String,

@@ -7,7 +7,7 @@ use diesel::prelude::*;
 use onejob::store::schema::{sessions, sign_in_throttle};
 use reqwest::StatusCode;
 
-use crate::helpers::{
+use crate::support::harness::{
     hidden_value, spawn_app, start_instance, test_config, TestApp, TestBackend,
     DEFAULT_TEST_PROVIDERS,
 };

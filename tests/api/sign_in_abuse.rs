@@ -14,11 +14,11 @@ use onejob::domain::Role;
 use onejob::store::schema::{sign_in_throttle, users};
 use reqwest::StatusCode;
 
-use crate::helpers::{
+use crate::server_process::ServerProcess;
+use crate::support::harness::{
     hidden_value, record_figures, spawn_app_with, test_config, FormClient, TestApp, TestBackend,
     DEFAULT_TEST_PROVIDERS,
 };
-use crate::server_process::ServerProcess;
 
 on_both_backends!(
     honest_sign_ins_succeed_from_another_address_while_an_anonymous_flood_runs,
@@ -337,7 +337,7 @@ async fn admin_cannot_be_created_beside_admin_in_any_case(backend: TestBackend) 
 /// on the Users page, nor a secret typed into the name field.
 async fn no_generated_password_or_mistyped_secret_reaches_the_logs(backend: TestBackend) {
     use std::os::unix::fs::PermissionsExt;
-    let db = crate::helpers::TestDb::create_empty(backend);
+    let db = crate::support::harness::TestDb::create_empty(backend);
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("onejob.toml");
     std::fs::write(&config, DEFAULT_TEST_PROVIDERS).unwrap();

@@ -3,19 +3,15 @@
 //! already running, confirmed for sending, and is sent once. Without a free
 //! slot the attempt is queued and the claimer takes it, in order, as before.
 
-use onejob::app::Attempt;
-use onejob::domain::{AttemptState, JobId};
+use onejob::domain::AttemptState;
 use reqwest::StatusCode;
-use serde_json::{json, Value};
+use serde_json::Value;
 
-use crate::fake_provider::{one_fake_config, Behaviour, FakeProvider, Shape, WAIT};
-use crate::helpers::{spawn_app_with, summarize, TestApp, TestBackend};
-
-async fn attempts_of(app: &TestApp, job_id: &str) -> Vec<Attempt> {
-    let job_id = JobId::parse(job_id).unwrap();
-    app.with_conn(move |conn| crate::helpers::attempt_rows(conn, &job_id))
-        .await
-}
+use crate::support::db::attempts_of;
+use crate::support::fake_provider::{
+    answer, one_fake_config, Behaviour, FakeProvider, Shape, WAIT,
+};
+use crate::support::harness::{spawn_app_with, summarize, TestApp, TestBackend};
 
 async fn created(app: &TestApp, key: &str) -> Value {
     let response = app.post_job(&app.alice.token, key, &summarize(key)).await;
@@ -42,10 +38,6 @@ async fn one_slot_app(backend: TestBackend) -> (FakeProvider, TestApp) {
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
     (fake, app)
-}
-
-fn answer(summary: &str) -> Behaviour {
-    Behaviour::Answer(json!({ "summary": summary }))
 }
 
 /// One slot. The first job takes it at creation: its answer says `running`,

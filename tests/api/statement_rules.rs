@@ -16,14 +16,12 @@ use onejob::store::Store;
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::fake_provider::{config_of, fake_provider_toml, Behaviour, FakeProvider, Shape, WAIT};
-use crate::helpers::{
+use crate::support::fake_provider::{
+    answer, config_of, Behaviour, FakeProvider, ProviderToml, Shape, WAIT,
+};
+use crate::support::harness::{
     postgres_available, record_figures, summarize, FormClient, PreparedApp, TestApp, TestBackend,
 };
-
-fn answer(summary: &str) -> Behaviour {
-    Behaviour::Answer(json!({ "summary": summary }))
-}
 
 /// Two providers on one fake: `up` times out soon (its calls go unknown),
 /// `slow` never within the test; a chat route; retention windows of a day.
@@ -51,9 +49,10 @@ name = "gpt-safe"
 kind = "chat"
 providers = ["up"]
 "#,
-        fake_provider_toml("up", "openai", &format!("{}/v1", fake.base_url), ""),
-        fake_provider_toml("slow", "openai", &format!("{}/v1", fake.base_url), "",)
-            .replace("timeout_ms = 400", "timeout_ms = 60000")
+        ProviderToml::openai("up", &format!("{}/v1", fake.base_url)).toml(),
+        ProviderToml::openai("slow", &format!("{}/v1", fake.base_url))
+            .timeout_ms(60_000)
+            .toml()
     ));
     config.worker.concurrency = 1;
     config.server.shutdown_grace_ms = 61_000;
@@ -337,7 +336,7 @@ async fn citus_distribute_refuses_a_server_without_citus_and_changes_nothing() {
     if !postgres_available() {
         return;
     }
-    let db = crate::helpers::TestDb::create_empty(TestBackend::Postgres);
+    let db = crate::support::harness::TestDb::create_empty(TestBackend::Postgres);
     let run = |url: &str| {
         std::process::Command::new(env!("CARGO_BIN_EXE_onejob"))
             .args(["citus", "distribute", "--worker", "127.0.0.1:9701"])

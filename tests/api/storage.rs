@@ -7,7 +7,9 @@ use onejob::config::Config;
 use onejob::store::{DatabaseUrl, DbConnection, Store};
 use reqwest::StatusCode;
 
-use crate::helpers::{spawn_app, test_config, PreparedApp, TestBackend, DEFAULT_TEST_PROVIDERS};
+use crate::support::harness::{
+    spawn_app, test_config, PreparedApp, TestBackend, DEFAULT_TEST_PROVIDERS,
+};
 
 #[derive(QueryableByName)]
 struct Number {

@@ -11,7 +11,7 @@ use diesel::connection::SimpleConnection;
 use reqwest::StatusCode;
 use serde_json::Value;
 
-use crate::helpers::{
+use crate::support::harness::{
     spawn_app, spawn_app_with, summarize, test_config, TestApp, TestBackend, DEFAULT_TEST_PROVIDERS,
 };
 

@@ -545,22 +545,113 @@ fn completion(shape: Shape, model: &str, text: &str) -> String {
 /// How long a test waits for a job to settle.
 pub const WAIT: Duration = Duration::from_secs(20);
 
-/// A provider entry for a fake server.
-pub fn fake_provider_toml(name: &str, kind: &str, base_url: &str, extra: &str) -> String {
-    format!(
-        r#"
+/// The one way tests write a `[[providers]]` entry for a fake server.
+///
+/// Defaults: OpenAI-compatible, model `fake-model`, the test API key
+/// (`ONEJOB_TEST_FAKE_KEY`), a 400 ms soft timeout, a 60 s late-result
+/// window and a 300 ms connect timeout. Each setter changes one of them;
+/// [`ProviderToml::with`] adds lines of its own (`callbacks = true`).
+#[derive(Clone, Debug)]
+pub struct ProviderToml {
+    name: String,
+    kind: &'static str,
+    base_url: String,
+    model: String,
+    timeout_ms: u64,
+    late_result_ms: u64,
+    connect_timeout_ms: Option<u64>,
+    extra: Vec<String>,
+}
+
+impl ProviderToml {
+    /// An OpenAI-compatible provider called `name` at `base_url`.
+    pub fn openai(name: &str, base_url: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            kind: "openai",
+            base_url: base_url.to_owned(),
+            model: "fake-model".to_owned(),
+            timeout_ms: 400,
+            late_result_ms: 60_000,
+            connect_timeout_ms: Some(300),
+            extra: Vec::new(),
+        }
+    }
+
+    /// An Anthropic provider called `name` at `base_url`.
+    pub fn anthropic(name: &str, base_url: &str) -> Self {
+        Self {
+            kind: "anthropic",
+            ..Self::openai(name, base_url)
+        }
+    }
+
+    pub fn model(mut self, model: &str) -> Self {
+        model.clone_into(&mut self.model);
+        self
+    }
+
+    /// The soft timeout.
+    pub fn timeout_ms(mut self, ms: u64) -> Self {
+        self.timeout_ms = ms;
+        self
+    }
+
+    /// How long a late answer is still heard.
+    pub fn late_result_ms(mut self, ms: u64) -> Self {
+        self.late_result_ms = ms;
+        self
+    }
+
+    /// The connect timeout; `None` leaves the configuration's default.
+    pub fn connect_timeout_ms(mut self, ms: Option<u64>) -> Self {
+        self.connect_timeout_ms = ms;
+        self
+    }
+
+    /// More settings of this provider, as TOML lines.
+    pub fn with(mut self, lines: &str) -> Self {
+        self.extra.push(lines.to_owned());
+        self
+    }
+
+    pub fn toml(&self) -> String {
+        let Self {
+            name,
+            kind,
+            base_url,
+            model,
+            timeout_ms,
+            late_result_ms,
+            connect_timeout_ms,
+            extra,
+        } = self;
+        let mut toml = format!(
+            r#"
 [[providers]]
 name = "{name}"
 kind = "{kind}"
 base_url = "{base_url}"
-model = "fake-model"
+model = "{model}"
 api_key_env = "ONEJOB_TEST_FAKE_KEY"
-timeout_ms = 400
-late_result_ms = 60000
-connect_timeout_ms = 300
-{extra}
+timeout_ms = {timeout_ms}
+late_result_ms = {late_result_ms}
 "#
-    )
+        );
+        if let Some(ms) = connect_timeout_ms {
+            toml.push_str(&format!("connect_timeout_ms = {ms}\n"));
+        }
+        for lines in extra {
+            toml.push_str(lines);
+            toml.push('\n');
+        }
+        toml
+    }
+}
+
+/// A fake provider's answer: a summary, as the strict task's schema wants.
+pub fn answer(summary: &str) -> Behaviour {
+    Behaviour::Answer(json!({ "summary": summary }))
 }
 
 /// A task with a template, a strict output schema and one golden example.
@@ -591,7 +682,7 @@ expect = {{ "/summary" = "fake summary" }}
 pub fn one_fake_config(fake: &FakeProvider) -> onejob::config::Config {
     config_of(
         &[
-            fake_provider_toml("fake", "openai", &fake.base_url, ""),
+            ProviderToml::openai("fake", &fake.base_url).toml(),
             strict_task_toml("summarize", &["fake"], "Summarize: {{ text }}"),
         ]
         .concat(),
@@ -599,12 +690,16 @@ pub fn one_fake_config(fake: &FakeProvider) -> onejob::config::Config {
 }
 
 pub fn config_of(toml: &str) -> onejob::config::Config {
-    let mut config = crate::helpers::test_config(toml);
+    let mut config = crate::support::harness::test_config(toml);
     config.worker.concurrency = 1;
     config
 }
 
-pub async fn settled_attempt(app: &crate::helpers::TestApp, job_id: &str, index: usize) -> Value {
+pub async fn settled_attempt(
+    app: &crate::support::harness::TestApp,
+    job_id: &str,
+    index: usize,
+) -> Value {
     let job = app
         .wait_for_job(job_id, WAIT, |j| {
             let state = &j["attempts"][index]["state"];

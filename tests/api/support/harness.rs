@@ -23,7 +23,7 @@ macro_rules! on_both_backends {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $name() {
-                    super::$name(crate::helpers::TestBackend::Sqlite).await
+                    super::$name(crate::support::harness::TestBackend::Sqlite).await
                 }
             )*
         }
@@ -31,8 +31,8 @@ macro_rules! on_both_backends {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $name() {
-                    if crate::helpers::postgres_available() {
-                        super::$name(crate::helpers::TestBackend::Postgres).await
+                    if crate::support::harness::postgres_available() {
+                        super::$name(crate::support::harness::TestBackend::Postgres).await
                     }
                 }
             )*
@@ -703,19 +703,4 @@ pub fn record_figures(name: &str, figures: &str) {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-figures");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join(format!("{name}.txt")), format!("{figures}\n")).unwrap();
-}
-
-/// A job's attempts, oldest first, read by the job's id alone (tests look
-/// rows up by id; the application names the owner too).
-pub fn attempt_rows(
-    conn: &mut onejob::store::DbConnection,
-    job_id: &onejob::domain::JobId,
-) -> Vec<onejob::store::Attempt> {
-    use onejob::store::schema::attempts;
-    attempts::table
-        .filter(attempts::job_id.eq(job_id))
-        .order(attempts::number.asc())
-        .select(onejob::store::Attempt::as_select())
-        .load(conn)
-        .unwrap()
 }

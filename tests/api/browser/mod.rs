@@ -1,0 +1,43 @@
+//! Real headless Chromium, driven through chromedriver, one module a page:
+//! the Submit form ([`submit`]), the support console's Unknown queue and
+//! race log ([`console`]), Users ([`users`]) and job search
+//! ([`job_search`]). The browser, the DevTools client, the holding proxy
+//! and the row readers they use are in [`crate::support`]; whether pages
+//! fit at 1280 and 390 px, and the README's screenshots of them, are in
+//! [`crate::browser_pages`].
+
+use crate::support::fake_provider::{
+    config_of, strict_task_toml, Behaviour, FakeProvider, ProviderToml, Shape,
+};
+use crate::support::harness::{spawn_app_with, TestApp, TestBackend};
+
+mod console;
+mod job_search;
+mod submit;
+mod users;
+
+/// An OpenAI-compatible fake provider. `timeout_ms` is its soft timeout (the
+/// connect timeout is shorter, as the configuration requires); the
+/// late-result window is long, so that a held answer released after the soft
+/// timeout is still heard, however slow the machine.
+fn held_provider_toml(name: &str, base_url: &str, timeout_ms: u64) -> String {
+    ProviderToml::openai(name, base_url)
+        .timeout_ms(timeout_ms)
+        .late_result_ms(600_000)
+        .connect_timeout_ms(Some((timeout_ms / 2).min(1000)))
+        .toml()
+}
+
+/// onejob with one task, `summarize`, on one fake provider that holds every
+/// call until the test releases it, with a soft timeout long enough that a
+/// held call stays `running`.
+async fn app_with_a_held_provider(backend: TestBackend) -> (TestApp, FakeProvider) {
+    let fake = FakeProvider::start(Shape::OpenAi).await;
+    fake.set_default(Behaviour::Hold);
+    let toml = [
+        held_provider_toml("held", &fake.base_url, 600_000),
+        strict_task_toml("summarize", &["held"], "Summarize: {{ text }}"),
+    ]
+    .concat();
+    (spawn_app_with(backend, config_of(&toml)).await, fake)
+}

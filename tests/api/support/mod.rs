@@ -1,0 +1,16 @@
+//! What the scenarios stand on, apart from them: the harness that starts
+//! onejob on a fresh database ([`harness`], with `on_both_backends!`), a
+//! fake provider over real HTTP and the configuration tests write for it
+//! ([`fake_provider`]), a browser ([`webdriver`], [`devtools`]), a proxy
+//! that holds an answer back ([`proxy`]), and readers of the server's
+//! metrics ([`metrics`]) and stored rows ([`db`]).
+
+#[macro_use]
+pub mod harness;
+
+pub mod db;
+pub mod devtools;
+pub mod fake_provider;
+pub mod metrics;
+pub mod proxy;
+pub mod webdriver;
