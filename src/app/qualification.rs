@@ -15,10 +15,10 @@ use serde::{Deserialize, Serialize};
 use super::dispatch::Dispatch;
 use super::{App, AppError, AppResult, User};
 use crate::contracts::{golden_mismatches, GoldenExample, TaskContract};
-use crate::domain::Outcome;
+use crate::domain::{AuditAction, Outcome};
 use crate::providers::tokens::count_tokens;
 use crate::providers::Provider;
-use crate::store::operator::record_audit;
+use crate::store::operator::{record_audit, Audited};
 use crate::store::{now_ms, qualifications, QualificationRun};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -330,10 +330,8 @@ impl App {
                     record_audit(
                         conn,
                         &actor,
-                        &actor,
-                        "qualify",
-                        None,
-                        None,
+                        AuditAction::Qualify,
+                        Audited::Nothing,
                         &summary,
                         now_ms(),
                     )?;

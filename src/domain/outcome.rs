@@ -2,7 +2,7 @@
 //! applying it did to the job ([`Applied`]), and whether a succeeded attempt's
 //! answer became the job's result ([`RaceResult`]).
 
-use std::fmt;
+use super::ids::text_enum;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -153,33 +153,14 @@ impl Outcome {
     }
 }
 
-/// Whether a succeeded attempt's answer became the job's result (the
-/// attempt's `outcome` column).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, diesel::AsExpression, diesel::FromSqlRow)]
-#[diesel(sql_type = diesel::sql_types::Text)]
-pub enum RaceResult {
-    Won,
-    Lost,
-}
-
-impl RaceResult {
-    pub const ALL: [RaceResult; 2] = [Self::Won, Self::Lost];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Won => "won",
-            Self::Lost => "lost",
-        }
-    }
-
-    pub fn parse(text: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|r| r.as_str() == text)
-    }
-}
-
-impl fmt::Display for RaceResult {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+text_enum! {
+    /// Whether a succeeded attempt's answer became the job's result (the
+    /// attempt's `outcome` column).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, diesel::AsExpression, diesel::FromSqlRow)]
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    pub enum RaceResult {
+        Won = "won",
+        Lost = "lost",
     }
 }
 

@@ -340,7 +340,8 @@ async fn a_budget_of_two_attempts_fails_the_job_clearly(backend: TestBackend) {
         .unwrap();
     assert!(page.contains("#2 limited"), "the timeline has the retry");
     assert_eq!(
-        page.matches("<tr class=\"attempt\" data-state=\"failed\"").count(),
+        page.matches("<tr class=\"attempt\" data-state=\"failed\"")
+            .count(),
         2,
         "two failed attempts in the table: {page}"
     );
