@@ -249,7 +249,14 @@ async fn golden_check(
     ) {
         Ok(dispatch) => dispatch,
         Err(outcome) => {
-            return Check::new(name, false, outcome.reason().unwrap_or_default().to_owned())
+            return Check::new(
+                name,
+                false,
+                outcome
+                    .reason()
+                    .map(ToString::to_string)
+                    .unwrap_or_default(),
+            )
         }
     };
     // Room under the provider's limits first (a Retry-After pause waited
@@ -275,9 +282,9 @@ async fn golden_check(
             ),
         ),
         Ok(Outcome::Failed(reason)) | Ok(Outcome::Unknown(reason)) => {
-            Check::new(name, false, reason)
+            Check::new(name, false, reason.to_string())
         }
-        Ok(Outcome::Refused(refusal)) => Check::new(name, false, refusal.reason),
+        Ok(Outcome::Refused(refusal)) => Check::new(name, false, refusal.reason.to_string()),
         Ok(Outcome::Succeeded(answer)) => {
             let mismatches = golden_mismatches(&golden.expect, &answer);
             if mismatches.is_empty() {

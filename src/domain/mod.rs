@@ -28,7 +28,7 @@ pub use fingerprint::{canonical_json, sha256_hex, Fingerprint, JobIntent};
 pub use idempotency_key::{IdempotencyKey, IdempotencyKeyError};
 pub use ids::{AttemptId, JobId, UserId};
 pub use json_text::JsonText;
-pub use outcome::{Applied, Outcome, RaceResult, Refusal};
+pub use outcome::{Applied, Outcome, RaceResult, Reason, ReasonKind, Refusal};
 pub use reason::{AuditReason, AuditReasonError};
 pub use retry::{OnRateLimit, RetryPolicy};
 pub use role::Role;

@@ -311,7 +311,7 @@ impl AttemptLine {
             if staff {
                 e.to_owned()
             } else {
-                crate::domain::outcome::summary_of(e).to_owned()
+                crate::domain::outcome::Reason::from_stored(e).for_owner()
             }
         });
         Self {
