@@ -61,6 +61,16 @@ pub enum Audited<'a> {
     Nothing,
 }
 
+impl<'a> Audited<'a> {
+    pub fn job(owner_id: &'a UserId, job_id: &'a JobId, attempt_id: Option<&'a AttemptId>) -> Self {
+        Self::Job {
+            owner_id,
+            job_id,
+            attempt_id,
+        }
+    }
+}
+
 /// Records who did what, to what, when and why: the one audit insert.
 pub fn record_audit(
     conn: &mut DbConnection,
@@ -151,11 +161,7 @@ pub fn start_attempt(
         refresh_job_status(conn, key, now)?;
         if let Some(actor) = actor {
             let reason = format!("started attempt {} on {provider}", row.number);
-            let about = Audited::Job {
-                owner_id: &job.owner_id,
-                job_id,
-                attempt_id: Some(&row.id),
-            };
+            let about = Audited::job(&job.owner_id, job_id, Some(&row.id));
             record_audit(conn, actor, AuditAction::StartAttempt, about, &reason, now)?;
         }
         Ok(row)
@@ -200,11 +206,7 @@ pub fn fail_job_by_operator(
         {
             return Err(ActionError::JobFinished(get_job(conn, key)?.status));
         }
-        let about = Audited::Job {
-            owner_id: &job.owner_id,
-            job_id,
-            attempt_id: None,
-        };
+        let about = Audited::job(&job.owner_id, job_id, None);
         record_audit(conn, actor, AuditAction::FailJob, about, reason, now)?;
         Ok(get_job(conn, key)?)
     })
@@ -232,11 +234,7 @@ pub fn abandon(
             return Err(ActionError::NotUnknown(attempt.state));
         }
         refresh_job_status(conn, &attempt.job_key(), now)?;
-        let about = Audited::Job {
-            owner_id: &attempt.owner_id,
-            job_id: &attempt.job_id,
-            attempt_id: Some(&key.id),
-        };
+        let about = Audited::job(&attempt.owner_id, &attempt.job_id, Some(&key.id));
         record_audit(
             conn,
             actor_id,
