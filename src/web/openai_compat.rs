@@ -19,7 +19,7 @@ use actix_web::http::{header, StatusCode};
 use actix_web::middleware::Next;
 use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 use serde::Serialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::auth::{authenticate_or, Caller};
 use super::body::{json_text, BodyRules};
@@ -509,9 +509,20 @@ struct ChatCompletionChunk {
 #[derive(Serialize)]
 struct ChunkChoice {
     index: u32,
-    delta: Value,
+    delta: Delta,
     finish_reason: Value,
     logprobs: Option<Value>,
+}
+
+/// What a chunk adds to the answer; members it does not add are left out.
+#[derive(Serialize, Default)]
+struct Delta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_calls: Option<Vec<Value>>,
 }
 
 /// The finished answer as `chat.completion.chunk` events: the role, the
@@ -527,7 +538,7 @@ fn stream_body(job: &Job, result: &Value, include_usage: bool) -> String {
         choices,
         usage,
     };
-    let chunk = |delta: Value, finish_reason: Value| {
+    let chunk = |delta: Delta, finish_reason: Value| {
         let choice = ChunkChoice {
             index: 0,
             delta,
@@ -537,26 +548,34 @@ fn stream_body(job: &Job, result: &Value, include_usage: bool) -> String {
         event(vec![choice], include_usage.then_some(Value::Null))
     };
     let message = &result["message"];
-    let mut content = serde_json::Map::new();
-    if let Some(text) = message.get("content").filter(|c| !c.is_null()) {
-        content.insert("content".into(), text.clone());
-    }
-    if let Some(Value::Array(calls)) = message.get("tool_calls") {
-        let indexed: Vec<Value> = calls
-            .iter()
-            .enumerate()
-            .map(|(i, call)| {
-                let mut call = call.clone();
-                call["index"] = json!(i);
-                call
-            })
-            .collect();
-        content.insert("tool_calls".into(), Value::Array(indexed));
-    }
+    let tool_calls = match message.get("tool_calls") {
+        Some(Value::Array(calls)) => Some(
+            calls
+                .iter()
+                .enumerate()
+                .map(|(i, call)| {
+                    let mut call = call.clone();
+                    call["index"] = Value::from(i);
+                    call
+                })
+                .collect(),
+        ),
+        _ => None,
+    };
+    let answer = Delta {
+        role: None,
+        content: message.get("content").filter(|c| !c.is_null()).cloned(),
+        tool_calls,
+    };
+    let role = Delta {
+        role: Some("assistant"),
+        content: Some(Value::from("")),
+        tool_calls: None,
+    };
     let mut events = vec![
-        chunk(json!({"role": "assistant", "content": ""}), Value::Null),
-        chunk(Value::Object(content), Value::Null),
-        chunk(json!({}), result["finish_reason"].clone()),
+        chunk(role, Value::Null),
+        chunk(answer, Value::Null),
+        chunk(Delta::default(), result["finish_reason"].clone()),
     ];
     if include_usage {
         events.push(event(Vec::new(), Some(result["usage"].clone())));
@@ -724,6 +743,8 @@ pub use schemas::{
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     #[test]
