@@ -786,4 +786,61 @@ mod tests {
         assert!(read_request(&json!({"model": "m", "stream": "yes"})).is_err());
         assert!(read_request(&json!([1])).is_err());
     }
+
+    #[test]
+    fn a_streamed_answer_has_its_role_then_content_and_tool_calls_then_its_finish() {
+        let job = Job {
+            id: crate::domain::JobId::new(),
+            owner_id: crate::domain::UserId::new(),
+            idempotency_key: "k".into(),
+            task: "chat".into(),
+            provider: "p".into(),
+            requested_provider: None,
+            input: crate::domain::JsonText::from_value(&json!({})),
+            params: crate::domain::JsonText::from_value(&json!({})),
+            fingerprint: "0".repeat(64),
+            status: JobStatus::Succeeded,
+            version: 1,
+            result: None,
+            completed_by: None,
+            failure_reason: None,
+            created_at: 5_000,
+            updated_at: 5_000,
+        };
+        let result = json!({
+            "message": {"role": "assistant", "content": null,
+                "tool_calls": [{"id": "c1", "type": "function"}]},
+            "finish_reason": "tool_calls",
+            "usage": {"total_tokens": 3},
+        });
+        let body = stream_body(&job, &result, true);
+        let events: Vec<&str> = body
+            .split("\n\n")
+            .filter_map(|e| e.strip_prefix("data: "))
+            .collect();
+        assert_eq!(events.last(), Some(&"[DONE]"));
+        let chunks: Vec<Value> = events[..events.len() - 1]
+            .iter()
+            .map(|e| serde_json::from_str(e).unwrap())
+            .collect();
+        assert_eq!(chunks.len(), 4);
+        assert_eq!(
+            chunks[0]["choices"][0]["delta"],
+            json!({"role": "assistant", "content": ""})
+        );
+        assert_eq!(
+            chunks[1]["choices"][0]["delta"],
+            json!({"tool_calls": [{"id": "c1", "type": "function", "index": 0}]})
+        );
+        assert_eq!(chunks[2]["choices"][0]["delta"], json!({}));
+        assert_eq!(chunks[2]["choices"][0]["finish_reason"], "tool_calls");
+        assert!(chunks[..3].iter().all(|c| c["usage"].is_null()
+            && c.as_object().unwrap().contains_key("usage")
+            && c["id"] == format!("chatcmpl-{}", job.id)
+            && c["created"] == 5));
+        assert_eq!(chunks[3]["choices"], json!([]));
+        assert_eq!(chunks[3]["usage"], json!({"total_tokens": 3}));
+        let without_usage = stream_body(&job, &result, false);
+        assert!(!without_usage.contains("\"usage\""), "{without_usage}");
+    }
 }
