@@ -265,7 +265,9 @@ impl TaskContract {
         match outcome {
             Outcome::Succeeded(answer) => match self.check_output(&answer) {
                 Ok(()) => Outcome::Succeeded(answer),
-                Err(reason) => Outcome::Failed(format!("invalid_output: {reason}")),
+                Err(reason) => {
+                    Outcome::Failed(crate::domain::outcome::Reason::invalid_output(reason))
+                }
             },
             other => other,
         }
@@ -500,7 +502,10 @@ mod tests {
             Outcome::Succeeded(json!({"summary": "ok"}))
         );
         match t.judge(Outcome::Succeeded(json!({"other": 1}))) {
-            Outcome::Failed(reason) => assert!(reason.starts_with("invalid_output: "), "{reason}"),
+            Outcome::Failed(reason) => assert!(
+                reason.to_string().starts_with("invalid_output: "),
+                "{reason}"
+            ),
             other => panic!("expected a failure, got {other:?}"),
         }
         assert_eq!(

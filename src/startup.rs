@@ -12,6 +12,7 @@ use tracing_actix_web::TracingLogger;
 
 use crate::app::App;
 use crate::config::Config;
+use crate::domain::ids::text_enum;
 use crate::providers::Providers;
 use crate::store::{migrations, DatabaseUrl, Store};
 use crate::web;
@@ -43,29 +44,23 @@ pub fn open_store(url: &DatabaseUrl, config: &Config) -> Result<Store, StartupEr
     Ok(store)
 }
 
-/// What one `onejob serve` process does (`--role`, `ONEJOB_ROLE`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum ProcessRole {
-    /// The API, the pages and the worker.
-    #[default]
-    All,
-    /// The API and the pages; no attempt is sent from here (as with
-    /// `[worker] concurrency = 0`). Leases are still reaped.
-    Http,
-    /// The worker, with an HTTP listener for the orchestrator and
-    /// Prometheus only: `/healthz`, `/readyz`, `/metrics`.
-    Worker,
+text_enum! {
+    /// What one `onejob serve` process does (`--role`, `ONEJOB_ROLE`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+    pub enum ProcessRole {
+        /// The API, the pages and the worker.
+        #[default]
+        All = "all",
+        /// The API and the pages; no attempt is sent from here (as with
+        /// `[worker] concurrency = 0`). Leases are still reaped.
+        Http = "http",
+        /// The worker, with an HTTP listener for the orchestrator and
+        /// Prometheus only: `/healthz`, `/readyz`, `/metrics`.
+        Worker = "worker",
+    }
 }
 
 impl ProcessRole {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::All => "all",
-            Self::Http => "http",
-            Self::Worker => "worker",
-        }
-    }
-
     /// Refuses a role this configuration cannot fill: a worker-only
     /// process without worker slots would do nothing.
     pub fn check(self, config: &Config) -> Result<(), StartupError> {

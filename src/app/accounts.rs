@@ -10,9 +10,9 @@
 
 use super::{require_admin, App, AppError, AppResult, User};
 use crate::domain::password::{generate_password, hash_password, verify_password, UserName};
-use crate::domain::{throttle, Reason, Role, UserId};
+use crate::domain::{throttle, AuditAction, AuditReason, Role, UserId};
 use crate::store::now_ms;
-use crate::store::operator::record_user_audit;
+use crate::store::operator::{record_audit, Audited};
 use crate::store::sessions::{self, CleanedUp, Reservation};
 use crate::store::users::{self, IssuedToken, UserError, UserSummary};
 
@@ -299,16 +299,28 @@ pub enum UserAction {
 }
 
 impl UserAction {
-    fn audit_name(&self) -> &'static str {
+    fn audit_action(&self) -> AuditAction {
         match self {
-            Self::Add { .. } => "add_user",
-            Self::ResetPassword => "reset_password",
-            Self::RevokeTokens => "revoke_tokens",
-            Self::Disable => "disable_user",
-            Self::Enable => "enable_user",
-            Self::SetRole(_) => "set_role",
+            Self::Add { .. } => AuditAction::AddUser,
+            Self::ResetPassword => AuditAction::ResetPassword,
+            Self::RevokeTokens => AuditAction::RevokeTokens,
+            Self::Disable => AuditAction::DisableUser,
+            Self::Enable => AuditAction::EnableUser,
+            Self::SetRole(_) => AuditAction::SetRole,
         }
     }
+}
+
+/// A Users-page action as it is written: the ones that set a password
+/// carry its hash, so none can be written without one.
+#[derive(Debug)]
+enum UserWrite {
+    Add { role: Role, hash: String },
+    ResetPassword { hash: String },
+    RevokeTokens,
+    Disable,
+    Enable,
+    SetRole(Role),
 }
 
 /// What a Users-page action produced.
@@ -337,7 +349,7 @@ impl App {
         reason: &str,
     ) -> AppResult<UserActionDone> {
         require_admin(actor)?;
-        let reason = Reason::parse(reason).map_err(AppError::bad_reason)?;
+        let reason = AuditReason::parse(reason).map_err(AppError::bad_reason)?;
         let name = match &action {
             UserAction::Add { name, .. } => UserName::parse(name),
             _ => UserName::parse(subject),
@@ -355,15 +367,24 @@ impl App {
                 "admins cannot disable or demote themselves here; another admin can",
             ));
         }
-        let password = match &action {
-            UserAction::Add { .. } | UserAction::ResetPassword => Some(generate_password()),
-            _ => None,
+        let audit = action.audit_action();
+        let (write, password) = match action {
+            UserAction::Add { role, .. } => {
+                let password = generate_password();
+                let hash = self.hash(&password).await?;
+                (UserWrite::Add { role, hash }, Some(password))
+            }
+            UserAction::ResetPassword => {
+                let password = generate_password();
+                let hash = self.hash(&password).await?;
+                (UserWrite::ResetPassword { hash }, Some(password))
+            }
+            UserAction::RevokeTokens => (UserWrite::RevokeTokens, None),
+            UserAction::Disable => (UserWrite::Disable, None),
+            UserAction::Enable => (UserWrite::Enable, None),
+            UserAction::SetRole(role) => (UserWrite::SetRole(role), None),
         };
-        let hash = match &password {
-            Some(p) => Some(self.hash(p).await?),
-            None => None,
-        };
-        let (actor_id, audit) = (actor.id.clone(), action.audit_name());
+        let actor_id = actor.id.clone();
         let subject_name = name.as_str().to_owned();
         let note = self
             .store()
@@ -373,8 +394,7 @@ impl App {
                         conn,
                         &actor_id,
                         &subject_name,
-                        &action,
-                        hash.as_deref(),
+                        &write,
                         reason.as_str(),
                         audit,
                     )
@@ -403,37 +423,36 @@ fn user_action_in(
     conn: &mut crate::store::DbConnection,
     actor: &UserId,
     name: &str,
-    action: &UserAction,
-    hash: Option<&str>,
+    write: &UserWrite,
     reason: &str,
-    audit: &str,
+    audit: AuditAction,
 ) -> Result<Result<String, UserError>, crate::store::StoreError> {
     let now = now_ms();
-    let done: Result<(UserId, String), UserError> = (|| match action {
-        UserAction::Add { role, .. } => {
-            let user = users::add_user_with_password(conn, name, *role, hash.expect("hashed"))?;
+    let done: Result<(UserId, String), UserError> = (|| match write {
+        UserWrite::Add { role, hash } => {
+            let user = users::add_user_with_password(conn, name, *role, hash)?;
             Ok((user.id, format!("added {name} as {role}")))
         }
-        UserAction::ResetPassword => {
-            let id = sessions::set_password_hash(conn, name, hash.expect("hashed"))?;
+        UserWrite::ResetPassword { hash } => {
+            let id = sessions::set_password_hash(conn, name, hash)?;
             Ok((id, format!("new password for {name}; their sessions ended")))
         }
-        UserAction::RevokeTokens => {
+        UserWrite::RevokeTokens => {
             let id = users::id_of(conn, name)?;
             let n = users::revoke_tokens(conn, &id)?;
             Ok((id, format!("revoked {n} API token(s) of {name}")))
         }
-        UserAction::Disable => {
+        UserWrite::Disable => {
             let id = users::id_of(conn, name)?;
             users::set_disabled(conn, &id, true)?;
             Ok((id, format!("disabled {name}")))
         }
-        UserAction::Enable => {
+        UserWrite::Enable => {
             let id = users::id_of(conn, name)?;
             users::set_disabled(conn, &id, false)?;
             Ok((id, format!("enabled {name}")))
         }
-        UserAction::SetRole(role) => {
+        UserWrite::SetRole(role) => {
             let id = users::id_of(conn, name)?;
             users::set_role(conn, &id, *role)?;
             Ok((id, format!("{name} is now {role}")))
@@ -441,11 +460,11 @@ fn user_action_in(
     })();
     match done {
         Ok((subject, note)) => {
-            record_user_audit(
+            record_audit(
                 conn,
                 actor,
                 audit,
-                &subject,
+                Audited::User(&subject),
                 &format!("{note}: {reason}"),
                 now,
             )?;

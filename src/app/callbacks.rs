@@ -9,7 +9,7 @@ use serde_json::Value;
 use utoipa::ToSchema;
 
 use super::{App, AppError, AppResult};
-use crate::domain::outcome::{redacted, with_detail};
+use crate::domain::outcome::{redacted, Reason};
 use crate::domain::{Applied, AttemptId, CallbackRefusal, Outcome};
 
 /// A callback's body: exactly one of `result` and `error`.
@@ -89,10 +89,9 @@ impl App {
                     ),
                 ];
                 let detail = redacted(&error, secrets.iter().flatten().map(String::as_str));
-                Outcome::Failed(with_detail(
-                    "the provider reported a failure by callback",
-                    &detail,
-                ))
+                Outcome::Failed(
+                    Reason::new("the provider reported a failure by callback").with_detail(&detail),
+                )
             }
             _ => {
                 return Err(AppError::invalid_body(

@@ -38,7 +38,9 @@ impl Dispatch {
             (String::new(), Some(input.clone()))
         } else {
             (
-                contract.render_prompt(input).map_err(Outcome::Failed)?,
+                contract
+                    .render_prompt(input)
+                    .map_err(|e| Outcome::Failed(e.into()))?,
                 None,
             )
         };
@@ -108,20 +110,26 @@ impl App {
             .providers()
             .get(&claim.attempt.provider)
             .ok_or_else(|| {
-                Outcome::Failed(format!(
-                    "provider {:?} is not configured; the attempt was not sent",
-                    claim.attempt.provider
-                ))
+                Outcome::Failed(
+                    format!(
+                        "provider {:?} is not configured; the attempt was not sent",
+                        claim.attempt.provider
+                    )
+                    .into(),
+                )
             })?;
         let contract = self
             .config()
             .contracts
             .get(&claim.job.task)
             .ok_or_else(|| {
-                Outcome::Failed(format!(
-                    "task {:?} is not configured; the attempt was not sent",
-                    claim.job.task
-                ))
+                Outcome::Failed(
+                    format!(
+                        "task {:?} is not configured; the attempt was not sent",
+                        claim.job.task
+                    )
+                    .into(),
+                )
             })?;
         let callback = callback_target(
             self.config().callbacks.as_ref(),

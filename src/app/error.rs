@@ -4,7 +4,7 @@
 //! front end words it once (problem+json in `web::error`, a page in
 //! `web::pages`).
 
-use crate::domain::{AttemptId, AttemptState, JobId, JobStatus, ReasonError};
+use crate::domain::{AttemptId, AttemptState, AuditReasonError, JobId, JobStatus, Role};
 use crate::store::operator::ActionError;
 use crate::store::StoreError;
 
@@ -13,9 +13,10 @@ pub enum AppError {
     /// No such resource, or not the caller's to see (ids leak nothing).
     #[error("no such resource")]
     NotFound,
-    /// The caller's role does not allow this; names the role needed.
-    #[error("this action needs the {0} role")]
-    Forbidden(&'static str),
+    /// The caller's role does not allow this; names the least role needed
+    /// (support: support staff or an admin).
+    #[error("{}", forbidden_detail(*.0))]
+    Forbidden(Role),
     #[error("no task named {task:?} is configured")]
     UnknownTask { task: String, tasks: Vec<String> },
     #[error("provider {provider:?} is not in the chain of task {task:?}")]
@@ -88,6 +89,15 @@ fn callback_age(age_seconds: i64, window_seconds: u64) -> String {
     }
 }
 
+/// The words of [`AppError::Forbidden`]: the role needed, and those above it.
+fn forbidden_detail(needed: Role) -> &'static str {
+    match needed {
+        Role::User => "this action needs a signed-in user",
+        Role::Support => "this action needs the support or admin role",
+        Role::Admin => "this action needs the admin role",
+    }
+}
+
 impl AppError {
     pub fn invalid_body(detail: impl Into<String>) -> Self {
         Self::InvalidBody {
@@ -104,7 +114,7 @@ impl AppError {
     }
 
     /// An operator's reason that does not parse.
-    pub fn bad_reason(error: ReasonError) -> Self {
+    pub fn bad_reason(error: AuditReasonError) -> Self {
         Self::InvalidBody {
             detail: error.to_string(),
             field: Some("reason".into()),

@@ -15,7 +15,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 use super::{App, AppResult};
-use crate::domain::Applied;
+use crate::domain::{Applied, AttemptState};
 use crate::store::{console, now_ms};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -228,10 +228,10 @@ impl Metrics {
     /// Counts what applying an outcome did to an attempt.
     pub fn record_applied(&self, provider: &str, applied: &Applied) {
         let state = match applied {
-            Applied::Won => "succeeded",
+            Applied::Won => AttemptState::Succeeded,
             Applied::Lost { .. } => {
                 self.races.inc();
-                "succeeded"
+                AttemptState::Succeeded
             }
             Applied::Discarded(_) => {
                 self.races.inc();
@@ -239,11 +239,13 @@ impl Metrics {
             }
             Applied::RetryScheduled { .. } => {
                 self.retries.get_or_create(&label(provider)).inc();
-                "failed"
+                AttemptState::Failed
             }
-            Applied::FailedOver { .. } | Applied::JobFailed { .. } | Applied::Recorded => "failed",
-            Applied::MarkedUnknown => "unknown",
-            Applied::Superseded => "abandoned",
+            Applied::FailedOver { .. } | Applied::JobFailed { .. } | Applied::Recorded => {
+                AttemptState::Failed
+            }
+            Applied::MarkedUnknown => AttemptState::Unknown,
+            Applied::Superseded => AttemptState::Abandoned,
             Applied::Ignored(_) | Applied::Repeated(_) => return,
         };
         self.attempt_reached(provider, state);
@@ -267,11 +269,12 @@ impl Metrics {
             .inc();
     }
 
-    pub fn attempt_reached(&self, provider: &str, state: &str) {
+    /// An attempt of `provider` reached `state`.
+    pub fn attempt_reached(&self, provider: &str, state: AttemptState) {
         self.attempts
             .get_or_create(&AttemptLabels {
                 provider: provider.to_owned(),
-                state: state.to_owned(),
+                state: state.as_str().to_owned(),
             })
             .inc();
     }
@@ -282,10 +285,15 @@ impl Metrics {
     /// first event.
     pub fn start_at_zero<'a>(&self, providers: impl IntoIterator<Item = &'a str>) {
         for provider in providers {
-            for state in ["succeeded", "failed", "unknown", "abandoned"] {
+            for state in [
+                AttemptState::Succeeded,
+                AttemptState::Failed,
+                AttemptState::Unknown,
+                AttemptState::Abandoned,
+            ] {
                 let _ = self.attempts.get_or_create(&AttemptLabels {
                     provider: provider.to_owned(),
-                    state: state.to_owned(),
+                    state: state.as_str().to_owned(),
                 });
             }
             let _ = self.provider_call_seconds.get_or_create(&label(provider));

@@ -39,7 +39,7 @@ use std::sync::Arc;
 
 use tokio::sync::{broadcast, watch, Notify};
 
-use crate::domain::JobId;
+use crate::domain::{JobId, Role};
 
 /// How many finished job ids a slow waiter may fall behind by before it
 /// re-reads its job anyway.
@@ -168,7 +168,7 @@ pub fn require_staff(user: &User) -> AppResult<()> {
     if user.role.is_staff() {
         Ok(())
     } else {
-        Err(AppError::Forbidden("support or admin"))
+        Err(AppError::Forbidden(Role::Support))
     }
 }
 
@@ -177,6 +177,6 @@ pub fn require_admin(user: &User) -> AppResult<()> {
     if user.role.is_admin() {
         Ok(())
     } else {
-        Err(AppError::Forbidden("admin"))
+        Err(AppError::Forbidden(Role::Admin))
     }
 }

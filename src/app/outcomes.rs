@@ -30,7 +30,7 @@ impl App {
             }
             Outcome::Failed(error) => {
                 let (applied, job_id) = self
-                    .apply_failure(attempt, error, Failure::Definite)
+                    .apply_failure(attempt, error.to_stored(), Failure::Definite)
                     .await?;
                 (applied, Some(job_id))
             }
@@ -38,12 +38,13 @@ impl App {
                 let failure = Failure::NothingHappened {
                     retry_after_ms: refusal.retry_after.map(|d| d.as_millis() as i64),
                 };
-                let (applied, job_id) =
-                    self.apply_failure(attempt, refusal.reason, failure).await?;
+                let (applied, job_id) = self
+                    .apply_failure(attempt, refusal.reason.to_stored(), failure)
+                    .await?;
                 (applied, Some(job_id))
             }
             Outcome::Unknown(reason) => {
-                let key = attempt.clone();
+                let (key, reason) = (attempt.clone(), reason.to_stored());
                 let applied = self
                     .store()
                     .run(move |conn| queue::mark_unknown(conn, &key, &reason))

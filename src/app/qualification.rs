@@ -15,10 +15,10 @@ use serde::{Deserialize, Serialize};
 use super::dispatch::Dispatch;
 use super::{App, AppError, AppResult, User};
 use crate::contracts::{golden_mismatches, GoldenExample, TaskContract};
-use crate::domain::Outcome;
+use crate::domain::{AuditAction, Outcome};
 use crate::providers::tokens::count_tokens;
 use crate::providers::Provider;
-use crate::store::operator::record_audit;
+use crate::store::operator::{record_audit, Audited};
 use crate::store::{now_ms, qualifications, QualificationRun};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -249,7 +249,14 @@ async fn golden_check(
     ) {
         Ok(dispatch) => dispatch,
         Err(outcome) => {
-            return Check::new(name, false, outcome.reason().unwrap_or_default().to_owned())
+            return Check::new(
+                name,
+                false,
+                outcome
+                    .reason()
+                    .map(ToString::to_string)
+                    .unwrap_or_default(),
+            )
         }
     };
     // Room under the provider's limits first (a Retry-After pause waited
@@ -275,9 +282,9 @@ async fn golden_check(
             ),
         ),
         Ok(Outcome::Failed(reason)) | Ok(Outcome::Unknown(reason)) => {
-            Check::new(name, false, reason)
+            Check::new(name, false, reason.to_string())
         }
-        Ok(Outcome::Refused(refusal)) => Check::new(name, false, refusal.reason),
+        Ok(Outcome::Refused(refusal)) => Check::new(name, false, refusal.reason.to_string()),
         Ok(Outcome::Succeeded(answer)) => {
             let mismatches = golden_mismatches(&golden.expect, &answer);
             if mismatches.is_empty() {
@@ -330,10 +337,8 @@ impl App {
                     record_audit(
                         conn,
                         &actor,
-                        &actor,
-                        "qualify",
-                        None,
-                        None,
+                        AuditAction::Qualify,
+                        Audited::Nothing,
                         &summary,
                         now_ms(),
                     )?;

@@ -3,7 +3,7 @@
 //! support or admin role and a reason, and both are audited.
 
 use super::{require_staff, App, AppError, AppResult, Attempt, Job, User};
-use crate::domain::{AttemptId, JobId, Reason};
+use crate::domain::{AttemptId, AttemptState, AuditReason, JobId};
 use crate::store::operator;
 
 impl App {
@@ -16,7 +16,7 @@ impl App {
         reason: &str,
     ) -> AppResult<Attempt> {
         require_staff(actor)?;
-        let reason = Reason::parse(reason).map_err(AppError::bad_reason)?;
+        let reason = AuditReason::parse(reason).map_err(AppError::bad_reason)?;
         let (id, actor_id) = (attempt_id.clone(), actor.id.clone());
         let attempt = self
             .store()
@@ -29,7 +29,7 @@ impl App {
             })
             .await??;
         self.metrics()
-            .attempt_reached(&attempt.provider, "abandoned");
+            .attempt_reached(&attempt.provider, AttemptState::Abandoned);
         tracing::info!(attempt_id = %attempt.id, job_id = %attempt.job_id, actor = %actor.name, "attempt abandoned");
         Ok(attempt)
     }
@@ -37,7 +37,7 @@ impl App {
     /// Finalizes a job whose unknown attempt was resolved as failed.
     pub async fn fail_job(&self, actor: &User, job_id: &JobId, reason: &str) -> AppResult<Job> {
         require_staff(actor)?;
-        let reason = Reason::parse(reason).map_err(AppError::bad_reason)?;
+        let reason = AuditReason::parse(reason).map_err(AppError::bad_reason)?;
         let (job, _) = self.job_for(actor, job_id).await?;
         let (key, actor_id) = (job.key(), actor.id.clone());
         let job = self

@@ -1,6 +1,11 @@
 //! Twins in flight: a request under a key that this process is already
 //! creating a job for waits for that creation and answers from its job,
 //! instead of taking a connection to ask the database the same question.
+//! This is the pattern known as request coalescing, or "single flight"
+//! (Go's `golang.org/x/sync/singleflight`): one call per key is in flight,
+//! and the duplicates that arrive meanwhile share its result. Here the
+//! words are twins (duplicate requests), a flight (the call in progress),
+//! boarding (joining one) and landing (its end, handed to the followers).
 //!
 //! The first request (the leader) goes on as usual; each twin that arrives
 //! while it is in flight (a follower) waits for its end:

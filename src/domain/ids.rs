@@ -65,6 +65,58 @@ macro_rules! uuid_id {
     };
 }
 
+/// An enum stored and shown as text: each variant names its text once, and
+/// the macro writes `ALL` (every variant, in order), `as_str`, `parse` (the
+/// exact text, nothing else) and `Display` from it. Derives and other
+/// attributes are the caller's.
+macro_rules! text_enum {
+    (
+        $(#[$meta:meta])*
+        $vis:vis enum $name:ident {
+            $($(#[$variant_meta:meta])* $variant:ident = $text:literal),+ $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        $vis enum $name {
+            $($(#[$variant_meta])* $variant),+
+        }
+
+        impl $name {
+            /// Every value, in the order they are declared.
+            pub const ALL: [$name; [$($text),+].len()] = [$(Self::$variant),+];
+
+            /// The text it is stored and shown as.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $text),+
+                }
+            }
+
+            /// The value whose text is exactly `text`.
+            pub fn parse(text: &str) -> Option<Self> {
+                match text {
+                    $($text => Some(Self::$variant),)+
+                    _ => None,
+                }
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        /// A value equals its text.
+        impl PartialEq<&str> for $name {
+            fn eq(&self, text: &&str) -> bool {
+                self.as_str() == *text
+            }
+        }
+    };
+}
+pub(crate) use text_enum;
+
 uuid_id!(
     /// Identifies a Job: one user intent.
     JobId

@@ -3,6 +3,7 @@
 //! Nothing in here does I/O. (Ids and state enums derive diesel's expression
 //! markers so that rows can hold them; their SQL conversion is in the store.)
 
+pub mod audit;
 pub mod callback_key;
 pub mod failover;
 pub mod fingerprint;
@@ -20,14 +21,15 @@ pub mod secret;
 pub mod state;
 pub mod throttle;
 
+pub use audit::AuditAction;
 pub use callback_key::{CallbackKey, CallbackRefusal};
 pub use failover::{failover_order, next_provider, AllowedProviders, QualificationStatus};
 pub use fingerprint::{canonical_json, sha256_hex, Fingerprint, JobIntent};
 pub use idempotency_key::{IdempotencyKey, IdempotencyKeyError};
 pub use ids::{AttemptId, JobId, UserId};
 pub use json_text::JsonText;
-pub use outcome::{Applied, Outcome, RaceResult, Refusal};
-pub use reason::{Reason, ReasonError};
+pub use outcome::{Applied, Outcome, RaceResult, Reason, ReasonKind, Refusal};
+pub use reason::{AuditReason, AuditReasonError};
 pub use retry::{OnRateLimit, RetryPolicy};
 pub use role::Role;
 pub use secret::Secret;

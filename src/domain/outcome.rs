@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use super::ids::text_enum;
 use super::{AttemptId, AttemptState};
 
 /// How a provider call ended, classified by the one table in
@@ -18,7 +19,7 @@ pub enum Outcome {
     Succeeded(Value),
     /// The provider surely did not do the work, or answered unusably
     /// (`invalid_output`).
-    Failed(String),
+    Failed(Reason),
     /// A definite failure in which nothing happened: the provider turned
     /// the request away before doing any work (rate limited, overloaded),
     /// or the request never reached it. Nothing was billed and nothing can
@@ -27,14 +28,14 @@ pub enum Outcome {
     Refused(Refusal),
     /// The request may have been acted on, but no usable answer came
     /// (timeout, connection lost after sending, 5xx, truncated body).
-    Unknown(String),
+    Unknown(Reason),
 }
 
 /// Why a provider turned a request away without doing anything, and when
 /// it said it may be called again.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
-    pub reason: String,
+    pub reason: Reason,
     /// What the provider's `Retry-After` asked for, if it said.
     pub retry_after: Option<Duration>,
     /// How long the provider asked not to be called at all, by anyone: its
@@ -45,28 +46,145 @@ pub struct Refusal {
 
 impl Refusal {
     /// A refusal that asks for nothing: the request never reached the provider.
-    pub fn unreachable(reason: impl Into<String>) -> Self {
+    pub fn unreachable(reason: Reason) -> Self {
         Self {
-            reason: reason.into(),
+            reason,
             retry_after: None,
             pause: None,
         }
     }
 }
 
+/// What kind of failure a [`Reason`] tells of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReasonKind {
+    /// The provider answered, but not with what the task takes: not JSON,
+    /// outside the output schema, too large (`invalid_output`).
+    InvalidOutput,
+    /// Any other failure; its summary says which.
+    Other,
+}
+
+/// How an [`ReasonKind::InvalidOutput`] reason's text begins.
+const INVALID_OUTPUT_PREFIX: &str = "invalid_output: ";
+
 /// Where a reason's own words end and the provider's text (an error body,
-/// a connection error naming hosts) begins. Owners see the words before it;
-/// support staff see all (`summary_of`).
+/// a connection error naming hosts) begins, in its stored text. Owners see
+/// the words before it; support staff see all.
 pub const DETAIL_MARKER: &str = "\n— the provider said: ";
 
-/// A reason with the provider's text after it, when there is any.
-pub fn with_detail(summary: impl Into<String>, detail: &str) -> String {
-    let summary = summary.into();
-    let detail = detail.trim();
-    if detail.is_empty() {
-        summary
-    } else {
-        format!("{summary}{DETAIL_MARKER}{detail}")
+/// Why an attempt failed or has an unknown outcome: its kind, the summary
+/// its job's owner may see, and the provider's own text (which can name
+/// internal hosts or accounts), for support staff only.
+///
+/// It is stored as one text (`attempts.error`): the kind's prefix
+/// (`invalid_output: `), the summary, then [`DETAIL_MARKER`] and the
+/// provider's text, if any. Rows written before this type was read the same
+/// way, so [`Reason::from_stored`] reads every stored reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reason {
+    kind: ReasonKind,
+    summary: String,
+    detail: Option<String>,
+}
+
+impl Reason {
+    pub fn new(summary: impl Into<String>) -> Self {
+        Self {
+            kind: ReasonKind::Other,
+            summary: summary.into(),
+            detail: None,
+        }
+    }
+
+    /// An answer the task cannot take.
+    pub fn invalid_output(summary: impl Into<String>) -> Self {
+        Self {
+            kind: ReasonKind::InvalidOutput,
+            ..Self::new(summary)
+        }
+    }
+
+    /// The same reason with the provider's text, when there is any.
+    pub fn with_detail(mut self, detail: &str) -> Self {
+        let detail = detail.trim();
+        self.detail = (!detail.is_empty()).then(|| detail.to_owned());
+        self
+    }
+
+    pub fn kind(&self) -> ReasonKind {
+        self.kind
+    }
+
+    pub fn summary(&self) -> &str {
+        &self.summary
+    }
+
+    /// The provider's own text, for support staff.
+    pub fn detail(&self) -> Option<&str> {
+        self.detail.as_deref()
+    }
+
+    /// What a job's owner is shown: the kind and the summary, without the
+    /// provider's text.
+    pub fn for_owner(&self) -> String {
+        match self.kind {
+            ReasonKind::InvalidOutput => format!("{INVALID_OUTPUT_PREFIX}{}", self.summary),
+            ReasonKind::Other => self.summary.clone(),
+        }
+    }
+
+    /// The text it is stored as (and support staff are shown).
+    pub fn to_stored(&self) -> String {
+        match &self.detail {
+            Some(detail) => format!("{}{DETAIL_MARKER}{detail}", self.for_owner()),
+            None => self.for_owner(),
+        }
+    }
+
+    /// Reads a stored reason back.
+    pub fn from_stored(text: &str) -> Self {
+        let (words, detail) = match text.split_once(DETAIL_MARKER) {
+            Some((words, detail)) => (words, Some(detail.to_owned())),
+            None => (text, None),
+        };
+        let (kind, summary) = match words.strip_prefix(INVALID_OUTPUT_PREFIX) {
+            Some(summary) => (ReasonKind::InvalidOutput, summary),
+            None => (ReasonKind::Other, words),
+        };
+        Self {
+            kind,
+            summary: summary.to_owned(),
+            detail,
+        }
+    }
+
+    /// The same reason with `f` applied to its summary and to its
+    /// provider's text (redaction, [`printable`]).
+    pub fn map_text(self, f: impl Fn(String) -> String) -> Self {
+        Self {
+            kind: self.kind,
+            summary: f(self.summary),
+            detail: self.detail.map(&f),
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_stored())
+    }
+}
+
+impl From<&str> for Reason {
+    fn from(summary: &str) -> Self {
+        Self::new(summary)
+    }
+}
+
+impl From<String> for Reason {
+    fn from(summary: String) -> Self {
+        Self::new(summary)
     }
 }
 
@@ -87,11 +205,6 @@ pub fn redacted<'a>(text: &str, secrets: impl IntoIterator<Item = &'a str>) -> S
     text
 }
 
-/// A reason without the provider's text: what a job's owner is shown.
-pub fn summary_of(reason: &str) -> &str {
-    reason.split(DETAIL_MARKER).next().unwrap_or(reason)
-}
-
 /// Provider text made safe to store and show: control characters (a NUL
 /// byte would make PostgreSQL refuse the write, forever) are written as
 /// `\u{…}` escapes; new lines and tabs stay.
@@ -110,19 +223,11 @@ pub fn printable(text: &str) -> String {
 impl Outcome {
     /// The same outcome with its reason made [`printable`].
     pub fn printable(self) -> Self {
-        match self {
-            Self::Failed(reason) => Self::Failed(printable(&reason)),
-            Self::Refused(refusal) => Self::Refused(Refusal {
-                reason: printable(&refusal.reason),
-                ..refusal
-            }),
-            Self::Unknown(reason) => Self::Unknown(printable(&reason)),
-            answer => answer,
-        }
+        self.map_reason(|text| printable(&text))
     }
 
     /// Why it failed or is unknown; `None` for a success.
-    pub fn reason(&self) -> Option<&str> {
+    pub fn reason(&self) -> Option<&Reason> {
         match self {
             Self::Succeeded(_) => None,
             Self::Failed(reason) | Self::Unknown(reason) => Some(reason),
@@ -139,13 +244,14 @@ impl Outcome {
         }
     }
 
-    /// The same outcome with its reason changed by `f` (redaction).
-    pub fn map_reason(self, f: impl FnOnce(String) -> String) -> Self {
+    /// The same outcome with the text of its reason changed by `f`
+    /// (redaction).
+    pub fn map_reason(self, f: impl Fn(String) -> String) -> Self {
         match self {
-            Self::Failed(reason) => Self::Failed(f(reason)),
-            Self::Unknown(reason) => Self::Unknown(f(reason)),
+            Self::Failed(reason) => Self::Failed(reason.map_text(f)),
+            Self::Unknown(reason) => Self::Unknown(reason.map_text(f)),
             Self::Refused(refusal) => Self::Refused(Refusal {
-                reason: f(refusal.reason),
+                reason: refusal.reason.map_text(f),
                 ..refusal
             }),
             answer => answer,
@@ -153,33 +259,14 @@ impl Outcome {
     }
 }
 
-/// Whether a succeeded attempt's answer became the job's result (the
-/// attempt's `outcome` column).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, diesel::AsExpression, diesel::FromSqlRow)]
-#[diesel(sql_type = diesel::sql_types::Text)]
-pub enum RaceResult {
-    Won,
-    Lost,
-}
-
-impl RaceResult {
-    pub const ALL: [RaceResult; 2] = [Self::Won, Self::Lost];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Won => "won",
-            Self::Lost => "lost",
-        }
-    }
-
-    pub fn parse(text: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|r| r.as_str() == text)
-    }
-}
-
-impl fmt::Display for RaceResult {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+text_enum! {
+    /// Whether a succeeded attempt's answer became the job's result (the
+    /// attempt's `outcome` column).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, diesel::AsExpression, diesel::FromSqlRow)]
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    pub enum RaceResult {
+        Won = "won",
+        Lost = "lost",
     }
 }
 
@@ -250,17 +337,39 @@ mod tests {
 
     #[test]
     fn the_providers_own_text_is_kept_apart_from_the_reason() {
-        let reason = with_detail(
-            "the provider refused the request with 400",
-            "db-7.internal: quota",
-        );
+        let reason = Reason::new("the provider refused the request with 400")
+            .with_detail("db-7.internal: quota");
         assert_eq!(
-            summary_of(&reason),
+            reason.for_owner(),
             "the provider refused the request with 400"
         );
-        assert!(reason.ends_with("db-7.internal: quota"));
-        assert_eq!(with_detail("timeout", "  "), "timeout");
-        assert_eq!(summary_of("no detail here"), "no detail here");
+        assert!(reason.to_stored().ends_with("db-7.internal: quota"));
+        assert_eq!(
+            Reason::new("timeout").with_detail("  ").to_stored(),
+            "timeout"
+        );
+        assert_eq!(
+            Reason::from_stored("no detail here").for_owner(),
+            "no detail here"
+        );
+    }
+
+    #[test]
+    fn stored_reasons_read_back_with_their_kind_summary_and_detail() {
+        let stored = "invalid_output: the answer is not JSON\n— the provider said: <html>";
+        let reason = Reason::from_stored(stored);
+        assert_eq!(reason.kind(), ReasonKind::InvalidOutput);
+        assert_eq!(reason.summary(), "the answer is not JSON");
+        assert_eq!(reason.detail(), Some("<html>"));
+        assert_eq!(reason.for_owner(), "invalid_output: the answer is not JSON");
+        assert_eq!(reason.to_stored(), stored);
+        let plain = Reason::from_stored("rate limited (429)");
+        assert_eq!((plain.kind(), plain.detail()), (ReasonKind::Other, None));
+        assert_eq!(plain, Reason::new("rate limited (429)"));
+        assert_eq!(
+            Reason::invalid_output("too large").to_string(),
+            "invalid_output: too large"
+        );
     }
 
     #[test]

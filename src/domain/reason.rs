@@ -6,24 +6,24 @@ use std::fmt;
 pub const MAX_REASON_CHARS: usize = 2000;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Reason(String);
+pub struct AuditReason(String);
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ReasonError {
+pub enum AuditReasonError {
     #[error("a reason is required")]
     Missing,
     #[error("the reason is longer than {MAX_REASON_CHARS} characters")]
     TooLong,
 }
 
-impl Reason {
-    pub fn parse(raw: &str) -> Result<Self, ReasonError> {
+impl AuditReason {
+    pub fn parse(raw: &str) -> Result<Self, AuditReasonError> {
         let reason = raw.trim();
         if reason.is_empty() {
-            return Err(ReasonError::Missing);
+            return Err(AuditReasonError::Missing);
         }
         if reason.chars().count() > MAX_REASON_CHARS {
-            return Err(ReasonError::TooLong);
+            return Err(AuditReasonError::TooLong);
         }
         Ok(Self(reason.to_owned()))
     }
@@ -33,7 +33,7 @@ impl Reason {
     }
 }
 
-impl fmt::Display for Reason {
+impl fmt::Display for AuditReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
@@ -45,12 +45,12 @@ mod tests {
 
     #[test]
     fn reasons_are_trimmed_required_and_bounded() {
-        assert_eq!(Reason::parse("  outage ").unwrap().as_str(), "outage");
-        assert_eq!(Reason::parse("   "), Err(ReasonError::Missing));
+        assert_eq!(AuditReason::parse("  outage ").unwrap().as_str(), "outage");
+        assert_eq!(AuditReason::parse("   "), Err(AuditReasonError::Missing));
         assert_eq!(
-            Reason::parse(&"x".repeat(MAX_REASON_CHARS + 1)),
-            Err(ReasonError::TooLong)
+            AuditReason::parse(&"x".repeat(MAX_REASON_CHARS + 1)),
+            Err(AuditReasonError::TooLong)
         );
-        assert!(Reason::parse(&"é".repeat(MAX_REASON_CHARS)).is_ok());
+        assert!(AuditReason::parse(&"é".repeat(MAX_REASON_CHARS)).is_ok());
     }
 }

@@ -10,28 +10,22 @@
 
 use serde::Deserialize;
 
+use super::ids::text_enum;
 use super::next_provider;
 
-/// What a task does when a provider turns its request away without doing
-/// anything (`on_rate_limit`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OnRateLimit {
-    /// The next qualified provider of the chain the job has not tried; when
-    /// none is left, the same provider once its wait is over.
-    #[default]
-    Failover,
-    /// The same provider once its wait is over; a refusal never moves the
-    /// job elsewhere (a definite failure of another kind still fails over).
-    Wait,
-}
-
-impl OnRateLimit {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Failover => "failover",
-            Self::Wait => "wait",
-        }
+text_enum! {
+    /// What a task does when a provider turns its request away without doing
+    /// anything (`on_rate_limit`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+    #[serde(rename_all = "lowercase")]
+    pub enum OnRateLimit {
+        /// The next qualified provider of the chain the job has not tried; when
+        /// none is left, the same provider once its wait is over.
+        #[default]
+        Failover = "failover",
+        /// The same provider once its wait is over; a refusal never moves the
+        /// job elsewhere (a definite failure of another kind still fails over).
+        Wait = "wait",
     }
 }
 

@@ -1,44 +1,29 @@
 //! User roles, enforced on the server.
 
-use std::fmt;
+use super::ids::text_enum;
 
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    serde::Serialize,
-    serde::Deserialize,
-    diesel::AsExpression,
-    diesel::FromSqlRow,
-)]
-#[diesel(sql_type = diesel::sql_types::Text)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    User,
-    Support,
-    Admin,
+text_enum! {
+    #[derive(
+        Debug,
+        Clone,
+        Copy,
+        PartialEq,
+        Eq,
+        serde::Serialize,
+        serde::Deserialize,
+        diesel::AsExpression,
+        diesel::FromSqlRow,
+    )]
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    #[serde(rename_all = "lowercase")]
+    pub enum Role {
+        User = "user",
+        Support = "support",
+        Admin = "admin",
+    }
 }
 
 impl Role {
-    pub fn parse(text: &str) -> Option<Self> {
-        match text {
-            "user" => Some(Self::User),
-            "support" => Some(Self::Support),
-            "admin" => Some(Self::Admin),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::User => "user",
-            Self::Support => "support",
-            Self::Admin => "admin",
-        }
-    }
-
     /// Support staff and admins resolve unknown attempts and act on others' jobs.
     pub fn is_staff(self) -> bool {
         matches!(self, Self::Support | Self::Admin)
@@ -49,19 +34,13 @@ impl Role {
     }
 }
 
-impl fmt::Display for Role {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn roles_round_trip_and_unknown_roles_are_refused() {
-        for role in [Role::User, Role::Support, Role::Admin] {
+        for role in Role::ALL {
             assert_eq!(Role::parse(role.as_str()), Some(role));
         }
         assert_eq!(Role::parse("root"), None);

@@ -5,54 +5,27 @@
 //! `UPDATE`, so the transitions allowed here are the transitions the database
 //! will perform.
 
-use std::fmt;
+use super::ids::text_enum;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, diesel::AsExpression, diesel::FromSqlRow)]
-#[diesel(sql_type = diesel::sql_types::Text)]
-pub enum AttemptState {
-    Queued,
-    Running,
-    Succeeded,
-    Failed,
-    Unknown,
-    Abandoned,
+text_enum! {
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, diesel::AsExpression, diesel::FromSqlRow)]
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    pub enum AttemptState {
+        Queued = "queued",
+        Running = "running",
+        Succeeded = "succeeded",
+        Failed = "failed",
+        Unknown = "unknown",
+        Abandoned = "abandoned",
+    }
 }
 
 impl AttemptState {
-    pub const ALL: [AttemptState; 6] = [
-        Self::Queued,
-        Self::Running,
-        Self::Succeeded,
-        Self::Failed,
-        Self::Unknown,
-        Self::Abandoned,
-    ];
     /// States that block a new attempt on the same job.
     pub const LIVE: [AttemptState; 3] = [Self::Queued, Self::Running, Self::Unknown];
 
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Queued => "queued",
-            Self::Running => "running",
-            Self::Succeeded => "succeeded",
-            Self::Failed => "failed",
-            Self::Unknown => "unknown",
-            Self::Abandoned => "abandoned",
-        }
-    }
-
-    pub fn parse(text: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|s| s.as_str() == text)
-    }
-
     pub fn is_live(self) -> bool {
         Self::LIVE.contains(&self)
-    }
-}
-
-impl fmt::Display for AttemptState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 
@@ -132,39 +105,20 @@ pub struct TransitionError {
     pub event: AttemptEvent,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, diesel::AsExpression, diesel::FromSqlRow)]
-#[diesel(sql_type = diesel::sql_types::Text)]
-pub enum JobStatus {
-    Pending,
-    Running,
-    Unknown,
-    Succeeded,
-    Failed,
+text_enum! {
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, diesel::AsExpression, diesel::FromSqlRow)]
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    pub enum JobStatus {
+        Pending = "pending",
+        Running = "running",
+        Unknown = "unknown",
+        Succeeded = "succeeded",
+        Failed = "failed",
+    }
 }
 
 impl JobStatus {
-    pub const ALL: [JobStatus; 5] = [
-        Self::Pending,
-        Self::Running,
-        Self::Unknown,
-        Self::Succeeded,
-        Self::Failed,
-    ];
     pub const TERMINAL: [JobStatus; 2] = [Self::Succeeded, Self::Failed];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Pending => "pending",
-            Self::Running => "running",
-            Self::Unknown => "unknown",
-            Self::Succeeded => "succeeded",
-            Self::Failed => "failed",
-        }
-    }
-
-    pub fn parse(text: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|s| s.as_str() == text)
-    }
 
     pub fn is_terminal(self) -> bool {
         Self::TERMINAL.contains(&self)
@@ -178,12 +132,6 @@ impl JobStatus {
             Some(AttemptState::Unknown) => Self::Unknown,
             _ => Self::Pending,
         }
-    }
-}
-
-impl fmt::Display for JobStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 

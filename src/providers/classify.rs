@@ -18,7 +18,7 @@
 
 use std::time::Duration;
 
-use crate::domain::outcome::with_detail;
+use crate::domain::outcome::Reason;
 use crate::domain::Refusal;
 
 /// How long a `429` without `Retry-After` pauses its provider.
@@ -29,11 +29,11 @@ pub const DEFAULT_RATE_LIMIT_PAUSE: Duration = Duration::from_secs(1);
 pub enum StatusClass {
     /// The provider surely did not do the work; sending it again would end
     /// the same way.
-    Definite { reason: String },
+    Definite { reason: Reason },
     /// The provider turned the request away before doing anything.
     NothingHappened(Refusal),
     /// The provider may have done the work.
-    Unknown { reason: String },
+    Unknown { reason: Reason },
 }
 
 /// Classifies a non-2xx status (with its `Retry-After`, if any, and a short
@@ -43,7 +43,7 @@ pub fn classify_status(
     retry_after: Option<Duration>,
     body_excerpt: &str,
 ) -> StatusClass {
-    let reason = |summary: String| with_detail(summary, body_excerpt);
+    let reason = |summary: String| Reason::new(summary).with_detail(body_excerpt);
     match status {
         400 | 401 | 403 | 404 | 422 => StatusClass::Definite {
             reason: reason(format!("the provider refused the request with {status}")),

@@ -13,7 +13,7 @@ use super::classify::{classify_status, parse_retry_after, StatusClass};
 use super::{
     chat, BoxFuture, Call, MaxTokensField, ProviderClient, ProviderKind, ProviderSettings, Reply,
 };
-use crate::domain::outcome::with_detail;
+use crate::domain::outcome::Reason;
 use crate::domain::{Outcome, Refusal, Secret};
 
 /// The Anthropic API version this client speaks.
@@ -174,17 +174,16 @@ impl HttpClient {
             Ok(response) => response,
             // Nothing reached the provider: refused, DNS, TLS, connect timeout.
             Err(e) if e.is_connect() => {
-                return Outcome::Refused(Refusal::unreachable(with_detail(
-                    "could not connect to the provider",
-                    &error_chain(&e),
-                )))
+                return Outcome::Refused(Refusal::unreachable(
+                    Reason::new("could not connect to the provider").with_detail(&error_chain(&e)),
+                ))
                 .into()
             }
             Err(e) => {
-                return Outcome::Unknown(with_detail(
-                    "the connection failed after the request was sent",
-                    &error_chain(&e),
-                ))
+                return Outcome::Unknown(
+                    Reason::new("the connection failed after the request was sent")
+                        .with_detail(&error_chain(&e)),
+                )
                 .into()
             }
         };
@@ -198,18 +197,18 @@ impl HttpClient {
         let (bytes, complete) = match read_capped(response, self.max_response_bytes).await {
             Ok(read) => read,
             Err(e) => {
-                return Outcome::Unknown(with_detail(
-                    format!("the answer was cut off ({status})"),
-                    &error_chain(&e),
-                ))
+                return Outcome::Unknown(
+                    Reason::new(format!("the answer was cut off ({status})"))
+                        .with_detail(&error_chain(&e)),
+                )
                 .into()
             }
         };
         if status.is_success() && !complete {
-            return Outcome::Failed(format!(
-                "invalid_output: the answer is larger than the {} bytes allowed (max_response_bytes)",
+            return Outcome::Failed(Reason::invalid_output(format!(
+                "the answer is larger than the {} bytes allowed (max_response_bytes)",
                 self.max_response_bytes
-            ))
+            )))
             .into();
         }
         if !status.is_success() {
@@ -225,10 +224,10 @@ impl HttpClient {
         let envelope: Value = match serde_json::from_slice(&bytes) {
             Ok(v) => v,
             Err(e) => {
-                return Outcome::Unknown(with_detail(
-                    format!("the answer is truncated or garbled ({status})"),
-                    &e.to_string(),
-                ))
+                return Outcome::Unknown(
+                    Reason::new(format!("the answer is truncated or garbled ({status})"))
+                        .with_detail(&e.to_string()),
+                )
                 .into()
             }
         };
@@ -236,18 +235,18 @@ impl HttpClient {
         let outcome = if call.chat.is_some() {
             match chat::answer(self.kind, &envelope) {
                 Ok(answer) => Outcome::Succeeded(answer),
-                Err(reason) => Outcome::Failed(format!("invalid_output: {reason}")),
+                Err(reason) => Outcome::Failed(Reason::invalid_output(reason)),
             }
         } else {
             match self.answer_text(&envelope) {
-                Err(reason) => Outcome::Failed(format!("invalid_output: {reason}")),
+                Err(reason) => Outcome::Failed(Reason::invalid_output(reason)),
                 Ok(text) => match serde_json::from_str::<Value>(text.trim()) {
                     Ok(answer) => Outcome::Succeeded(answer),
                     Err(_) => {
                         let excerpt = text.trim();
-                        Outcome::Failed(format!(
-                            "invalid_output: the answer is not JSON: {excerpt:?}"
-                        ))
+                        Outcome::Failed(Reason::invalid_output(format!(
+                            "the answer is not JSON: {excerpt:?}"
+                        )))
                     }
                 },
             }

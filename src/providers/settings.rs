@@ -3,29 +3,24 @@
 
 use serde::Deserialize;
 
+use crate::domain::ids::text_enum;
 use crate::domain::Secret;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ProviderKind {
-    /// Offline and deterministic: answers JSON naming the provider and a digest of the prompt.
-    Simulated,
-    /// OpenAI-compatible chat completions (`/v1/chat/completions`): OpenAI, vLLM,
-    /// llama.cpp server, Ollama, OpenRouter, …
-    Openai,
-    /// Anthropic messages (`/v1/messages`).
-    Anthropic,
+text_enum! {
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+    #[serde(rename_all = "lowercase")]
+    pub enum ProviderKind {
+        /// Offline and deterministic: answers JSON naming the provider and a digest of the prompt.
+        Simulated = "simulated",
+        /// OpenAI-compatible chat completions (`/v1/chat/completions`): OpenAI, vLLM,
+        /// llama.cpp server, Ollama, OpenRouter, …
+        Openai = "openai",
+        /// Anthropic messages (`/v1/messages`).
+        Anthropic = "anthropic",
+    }
 }
 
 impl ProviderKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Simulated => "simulated",
-            Self::Openai => "openai",
-            Self::Anthropic => "anthropic",
-        }
-    }
-
     pub fn is_http(self) -> bool {
         !matches!(self, Self::Simulated)
     }

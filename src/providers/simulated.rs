@@ -61,7 +61,7 @@ impl SimulatedClient {
         match fail {
             SimulatedFailure::Definite => {
                 tokio::time::sleep(latency).await;
-                Outcome::Failed(format!("{} refused the request (simulated)", self.name))
+                Outcome::Failed(format!("{} refused the request (simulated)", self.name).into())
             }
             SimulatedFailure::TimeoutForever => std::future::pending().await,
             SimulatedFailure::None => {

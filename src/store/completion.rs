@@ -397,7 +397,7 @@ pub fn complete_failure(
                 let reason = give_up.reason(
                     &tried,
                     &plan.gate.skipped,
-                    crate::domain::outcome::summary_of(error),
+                    &crate::domain::outcome::Reason::from_stored(error).for_owner(),
                 );
                 if fail_job(conn, &job, &reason, now)? {
                     Ok(Applied::JobFailed { reason })

@@ -6,6 +6,7 @@ use diesel::connection::{AnsiTransactionManager, SimpleConnection, TransactionMa
 use diesel::prelude::*;
 
 use super::{DatabaseSettings, SqliteSynchronous};
+use crate::domain::ids::text_enum;
 
 /// Runs `$body` with `$c` bound to the concrete connection, for statements
 /// the multi-backend connection cannot compile (`RETURNING`, `ON CONFLICT`):
@@ -26,18 +27,11 @@ pub enum DbConnection {
     Sqlite(diesel::SqliteConnection),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    Sqlite,
-    Postgres,
-}
-
-impl Backend {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Sqlite => "sqlite",
-            Self::Postgres => "postgres",
-        }
+text_enum! {
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Backend {
+        Sqlite = "sqlite",
+        Postgres = "postgres",
     }
 }
 

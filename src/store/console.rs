@@ -7,7 +7,7 @@ use super::queue::same_job;
 use super::rows::RaceEntry;
 use super::schema::{attempts, audit_log, jobs, race_log, users};
 use super::{DbConnection, StoreResult};
-use crate::domain::{AttemptId, AttemptState, JobId, JobStatus, UserId};
+use crate::domain::{AttemptId, AttemptState, AuditAction, JobId, JobStatus, UserId};
 
 /// An attempt stuck in `unknown`, with what is known about it.
 #[derive(Debug, Clone, Queryable)]
@@ -83,7 +83,7 @@ pub fn races(conn: &mut DbConnection, limit: i64) -> StoreResult<Vec<RaceEntry>>
 pub struct AuditEntry {
     pub id: String,
     pub actor: String,
-    pub action: String,
+    pub action: AuditAction,
     pub job_id: Option<JobId>,
     pub attempt_id: Option<AttemptId>,
     pub reason: String,

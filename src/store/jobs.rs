@@ -2,7 +2,7 @@
 
 use diesel::prelude::*;
 
-use super::connection::write_transaction;
+use super::connection::{per_backend, write_transaction};
 use super::queue::{self, StartNow};
 use super::rows::{Attempt, Job};
 use super::schema::jobs;
@@ -221,18 +221,11 @@ pub fn find_by_key(
 /// connection, so the same statement runs on the concrete one.
 fn insert_job_unless_key_exists(conn: &mut DbConnection, row: &Job) -> QueryResult<usize> {
     let target = (jobs::owner_id, jobs::idempotency_key);
-    match conn {
-        DbConnection::Sqlite(c) => diesel::insert_into(jobs::table)
-            .values(row)
-            .on_conflict(target)
-            .do_nothing()
-            .execute(c),
-        DbConnection::Postgresql(c) => diesel::insert_into(jobs::table)
-            .values(row)
-            .on_conflict(target)
-            .do_nothing()
-            .execute(c),
-    }
+    per_backend!(conn, |c| diesel::insert_into(jobs::table)
+        .values(row)
+        .on_conflict(target)
+        .do_nothing()
+        .execute(c))
 }
 
 /// The owner's jobs, newest first (ids are time-ordered), `limit` at a time,

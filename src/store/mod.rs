@@ -56,11 +56,6 @@ impl StoreError {
     pub fn corrupt(what: impl Into<String>) -> Self {
         Self::Corrupt(what.into())
     }
-
-    /// Whether retrying the same operation later may succeed.
-    pub fn is_transient(&self) -> bool {
-        matches!(self, Self::PoolExhausted(_) | Self::Busy(_))
-    }
 }
 
 impl From<diesel::result::Error> for StoreError {

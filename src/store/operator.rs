@@ -15,7 +15,7 @@ use super::transitions::{
 };
 use super::{now_ms, DbConnection, StoreError};
 use crate::domain::{
-    next_provider, AttemptEvent, AttemptId, AttemptState, JobId, JobStatus, UserId,
+    next_provider, AttemptEvent, AttemptId, AttemptState, AuditAction, JobId, JobStatus, UserId,
 };
 
 /// Why an action on a job or attempt did not happen.
@@ -46,20 +46,49 @@ impl From<diesel::result::Error> for ActionError {
     }
 }
 
-/// Records who did what, when and why. The entry is filed under `owner_id`:
-/// the owner of the job it is about, or, for an entry about no one's job
-/// (a qualification run), the actor.
-#[allow(clippy::too_many_arguments)]
+/// What an audit entry is about, which decides whom it is filed under.
+#[derive(Debug, Clone, Copy)]
+pub enum Audited<'a> {
+    /// Someone's job (and maybe one of its attempts): filed under its owner.
+    Job {
+        owner_id: &'a UserId,
+        job_id: &'a JobId,
+        attempt_id: Option<&'a AttemptId>,
+    },
+    /// A user (a Users-page action): filed under that user.
+    User(&'a UserId),
+    /// No one's job (a qualification run): filed under the actor.
+    Nothing,
+}
+
+impl<'a> Audited<'a> {
+    pub fn job(owner_id: &'a UserId, job_id: &'a JobId, attempt_id: Option<&'a AttemptId>) -> Self {
+        Self::Job {
+            owner_id,
+            job_id,
+            attempt_id,
+        }
+    }
+}
+
+/// Records who did what, to what, when and why: the one audit insert.
 pub fn record_audit(
     conn: &mut DbConnection,
     actor_id: &UserId,
-    owner_id: &UserId,
-    action: &str,
-    job_id: Option<&JobId>,
-    attempt_id: Option<&AttemptId>,
+    action: AuditAction,
+    about: Audited<'_>,
     reason: &str,
     at: i64,
 ) -> QueryResult<()> {
+    let (owner_id, job_id, attempt_id, subject) = match about {
+        Audited::Job {
+            owner_id,
+            job_id,
+            attempt_id,
+        } => (owner_id, Some(job_id), attempt_id, None),
+        Audited::User(user) => (user, None, None, Some(user)),
+        Audited::Nothing => (actor_id, None, None, None),
+    };
     diesel::insert_into(audit_log::table)
         .values((
             audit_log::id.eq(uuid::Uuid::now_v7().to_string()),
@@ -67,32 +96,10 @@ pub fn record_audit(
             audit_log::action.eq(action),
             audit_log::job_id.eq(job_id),
             audit_log::attempt_id.eq(attempt_id),
-            audit_log::reason.eq(reason),
-            audit_log::at.eq(at),
-            audit_log::owner_id.eq(owner_id),
-        ))
-        .execute(conn)?;
-    Ok(())
-}
-
-/// Records a console action on a user (not a job), filed under that user.
-pub fn record_user_audit(
-    conn: &mut DbConnection,
-    actor_id: &UserId,
-    action: &str,
-    subject: &UserId,
-    reason: &str,
-    at: i64,
-) -> QueryResult<()> {
-    diesel::insert_into(audit_log::table)
-        .values((
-            audit_log::id.eq(uuid::Uuid::now_v7().to_string()),
-            audit_log::actor_id.eq(actor_id),
-            audit_log::action.eq(action),
             audit_log::subject_user_id.eq(subject),
             audit_log::reason.eq(reason),
             audit_log::at.eq(at),
-            audit_log::owner_id.eq(subject),
+            audit_log::owner_id.eq(owner_id),
         ))
         .execute(conn)?;
     Ok(())
@@ -154,16 +161,8 @@ pub fn start_attempt(
         refresh_job_status(conn, key, now)?;
         if let Some(actor) = actor {
             let reason = format!("started attempt {} on {provider}", row.number);
-            record_audit(
-                conn,
-                actor,
-                &job.owner_id,
-                "start_attempt",
-                Some(job_id),
-                Some(&row.id),
-                &reason,
-                now,
-            )?;
+            let about = Audited::job(&job.owner_id, job_id, Some(&row.id));
+            record_audit(conn, actor, AuditAction::StartAttempt, about, &reason, now)?;
         }
         Ok(row)
     })
@@ -207,16 +206,8 @@ pub fn fail_job_by_operator(
         {
             return Err(ActionError::JobFinished(get_job(conn, key)?.status));
         }
-        record_audit(
-            conn,
-            actor,
-            &job.owner_id,
-            "fail_job",
-            Some(job_id),
-            None,
-            reason,
-            now,
-        )?;
+        let about = Audited::job(&job.owner_id, job_id, None);
+        record_audit(conn, actor, AuditAction::FailJob, about, reason, now)?;
         Ok(get_job(conn, key)?)
     })
 }
@@ -243,13 +234,12 @@ pub fn abandon(
             return Err(ActionError::NotUnknown(attempt.state));
         }
         refresh_job_status(conn, &attempt.job_key(), now)?;
+        let about = Audited::job(&attempt.owner_id, &attempt.job_id, Some(&key.id));
         record_audit(
             conn,
             actor_id,
-            &attempt.owner_id,
-            "abandon_attempt",
-            Some(&attempt.job_id),
-            Some(&key.id),
+            AuditAction::AbandonAttempt,
+            about,
             reason,
             now,
         )?;

@@ -55,27 +55,6 @@ pub struct Claim {
     pub job: Job,
 }
 
-/// Claims the oldest due queued attempt for `lease_owner` until `now +
-/// lease_ms`, without confirming it for sending (see [`claim_batch`]).
-pub fn claim_next(
-    conn: &mut DbConnection,
-    lease_owner: &str,
-    lease_ms: i64,
-    soft_timeout_ms: &(dyn Fn(&str) -> i64 + Sync),
-) -> StoreResult<Option<Claim>> {
-    let mut admit_all = |_: &AttemptId, _: &str| true;
-    let rules = ClaimRules {
-        lease_owner,
-        lease_ms,
-        limit: 1,
-        soft_timeout_ms,
-        closed: &[],
-        admit: &mut admit_all,
-        confirm: false,
-    };
-    Ok(claim_batch(conn, rules)?.claims.pop())
-}
-
 /// The version of an attempt's job, read inside the claiming statement:
 /// what the compare-and-swap will expect.
 fn job_version_of_attempt() -> diesel::expression::SqlLiteral<Nullable<BigInt>> {

@@ -114,23 +114,15 @@ fn lock_scope(conn: &mut DbConnection, scope: &str, now: i64) -> QueryResult<(i3
         t::sign_in_throttle
             .find(scope)
             .select((t::failures, t::last_failure_at, t::blocked_until));
+    per_backend!(conn, |c| diesel::insert_into(t::sign_in_throttle)
+        .values(row)
+        .on_conflict(t::scope)
+        .do_nothing()
+        .execute(c))?;
+    // SQLite has no row locks: its write transaction holds the database.
     match conn {
-        DbConnection::Sqlite(c) => {
-            diesel::insert_into(t::sign_in_throttle)
-                .values(row)
-                .on_conflict(t::scope)
-                .do_nothing()
-                .execute(c)?;
-            query.first(c)
-        }
-        DbConnection::Postgresql(c) => {
-            diesel::insert_into(t::sign_in_throttle)
-                .values(row)
-                .on_conflict(t::scope)
-                .do_nothing()
-                .execute(c)?;
-            query.for_update().first(c)
-        }
+        DbConnection::Sqlite(c) => query.first(c),
+        DbConnection::Postgresql(c) => query.for_update().first(c),
     }
 }
 

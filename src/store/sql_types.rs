@@ -11,7 +11,7 @@ use diesel::sqlite::{Sqlite, SqliteValue};
 
 use super::DbConnection;
 use crate::domain::{
-    AttemptId, AttemptState, JobId, JobStatus, JsonText, RaceResult, Role, UserId,
+    AttemptId, AttemptState, AuditAction, JobId, JobStatus, JsonText, RaceResult, Role, UserId,
 };
 
 type Multi = <DbConnection as diesel::Connection>::Backend;
@@ -78,6 +78,8 @@ text_column!(RaceResult, |v| v.as_str(), |t| RaceResult::parse(&t)
     .ok_or_else(|| unknown("race result", &t)));
 text_column!(Role, |v| v.as_str(), |t| Role::parse(&t)
     .ok_or_else(|| unknown("role", &t)));
+text_column!(AuditAction, |v| v.as_str(), |t| AuditAction::parse(&t)
+    .ok_or_else(|| unknown("audit action", &t)));
 text_column!(JsonText, |v| v.as_str(), |t| JsonText::parse(t).map_err(
     |e| format!("a stored JSON column does not parse: {e}").into()
 ));

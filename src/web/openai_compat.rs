@@ -18,7 +18,8 @@ use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::{header, StatusCode};
 use actix_web::middleware::Next;
 use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::Value;
 
 use super::auth::{authenticate_or, Caller};
 use super::body::{json_text, BodyRules};
@@ -130,13 +131,69 @@ impl OpenAiError {
     }
 
     /// The error document.
-    pub fn body(&self) -> Value {
-        json!({"error": {
-            "message": self.message,
-            "type": self.kind,
-            "param": self.param,
-            "code": self.code,
-        }})
+    pub fn body(&self) -> OpenAiErrorBody {
+        OpenAiErrorBody {
+            error: OpenAiErrorDetail {
+                message: self.message.to_string(),
+                r#type: self.kind.to_owned(),
+                param: self.param.as_deref().map(str::to_owned),
+                code: self.code.map(str::to_owned),
+            },
+        }
+    }
+
+    /// A request of the wrong shape: OpenAI answers it with 400.
+    fn invalid_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+            .code("invalid_request")
+            .retry(Retry::Never)
+    }
+
+    /// The OpenAI form of a refusal the web layer made itself (the bearer,
+    /// the body, the key), or of an application error with nothing more to
+    /// say than its problem type.
+    fn of_problem(problem: ProblemType, detail: String) -> Self {
+        let status = problem.status();
+        match problem {
+            ProblemType::Unauthorized => Self::new(status, detail)
+                .code("invalid_api_key")
+                .retry(Retry::Never),
+            ProblemType::MissingIdempotencyKey => Self::new(status, missing_key_message())
+                .code("missing_idempotency_key")
+                .param("Idempotency-Key")
+                .retry(Retry::Never),
+            ProblemType::InvalidIdempotencyKey => Self::new(status, detail)
+                .code("invalid_idempotency_key")
+                .param("Idempotency-Key")
+                .retry(Retry::Never),
+            ProblemType::IdempotencyKeyReused => Self::key_reused(),
+            ProblemType::MalformedJson => Self::new(status, detail)
+                .code("invalid_json")
+                .retry(Retry::Never),
+            ProblemType::InvalidBody | ProblemType::InvalidInput => Self::invalid_request(detail),
+            ProblemType::UnsupportedMediaType => Self::new(status, detail)
+                .code("unsupported_media_type")
+                .retry(Retry::Never),
+            ProblemType::PayloadTooLarge => Self::new(status, detail)
+                .code("payload_too_large")
+                .retry(Retry::Never),
+            ProblemType::ServiceUnavailable => Self::new(status, detail)
+                .code("service_unavailable")
+                .retry(Retry::After(1)),
+            ProblemType::Internal => Self::new(status, detail).code("internal_error"),
+            ProblemType::NotFound => Self::new(status, detail).code("not_found"),
+            _ => Self::new(status, detail),
+        }
+    }
+
+    fn key_reused() -> Self {
+        Self::new(
+            StatusCode::CONFLICT,
+            "This Idempotency-Key already made a chat completion with a different body. \
+             Use a new key for a new request.",
+        )
+        .code("idempotency_key_reused")
+        .retry(Retry::Never)
     }
 }
 
@@ -175,66 +232,23 @@ impl ResponseError for OpenAiError {
 
 impl From<ApiError> for OpenAiError {
     fn from(error: ApiError) -> Self {
-        let status = error.problem.status();
-        let detail = error.detail.clone();
-        let field = error
-            .extensions
-            .get("field")
-            .and_then(Value::as_str)
-            .map(str::to_owned);
-        match error.problem {
-            ProblemType::Unauthorized => Self::new(status, detail)
-                .code("invalid_api_key")
-                .retry(Retry::Never),
-            ProblemType::MissingIdempotencyKey => Self::new(status, missing_key_message())
-                .code("missing_idempotency_key")
-                .param("Idempotency-Key")
-                .retry(Retry::Never),
-            ProblemType::InvalidIdempotencyKey => Self::new(status, detail)
-                .code("invalid_idempotency_key")
-                .param("Idempotency-Key")
-                .retry(Retry::Never),
-            ProblemType::IdempotencyKeyReused => Self::new(
-                status,
-                "This Idempotency-Key already made a chat completion with a different body. \
-                 Use a new key for a new request.",
-            )
-            .code("idempotency_key_reused")
-            .retry(Retry::Never),
-            ProblemType::MalformedJson => Self::new(status, detail)
-                .code("invalid_json")
-                .retry(Retry::Never),
-            ProblemType::InvalidBody | ProblemType::InvalidInput => {
-                // OpenAI answers a request of the wrong shape with 400.
-                let refusal = Self::new(StatusCode::BAD_REQUEST, detail)
-                    .code("invalid_request")
-                    .retry(Retry::Never);
-                match field {
-                    Some(field) => refusal.param(field.trim_start_matches("input.")),
-                    None => refusal,
-                }
-            }
-            ProblemType::UnsupportedMediaType => Self::new(status, detail)
-                .code("unsupported_media_type")
-                .retry(Retry::Never),
-            ProblemType::PayloadTooLarge => Self::new(status, detail)
-                .code("payload_too_large")
-                .retry(Retry::Never),
-            ProblemType::ServiceUnavailable => Self::new(status, detail)
-                .code("service_unavailable")
-                .retry(Retry::After(1)),
-            ProblemType::Internal => Self::new(status, detail).code("internal_error"),
-            ProblemType::NotFound => Self::new(status, detail).code("not_found"),
-            _ => Self::new(status, detail),
-        }
+        Self::of_problem(error.problem, error.detail)
     }
 }
 
 impl From<AppError> for OpenAiError {
     fn from(error: AppError) -> Self {
-        match &error {
-            AppError::UnknownTask { task, .. } => Self::model_not_found(task),
-            _ => ApiError::from(error).into(),
+        match error {
+            AppError::UnknownTask { task, .. } => Self::model_not_found(&task),
+            AppError::InvalidInput { detail, field } | AppError::InvalidBody { detail, field } => {
+                let refusal = Self::invalid_request(detail);
+                match field {
+                    Some(field) => refusal.param(field.trim_start_matches("input.")),
+                    None => refusal,
+                }
+            }
+            AppError::KeyReused { .. } => Self::key_reused(),
+            other => ApiError::from(other).into(),
         }
     }
 }
@@ -289,12 +303,7 @@ struct Delivery {
 /// The route and the delivery options; the rest of the body is the
 /// provider's business, checked against the route's contract.
 fn read_request(body: &Value) -> Result<(String, Delivery), OpenAiError> {
-    let invalid = |message: &str, param: &str| {
-        OpenAiError::new(StatusCode::BAD_REQUEST, message)
-            .code("invalid_request")
-            .param(param)
-            .retry(Retry::Never)
-    };
+    let invalid = |message: &str, param: &str| OpenAiError::invalid_request(message).param(param);
     if !body.is_object() {
         return Err(invalid("the body must be a JSON object", "body"));
     }
@@ -410,11 +419,10 @@ fn answer(
     match job.status {
         JobStatus::Succeeded => {}
         JobStatus::Failed => {
-            let reason = job
-                .failure_reason
-                .as_deref()
-                .map(crate::domain::outcome::summary_of)
-                .unwrap_or("no provider could answer");
+            let reason = job.failure_reason.as_deref().map_or_else(
+                || "no provider could answer".to_owned(),
+                |reason| crate::domain::outcome::Reason::from_stored(reason).for_owner(),
+            );
             return Err(OpenAiError::new(
                 StatusCode::FAILED_DEPENDENCY,
                 format!("The request failed: {reason}"),
@@ -460,87 +468,137 @@ fn answer(
     }
 }
 
-/// The identity every representation of a job's answer shares.
-fn envelope(job: &Job, object: &str) -> serde_json::Map<String, Value> {
-    let mut map = serde_json::Map::new();
-    map.insert("id".into(), json!(format!("chatcmpl-{}", job.id)));
-    map.insert("object".into(), json!(object));
-    map.insert("created".into(), json!(job.created_at / 1000));
-    map.insert("model".into(), json!(job.task));
-    map.insert("system_fingerprint".into(), Value::Null);
-    map
+/// `chatcmpl-<job id>`: the id every representation of a job's answer shares.
+fn completion_id(job: &Job) -> String {
+    format!("chatcmpl-{}", job.id)
 }
 
 /// `chat.completion`, from the stored answer.
-fn completion(job: &Job, result: &Value) -> Value {
-    let mut body = envelope(job, "chat.completion");
-    body.insert(
-        "choices".into(),
-        json!([{
-            "index": 0,
-            "message": result["message"],
-            "finish_reason": result["finish_reason"],
-            "logprobs": null,
-        }]),
-    );
-    body.insert("usage".into(), result["usage"].clone());
-    Value::Object(body)
+fn completion(job: &Job, result: &Value) -> ChatCompletion {
+    ChatCompletion {
+        id: completion_id(job),
+        object: "chat.completion".into(),
+        created: job.created_at / 1000,
+        model: job.task.clone(),
+        choices: vec![Choice {
+            index: 0,
+            message: result["message"].clone(),
+            finish_reason: result["finish_reason"].clone(),
+            logprobs: None,
+        }],
+        usage: result["usage"].clone(),
+        system_fingerprint: None,
+    }
+}
+
+/// One `chat.completion.chunk` event of a streamed answer.
+#[derive(Serialize)]
+struct ChatCompletionChunk {
+    id: String,
+    object: &'static str,
+    created: i64,
+    model: String,
+    system_fingerprint: Option<String>,
+    choices: Vec<ChunkChoice>,
+    /// Present only when the request asked for usage (`stream_options`):
+    /// `null` on every chunk but the last.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<Value>,
+}
+
+#[derive(Serialize)]
+struct ChunkChoice {
+    index: u32,
+    delta: Delta,
+    finish_reason: Value,
+    logprobs: Option<Value>,
+}
+
+/// What a chunk adds to the answer; members it does not add are left out.
+#[derive(Serialize, Default)]
+struct Delta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_calls: Option<Vec<Value>>,
 }
 
 /// The finished answer as `chat.completion.chunk` events: the role, the
 /// content (and tool calls) in one delta, the finish reason, the usage when
 /// asked for, then `[DONE]`.
 fn stream_body(job: &Job, result: &Value, include_usage: bool) -> String {
-    let chunk = |delta: Value, finish_reason: Value| {
-        let mut chunk = envelope(job, "chat.completion.chunk");
-        chunk.insert(
-            "choices".into(),
-            json!([{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": null}]),
-        );
-        if include_usage {
-            chunk.insert("usage".into(), Value::Null);
-        }
-        Value::Object(chunk)
+    let event = |choices: Vec<ChunkChoice>, usage: Option<Value>| ChatCompletionChunk {
+        id: completion_id(job),
+        object: "chat.completion.chunk",
+        created: job.created_at / 1000,
+        model: job.task.clone(),
+        system_fingerprint: None,
+        choices,
+        usage,
+    };
+    let chunk = |delta: Delta, finish_reason: Value| {
+        let choice = ChunkChoice {
+            index: 0,
+            delta,
+            finish_reason,
+            logprobs: None,
+        };
+        event(vec![choice], include_usage.then_some(Value::Null))
     };
     let message = &result["message"];
-    let mut content = serde_json::Map::new();
-    if let Some(text) = message.get("content").filter(|c| !c.is_null()) {
-        content.insert("content".into(), text.clone());
-    }
-    if let Some(Value::Array(calls)) = message.get("tool_calls") {
-        let indexed: Vec<Value> = calls
-            .iter()
-            .enumerate()
-            .map(|(i, call)| {
-                let mut call = call.clone();
-                call["index"] = json!(i);
-                call
-            })
-            .collect();
-        content.insert("tool_calls".into(), Value::Array(indexed));
-    }
+    let tool_calls = match message.get("tool_calls") {
+        Some(Value::Array(calls)) => Some(
+            calls
+                .iter()
+                .enumerate()
+                .map(|(i, call)| {
+                    let mut call = call.clone();
+                    call["index"] = Value::from(i);
+                    call
+                })
+                .collect(),
+        ),
+        _ => None,
+    };
+    let answer = Delta {
+        role: None,
+        content: message.get("content").filter(|c| !c.is_null()).cloned(),
+        tool_calls,
+    };
+    let role = Delta {
+        role: Some("assistant"),
+        content: Some(Value::from("")),
+        tool_calls: None,
+    };
     let mut events = vec![
-        chunk(json!({"role": "assistant", "content": ""}), Value::Null),
-        chunk(Value::Object(content), Value::Null),
-        chunk(json!({}), result["finish_reason"].clone()),
+        chunk(role, Value::Null),
+        chunk(answer, Value::Null),
+        chunk(Delta::default(), result["finish_reason"].clone()),
     ];
     if include_usage {
-        let mut usage = envelope(job, "chat.completion.chunk");
-        usage.insert("choices".into(), json!([]));
-        usage.insert("usage".into(), result["usage"].clone());
-        events.push(Value::Object(usage));
+        events.push(event(Vec::new(), Some(result["usage"].clone())));
     }
     let mut body: String = events
         .iter()
-        .map(|event| format!("data: {event}\n\n"))
+        .map(|event| {
+            let event = serde_json::to_string(event).expect("a chunk serialises");
+            format!("data: {event}\n\n")
+        })
         .collect();
     body.push_str("data: [DONE]\n\n");
     body
 }
 
 /// One chat route as a model.
-fn model_entry(name: &str) -> Value {
-    json!({"id": name, "object": "model", "created": 0, "owned_by": "onejob"})
+fn model_entry(name: &str) -> Model {
+    Model {
+        id: name.to_owned(),
+        object: "model".into(),
+        created: 0,
+        owned_by: "onejob".into(),
+    }
 }
 
 /// `GET /v1/models`: the chat routes.
@@ -553,14 +611,17 @@ fn model_entry(name: &str) -> Value {
     security(("bearer" = []))
 )]
 pub async fn list_models(app: web::Data<App>, _caller: Caller) -> HttpResponse {
-    let data: Vec<Value> = app
+    let data = app
         .config()
         .contracts
         .iter()
         .filter(|c| c.is_chat())
         .map(|c| model_entry(c.name()))
         .collect();
-    HttpResponse::Ok().json(json!({"object": "list", "data": data}))
+    HttpResponse::Ok().json(ModelList {
+        object: "list".into(),
+        data,
+    })
 }
 
 /// `GET /v1/models/{model}`.
@@ -587,9 +648,10 @@ pub async fn get_model(
     }
 }
 
-/// Schemas of the OpenAI-compatible routes, for the OpenAPI document.
-#[allow(dead_code)]
+/// The OpenAI-compatible routes' documents: the answers are built from
+/// them, and the OpenAPI document describes them.
 mod schemas {
+    use serde::Serialize;
     use serde_json::Value;
     use utoipa::ToSchema;
 
@@ -623,16 +685,18 @@ mod schemas {
         pub n: Option<u32>,
     }
 
-    #[derive(ToSchema)]
+    #[derive(Serialize, ToSchema)]
     pub struct Choice {
         pub index: u32,
         pub message: Value,
-        pub finish_reason: Option<String>,
+        /// As the provider gave it: a string, or null
+        #[schema(value_type = Option<String>)]
+        pub finish_reason: Value,
         pub logprobs: Option<Value>,
     }
 
     /// `chat.completion`; `id` is `chatcmpl-<job id>`.
-    #[derive(ToSchema)]
+    #[derive(Serialize, ToSchema)]
     pub struct ChatCompletion {
         pub id: String,
         pub object: String,
@@ -643,7 +707,7 @@ mod schemas {
         pub system_fingerprint: Option<String>,
     }
 
-    #[derive(ToSchema)]
+    #[derive(Serialize, ToSchema)]
     pub struct Model {
         pub id: String,
         pub object: String,
@@ -651,13 +715,13 @@ mod schemas {
         pub owned_by: String,
     }
 
-    #[derive(ToSchema)]
+    #[derive(Serialize, ToSchema)]
     pub struct ModelList {
         pub object: String,
         pub data: Vec<Model>,
     }
 
-    #[derive(ToSchema)]
+    #[derive(Serialize, ToSchema)]
     pub struct OpenAiErrorDetail {
         pub message: String,
         pub r#type: String,
@@ -666,7 +730,7 @@ mod schemas {
     }
 
     /// OpenAI's error body.
-    #[derive(ToSchema)]
+    #[derive(Serialize, ToSchema)]
     pub struct OpenAiErrorBody {
         pub error: OpenAiErrorDetail,
     }
@@ -679,6 +743,8 @@ pub use schemas::{
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     #[test]
@@ -687,7 +753,7 @@ mod tests {
         assert_eq!(error.status, StatusCode::BAD_REQUEST);
         assert!(error.message.contains("extra_headers={\"Idempotency-Key\""));
         assert_eq!(error.retry, Retry::Never);
-        let body = error.body();
+        let body = serde_json::to_value(error.body()).unwrap();
         assert_eq!(body["error"]["code"], "missing_idempotency_key");
         assert_eq!(body["error"]["type"], "invalid_request_error");
     }
@@ -719,5 +785,62 @@ mod tests {
         assert!(read_request(&json!({"messages": []})).is_err());
         assert!(read_request(&json!({"model": "m", "stream": "yes"})).is_err());
         assert!(read_request(&json!([1])).is_err());
+    }
+
+    #[test]
+    fn a_streamed_answer_has_its_role_then_content_and_tool_calls_then_its_finish() {
+        let job = Job {
+            id: crate::domain::JobId::new(),
+            owner_id: crate::domain::UserId::new(),
+            idempotency_key: "k".into(),
+            task: "chat".into(),
+            provider: "p".into(),
+            requested_provider: None,
+            input: crate::domain::JsonText::from_value(&json!({})),
+            params: crate::domain::JsonText::from_value(&json!({})),
+            fingerprint: "0".repeat(64),
+            status: JobStatus::Succeeded,
+            version: 1,
+            result: None,
+            completed_by: None,
+            failure_reason: None,
+            created_at: 5_000,
+            updated_at: 5_000,
+        };
+        let result = json!({
+            "message": {"role": "assistant", "content": null,
+                "tool_calls": [{"id": "c1", "type": "function"}]},
+            "finish_reason": "tool_calls",
+            "usage": {"total_tokens": 3},
+        });
+        let body = stream_body(&job, &result, true);
+        let events: Vec<&str> = body
+            .split("\n\n")
+            .filter_map(|e| e.strip_prefix("data: "))
+            .collect();
+        assert_eq!(events.last(), Some(&"[DONE]"));
+        let chunks: Vec<Value> = events[..events.len() - 1]
+            .iter()
+            .map(|e| serde_json::from_str(e).unwrap())
+            .collect();
+        assert_eq!(chunks.len(), 4);
+        assert_eq!(
+            chunks[0]["choices"][0]["delta"],
+            json!({"role": "assistant", "content": ""})
+        );
+        assert_eq!(
+            chunks[1]["choices"][0]["delta"],
+            json!({"tool_calls": [{"id": "c1", "type": "function", "index": 0}]})
+        );
+        assert_eq!(chunks[2]["choices"][0]["delta"], json!({}));
+        assert_eq!(chunks[2]["choices"][0]["finish_reason"], "tool_calls");
+        assert!(chunks[..3].iter().all(|c| c["usage"].is_null()
+            && c.as_object().unwrap().contains_key("usage")
+            && c["id"] == format!("chatcmpl-{}", job.id)
+            && c["created"] == 5));
+        assert_eq!(chunks[3]["choices"], json!([]));
+        assert_eq!(chunks[3]["usage"], json!({"total_tokens": 3}));
+        let without_usage = stream_body(&job, &result, false);
+        assert!(!without_usage.contains("\"usage\""), "{without_usage}");
     }
 }

@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use utoipa::ToSchema;
 
+use crate::domain::outcome::Reason;
 use crate::domain::JsonText;
 
 use crate::app::intake::JobRequest;
@@ -105,7 +106,7 @@ impl AttemptView {
         view.error = a
             .error
             .as_deref()
-            .map(|e| crate::domain::outcome::summary_of(e).to_owned());
+            .map(|e| Reason::from_stored(e).for_owner());
         view
     }
 }

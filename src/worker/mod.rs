@@ -409,7 +409,7 @@ impl Worker {
                 self.apply(
                     &attempt_id,
                     &provider,
-                    Outcome::Unknown(reason),
+                    Outcome::Unknown(reason.into()),
                     lease_until,
                 )
                 .await;

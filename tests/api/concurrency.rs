@@ -80,6 +80,22 @@ async fn sixteen_concurrent_writers_see_no_lock_errors_and_every_success_is_stor
     );
 }
 
+/// Claims the oldest due queued attempt for the lease owner "racer", as the
+/// worker's claim does, without confirming it for sending.
+fn claim_one(conn: &mut DbConnection) -> onejob::store::StoreResult<Option<queue::Claim>> {
+    let mut admit_all = |_: &AttemptId, _: &str| true;
+    let rules = queue::ClaimRules {
+        lease_owner: "racer",
+        lease_ms: 60_000,
+        limit: 1,
+        soft_timeout_ms: &|_| 100,
+        closed: &[],
+        admit: &mut admit_all,
+        confirm: false,
+    };
+    Ok(queue::claim_batch(conn, rules)?.claims.pop())
+}
+
 /// Builds a job whose abandoned attempt 1 and running attempt 2 both read
 /// version 0, ready to race.
 fn two_attempts_ready_to_race(
@@ -93,11 +109,7 @@ fn two_attempts_ready_to_race(
         owner_id: owner.clone(),
     };
     operator::start_attempt(conn, &job, Some("sim-fast"), &[], None).unwrap();
-    let second = queue::claim_next(conn, "racer", 60_000, &|_| 100)
-        .unwrap()
-        .unwrap()
-        .attempt
-        .id;
+    let second = claim_one(conn).unwrap().unwrap().attempt.id;
     (job_id, first, second)
 }
 
@@ -183,11 +195,7 @@ fn job_with_an_abandoned_attempt(
     let CreateOutcome::Created(job) = job_store::create_job(conn, &new).unwrap() else {
         panic!("not created")
     };
-    let first = queue::claim_next(conn, "racer", 60_000, &|_| 100)
-        .unwrap()
-        .unwrap()
-        .attempt
-        .id;
+    let first = claim_one(conn).unwrap().unwrap().attempt.id;
     let first_key = AttemptKey {
         id: first.clone(),
         owner_id: owner.clone(),
@@ -269,7 +277,7 @@ async fn a_new_attempt_racing_a_winning_late_result_is_never_sent(backend: TestB
                 "round {round}: a finished job keeps no live attempt: {attempts:?}"
             );
             assert!(
-                queue::claim_next(&mut conn, "racer", 60_000, &|_| 100)
+                claim_one(&mut conn)
                     .unwrap()
                     .is_none(),
                 "round {round}: nothing is left to send"

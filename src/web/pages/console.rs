@@ -5,6 +5,7 @@ use actix_web::{web, HttpResponse};
 use askama::Template;
 use serde::Deserialize;
 
+use super::paging::{cursor, Paging};
 use super::{duration, render, see_other, when, Nav, PageError, SignedIn};
 use crate::app::accounts::{UserAction, UserActionDone};
 use crate::app::now_ms;
@@ -69,7 +70,7 @@ pub struct UnknownPageQuery {
 }
 
 /// Rows per page of the unknown queue.
-const UNKNOWN_PER_PAGE: i64 = 50;
+const UNKNOWN_PAGE: Paging = Paging { per_page: 50 };
 
 /// `GET /admin/unknown`: attempts stuck in `unknown`, oldest first, a page
 /// at a time.
@@ -78,24 +79,11 @@ pub async fn unknown_queue(
     user: SignedIn,
     query: web::Query<UnknownPageQuery>,
 ) -> Result<HttpResponse, PageError> {
-    let after = match &query.after {
-        Some(raw) => Some(
-            AttemptId::parse(raw)
-                .ok_or_else(|| PageError::bad_request("That page link is not valid."))?,
-        ),
-        None => None,
-    };
-    let mut rows = app
-        .unknown_queue(&user.user, after, UNKNOWN_PER_PAGE + 1)
+    let after = cursor(query.after.as_deref(), AttemptId::parse)?;
+    let rows = app
+        .unknown_queue(&user.user, after, UNKNOWN_PAGE.fetch())
         .await?;
-    let more = rows.len() as i64 > UNKNOWN_PER_PAGE;
-    rows.truncate(UNKNOWN_PER_PAGE as usize);
-    let next = more
-        .then(|| {
-            rows.last()
-                .map(|u| format!("/admin/unknown?after={}", u.attempt_id))
-        })
-        .flatten();
+    let (rows, next) = UNKNOWN_PAGE.cut(rows, |u| format!("/admin/unknown?after={}", u.attempt_id));
     let now = now_ms();
     Ok(render(&UnknownPage {
         nav: user.nav(),
@@ -244,7 +232,7 @@ pub async fn races(
 struct AuditRow {
     at: String,
     actor: String,
-    action: String,
+    action: &'static str,
     job_id: String,
     reason: String,
 }
@@ -266,7 +254,7 @@ pub async fn audit(app: web::Data<App>, user: SignedIn) -> Result<HttpResponse, 
             .map(|e| AuditRow {
                 at: when(e.at),
                 actor: e.actor,
-                action: e.action.replace('_', " "),
+                action: e.action.label(),
                 job_id: e.job_id.map(|j| j.to_string()).unwrap_or_default(),
                 reason: e.reason,
             })
@@ -520,7 +508,7 @@ pub struct JobSearchQuery {
     before: Option<String>,
 }
 
-const JOBS_SEARCHED_PER_PAGE: i64 = 50;
+const JOBS_SEARCHED_PAGE: Paging = Paging { per_page: 50 };
 
 /// `GET /admin/jobs` (support, admin): find a job a customer asks about by
 /// its id, by their idempotency key, or by owner; or list every job by
@@ -564,13 +552,7 @@ pub async fn jobs_search(
         ),
         None => None,
     };
-    let before = match text(&query.before) {
-        Some(b) => Some(
-            JobId::parse(&b)
-                .ok_or_else(|| PageError::bad_request("That page link is not valid."))?,
-        ),
-        None => None,
-    };
+    let before = cursor(text(&query.before).as_deref(), JobId::parse)?;
     let filter = JobFilter {
         owner_name: text(&query.owner),
         idempotency_key: text(&query.key),
@@ -578,31 +560,25 @@ pub async fn jobs_search(
         provider: text(&query.provider),
         before,
     };
-    let mut rows = if message.is_some() {
+    let rows = if message.is_some() {
         Vec::new()
     } else {
-        app.search_jobs(&user.user, filter, JOBS_SEARCHED_PER_PAGE + 1)
+        app.search_jobs(&user.user, filter, JOBS_SEARCHED_PAGE.fetch())
             .await?
     };
-    let more = rows.len() as i64 > JOBS_SEARCHED_PER_PAGE;
-    rows.truncate(JOBS_SEARCHED_PER_PAGE as usize);
+    let (rows, next) = JOBS_SEARCHED_PAGE.cut(rows, |last| {
+        format!(
+            "/admin/jobs?owner={}&key={}&status={}&provider={}&before={}",
+            super::percent_encode(&echo.owner),
+            super::percent_encode(&echo.key),
+            super::percent_encode(&echo.status),
+            super::percent_encode(&echo.provider),
+            last.id
+        )
+    });
     if rows.is_empty() && message.is_none() {
         message = Some("No job matches.".into());
     }
-    let next = more
-        .then(|| {
-            rows.last().map(|last| {
-                format!(
-                    "/admin/jobs?owner={}&key={}&status={}&provider={}&before={}",
-                    super::percent_encode(&echo.owner),
-                    super::percent_encode(&echo.key),
-                    super::percent_encode(&echo.status),
-                    super::percent_encode(&echo.provider),
-                    last.id
-                )
-            })
-        })
-        .flatten();
     Ok(render(&JobsSearchPage {
         nav: user.nav(),
         statuses: JobStatus::ALL.iter().map(|s| s.as_str()).collect(),

@@ -6,6 +6,7 @@ use askama::Template;
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::paging::{cursor, Paging};
 use super::timeline::{self, Timeline};
 use super::{
     duration, render, render_with, see_other, wants_partial, when, Nav, PageError, SignedIn,
@@ -310,7 +311,7 @@ impl AttemptLine {
             if staff {
                 e.to_owned()
             } else {
-                crate::domain::outcome::summary_of(e).to_owned()
+                crate::domain::outcome::Reason::from_stored(e).for_owner()
             }
         });
         Self {
@@ -348,7 +349,7 @@ impl AttemptLine {
 struct AuditLine {
     at: String,
     actor: String,
-    action: String,
+    action: &'static str,
     reason: String,
 }
 
@@ -478,7 +479,7 @@ pub async fn job_page(
             .map(|e| AuditLine {
                 at: when(e.at),
                 actor: e.actor,
-                action: e.action.replace('_', " "),
+                action: e.action.label(),
                 reason: e.reason,
             })
             .collect();
@@ -578,7 +579,7 @@ pub struct JobsQuery {
     before: Option<String>,
 }
 
-const JOBS_PER_PAGE: i64 = 20;
+const JOBS_PAGE: Paging = Paging { per_page: 20 };
 
 /// `/jobs?status=…&order=…`, for the links of the list.
 fn jobs_link(status: &str, oldest_first: bool, after: Option<&JobId>) -> String {
@@ -625,28 +626,17 @@ pub async fn my_jobs(
             ))
         }
     };
-    let after = match text(&query.after).or(text(&query.before)) {
-        Some(raw) => Some(
-            JobId::parse(raw)
-                .ok_or_else(|| PageError::bad_request("That page link is not valid."))?,
-        ),
-        None => None,
-    };
+    let after = cursor(text(&query.after).or(text(&query.before)), JobId::parse)?;
     let page = crate::app::queries::JobPage {
         status,
         oldest_first,
         after,
     };
-    let mut jobs = app.my_jobs(&user.user, page, JOBS_PER_PAGE + 1).await?;
-    let more = jobs.len() as i64 > JOBS_PER_PAGE;
-    jobs.truncate(JOBS_PER_PAGE as usize);
+    let jobs = app.my_jobs(&user.user, page, JOBS_PAGE.fetch()).await?;
     let status_text = status.map(JobStatus::as_str).unwrap_or_default();
-    let next = more
-        .then(|| {
-            jobs.last()
-                .map(|(j, _)| jobs_link(status_text, oldest_first, Some(&j.id)))
-        })
-        .flatten();
+    let (jobs, next) = JOBS_PAGE.cut(jobs, |(j, _)| {
+        jobs_link(status_text, oldest_first, Some(&j.id))
+    });
     let now = now_ms();
     Ok(render(&JobsPage {
         nav: user.nav(),

@@ -5,6 +5,7 @@
 
 pub mod console;
 pub mod job_pages;
+pub mod paging;
 pub mod session;
 pub mod timeline;
 
@@ -14,6 +15,7 @@ use askama::Template;
 
 use super::error::{ApiError, ProblemType};
 use crate::app::AppError;
+use crate::domain::Role;
 pub use session::SignedIn;
 
 /// The vendored htmx, pinned; its version is in the file name so it can be
@@ -193,7 +195,7 @@ impl From<ApiError> for PageError {
 impl From<AppError> for PageError {
     fn from(e: AppError) -> Self {
         match e {
-            AppError::Forbidden("admin") => Self::forbidden("This is for admins."),
+            AppError::Forbidden(Role::Admin) => Self::forbidden("This is for admins."),
             AppError::Forbidden(_) => Self::forbidden("This is for support staff and admins."),
             other => ApiError::from(other).into(),
         }
