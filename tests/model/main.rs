@@ -83,11 +83,11 @@ fn deep_bounds() -> Bounds {
 /// Fair runs (no kill, no lost reply, no pause), for liveness.
 fn fair_bounds() -> Bounds {
     Bounds {
+        keys: 1,
         kills: 0,
         operator_steps: 0,
         retention: false,
         give_backs: false,
-        sends_per_key: 1,
         other_payload: false,
         max_clock: 4,
         fair: true,
@@ -277,7 +277,7 @@ fn one_job_followed_further_keeps_every_invariant() {
 #[test]
 fn with_no_kill_and_answering_providers_every_job_ends() {
     let run = check(
-        "model, fair runs (2 processes, 2 keys, 3 providers, no kill), exhaustive",
+        "model, fair runs (2 processes, 1 key sent twice, 3 providers, no kill), every schedule",
         Protocol::new(fair_bounds(), Bug::None),
         None,
         1,
@@ -339,7 +339,7 @@ fn requeueing_a_sent_attempt_is_caught() {
         Bug::RequeueSentAttempts,
         properties::SENT_ONCE,
         deep_bounds(),
-        8,
+        10,
     );
 }
 
@@ -358,7 +358,7 @@ fn a_cas_without_its_guard_is_caught() {
         give_backs: false,
         ..deep_bounds()
     };
-    rejected(Bug::CasWithoutGuard, properties::ONE_WINNER, bounds, 12);
+    rejected(Bug::CasWithoutGuard, properties::ONE_WINNER, bounds, 14);
 }
 
 #[test]
