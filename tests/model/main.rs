@@ -301,7 +301,7 @@ fn the_bigger_configuration_behind_a_flag() {
     let run = check(
         "model, bigger (3 processes, 2 keys, 3 providers, 2 kills, 2 operator steps, retention)",
         Protocol::new(bounds, Bug::None),
-        Some(18),
+        Some(depth(10)),
         2,
         HasDiscoveries::AnyFailures,
     );
