@@ -106,7 +106,7 @@ fn fingerprint(
 /// The stored fingerprint decides; a row written under an earlier way of
 /// fingerprinting is judged by its stored intent, fingerprinted today's way.
 fn same_intent(job: &Job, fingerprint: &Fingerprint) -> bool {
-    if job.fingerprint == fingerprint.as_str() {
+    if crate::domain::guards::is_replay(&job.fingerprint, fingerprint) {
         return true;
     }
     Fingerprint::of(&JobIntent {

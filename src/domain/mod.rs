@@ -7,6 +7,7 @@ pub mod audit;
 pub mod callback_key;
 pub mod failover;
 pub mod fingerprint;
+pub mod guards;
 pub mod idempotency_key;
 pub mod ids;
 pub mod jcs;

@@ -30,7 +30,7 @@ impl AttemptState {
 }
 
 /// Something that happens to an attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AttemptEvent {
     /// A worker took the queued attempt and is about to send it.
     Claimed,

@@ -21,6 +21,7 @@ use super::transitions::{
 use super::{now_ms, DbConnection, StoreError, StoreResult};
 use std::collections::{BTreeMap, HashMap};
 
+use crate::domain::guards;
 use crate::domain::{Applied, AttemptEvent, AttemptId, AttemptState, JobId, JobStatus, UserId};
 
 /// PostgreSQL's clock in Unix milliseconds, as SQL: `statement_timestamp()`,
@@ -413,9 +414,13 @@ fn give_back(
         let Some(attempt) = lock_attempt_and_job(conn, key)? else {
             return Ok(SendPermit::Lost);
         };
-        let ours = attempt.state == AttemptState::Running
-            && (!never_sent || attempt.sent_at.is_none())
-            && attempt.lease_owner.as_deref() == Some(lease_owner);
+        let ours = guards::may_give_back(
+            attempt.state,
+            attempt.lease_owner.as_deref(),
+            Some(lease_owner),
+            attempt.sent_at.is_some(),
+            never_sent,
+        );
         if !ours {
             return Ok(SendPermit::Lost);
         }
@@ -424,12 +429,17 @@ fn give_back(
             never_sent,
         };
         let job = get_job(conn, &attempt.job_key())?;
-        if job.status.is_terminal() {
-            close_unsent(conn, &attempt, guard)?;
-            return Ok(SendPermit::Withdrawn(NOT_SENT_JOB_FINISHED.to_owned()));
+        // Given back by its own worker, the claim counts as unsent.
+        match guards::on_lease_expiry(false, job.status.is_terminal()) {
+            AttemptEvent::ClosedUnsent => {
+                close_unsent(conn, &attempt, guard)?;
+                Ok(SendPermit::Withdrawn(NOT_SENT_JOB_FINISHED.to_owned()))
+            }
+            _ => {
+                requeue(conn, &attempt, guard)?;
+                Ok(SendPermit::Requeued)
+            }
         }
-        requeue(conn, &attempt, guard)?;
-        Ok(SendPermit::Requeued)
     })
 }
 
@@ -480,7 +490,9 @@ pub fn mark_unknown(
         let now = now_ms();
         let attempt = lock_attempt_and_job(conn, key)?.ok_or(StoreError::NotFound)?;
         let job = get_job(conn, &attempt.job_key())?;
-        if job.status.is_terminal() && attempt.state == AttemptState::Running {
+        if guards::on_soft_timeout(attempt.state, job.status.is_terminal())
+            == AttemptEvent::Superseded
+        {
             let note = superseded_note(&job, reason);
             if transition(conn, &attempt, AttemptEvent::Superseded, now, Some(&note))? {
                 return Ok(Applied::Superseded);
@@ -544,20 +556,24 @@ fn expire_one(
         };
         let job = get_job(conn, key)?;
         let now = now_ms();
-        if attempt.sent_at.is_none() {
-            let guard = Guard {
-                lease_owner: None,
-                never_sent: true,
-            };
-            if job.status.is_terminal() {
-                return Ok(close_unsent(conn, &attempt, guard)?.then_some(AttemptState::Failed));
+        let unsent = Guard {
+            lease_owner: None,
+            never_sent: true,
+        };
+        match guards::on_lease_expiry(attempt.sent_at.is_some(), job.status.is_terminal()) {
+            AttemptEvent::ClosedUnsent => {
+                return Ok(close_unsent(conn, &attempt, unsent)?.then_some(AttemptState::Failed));
             }
-            return Ok(requeue(conn, &attempt, guard)?.then_some(AttemptState::Queued));
-        }
-        if job.status.is_terminal() {
-            let note = superseded_note(&job, LEASE_EXPIRED);
-            let closed = transition(conn, &attempt, AttemptEvent::Superseded, now, Some(&note))?;
-            return Ok(closed.then_some(AttemptState::Abandoned));
+            AttemptEvent::GivenBack => {
+                return Ok(requeue(conn, &attempt, unsent)?.then_some(AttemptState::Queued));
+            }
+            AttemptEvent::Superseded => {
+                let note = superseded_note(&job, LEASE_EXPIRED);
+                let closed =
+                    transition(conn, &attempt, AttemptEvent::Superseded, now, Some(&note))?;
+                return Ok(closed.then_some(AttemptState::Abandoned));
+            }
+            _ => {}
         }
         if !transition(
             conn,

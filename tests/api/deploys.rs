@@ -456,6 +456,7 @@ async fn chaos_kills_restarts_and_retries_lose_nothing_and_send_nothing_twice() 
     // Clients: every intent sent SENDS times, to random processes, retried
     // (same key) on connection errors and 503s until acknowledged.
     let tally = Arc::new(Tally::default());
+    let history = Arc::new(crate::history::History::default());
     let work: Arc<Mutex<Vec<(String, usize)>>> = Arc::new(Mutex::new(
         (0..INTENTS)
             .flat_map(|i| (0..SENDS).map(move |s| (format!("intent-{i}"), s)))
@@ -476,6 +477,7 @@ async fn chaos_kills_restarts_and_retries_lose_nothing_and_send_nothing_twice() 
         .map(|c| {
             let (work, tally, token, ports) =
                 (work.clone(), tally.clone(), token.clone(), ports.clone());
+            let history = history.clone();
             tokio::spawn(async move {
                 let mut pick = c;
                 loop {
@@ -489,11 +491,21 @@ async fn chaos_kills_restarts_and_retries_lose_nothing_and_send_nothing_twice() 
                         tally.requests.fetch_add(1, Ordering::Relaxed);
                         match post(&base, &token, &key, &body).await {
                             Err(_) => {
+                                history.record(&key, crate::history::Answer::Unanswered);
                                 tally.connection_errors.fetch_add(1, Ordering::Relaxed);
                             }
                             Ok(response) => match response.status() {
                                 StatusCode::CREATED | StatusCode::OK => {
+                                    let replayed =
+                                        response.headers().contains_key("idempotent-replayed");
                                     let job: Value = response.json().await.unwrap();
+                                    history.record(
+                                        &key,
+                                        crate::history::Answer::Job {
+                                            replayed,
+                                            body: job.clone(),
+                                        },
+                                    );
                                     tally
                                         .acknowledged
                                         .lock()
@@ -504,9 +516,14 @@ async fn chaos_kills_restarts_and_retries_lose_nothing_and_send_nothing_twice() 
                                     break;
                                 }
                                 StatusCode::SERVICE_UNAVAILABLE => {
+                                    history.record(&key, crate::history::Answer::Status(503));
                                     tally.unavailable.fetch_add(1, Ordering::Relaxed);
                                 }
                                 other => {
+                                    history.record(
+                                        &key,
+                                        crate::history::Answer::Status(other.as_u16()),
+                                    );
                                     let text = response.text().await.unwrap_or_default();
                                     tally.wrong.lock().unwrap().push(format!("{other}: {text}"));
                                     break;
@@ -619,8 +636,15 @@ async fn chaos_kills_restarts_and_retries_lose_nothing_and_send_nothing_twice() 
         requests.len(),
         sent_twice.len(),
     );
+    let verdict = crate::history::check_run(&history, &requests, &store).await;
+    let figures = format!("{figures}\n{}", verdict.line());
     eprintln!("{figures}");
     crate::support::harness::record_figures("chaos", &figures);
+    assert!(
+        verdict.violations.is_empty(),
+        "the history breaks an invariant: {:#?}",
+        verdict.violations
+    );
     let wrong = tally.wrong.lock().unwrap().clone();
     assert!(
         wrong.is_empty(),

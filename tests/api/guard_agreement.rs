@@ -1,0 +1,395 @@
+//! The SQL of each guarded statement and its predicate in `domain::guards`
+//! agree (the model checker in `tests/model` applies the predicates): for
+//! every combination of the column values a guard reads, rows are written
+//! as that combination and the real statement runs; what it changed is
+//! what the predicate says.
+
+use diesel::connection::SimpleConnection;
+use onejob::domain::guards;
+use onejob::domain::{
+    AttemptId, AttemptState, Fingerprint, IdempotencyKey, JobId, JobIntent, JobStatus, JsonText,
+    UserId,
+};
+use onejob::store::jobs::{create_job, CreateOutcome, NewJob};
+use onejob::store::queue::{self, ClaimRules, SendPermit};
+use onejob::store::DbConnection;
+use serde_json::json;
+
+use crate::support::db::attempts_in;
+use crate::support::harness::{test_config, PreparedApp, TestBackend, DEFAULT_TEST_PROVIDERS};
+
+/// A fresh job with one queued attempt.
+fn case(conn: &mut DbConnection, owner: &UserId, key: &str) -> (JobId, AttemptId) {
+    let job = NewJob {
+        start: None,
+        owner_id: owner.clone(),
+        key: IdempotencyKey::parse(key).unwrap(),
+        task: "summarize".into(),
+        provider: "sim-fast".into(),
+        requested_provider: None,
+        input: JsonText::from_value(&json!({"text": key})),
+        params: JsonText::from_value(&json!({})),
+        fingerprint: "0".repeat(64),
+    };
+    let CreateOutcome::Created(job) = create_job(conn, &job).unwrap() else {
+        panic!("{key} existed");
+    };
+    let attempt = attempts_in(conn, &job.id).remove(0).id;
+    (job.id, attempt)
+}
+
+fn sql_int(value: Option<i64>) -> String {
+    value.map_or("NULL".into(), |v| v.to_string())
+}
+
+fn sql_text(value: Option<&str>) -> String {
+    value.map_or("NULL".into(), |v| format!("'{v}'"))
+}
+
+/// Writes an attempt's columns and its job's status (a succeeded job gets
+/// the `completed_by` and `result` its CHECK asks for).
+#[allow(clippy::too_many_arguments)]
+fn shape(
+    conn: &mut DbConnection,
+    job: &JobId,
+    attempt: &AttemptId,
+    state: AttemptState,
+    status: JobStatus,
+    provider: &str,
+    not_before: Option<i64>,
+    lease: (Option<&str>, Option<i64>),
+    sent_at: Option<i64>,
+) {
+    conn.batch_execute(&format!(
+        "UPDATE attempts SET state = '{state}', provider = '{provider}', not_before = {}, \
+         lease_owner = {}, lease_expires_at = {}, sent_at = {}, version_read = 0 \
+         WHERE id = '{attempt}'",
+        sql_int(not_before),
+        sql_text(lease.0),
+        sql_int(lease.1),
+        sql_int(sent_at),
+    ))
+    .unwrap();
+    let completed = if status == JobStatus::Succeeded {
+        format!("completed_by = '{attempt}', result = '{{}}'")
+    } else {
+        "completed_by = NULL, result = NULL".into()
+    };
+    conn.batch_execute(&format!(
+        "UPDATE jobs SET status = '{status}', {completed} WHERE id = '{job}'"
+    ))
+    .unwrap();
+}
+
+fn state_of(conn: &mut DbConnection, job: &JobId) -> AttemptState {
+    attempts_in(conn, job)[0].state
+}
+
+/// `claim_batch`'s statement and `guards::may_claim`.
+fn claims_agree(conn: &mut DbConnection, owner: &UserId) -> usize {
+    let now = queue::db_clock_ms(conn).unwrap();
+    let mut cases = Vec::new();
+    for state in AttemptState::ALL {
+        for status in JobStatus::ALL {
+            for not_before in [None, Some(now - 60_000), Some(now + 60_000)] {
+                for provider in ["sim-fast", "sim-slow"] {
+                    let key = format!("claim-{}", cases.len());
+                    let (job, attempt) = case(conn, owner, &key);
+                    shape(
+                        conn,
+                        &job,
+                        &attempt,
+                        state,
+                        status,
+                        provider,
+                        not_before,
+                        (None, None),
+                        None,
+                    );
+                    let expected =
+                        guards::may_claim(state, status, provider == "sim-slow", not_before, now);
+                    cases.push((
+                        attempt,
+                        expected,
+                        format!("{state} {status} {not_before:?} {provider}"),
+                    ));
+                }
+            }
+        }
+    }
+    let mut admit = |_: &AttemptId, _: &str| true;
+    let closed = vec!["sim-slow".to_owned()];
+    let claimed: Vec<AttemptId> = queue::claim_batch(
+        conn,
+        ClaimRules {
+            lease_owner: "w",
+            lease_ms: 60_000,
+            limit: 1000,
+            soft_timeout_ms: &|_| 3000,
+            closed: &closed,
+            admit: &mut admit,
+            confirm: true,
+        },
+    )
+    .unwrap()
+    .claims
+    .into_iter()
+    .map(|c| c.attempt.id)
+    .collect();
+    for (attempt, expected, what) in &cases {
+        assert_eq!(claimed.contains(attempt), *expected, "claim of {what}");
+    }
+    assert!(cases.iter().any(|(_, expected, _)| *expected));
+    cases.len()
+}
+
+/// `expire_leases` and `guards::lease_has_run_out` with
+/// `guards::on_lease_expiry`.
+fn expiries_agree(conn: &mut DbConnection, owner: &UserId) -> usize {
+    let now = queue::db_clock_ms(conn).unwrap();
+    let mut cases = Vec::new();
+    for state in AttemptState::ALL {
+        for lease in [None, Some(now - 60_000), Some(now + 60_000)] {
+            for sent_at in [None, Some(now - 1)] {
+                for status in [JobStatus::Running, JobStatus::Failed] {
+                    let key = format!("expire-{}", cases.len());
+                    let (job, attempt) = case(conn, owner, &key);
+                    shape(
+                        conn,
+                        &job,
+                        &attempt,
+                        state,
+                        status,
+                        "sim-fast",
+                        None,
+                        (Some("w"), lease),
+                        sent_at,
+                    );
+                    let expected = guards::lease_has_run_out(state, lease, now).then(|| {
+                        guards::on_lease_expiry(sent_at.is_some(), status.is_terminal()).target()
+                    });
+                    cases.push((job, attempt, state, expected));
+                }
+            }
+        }
+    }
+    let mut expired = Vec::new();
+    loop {
+        let batch = queue::expire_leases(conn).unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        expired.extend(batch);
+    }
+    for (job, attempt, state, expected) in &cases {
+        let got = expired
+            .iter()
+            .find(|(id, _)| id == attempt)
+            .map(|(_, state)| *state);
+        assert_eq!(got, *expected, "expiry of {attempt} ({state})");
+        if let Some(target) = expected {
+            assert_eq!(state_of(conn, job), *target);
+        }
+    }
+    assert!(cases.iter().filter(|c| c.3.is_some()).count() >= 4);
+    cases.len()
+}
+
+/// `renew_lease` and `guards::may_renew`; `give_back_*` and
+/// `guards::may_give_back`.
+fn leases_agree(conn: &mut DbConnection, owner: &UserId) -> usize {
+    let now = queue::db_clock_ms(conn).unwrap();
+    let mut count = 0;
+    for state in AttemptState::ALL {
+        for lease_owner in [Some("w"), Some("v"), None] {
+            let key = format!("renew-{count}");
+            count += 1;
+            let (job, attempt) = case(conn, owner, &key);
+            let lease = (lease_owner, Some(now + 60_000));
+            let status = JobStatus::Running;
+            shape(
+                conn,
+                &job,
+                &attempt,
+                state,
+                status,
+                "sim-fast",
+                None,
+                lease,
+                Some(now),
+            );
+            let renewed = queue::renew_lease(conn, &attempt, owner, "w", 60_000).unwrap();
+            assert_eq!(
+                renewed,
+                guards::may_renew(state, lease_owner, "w"),
+                "renewal of {state} under {lease_owner:?}"
+            );
+            for sent_at in [None, Some(now)] {
+                for judged_by_row in [false, true] {
+                    let key = format!("give-back-{count}");
+                    count += 1;
+                    let (job, attempt) = case(conn, owner, &key);
+                    shape(
+                        conn, &job, &attempt, state, status, "sim-fast", None, lease, sent_at,
+                    );
+                    let key = onejob::store::transitions::AttemptKey {
+                        id: attempt.clone(),
+                        owner_id: owner.clone(),
+                    };
+                    let permit = if judged_by_row {
+                        queue::give_back_unsent(conn, &key, "w").unwrap()
+                    } else {
+                        queue::give_back_before_sending(conn, &key, "w").unwrap()
+                    };
+                    let expected = guards::may_give_back(
+                        state,
+                        lease_owner,
+                        Some("w"),
+                        sent_at.is_some(),
+                        judged_by_row,
+                    );
+                    assert_eq!(
+                        permit != SendPermit::Lost,
+                        expected,
+                        "give-back of {state} under {lease_owner:?}, sent {sent_at:?}, \
+                         judged by the row {judged_by_row}"
+                    );
+                    if expected {
+                        assert_eq!(permit, SendPermit::Requeued);
+                        let row = attempts_in(conn, &job).remove(0);
+                        assert_eq!((row.state, row.sent_at), (AttemptState::Queued, None));
+                    }
+                }
+            }
+        }
+    }
+    count
+}
+
+/// The compare-and-swap and `guards::cas_wins`; `fail_job` and
+/// `guards::may_fail_job`.
+fn completions_agree(conn: &mut DbConnection, owner: &UserId) -> usize {
+    use onejob::store::completion::complete_success;
+    use onejob::store::transitions::{fail_job, get_job, AttemptKey};
+    let mut count = 0;
+    for bumped in [0, 1] {
+        for completed in [false, true] {
+            let key = format!("cas-{count}");
+            count += 1;
+            let (job, attempt) = case(conn, owner, &key);
+            let status = if completed {
+                JobStatus::Succeeded
+            } else {
+                JobStatus::Running
+            };
+            let lease = (Some("w"), Some(i64::MAX / 2));
+            shape(
+                conn,
+                &job,
+                &attempt,
+                AttemptState::Running,
+                status,
+                "sim-fast",
+                None,
+                lease,
+                Some(1),
+            );
+            conn.batch_execute(&format!(
+                "UPDATE jobs SET version = 5 + {bumped} WHERE id = '{job}'; \
+                 UPDATE attempts SET version_read = 5 WHERE id = '{attempt}'"
+            ))
+            .unwrap();
+            let key = AttemptKey {
+                id: attempt.clone(),
+                owner_id: owner.clone(),
+            };
+            let (applied, _) = complete_success(conn, &key, &json!({"summary": "s"})).unwrap();
+            assert_eq!(
+                applied == onejob::domain::Applied::Won,
+                guards::cas_wins(5 + bumped, completed, 5),
+                "the CAS with the version {} read {bumped} behind, completed {completed}: {applied:?}",
+                5
+            );
+        }
+    }
+    for status in JobStatus::ALL {
+        for bumped in [0, 1] {
+            let key = format!("fail-{count}");
+            count += 1;
+            let (job_id, attempt) = case(conn, owner, &key);
+            shape(
+                conn,
+                &job_id,
+                &attempt,
+                AttemptState::Failed,
+                status,
+                "sim-fast",
+                None,
+                (None, None),
+                None,
+            );
+            let job_key = onejob::store::transitions::JobKey {
+                id: job_id.clone(),
+                owner_id: owner.clone(),
+            };
+            let read = get_job(conn, &job_key).unwrap();
+            conn.batch_execute(&format!(
+                "UPDATE jobs SET version = version + {bumped} WHERE id = '{job_id}'"
+            ))
+            .unwrap();
+            let failed = fail_job(conn, &read, "reason", 1).unwrap();
+            assert_eq!(
+                failed,
+                guards::may_fail_job(
+                    status,
+                    read.version + bumped,
+                    status == JobStatus::Succeeded,
+                    read.version
+                ),
+                "fail_job of a {status} job, {bumped} versions on"
+            );
+        }
+    }
+    count
+}
+
+/// The replay test of `app::intake` and `guards::is_replay`: the same
+/// intent spelled another way is a replay, another intent is not.
+fn replays_agree() -> usize {
+    let fingerprint = |input: &str| {
+        Fingerprint::of(&JobIntent {
+            task: "summarize",
+            input,
+            params: "{}",
+            provider: None,
+        })
+        .unwrap()
+    };
+    let stored = fingerprint(r#"{"text":"a","n":1}"#);
+    assert!(guards::is_replay(
+        stored.as_str(),
+        &fingerprint(r#"{ "n" : 1.0, "text" : "a" }"#)
+    ));
+    assert!(!guards::is_replay(
+        stored.as_str(),
+        &fingerprint(r#"{"text":"b","n":1}"#)
+    ));
+    2
+}
+
+async fn every_guarded_statement_agrees_with_its_predicate(backend: TestBackend) {
+    let prepared = PreparedApp::new(backend, test_config(DEFAULT_TEST_PROVIDERS)).await;
+    let owner = prepared.alice.id.clone();
+    let cases = prepared
+        .with_conn(move |conn| {
+            claims_agree(conn, &owner)
+                + expiries_agree(conn, &owner)
+                + leases_agree(conn, &owner)
+                + completions_agree(conn, &owner)
+                + replays_agree()
+        })
+        .await;
+    eprintln!("guard agreement: {cases} combinations, the SQL and the predicates agree");
+}
+
+on_both_backends!(every_guarded_statement_agrees_with_its_predicate);

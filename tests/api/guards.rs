@@ -1,0 +1,227 @@
+//! Every guard of the send path bites (docs/design.md, "Invariants and what
+//! enforces them"): the claim is the confirmation before sending, so a
+//! second confirmation of one claim is never granted, and a claim whose
+//! lease ran out goes back to the queue unsent (`sent_at` still NULL) when
+//! its request never left, or becomes `unknown` when it did. And a job page
+//! never offers a new attempt while one is unknown.
+
+use std::time::Duration;
+
+use onejob::domain::{AttemptId, AttemptState, IdempotencyKey, JsonText};
+use onejob::store::jobs::{create_job, CreateOutcome, NewJob};
+use onejob::store::queue::{self, Claim, ClaimRules, SendPermit};
+use onejob::store::{Attempt, DbConnection};
+use reqwest::StatusCode;
+use serde_json::json;
+
+use crate::support::db::attempts_in;
+use crate::support::harness::{
+    summarize, test_config, FormClient, PreparedApp, TestBackend, DEFAULT_TEST_PROVIDERS,
+};
+
+/// A queued job of `owner` under `key`, straight through the store.
+fn queued_job(conn: &mut DbConnection, owner: &onejob::domain::UserId, key: &str) {
+    let job = NewJob {
+        start: None,
+        owner_id: owner.clone(),
+        key: IdempotencyKey::parse(key).unwrap(),
+        task: "summarize".into(),
+        provider: "sim-fast".into(),
+        requested_provider: None,
+        input: JsonText::from_value(&json!({"text": key})),
+        params: JsonText::from_value(&json!({})),
+        fingerprint: "0".repeat(64),
+    };
+    match create_job(conn, &job).unwrap() {
+        CreateOutcome::Created(_) => {}
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Claims what `worker` may take, confirmed for sending or not.
+fn claim(conn: &mut DbConnection, worker: &str, lease_ms: i64, confirm: bool) -> Vec<Claim> {
+    let mut admit = |_: &AttemptId, _: &str| true;
+    queue::claim_batch(
+        conn,
+        ClaimRules {
+            lease_owner: worker,
+            lease_ms,
+            limit: 10,
+            soft_timeout_ms: &|_| 3000,
+            closed: &[],
+            admit: &mut admit,
+            confirm,
+        },
+    )
+    .unwrap()
+    .claims
+}
+
+fn only_attempt(conn: &mut DbConnection, claim: &Claim) -> Attempt {
+    let rows = attempts_in(conn, &claim.job.id);
+    assert_eq!(rows.len(), 1, "{rows:#?}");
+    rows.into_iter().next().unwrap()
+}
+
+/// A confirmed claim (the claim records `sent_at`: "this request is
+/// leaving now") is granted once: a second claim, by the same worker or
+/// another process's, takes nothing, and neither giving it back as unsent
+/// nor the reaper (its lease still running) moves it.
+async fn a_second_confirmation_of_one_claim_is_not_granted(backend: TestBackend) {
+    let prepared = PreparedApp::new(backend, test_config(DEFAULT_TEST_PROVIDERS)).await;
+    let owner = prepared.alice.id.clone();
+    prepared
+        .with_conn(move |conn| {
+            queued_job(conn, &owner, "confirm-once");
+            let first = claim(conn, "w1", 60_000, true);
+            assert_eq!(first.len(), 1, "the first confirmation is granted");
+            let granted = only_attempt(conn, &first[0]);
+            assert_eq!(granted.state, AttemptState::Running);
+            let sent_at = granted.sent_at.expect("the claim records sent_at");
+            assert_eq!(granted.lease_owner.as_deref(), Some("w1"));
+
+            for worker in ["w1", "w2"] {
+                let again = claim(conn, worker, 60_000, true);
+                assert!(
+                    again.is_empty(),
+                    "{worker}: a second confirmation is not granted: {again:#?}"
+                );
+            }
+            for worker in ["w1", "w2"] {
+                assert_eq!(
+                    queue::give_back_unsent(conn, &granted.key(), worker).unwrap(),
+                    SendPermit::Lost,
+                    "{worker}: a sent claim is never given back as unsent"
+                );
+            }
+            assert!(
+                queue::expire_leases(conn).unwrap().is_empty(),
+                "a running lease is not reaped"
+            );
+            let after = only_attempt(conn, &first[0]);
+            assert_eq!(after.state, AttemptState::Running);
+            assert_eq!(after.sent_at, Some(sent_at), "sent_at untouched");
+            assert_eq!(after.lease_owner.as_deref(), Some("w1"), "still w1's");
+        })
+        .await;
+}
+
+/// A claim whose lease ran out before its request left (never confirmed)
+/// goes back to the queue with `sent_at` still NULL, and is then granted
+/// once; a confirmed claim whose lease ran out becomes `unknown`, keeping
+/// its `sent_at`, and is never claimed again.
+async fn a_claim_whose_lease_ran_out_is_requeued_with_sent_at_still_null(backend: TestBackend) {
+    let prepared = PreparedApp::new(backend, test_config(DEFAULT_TEST_PROVIDERS)).await;
+    let owner = prepared.alice.id.clone();
+    prepared
+        .with_conn(move |conn| {
+            queued_job(conn, &owner, "unsent");
+            let unsent = claim(conn, "w1", 1, false);
+            assert_eq!(unsent.len(), 1);
+            assert_eq!(only_attempt(conn, &unsent[0]).sent_at, None);
+            std::thread::sleep(Duration::from_millis(30));
+            let expired = queue::expire_leases(conn).unwrap();
+            assert_eq!(
+                expired,
+                vec![(unsent[0].attempt.id.clone(), AttemptState::Queued)]
+            );
+            let requeued = only_attempt(conn, &unsent[0]);
+            assert_eq!(requeued.state, AttemptState::Queued);
+            assert_eq!(requeued.sent_at, None, "nothing was sent");
+            assert_eq!(requeued.lease_expires_at, None);
+
+            // Requeued, it is granted once, to one worker.
+            let regranted = claim(conn, "w2", 1, true);
+            assert_eq!(regranted.len(), 1);
+            assert_eq!(regranted[0].attempt.id, unsent[0].attempt.id);
+            assert!(claim(conn, "w1", 60_000, true).is_empty());
+            let sent_at = only_attempt(conn, &regranted[0])
+                .sent_at
+                .expect("confirmed");
+
+            // Its lease runs out too: it was sent, so it is unknown.
+            std::thread::sleep(Duration::from_millis(30));
+            let expired = queue::expire_leases(conn).unwrap();
+            assert_eq!(
+                expired,
+                vec![(unsent[0].attempt.id.clone(), AttemptState::Unknown)]
+            );
+            let unknown = only_attempt(conn, &regranted[0]);
+            assert_eq!(unknown.state, AttemptState::Unknown);
+            assert_eq!(unknown.sent_at, Some(sent_at), "sent_at kept");
+            assert!(claim(conn, "w3", 60_000, true).is_empty(), "never re-sent");
+            assert!(queue::expire_leases(conn).unwrap().is_empty());
+        })
+        .await;
+}
+
+/// The job page of a job whose attempt is unknown offers no new attempt,
+/// to its owner or to staff, in the page and in its live partial, and says
+/// why; once support abandons the attempt, it does.
+async fn an_unknown_jobs_page_offers_no_new_attempt(backend: TestBackend) {
+    let app = crate::support::harness::spawn_app_with(
+        backend,
+        test_config(crate::attempts::HANGING_PRIMARY),
+    )
+    .await;
+    app.set_password("alice", "a-pw").await;
+    app.set_password("sue", "s-pw").await;
+    let job_id = app
+        .create_job(&app.alice.token, "unknown-page", &summarize("x"))
+        .await;
+    let job = app
+        .wait_for_status(&job_id, "unknown", Duration::from_secs(15))
+        .await;
+    let attempt = job["attempts"][0]["id"].as_str().unwrap().to_owned();
+    let alice = FormClient::new(&app);
+    alice.sign_in("alice", "a-pw").await;
+    let sue = FormClient::new(&app);
+    let csrf = sue.sign_in("sue", "s-pw").await;
+    let page = format!("/jobs/{job_id}");
+    for (who, client) in [("owner", &alice), ("support", &sue)] {
+        let html = client.get(&page).await.text().await.unwrap();
+        assert!(html.contains("data-state=\"unknown\""), "{who}: {html}");
+        assert!(
+            !html.contains("id=\"new-attempt\""),
+            "{who}: no new attempt is offered while one is unknown: {html}"
+        );
+        assert!(
+            !html.contains(&format!("action=\"/jobs/{job_id}/attempts\"")),
+            "{who}: no form posts a new attempt: {html}"
+        );
+        assert!(html.contains("id=\"retry-refusal\""), "{who}: {html}");
+        assert!(html.contains("outcome is unknown"), "{who}: {html}");
+    }
+    let partial = sue
+        .http
+        .get(format!("{}{page}", sue.base))
+        .header("HX-Request", "true")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(partial.contains("id=\"retry-refusal\""), "{partial}");
+    assert!(!partial.contains("id=\"new-attempt\""), "{partial}");
+
+    let response = sue
+        .post_form(
+            &format!("/admin/attempts/{attempt}/abandon"),
+            &[("csrf", &csrf), ("reason", "provider outage")],
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    let html = alice.get(&page).await.text().await.unwrap();
+    assert!(
+        html.contains("id=\"new-attempt\""),
+        "offered once the attempt is abandoned: {html}"
+    );
+    assert!(!html.contains("id=\"retry-refusal\""), "{html}");
+}
+
+on_both_backends!(
+    a_second_confirmation_of_one_claim_is_not_granted,
+    a_claim_whose_lease_ran_out_is_requeued_with_sent_at_still_null,
+    an_unknown_jobs_page_offers_no_new_attempt,
+);
