@@ -1,5 +1,6 @@
-//! How every outcome of a provider call is classified (docs/design.md,
-//! "Providers"). This is the one table; the README shows it to people.
+//! How every outcome of a provider call is classified. This is the one
+//! table; docs/providers.md ("How each outcome is classified") shows it to
+//! people.
 //!
 //! | what happened | outcome | nothing happened | what follows |
 //! |---|---|---|---|

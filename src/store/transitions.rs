@@ -230,7 +230,8 @@ pub fn transition(
 /// [`transition`], only if `guard` holds too. An attempt that goes back to
 /// the queue ([`AttemptEvent::GivenBack`]) leaves everything its claim
 /// wrote behind: the version read, the lease, the start and the soft
-/// timeout, and `sent_at`, which means "this request is leaving now".
+/// timeout, and `sent_at`, which means "this request is leaving now". One
+/// closed unsent ([`AttemptEvent::ClosedUnsent`]) clears `sent_at` too.
 pub fn transition_guarded(
     conn: &mut DbConnection,
     attempt: &Attempt,
@@ -270,6 +271,18 @@ pub fn transition_guarded(
             attempts::finished_at.eq(finished_at),
             attempts::lease_expires_at.eq(None::<i64>),
         );
+        if event == AttemptEvent::ClosedUnsent {
+            // Its request never left: the row must not say it did, even
+            // where the claim had recorded `sent_at` for a send to come.
+            return Ok(guarded
+                .set((
+                    moved,
+                    attempts::sent_at.eq(None::<i64>),
+                    attempts::error.eq(error.map(str::to_owned)),
+                ))
+                .execute(conn)?
+                == 1);
+        }
         match error {
             Some(error) => guarded
                 .set((moved, attempts::error.eq(error.to_owned())))

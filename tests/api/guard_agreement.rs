@@ -224,13 +224,15 @@ fn leases_agree(conn: &mut DbConnection, owner: &UserId) -> usize {
                 guards::may_renew(state, lease_owner, "w"),
                 "renewal of {state} under {lease_owner:?}"
             );
-            for sent_at in [None, Some(now)] {
-                for judged_by_row in [false, true] {
+            // A claim given back while its job finished elsewhere is closed
+            // unsent, never left queued (it would block retention).
+            for (sent_at, judged_by_row, job_status) in give_back_cases(now) {
+                {
                     let key = format!("give-back-{count}");
                     count += 1;
                     let (job, attempt) = case(conn, owner, &key);
                     shape(
-                        conn, &job, &attempt, state, status, "sim-fast", None, lease, sent_at,
+                        conn, &job, &attempt, state, job_status, "sim-fast", None, lease, sent_at,
                     );
                     let key = onejob::store::transitions::AttemptKey {
                         id: attempt.clone(),
@@ -252,9 +254,16 @@ fn leases_agree(conn: &mut DbConnection, owner: &UserId) -> usize {
                         permit != SendPermit::Lost,
                         expected,
                         "give-back of {state} under {lease_owner:?}, sent {sent_at:?}, \
-                         judged by the row {judged_by_row}"
+                         judged by the row {judged_by_row}, job {job_status}"
                     );
-                    if expected {
+                    if expected && job_status.is_terminal() {
+                        assert!(
+                            matches!(permit, SendPermit::Withdrawn(_)),
+                            "a finished job's claim is closed: {permit:?}"
+                        );
+                        let row = attempts_in(conn, &job).remove(0);
+                        assert_eq!((row.state, row.sent_at), (AttemptState::Failed, None));
+                    } else if expected {
                         assert_eq!(permit, SendPermit::Requeued);
                         let row = attempts_in(conn, &job).remove(0);
                         assert_eq!((row.state, row.sent_at), (AttemptState::Queued, None));
@@ -264,6 +273,20 @@ fn leases_agree(conn: &mut DbConnection, owner: &UserId) -> usize {
         }
     }
     count
+}
+
+/// Every give-back case: sent or not, judged by the row or by the worker,
+/// the job running or finished elsewhere.
+fn give_back_cases(now: i64) -> Vec<(Option<i64>, bool, JobStatus)> {
+    let mut cases = Vec::new();
+    for sent_at in [None, Some(now)] {
+        for judged_by_row in [false, true] {
+            for job_status in [JobStatus::Running, JobStatus::Succeeded] {
+                cases.push((sent_at, judged_by_row, job_status));
+            }
+        }
+    }
+    cases
 }
 
 /// The compare-and-swap and `guards::cas_wins`; `fail_job` and
