@@ -266,15 +266,21 @@ impl Browser {
             .unwrap();
     }
 
-    /// Clicks the element matching `css`.
+    /// Clicks the element matching `css`. A page that refreshes itself may
+    /// swap the element for a fresh copy between finding and clicking it;
+    /// then the fresh one is clicked, as a person would, until [`WAIT`].
     pub async fn click(&self, css: &str) {
-        self.client
-            .find(Locator::Css(css))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let element = self.client.find(Locator::Css(css)).await.unwrap();
+            match element.click().await {
+                Ok(()) => return,
+                Err(e) if e.is_stale_element_reference() && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("clicking {css}: {e:?}"),
+            }
+        }
     }
 
     /// Two real clicks (pointer down, up, down, up) on the element matching
