@@ -46,7 +46,7 @@ pub fn open_store(url: &DatabaseUrl, config: &Config) -> Result<Store, StartupEr
 
 text_enum! {
     /// What one `onejob serve` process does (`--role`, `ONEJOB_ROLE`).
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+    #[derive(Default, clap::ValueEnum)]
     pub enum ProcessRole {
         /// The API, the pages and the worker.
         #[default]

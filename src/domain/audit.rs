@@ -5,9 +5,7 @@ use super::ids::text_enum;
 
 text_enum! {
     /// An action written to the audit log.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, diesel::AsExpression, diesel::FromSqlRow)]
-    #[diesel(sql_type = diesel::sql_types::Text)]
-    pub enum AuditAction {
+    stored pub enum AuditAction {
         /// Support started an attempt on someone's job.
         StartAttempt = "start_attempt",
         /// Support finalized a job as failed.

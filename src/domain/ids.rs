@@ -67,15 +67,34 @@ macro_rules! uuid_id {
 
 /// An enum stored and shown as text: each variant names its text once, and
 /// the macro writes `ALL` (every variant, in order), `as_str`, `parse` (the
-/// exact text, nothing else) and `Display` from it. Derives and other
+/// exact text, nothing else) and `Display` from it. Every such enum is a
+/// plain `Copy` value (`Debug, Clone, Copy, PartialEq, Eq, Hash`); `stored`
+/// before the enum also makes it a diesel `Text` column's type (its
+/// `ToSql`/`FromSql` come from `store::sql_types`). Other derives and
 /// attributes are the caller's.
 macro_rules! text_enum {
+    (
+        $(#[$meta:meta])*
+        stored $vis:vis enum $name:ident {
+            $($(#[$variant_meta:meta])* $variant:ident = $text:literal),+ $(,)?
+        }
+    ) => {
+        $crate::domain::ids::text_enum! {
+            #[derive(diesel::AsExpression, diesel::FromSqlRow)]
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            $(#[$meta])*
+            $vis enum $name {
+                $($(#[$variant_meta])* $variant = $text),+
+            }
+        }
+    };
     (
         $(#[$meta:meta])*
         $vis:vis enum $name:ident {
             $($(#[$variant_meta:meta])* $variant:ident = $text:literal),+ $(,)?
         }
     ) => {
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         $(#[$meta])*
         $vis enum $name {
             $($(#[$variant_meta])* $variant),+

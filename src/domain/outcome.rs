@@ -262,9 +262,7 @@ impl Outcome {
 text_enum! {
     /// Whether a succeeded attempt's answer became the job's result (the
     /// attempt's `outcome` column).
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, diesel::AsExpression, diesel::FromSqlRow)]
-    #[diesel(sql_type = diesel::sql_types::Text)]
-    pub enum RaceResult {
+    stored pub enum RaceResult {
         Won = "won",
         Lost = "lost",
     }

@@ -16,7 +16,7 @@ use super::next_provider;
 text_enum! {
     /// What a task does when a provider turns its request away without doing
     /// anything (`on_rate_limit`).
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+    #[derive(Default, Deserialize)]
     #[serde(rename_all = "lowercase")]
     pub enum OnRateLimit {
         /// The next qualified provider of the chain the job has not tried; when

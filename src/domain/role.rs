@@ -3,20 +3,9 @@
 use super::ids::text_enum;
 
 text_enum! {
-    #[derive(
-        Debug,
-        Clone,
-        Copy,
-        PartialEq,
-        Eq,
-        serde::Serialize,
-        serde::Deserialize,
-        diesel::AsExpression,
-        diesel::FromSqlRow,
-    )]
-    #[diesel(sql_type = diesel::sql_types::Text)]
+    #[derive(serde::Serialize, serde::Deserialize)]
     #[serde(rename_all = "lowercase")]
-    pub enum Role {
+    stored pub enum Role {
         User = "user",
         Support = "support",
         Admin = "admin",

@@ -8,9 +8,7 @@
 use super::ids::text_enum;
 
 text_enum! {
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, diesel::AsExpression, diesel::FromSqlRow)]
-    #[diesel(sql_type = diesel::sql_types::Text)]
-    pub enum AttemptState {
+    stored pub enum AttemptState {
         Queued = "queued",
         Running = "running",
         Succeeded = "succeeded",
@@ -106,9 +104,7 @@ pub struct TransitionError {
 }
 
 text_enum! {
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, diesel::AsExpression, diesel::FromSqlRow)]
-    #[diesel(sql_type = diesel::sql_types::Text)]
-    pub enum JobStatus {
+    stored pub enum JobStatus {
         Pending = "pending",
         Running = "running",
         Unknown = "unknown",

@@ -7,7 +7,7 @@ use crate::domain::ids::text_enum;
 use crate::domain::Secret;
 
 text_enum! {
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+    #[derive(Deserialize)]
     #[serde(rename_all = "lowercase")]
     pub enum ProviderKind {
         /// Offline and deterministic: answers JSON naming the provider and a digest of the prompt.

@@ -28,7 +28,6 @@ pub enum DbConnection {
 }
 
 text_enum! {
-    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub enum Backend {
         Sqlite = "sqlite",
         Postgres = "postgres",

@@ -6,31 +6,18 @@
 
 use diesel::connection::SimpleConnection;
 use onejob::domain::guards;
-use onejob::domain::{
-    AttemptId, AttemptState, Fingerprint, IdempotencyKey, JobId, JobIntent, JobStatus, JsonText,
-    UserId,
-};
-use onejob::store::jobs::{create_job, CreateOutcome, NewJob};
+use onejob::domain::{AttemptId, AttemptState, Fingerprint, JobId, JobIntent, JobStatus, UserId};
+use onejob::store::jobs::{create_job, CreateOutcome};
 use onejob::store::queue::{self, ClaimRules, SendPermit};
 use onejob::store::DbConnection;
 use serde_json::json;
 
-use crate::support::db::attempts_in;
+use crate::support::db::{attempts_in, new_job};
 use crate::support::harness::{test_config, PreparedApp, TestBackend, DEFAULT_TEST_PROVIDERS};
 
 /// A fresh job with one queued attempt.
 fn case(conn: &mut DbConnection, owner: &UserId, key: &str) -> (JobId, AttemptId) {
-    let job = NewJob {
-        start: None,
-        owner_id: owner.clone(),
-        key: IdempotencyKey::parse(key).unwrap(),
-        task: "summarize".into(),
-        provider: "sim-fast".into(),
-        requested_provider: None,
-        input: JsonText::from_value(&json!({"text": key})),
-        params: JsonText::from_value(&json!({})),
-        fingerprint: "0".repeat(64),
-    };
+    let job = new_job(owner, key);
     let CreateOutcome::Created(job) = create_job(conn, &job).unwrap() else {
         panic!("{key} existed");
     };

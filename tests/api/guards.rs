@@ -7,31 +7,20 @@
 
 use std::time::Duration;
 
-use onejob::domain::{AttemptId, AttemptState, IdempotencyKey, JsonText};
-use onejob::store::jobs::{create_job, CreateOutcome, NewJob};
+use onejob::domain::{AttemptId, AttemptState};
+use onejob::store::jobs::{create_job, CreateOutcome};
 use onejob::store::queue::{self, Claim, ClaimRules, SendPermit};
 use onejob::store::{Attempt, DbConnection};
 use reqwest::StatusCode;
-use serde_json::json;
 
-use crate::support::db::attempts_in;
+use crate::support::db::{attempts_in, new_job};
 use crate::support::harness::{
     summarize, test_config, FormClient, PreparedApp, TestBackend, DEFAULT_TEST_PROVIDERS,
 };
 
 /// A queued job of `owner` under `key`, straight through the store.
 fn queued_job(conn: &mut DbConnection, owner: &onejob::domain::UserId, key: &str) {
-    let job = NewJob {
-        start: None,
-        owner_id: owner.clone(),
-        key: IdempotencyKey::parse(key).unwrap(),
-        task: "summarize".into(),
-        provider: "sim-fast".into(),
-        requested_provider: None,
-        input: JsonText::from_value(&json!({"text": key})),
-        params: JsonText::from_value(&json!({})),
-        fingerprint: "0".repeat(64),
-    };
+    let job = new_job(owner, key);
     match create_job(conn, &job).unwrap() {
         CreateOutcome::Created(_) => {}
         other => panic!("{other:?}"),
@@ -192,16 +181,7 @@ async fn an_unknown_jobs_page_offers_no_new_attempt(backend: TestBackend) {
         assert!(html.contains("id=\"retry-refusal\""), "{who}: {html}");
         assert!(html.contains("outcome is unknown"), "{who}: {html}");
     }
-    let partial = sue
-        .http
-        .get(format!("{}{page}", sue.base))
-        .header("HX-Request", "true")
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let partial = sue.partial(&page).await;
     assert!(partial.contains("id=\"retry-refusal\""), "{partial}");
     assert!(!partial.contains("id=\"new-attempt\""), "{partial}");
 

@@ -530,17 +530,9 @@ async fn htmx_polling_gets_the_live_partial_and_boosted_navigation_the_page(back
         .await;
     let browser = FormClient::new(&app);
     browser.sign_in("alice", "alice-password").await;
-    let url = format!("{}/jobs/{job_id}", browser.base);
-    let partial = browser
-        .http
-        .get(&url)
-        .header("HX-Request", "true")
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = format!("/jobs/{job_id}");
+    let url = format!("{}{page}", browser.base);
+    let partial = browser.partial(&page).await;
     assert!(
         partial.trim_start().starts_with("<section id=\"job-live\""),
         "{partial}"
@@ -561,16 +553,7 @@ async fn htmx_polling_gets_the_live_partial_and_boosted_navigation_the_page(back
     // Once the job is finished the live part stops asking to be polled.
     app.wait_for_status(&job_id, "succeeded", std::time::Duration::from_secs(10))
         .await;
-    let done = browser
-        .http
-        .get(&url)
-        .header("HX-Request", "true")
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let done = browser.partial(&page).await;
     assert!(!done.contains("hx-trigger"), "{done}");
 }
 

@@ -13,9 +13,9 @@ use onejob::store::retention::{self, Log};
 use onejob::store::schema::race_log;
 use onejob::store::DbConnection;
 use reqwest::StatusCode;
-use serde_json::{json, Value};
+use serde_json::Value;
 
-use crate::support::db::attempts_of;
+use crate::support::db::{attempts_of, new_job};
 use crate::support::fake_provider::{
     answer, config_of, strict_task_toml, Behaviour, FakeProvider, ProviderToml, Shape, WAIT,
 };
@@ -311,10 +311,10 @@ async fn past_max_late_calls_a_timed_out_call_is_dropped_and_counted(backend: Te
 /// rewrite, and only checked for volatile functions.
 async fn the_send_paths_new_statements_keep_the_distribution_rule(backend: TestBackend) {
     use onejob::domain::retry::Failure;
-    use onejob::domain::{AllowedProviders, IdempotencyKey, JsonText, RetryPolicy};
+    use onejob::domain::{AllowedProviders, RetryPolicy};
     use onejob::store::completion::{complete_failure, FailurePlan};
     use onejob::store::distribution::{judge, Breach, Verdict};
-    use onejob::store::jobs::{create_job, CreateOutcome, NewJob};
+    use onejob::store::jobs::{create_job, CreateOutcome};
     use onejob::store::queue::{self, ClaimRules};
     use onejob::store::statement_log::StatementLog;
     use onejob::store::Store;
@@ -339,17 +339,6 @@ async fn the_send_paths_new_statements_keep_the_distribution_rule(backend: TestB
     let owner = prepared.alice.id.clone();
     let checked = prepared
         .with_conn(move |conn| {
-            let new_job = |key: &str| NewJob {
-                start: None,
-                owner_id: owner.clone(),
-                key: IdempotencyKey::parse(key).unwrap(),
-                task: "summarize".into(),
-                provider: "sim-fast".into(),
-                requested_provider: None,
-                input: JsonText::from_value(&json!({"text": key})),
-                params: JsonText::from_value(&json!({})),
-                fingerprint: "0".repeat(64),
-            };
             let claim = |conn: &mut DbConnection, lease_ms: i64, confirm: bool| {
                 let mut admit = |_: &onejob::domain::AttemptId, _: &str| true;
                 queue::claim_batch(
@@ -370,12 +359,13 @@ async fn the_send_paths_new_statements_keep_the_distribution_rule(backend: TestB
                 .unwrap()
             };
             let mut chunks: Vec<(&str, Vec<String>)> = Vec::new();
-            let job = |conn: &mut DbConnection, key: &str| match create_job(conn, &new_job(key))
-                .unwrap()
-            {
-                CreateOutcome::Created(job) => job,
-                other => panic!("{other:?}"),
-            };
+            let job =
+                |conn: &mut DbConnection, key: &str| match create_job(conn, &new_job(&owner, key))
+                    .unwrap()
+                {
+                    CreateOutcome::Created(job) => job,
+                    other => panic!("{other:?}"),
+                };
 
             job(conn, "renew");
             let claimed = claim(conn, 2000, true);

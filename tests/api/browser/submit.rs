@@ -234,18 +234,28 @@ async fn release_and_see_the_job_succeed(
     assert_eq!(fake.total_requests(), 1, "still one provider call");
 }
 
+/// `browser`, signed in as alice through `proxy`, on the new-job form.
+async fn on_the_form_through(
+    app: &TestApp,
+    proxy: &HoldingProxy,
+    browser: Option<Browser>,
+) -> Option<Browser> {
+    let mut browser = browser?;
+    app.set_password("alice", "alice-pw").await;
+    browser.origin = Some(proxy.origin.clone());
+    browser.sign_in(app, "alice", "alice-pw").await;
+    browser.goto(app, "/jobs/new").await;
+    Some(browser)
+}
+
 async fn a_double_click_with_htmx_boost_off_sends_two_native_posts_and_makes_one_job(
     backend: TestBackend,
 ) {
     let (app, fake) = app_with_a_held_provider(backend).await;
-    app.set_password("alice", "alice-pw").await;
     let proxy = HoldingProxy::start(&app).await;
-    let Some(mut browser) = Browser::start().await else {
+    let Some(browser) = on_the_form_through(&app, &proxy, Browser::start().await).await else {
         return;
     };
-    browser.origin = Some(proxy.origin.clone());
-    browser.sign_in(&app, "alice", "alice-pw").await;
-    browser.goto(&app, "/jobs/new").await;
     // htmx runs on this page; the form is boosted through <body hx-boost>.
     // Turn the boost off and let htmx process the page again, which unbinds
     // the form's boosted submit handler.
@@ -282,14 +292,12 @@ async fn a_double_click_with_javascript_off_sends_two_posts_and_makes_one_job(
     backend: TestBackend,
 ) {
     let (app, fake) = app_with_a_held_provider(backend).await;
-    app.set_password("alice", "alice-pw").await;
     let proxy = HoldingProxy::start(&app).await;
-    let Some(mut browser) = Browser::start_without_javascript().await else {
+    let Some(browser) =
+        on_the_form_through(&app, &proxy, Browser::start_without_javascript().await).await
+    else {
         return;
     };
-    browser.origin = Some(proxy.origin.clone());
-    browser.sign_in(&app, "alice", "alice-pw").await;
-    browser.goto(&app, "/jobs/new").await;
     // The page loads htmx, but its scripts do not run (WebDriver's own
     // scripts still do).
     assert_eq!(browser.count("script[src*=htmx]").await, 1);

@@ -6,9 +6,11 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use diesel::prelude::*;
+use onejob::domain::{IdempotencyKey, JsonText, UserId};
+use onejob::store::jobs::NewJob;
 use onejob::store::schema::{api_tokens, attempts, audit_log, jobs, race_log, sessions, users};
 use onejob::store::{Attempt, DbConnection, Job, RaceEntry};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use super::webdriver::WAIT;
 use crate::support::harness::TestApp;
@@ -396,4 +398,20 @@ pub fn attempts_in(conn: &mut DbConnection, job_id: &onejob::domain::JobId) -> V
 pub async fn attempts_of(app: &TestApp, job_id: &str) -> Vec<Attempt> {
     let job_id = onejob::domain::JobId::parse(job_id).unwrap();
     app.with_conn(move |conn| attempts_in(conn, &job_id)).await
+}
+
+/// A `summarize` job for the store itself, as the guard tests write them:
+/// `owner`'s, under `key`, whose text is the key.
+pub fn new_job(owner: &UserId, key: &str) -> NewJob {
+    NewJob {
+        start: None,
+        owner_id: owner.clone(),
+        key: IdempotencyKey::parse(key).unwrap(),
+        task: "summarize".into(),
+        provider: "sim-fast".into(),
+        requested_provider: None,
+        input: JsonText::from_value(&json!({"text": key})),
+        params: JsonText::from_value(&json!({})),
+        fingerprint: "0".repeat(64),
+    }
 }

@@ -642,6 +642,19 @@ impl FormClient {
             .unwrap()
     }
 
+    /// The page at `path` as htmx asks for it (`HX-Request`): its partial.
+    pub async fn partial(&self, path: &str) -> String {
+        self.http
+            .get(format!("{}{path}", self.base))
+            .header("HX-Request", "true")
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     pub async fn post_form(&self, path: &str, form: &[(&str, &str)]) -> Response {
         self.http
             .post(format!("{}{path}", self.base))

@@ -355,16 +355,30 @@ impl Browser {
     /// Waits until a document other than the one marked with `mark` has
     /// loaded, and its path satisfies `ok`; returns the path.
     pub async fn wait_for_fresh_page(&self, mark: &str, ok: impl Fn(&str) -> bool) -> String {
+        self.wait_until_replaced(
+            "return window.__onejob_marker === arguments[0] ? 'marked' : document.readyState;",
+            mark,
+            ok,
+            "no fresh page replaced the marked one",
+        )
+        .await
+    }
+
+    /// Waits until `probe`, a script given `mark`, answers `complete` (it
+    /// answers something else while the marked document or content is still
+    /// there) and the path satisfies `ok`; returns the path. Fails with
+    /// `failure` after [`WAIT`].
+    async fn wait_until_replaced(
+        &self,
+        probe: &str,
+        mark: &str,
+        ok: impl Fn(&str) -> bool,
+        failure: &str,
+    ) -> String {
         let deadline = Instant::now() + WAIT;
         loop {
             // An error means a navigation is under way: ask again.
-            let state = self
-                .client
-                .execute(
-                    "return window.__onejob_marker === arguments[0] ? 'marked' : document.readyState;",
-                    vec![json!(mark)],
-                )
-                .await;
+            let state = self.client.execute(probe, vec![json!(mark)]).await;
             if let Ok(Value::String(state)) = state {
                 if state == "complete" {
                     let path = self.path().await;
@@ -375,7 +389,7 @@ impl Browser {
             }
             assert!(
                 Instant::now() < deadline,
-                "no fresh page replaced the marked one (the browser is on {})",
+                "{failure} (the browser is on {})",
                 self.path().await
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -548,33 +562,15 @@ impl Browser {
     /// Waits until the page's `<main>` is not the one marked with `mark`, the
     /// document is loaded, and its path satisfies `ok`; returns the path.
     pub async fn wait_for_fresh_content(&self, mark: &str, ok: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            // An error means a navigation is under way: ask again.
-            let state = self
-                .client
-                .execute(
-                    "const main = document.querySelector('main');
-                     if (!main || main.getAttribute('data-test-mark') === arguments[0]) return 'marked';
-                     return document.readyState;",
-                    vec![json!(mark)],
-                )
-                .await;
-            if let Ok(Value::String(state)) = state {
-                if state == "complete" {
-                    let path = self.path().await;
-                    if ok(&path) {
-                        return path;
-                    }
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no fresh content replaced the marked one (the browser is on {})",
-                self.path().await
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        self.wait_until_replaced(
+            "const main = document.querySelector('main');
+             if (!main || main.getAttribute('data-test-mark') === arguments[0]) return 'marked';
+             return document.readyState;",
+            mark,
+            ok,
+            "no fresh content replaced the marked one",
+        )
+        .await
     }
 
     /// Clicks the element matching `css` and waits for the content it brings,
