@@ -186,6 +186,15 @@ mod tests {
     }
 
     #[test]
+    fn canonical_json_separates_array_items_with_one_comma_each() {
+        use serde_json::json;
+        assert_eq!(
+            canonical_json(&json!({"b": [1, 2, 3], "a": [[], [true, null], ["x"]]})),
+            r#"{"a":[[],[true,null],["x"]],"b":[1,2,3]}"#
+        );
+    }
+
+    #[test]
     fn fingerprint_is_lowercase_hex_sha256() {
         let f = fp("t", "{}", "{}", None);
         assert_eq!(f.as_str().len(), 64);

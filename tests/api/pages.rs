@@ -672,6 +672,21 @@ async fn the_providers_page_shows_the_matrix_and_qualifies_on_demand(backend: Te
         page.contains("no answer within the provider&#39;s soft timeout of 300 ms"),
         "the failing check is shown"
     );
+    // The qualification at start is seconds old, and its age says so.
+    let row = page
+        .split(r#"data-provider="sim-fast" data-task="summarize""#)
+        .nth(1)
+        .and_then(|rest| rest.split("</tr>").next())
+        .expect("the sim-fast row");
+    let age = row
+        .split(r#"<td data-label="Age">"#)
+        .nth(1)
+        .and_then(|cell| cell.split("</td>").next())
+        .expect("an Age cell");
+    assert!(
+        age.ends_with(" ms") || (age.ends_with(" s") && !age.contains("min")),
+        "the age of a qualification made at start: {age:?}"
+    );
     let response = ada
         .post_form(
             "/admin/providers/qualify",
