@@ -66,16 +66,52 @@ impl LiveStream {
             .cloned()
     }
 
+    /// Adds the next chunk; one out of order is dropped (the chunks are
+    /// read by their place, which must be their number).
     fn push(&self, chunk: Chunk) {
+        {
+            let mut chunks = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
+            if chunk.seq != chunks.len() as i64 + 1 {
+                tracing::error!(
+                    seq = chunk.seq,
+                    held = chunks.len(),
+                    "a stream chunk out of order was dropped"
+                );
+                return;
+            }
+            chunks.push(chunk);
+        }
+        self.moved.send_modify(|n| *n += 1);
+    }
+
+    fn is_empty(&self) -> bool {
         self.chunks
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push(chunk);
-        self.moved.send_modify(|n| *n += 1);
+            .is_empty()
     }
 }
 
 impl StreamHub {
+    /// A stream for a new attempt of the job: the one followers wait on,
+    /// unless an earlier attempt released chunks into it (then its
+    /// followers have had their ending, and the new attempt starts anew).
+    fn fresh_stream(&self, job_id: &JobId) -> Arc<LiveStream> {
+        let live = self.stream_of(job_id);
+        if live.is_empty() {
+            return live;
+        }
+        let fresh = Arc::new(LiveStream {
+            chunks: Mutex::default(),
+            moved: watch::channel(0).0,
+        });
+        self.streams
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(job_id.clone(), Arc::downgrade(&fresh));
+        fresh
+    }
+
     /// The job's live stream, made if this process has none.
     fn stream_of(&self, job_id: &JobId) -> Arc<LiveStream> {
         let mut streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
@@ -181,7 +217,7 @@ pub struct Follower {
 impl App {
     /// Opens the stream of `job`'s attempt for its worker.
     pub fn open_stream(&self, job: &JobKey, attempt: &AttemptId) -> StreamWriter {
-        let live = self.inner.streams.stream_of(&job.id);
+        let live = self.inner.streams.fresh_stream(&job.id);
         let (persist, batches) = mpsc::unbounded_channel();
         let flusher = tokio::spawn(self.clone().persist_chunks(
             job.clone(),
@@ -203,6 +239,17 @@ impl App {
         attempt: AttemptId,
         mut released: mpsc::UnboundedReceiver<StoredChunk>,
     ) {
+        // Chunks an earlier attempt left (one that became unknown, after
+        // which support started this one) are void: this answer is the
+        // job's stream now, numbered from 1.
+        let key = job.clone();
+        if let Err(error) = self
+            .store()
+            .run(move |conn| stream_chunks::clear(conn, &key))
+            .await
+        {
+            tracing::warn!(%error, "clearing an earlier attempt's stream chunks failed");
+        }
         let mut batch = Vec::with_capacity(BATCH_MAX);
         loop {
             if released.recv_many(&mut batch, BATCH_MAX).await == 0 {

@@ -82,3 +82,14 @@ pub fn count(conn: &mut DbConnection, job: &JobKey) -> StoreResult<i64> {
         .first(conn)?;
     Ok(highest.unwrap_or(0))
 }
+
+/// Removes the job's chunks (an earlier attempt's, before a new attempt
+/// streams).
+pub fn clear(conn: &mut DbConnection, job: &JobKey) -> StoreResult<usize> {
+    Ok(diesel::delete(
+        stream_chunks::table
+            .filter(stream_chunks::job_id.eq(&job.id))
+            .filter(stream_chunks::owner_id.eq(&job.owner_id)),
+    )
+    .execute(conn)?)
+}
