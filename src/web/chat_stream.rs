@@ -211,3 +211,74 @@ impl Events {
         format!("id: {id}\ndata: {data}\n\n")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::domain::{JobId, JobStatus, JsonText, UserId};
+
+    fn job(result: Value) -> Job {
+        Job {
+            id: JobId::new(),
+            owner_id: UserId::new(),
+            idempotency_key: "k".into(),
+            task: "chat".into(),
+            provider: "p".into(),
+            requested_provider: None,
+            input: JsonText::from_value(&json!({})),
+            params: JsonText::from_value(&json!({})),
+            fingerprint: "0".repeat(64),
+            status: JobStatus::Succeeded,
+            version: 1,
+            result: Some(JsonText::from_value(&result)),
+            completed_by: None,
+            failure_reason: None,
+            created_at: 5_000,
+            updated_at: 5_000,
+        }
+    }
+
+    #[test]
+    fn a_stream_ends_with_its_finish_its_usage_and_done_numbered_after_its_chunks() {
+        let job = job(json!({
+            "message": {"role": "assistant", "content": "Hi"},
+            "finish_reason": "stop",
+            "usage": {"total_tokens": 3},
+        }));
+        let shape = Shape::of(&job, true);
+        let events = shape.finish(&job, 4);
+        let ids: Vec<i64> = events.iter().map(|(id, _)| *id).collect();
+        assert_eq!(ids, [5, 6, 7]);
+        let finish: Value = serde_json::from_str(&events[0].1).unwrap();
+        assert_eq!(finish["choices"][0]["finish_reason"], "stop");
+        assert_eq!(finish["choices"][0]["delta"], json!({}));
+        assert!(finish["usage"].is_null() && finish.get("usage").is_some());
+        assert_eq!(finish["id"], format!("chatcmpl-{}", job.id));
+        assert_eq!(finish["created"], 5);
+        let usage: Value = serde_json::from_str(&events[1].1).unwrap();
+        assert_eq!(usage["choices"], json!([]));
+        assert_eq!(usage["usage"], json!({"total_tokens": 3}));
+        assert_eq!(events[2].1, "[DONE]");
+    }
+
+    #[test]
+    fn an_answer_with_no_stored_chunks_is_sent_whole_first() {
+        let job = job(json!({
+            "message": {"role": "assistant", "content": null,
+                "tool_calls": [{"id": "c1", "type": "function"}]},
+            "finish_reason": "tool_calls",
+            "usage": {"total_tokens": 3},
+        }));
+        let events = Shape::of(&job, false).finish(&job, 0);
+        let ids: Vec<i64> = events.iter().map(|(id, _)| *id).collect();
+        assert_eq!(ids, [1, 2, 4], "the tool calls, the finish, [DONE]");
+        let calls: Value = serde_json::from_str(&events[0].1).unwrap();
+        assert_eq!(
+            calls["choices"][0]["delta"],
+            json!({"tool_calls": [{"id": "c1", "type": "function", "index": 0}]})
+        );
+        assert!(calls.get("usage").is_none(), "no usage unless asked for");
+    }
+}

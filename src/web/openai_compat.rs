@@ -331,9 +331,12 @@ fn read_request(body: &Value) -> Result<(String, Delivery), OpenAiError> {
 #[utoipa::path(
     post, path = "/v1/chat/completions", tag = "openai-compatible",
     request_body(content = ChatCompletionRequest, description = "An OpenAI Chat Completions request; `model` names a chat route (see GET /v1/models). The body, as sent, is the job's input and fingerprint."),
-    params(("Idempotency-Key" = String, Header, description = "Required: 1-255 printable ASCII characters, one per intent, the same on every retry")),
+    params(
+        ("Idempotency-Key" = String, Header, description = "Required: 1-255 printable ASCII characters, one per intent, the same on every retry"),
+        ("Last-Event-ID" = Option<u64>, Header, description = "With `stream: true`: the id of the last event received; the events after it are sent"),
+    ),
     responses(
-        (status = 200, description = "The winning answer. `X-Onejob-Job-Id` names the job; `Idempotent-Replayed: true` on a replay or a joined duplicate. With `stream: true`, `text/event-stream` chunks sent once the job is done, ending with `data: [DONE]`.", body = ChatCompletion,
+        (status = 200, description = "The winning answer. `X-Onejob-Job-Id` names the job; `Idempotent-Replayed: true` on a replay or a joined duplicate. With `stream: true`, `text/event-stream` chunks as the provider generates them, each with an `id:` (send `Last-Event-ID` with the same key to resume after it), ending with `data: [DONE]`, or with an error event when the job ends without an answer.", body = ChatCompletion,
             headers(("X-Onejob-Job-Id" = String, description = "The job"), ("Idempotent-Replayed" = String, description = "`true` when the key had already made this job"))),
         (status = 400, description = "Missing or invalid Idempotency-Key, malformed JSON, or a request of the wrong shape", body = OpenAiErrorBody),
         (status = 401, description = "No valid onejob API token as the bearer", body = OpenAiErrorBody),
@@ -582,7 +585,7 @@ mod schemas {
         pub model: String,
         #[schema(min_items = 1)]
         pub messages: Vec<ChatMessage>,
-        /// Answer as server-sent events, sent once the job is done
+        /// Answer as server-sent events, as the provider generates them
         pub stream: Option<bool>,
         pub max_tokens: Option<u32>,
         /// For reasoning models; sent under the provider's own name for the limit

@@ -26,12 +26,25 @@ on_both_backends!(
     a_duplicate_in_another_process_receives_the_same_content_from_one_upstream_call,
 );
 
+/// How long `up` may go quiet between chunks: longer than any wait of a
+/// test at a gate, on a loaded machine.
+const PATIENT_MS: u64 = 10_000;
+
 /// The chat route `gpt-stream` on the fake upstream `up`, then on `backup`
 /// when one is given (a golden example lets it qualify).
 fn stream_config(up: &FakeProvider, backup: Option<&FakeProvider>) -> onejob::config::Config {
+    stream_config_idle(up, backup, PATIENT_MS)
+}
+
+/// [`stream_config`] with `up`'s idle timeout.
+fn stream_config_idle(
+    up: &FakeProvider,
+    backup: Option<&FakeProvider>,
+    idle_timeout_ms: u64,
+) -> onejob::config::Config {
     let mut toml = ProviderToml::openai("up", &format!("{}/v1", up.base_url))
         .timeout_ms(10_000)
-        .with("idle_timeout_ms = 400")
+        .with(&format!("idle_timeout_ms = {idle_timeout_ms}"))
         .toml();
     let mut chain = "\"up\"".to_owned();
     if let Some(backup) = backup {
@@ -277,7 +290,7 @@ async fn an_idle_stall_after_the_first_chunk_makes_the_attempt_unknown_and_sends
         StreamStep::Text("first".into()),
         StreamStep::Stall,
     ]));
-    let app = spawn_app_with(backend, stream_config(&upstream, None)).await;
+    let app = spawn_app_with(backend, stream_config_idle(&upstream, None, 400)).await;
     let mut reader = open_stream(chat_request(&app, "stall", &streaming("stall"))).await;
     let events = reader.rest().await;
     assert_eq!(content_of(&events), "first");
