@@ -391,7 +391,7 @@ async fn the_same_key_with_other_messages_is_a_409_conflict(backend: TestBackend
 /// The `data:` payloads of an event stream.
 fn events(body: &str) -> Vec<String> {
     body.split("\n\n")
-        .filter_map(|event| event.strip_prefix("data: "))
+        .filter_map(|event| event.lines().find_map(|line| line.strip_prefix("data: ")))
         .map(str::to_owned)
         .collect()
 }
