@@ -11,10 +11,14 @@
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
+use crate::server_process::ServerProcess;
 use crate::support::fake_provider::{
     config_of, Behaviour, FakeProvider, ProviderToml, Shape, StreamStep,
 };
-use crate::support::harness::{spawn_app_with, start_instance, TestApp, TestBackend};
+use crate::support::harness::{
+    spawn_app_with, start_instance, test_config, TestApp, TestBackend, TestDb,
+    DEFAULT_TEST_PROVIDERS,
+};
 use crate::support::sse::{content_of, SseEvent, SseReader};
 
 on_both_backends!(
@@ -24,6 +28,7 @@ on_both_backends!(
     an_idle_stall_after_the_first_chunk_makes_the_attempt_unknown_and_sends_nothing_else,
     a_failure_before_any_chunk_fails_over_and_one_after_a_chunk_does_not,
     a_duplicate_in_another_process_receives_the_same_content_from_one_upstream_call,
+    a_kill_mid_stream_leaves_the_attempt_unknown_and_never_sends_it_again,
 );
 
 /// How long `up` may go quiet between chunks: longer than any wait of a
@@ -414,4 +419,121 @@ async fn a_duplicate_in_another_process_receives_the_same_content_from_one_upstr
     assert_eq!(seen_there, seen_here, "the same events, ids and all");
     assert_eq!(upstream.total_requests(), 1, "one upstream call");
     other_server.abort();
+}
+
+/// A configuration file for real server processes: the chat route
+/// `gpt-stream` on `up`, which never times out by itself, and a short
+/// lease so a killed process's attempt is reaped soon.
+fn process_config(dir: &std::path::Path, up: &FakeProvider) -> std::path::PathBuf {
+    let toml = format!(
+        r#"
+[worker]
+concurrency = 2
+poll_interval_ms = 50
+lease_ms = 1500
+
+[database]
+pool_timeout_ms = 300
+sqlite_busy_timeout_ms = 300
+postgres_lock_timeout_ms = 300
+{provider}
+[[tasks]]
+name = "gpt-stream"
+kind = "chat"
+providers = ["up"]
+"#,
+        provider = ProviderToml::openai("up", &up.base_url)
+            .timeout_ms(60_000)
+            .connect_timeout_ms(None)
+            .with("idle_timeout_ms = 60000")
+            .toml(),
+    );
+    let path = dir.join("onejob.toml");
+    std::fs::write(&path, toml).unwrap();
+    path
+}
+
+async fn a_kill_mid_stream_leaves_the_attempt_unknown_and_never_sends_it_again(
+    backend: TestBackend,
+) {
+    let db = TestDb::create_empty(backend);
+    let url = db.url.as_str().to_owned();
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = FakeProvider::start(Shape::OpenAi).await;
+    upstream.push(Behaviour::Stream(vec![
+        StreamStep::Text("before the crash".into()),
+        StreamStep::Stall,
+    ]));
+    let config = process_config(dir.path(), &upstream);
+    let mut first = ServerProcess::spawn(dir.path(), "first", &config, &url);
+    first.wait_ready().await;
+    let token = {
+        let url = db.url.clone();
+        tokio::task::spawn_blocking(move || {
+            let store =
+                onejob::startup::open_store(&url, &test_config(DEFAULT_TEST_PROVIDERS)).unwrap();
+            let mut conn = store.conn().unwrap();
+            onejob::store::users::issue_token(&mut conn, "admin", None)
+                .unwrap()
+                .0
+        })
+        .await
+        .unwrap()
+    };
+    let client = reqwest::Client::new();
+    let request = |base: &str| {
+        client
+            .post(format!("{base}/v1/chat/completions"))
+            .bearer_auth(&token)
+            .header("Idempotency-Key", "crash")
+            .json(&streaming("crash"))
+    };
+    let mut reader = open_stream(request(&first.base)).await;
+    let seen = reader.until_content().await;
+    assert_eq!(content_of(&seen), "before the crash");
+    let job_id = job_id_of(&seen);
+
+    // kill -9 mid-stream; another process reaps the lease.
+    first.kill();
+    first.wait_exit(std::time::Duration::from_secs(10)).await;
+    let mut second = ServerProcess::spawn(dir.path(), "second", &config, &url);
+    second.wait_ready().await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let job = loop {
+        let job: Value = client
+            .get(format!("{}/api/v1/jobs/{job_id}", second.base))
+            .bearer_auth(&token)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if job["attempts"][0]["state"] == "unknown" {
+            break job;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not unknown in 20 s: {job:#}\n{}",
+            second.stderr()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(job["status"], "unknown", "{job:#}");
+    assert_eq!(job["attempts"].as_array().unwrap().len(), 1);
+    assert!(
+        job["attempts"][0]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("lease expired")),
+        "{job:#}"
+    );
+
+    // A reconnect under the key is told the outcome is unknown; nothing is
+    // sent again, however many claims the live process makes meanwhile.
+    let again = request(&second.base).send().await.unwrap();
+    assert_eq!(again.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let error: Value = again.json().await.unwrap();
+    assert_eq!(error["error"]["code"], "outcome_unknown", "{error:#}");
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(upstream.total_requests(), 1, "never re-sent");
 }
