@@ -68,9 +68,11 @@ impl HttpClient {
         call.wants_stream() && self.kind == ProviderKind::Openai
     }
 
-    fn body(&self, call: &Call) -> Value {
+    /// The request body; `streaming` when the caller takes the answer's
+    /// deltas as they arrive (a call without a sink is never streamed).
+    fn body(&self, call: &Call, streaming: bool) -> Value {
         let mut body = self.body_whole(call);
-        if self.streams(call) {
+        if streaming && self.streams(call) {
             // Usage is asked for whatever the client asked: the stored
             // answer has it, as a non-streamed one does.
             body["stream"] = json!(true);
@@ -186,7 +188,7 @@ impl HttpClient {
             .client
             .post(&self.endpoint)
             .headers(self.headers(call))
-            .json(&self.body(call))
+            .json(&self.body(call, sink.is_some()))
             .send()
             .await;
         let response = match sent {
@@ -439,6 +441,34 @@ mod tests {
         assert!(!redacted.contains("cb-secret"), "{redacted}");
         assert!(redacted.chars().count() <= 401);
         assert!(!format!("{client:?}").contains(key), "Debug hides the key");
+    }
+
+    #[test]
+    fn a_chat_call_streams_only_when_asked_and_taken_as_it_arrives() {
+        let client = client_with_key("sk-unit");
+        let call = |stream: bool| Call {
+            request_id: "a".into(),
+            attempt_number: 1,
+            task: "chat".into(),
+            prompt: String::new(),
+            output_schema: None,
+            temperature: None,
+            callback: None,
+            chat: Some(json!({"messages": [], "stream": stream,
+                              "stream_options": {"include_usage": false}})),
+        };
+        let streamed = client.body(&call(true), true);
+        assert_eq!(streamed["stream"], true);
+        assert_eq!(streamed["stream_options"], json!({"include_usage": true}));
+        // No sink (a qualification's golden call), or no stream asked for:
+        // a whole answer.
+        for body in [
+            client.body(&call(true), false),
+            client.body(&call(false), true),
+        ] {
+            assert!(body.get("stream").is_none(), "{body}");
+            assert!(body.get("stream_options").is_none(), "{body}");
+        }
     }
 
     #[test]

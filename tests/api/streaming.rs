@@ -29,6 +29,7 @@ on_both_backends!(
     a_failure_before_any_chunk_fails_over_and_one_after_a_chunk_does_not,
     a_duplicate_in_another_process_receives_the_same_content_from_one_upstream_call,
     a_kill_mid_stream_leaves_the_attempt_unknown_and_never_sends_it_again,
+    two_concurrent_duplicates_in_two_processes_receive_identical_content_from_one_call,
 );
 
 /// How long `up` may go quiet between chunks: longer than any wait of a
@@ -453,23 +454,26 @@ providers = ["up"]
     path
 }
 
-async fn a_kill_mid_stream_leaves_the_attempt_unknown_and_never_sends_it_again(
-    backend: TestBackend,
-) {
-    let db = TestDb::create_empty(backend);
-    let url = db.url.as_str().to_owned();
-    let dir = tempfile::tempdir().unwrap();
-    let upstream = FakeProvider::start(Shape::OpenAi).await;
-    upstream.push(Behaviour::Stream(vec![
-        StreamStep::Text("before the crash".into()),
-        StreamStep::Stall,
-    ]));
-    let config = process_config(dir.path(), &upstream);
-    let mut first = ServerProcess::spawn(dir.path(), "first", &config, &url);
-    first.wait_ready().await;
-    let token = {
+/// Real server processes on one fresh database, and an API token of its
+/// first user.
+struct Processes {
+    db: TestDb,
+    dir: tempfile::TempDir,
+    config: std::path::PathBuf,
+    token: String,
+    client: reqwest::Client,
+}
+
+impl Processes {
+    /// Starts the first process, serving `up`, and reads a token.
+    async fn start(backend: TestBackend, up: &FakeProvider) -> (Self, ServerProcess) {
+        let db = TestDb::create_empty(backend);
+        let dir = tempfile::tempdir().unwrap();
+        let config = process_config(dir.path(), up);
+        let mut first = ServerProcess::spawn(dir.path(), "first", &config, db.url.as_str());
+        first.wait_ready().await;
         let url = db.url.clone();
-        tokio::task::spawn_blocking(move || {
+        let token = tokio::task::spawn_blocking(move || {
             let store =
                 onejob::startup::open_store(&url, &test_config(DEFAULT_TEST_PROVIDERS)).unwrap();
             let mut conn = store.conn().unwrap();
@@ -478,16 +482,82 @@ async fn a_kill_mid_stream_leaves_the_attempt_unknown_and_never_sends_it_again(
                 .0
         })
         .await
-        .unwrap()
-    };
-    let client = reqwest::Client::new();
-    let request = |base: &str| {
-        client
+        .unwrap();
+        let processes = Self {
+            db,
+            dir,
+            config,
+            token,
+            client: reqwest::Client::new(),
+        };
+        (processes, first)
+    }
+
+    /// Another process on the same database, in `role`, ready.
+    async fn another(&self, name: &str, role: &str) -> ServerProcess {
+        let port = crate::server_process::free_port();
+        let mut process = ServerProcess::spawn_as(
+            self.dir.path(),
+            name,
+            &self.config,
+            self.db.url.as_str(),
+            port,
+            role,
+        );
+        process.wait_ready().await;
+        process
+    }
+
+    /// The streaming chat request under `key` to the process at `base`.
+    fn request(&self, base: &str, key: &str) -> reqwest::RequestBuilder {
+        self.client
             .post(format!("{base}/v1/chat/completions"))
-            .bearer_auth(&token)
-            .header("Idempotency-Key", "crash")
-            .json(&streaming("crash"))
-    };
+            .bearer_auth(&self.token)
+            .header("Idempotency-Key", key)
+            .json(&streaming(key))
+    }
+}
+
+async fn two_concurrent_duplicates_in_two_processes_receive_identical_content_from_one_call(
+    backend: TestBackend,
+) {
+    let upstream = FakeProvider::start(Shape::OpenAi).await;
+    upstream.push(Behaviour::Stream(vec![
+        StreamStep::Text("one call, ".into()),
+        StreamStep::Gate,
+        StreamStep::Text("two ".into()),
+        StreamStep::Text("readers".into()),
+    ]));
+    let (processes, worker) = Processes::start(backend, &upstream).await;
+    // The second process only serves HTTP: what it streams, it reads from
+    // the database.
+    let http_only = processes.another("http-only", "http").await;
+    let mut here = open_stream(processes.request(&worker.base, "dup")).await;
+    let mut there = open_stream(processes.request(&http_only.base, "dup")).await;
+    let request_id = the_request_id(&upstream).await;
+    let mut seen_here = here.until_content().await;
+    let mut seen_there = there.until_content().await;
+    assert_eq!(content_of(&seen_there), "one call, ");
+    upstream.wait_gate(&request_id, 1).await;
+    upstream.open_gate(&request_id);
+    seen_here.extend(here.rest().await);
+    seen_there.extend(there.rest().await);
+    assert_eq!(content_of(&seen_here), "one call, two readers");
+    assert_eq!(seen_there, seen_here, "the same events, ids and all");
+    assert_eq!(upstream.total_requests(), 1, "one upstream call");
+}
+
+async fn a_kill_mid_stream_leaves_the_attempt_unknown_and_never_sends_it_again(
+    backend: TestBackend,
+) {
+    let upstream = FakeProvider::start(Shape::OpenAi).await;
+    upstream.push(Behaviour::Stream(vec![
+        StreamStep::Text("before the crash".into()),
+        StreamStep::Stall,
+    ]));
+    let (processes, mut first) = Processes::start(backend, &upstream).await;
+    let (client, token) = (&processes.client, &processes.token);
+    let request = |base: &str| processes.request(base, "crash");
     let mut reader = open_stream(request(&first.base)).await;
     let seen = reader.until_content().await;
     assert_eq!(content_of(&seen), "before the crash");
@@ -496,13 +566,12 @@ async fn a_kill_mid_stream_leaves_the_attempt_unknown_and_never_sends_it_again(
     // kill -9 mid-stream; another process reaps the lease.
     first.kill();
     first.wait_exit(std::time::Duration::from_secs(10)).await;
-    let mut second = ServerProcess::spawn(dir.path(), "second", &config, &url);
-    second.wait_ready().await;
+    let second = processes.another("second", "all").await;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     let job = loop {
         let job: Value = client
             .get(format!("{}/api/v1/jobs/{job_id}", second.base))
-            .bearer_auth(&token)
+            .bearer_auth(token)
             .send()
             .await
             .unwrap()
