@@ -85,8 +85,12 @@ impl Assembly {
         }
         for member in ["name", "arguments"] {
             if let Some(part) = call["function"][member].as_str() {
-                let so_far = known["function"][member].as_str().unwrap_or_default();
-                known["function"][member] = json!(format!("{so_far}{part}"));
+                // Appended in place: an answer of many small pieces costs
+                // its length, not its length squared.
+                match &mut known["function"][member] {
+                    Value::String(so_far) => so_far.push_str(part),
+                    other => *other = json!(part),
+                }
             }
         }
         Ok(())

@@ -357,9 +357,14 @@ pub async fn chat_completions(
     payload: web::Payload,
 ) -> Result<HttpResponse, OpenAiError> {
     let key = idempotency_key(&req)?;
-    let resume = super::chat_stream::last_event_id(&req)?;
     let input = json_text(&req, payload, BodyRules::of(&app.config().server)).await?;
     let (model, delivery) = read_request(&input.value())?;
+    // Only a stream has event ids to resume after.
+    let resume = if delivery.stream {
+        super::chat_stream::last_event_id(&req)?
+    } else {
+        None
+    };
     // A name that is not a chat route today is left to creation, which
     // answers a replay from the key's job before it looks at today's
     // configuration (and refuses a new request for it as `model_not_found`).
