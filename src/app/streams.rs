@@ -360,36 +360,44 @@ impl Follower {
         if let Some(chunk) = self.live.chunk_after(self.cursor) {
             return Some(chunk);
         }
-        match self.stored.front() {
-            Some(chunk) if chunk.seq == self.cursor + 1 => {
-                let chunk = self.stored.pop_front()?;
-                Some(Chunk {
-                    seq: chunk.seq,
-                    delta: chunk.delta.into(),
-                })
-            }
-            _ => None,
-        }
+        // The next stored one, in order; a gap (a batch the database kept
+        // refusing) is passed over rather than waited for.
+        let chunk = self.stored.pop_front()?;
+        Some(Chunk {
+            seq: chunk.seq,
+            delta: chunk.delta.into(),
+        })
     }
 
     /// Reads the chunks after the cursor and the job's row; what ends the
     /// stream, if the job has ended.
     async fn read_stored(&mut self) -> AppResult<Option<Followed>> {
         let (key, after) = (self.job.key(), self.cursor);
-        let (chunks, job, attempts, count) = self
+        // Each read is its own statement, so their order matters: the
+        // attempts before the job (an attempt stops being live in the
+        // transaction that finishes its job, so a finished attempt is
+        // never seen beside an unfinished job), and the chunks after the
+        // job (every chunk is written before its job finishes, so a
+        // finished job's chunks are all seen).
+        let (attempts, job, chunks, count) = self
             .app
             .store()
             .run(move |conn| {
-                let chunks = stream_chunks::after(conn, &key, after)?;
-                let job = job_store::get_job(conn, &key)?;
                 let attempts = job_store::attempts_of(conn, &key)?;
-                let count = stream_chunks::count(conn, &key)?;
-                Ok((chunks, job, attempts, count))
+                let job = job_store::get_job(conn, &key)?;
+                let chunks = stream_chunks::after(conn, &key, after)?;
+                let count = match job.status {
+                    crate::domain::JobStatus::Succeeded => stream_chunks::count(conn, &key)?,
+                    _ => 0,
+                };
+                Ok((attempts, job, chunks, count))
             })
             .await?;
         self.job = job;
         if !chunks.is_empty() {
+            // Sent first; then the job is read again at once.
             self.stored = chunks.into();
+            self.look_now = true;
             return Ok(None);
         }
         let job = self.job.clone();
