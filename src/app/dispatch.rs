@@ -70,6 +70,24 @@ impl Dispatch {
         }
     }
 
+    /// Sends the call streaming, each delta to `sink` as it arrives, and
+    /// holds the whole answer to the contract.
+    pub async fn send_streaming(&self, sink: crate::providers::streaming::DeltaSink) -> Reply {
+        let reply = self.provider.stream(&self.call, sink).await;
+        Reply {
+            outcome: self.contract.judge(reply.outcome),
+            tokens_used: reply.tokens_used,
+        }
+    }
+
+    /// Whether the answer may be released as it is generated: not when it
+    /// must first match an output schema.
+    pub fn releases_as_generated(&self) -> bool {
+        crate::domain::stream::releases_as_generated(
+            self.contract.definition.output_schema.is_some(),
+        )
+    }
+
     /// What the call is expected to use of the provider's
     /// `tokens_per_minute`: the prompt's estimate (the chat request's text
     /// for a chat route), before the answer's usage says.

@@ -31,6 +31,7 @@ pub mod queries;
 pub mod resolve;
 pub mod retention;
 pub mod retry;
+pub mod streams;
 mod twins;
 pub mod waiting;
 pub mod work;
@@ -88,6 +89,8 @@ struct Inner {
     start_offer: std::sync::RwLock<std::sync::Weak<work::StartOffer>>,
     /// Keys this process is creating jobs for (`twins`).
     key_flights: twins::KeyFlights,
+    /// The streams running in this process, by job.
+    streams: streams::StreamHub,
 }
 
 impl App {
@@ -120,6 +123,7 @@ impl App {
                 metrics,
                 start_offer: Default::default(),
                 key_flights: Default::default(),
+                streams: Default::default(),
             }),
         }
     }

@@ -8,6 +8,7 @@ use serde_json::Value;
 
 use super::{App, AppError, AppResult, Attempt, Job};
 use crate::domain::retry::Failure;
+use crate::domain::stream::failure_after;
 use crate::domain::{Applied, AttemptId, JobId, Outcome, RetryPolicy};
 use crate::store::completion::FailurePlan;
 use crate::store::transitions::AttemptKey;
@@ -22,6 +23,20 @@ impl App {
         provider: &str,
         outcome: Outcome,
     ) -> AppResult<Applied> {
+        self.apply_streamed_outcome(attempt, provider, outcome, 0)
+            .await
+    }
+
+    /// Applies `outcome` to an attempt that released `released` chunks of
+    /// a streamed answer: after one, a failure fails the job
+    /// (`domain::stream::failure_after`).
+    pub async fn apply_streamed_outcome(
+        &self,
+        attempt: &AttemptKey,
+        provider: &str,
+        outcome: Outcome,
+        released: u64,
+    ) -> AppResult<Applied> {
         let attempt_id = &attempt.id;
         let (applied, job_id) = match outcome.printable() {
             Outcome::Succeeded(answer) => {
@@ -30,7 +45,11 @@ impl App {
             }
             Outcome::Failed(error) => {
                 let (applied, job_id) = self
-                    .apply_failure(attempt, error.to_stored(), Failure::Definite)
+                    .apply_failure(
+                        attempt,
+                        error.to_stored(),
+                        failure_after(released, Failure::Definite),
+                    )
                     .await?;
                 (applied, Some(job_id))
             }
@@ -38,6 +57,7 @@ impl App {
                 let failure = Failure::NothingHappened {
                     retry_after_ms: refusal.retry_after.map(|d| d.as_millis() as i64),
                 };
+                let failure = failure_after(released, failure);
                 let (applied, job_id) = self
                     .apply_failure(attempt, refusal.reason.to_stored(), failure)
                     .await?;

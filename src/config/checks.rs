@@ -180,6 +180,9 @@ fn check_provider(provider: &ProviderSettings, allow_insecure_http: bool) -> Che
     if provider.timeout_ms == 0 {
         return invalid("timeout_ms", "must be greater than 0");
     }
+    if provider.idle_timeout_ms == 0 {
+        return invalid("idle_timeout_ms", "must be greater than 0");
+    }
     if provider.kind.is_http() {
         check_http_provider(provider, allow_insecure_http)?;
     }

@@ -20,6 +20,7 @@ pub mod retry;
 pub mod role;
 pub mod secret;
 pub mod state;
+pub mod stream;
 pub mod throttle;
 
 pub use audit::AuditAction;

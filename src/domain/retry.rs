@@ -73,6 +73,10 @@ pub enum Failure {
     /// request may go to the same provider again, after `retry_after_ms`
     /// if the provider said, else after a backoff.
     NothingHappened { retry_after_ms: Option<i64> },
+    /// Any failure after part of a streamed answer was released to a
+    /// client (`domain::stream::failure_after`): another provider's answer
+    /// would be spliced onto it, so the job ends.
+    PartlyDelivered,
 }
 
 /// What the job does next.
@@ -92,6 +96,8 @@ pub enum GiveUp {
     /// Every provider the gate allows was tried, and the failure leaves
     /// nothing to retry.
     ChainExhausted,
+    /// Part of a streamed answer had reached its clients.
+    PartlyDelivered,
     /// The job has made as many attempts as its task allows.
     AttemptsSpent { max_attempts: u32 },
     /// Waiting for the provider again would take the job past the longest
@@ -154,6 +160,7 @@ pub fn next_step<'a>(
     let tried: Vec<String> = made.iter().map(|m| m.provider.to_owned()).collect();
     let untried = next_provider(order, &tried);
     let step = match failure {
+        Failure::PartlyDelivered => NextStep::GiveUp(GiveUp::PartlyDelivered),
         Failure::Definite => match untried {
             Some(provider) => NextStep::FailOver(provider),
             None => NextStep::GiveUp(GiveUp::ChainExhausted),
@@ -215,6 +222,10 @@ impl GiveUp {
                 "no qualified fallback provider is left: {} not qualified for this task; tried \
                  {providers}; last error: {last_error}",
                 skipped.join(", ")
+            ),
+            Self::PartlyDelivered => format!(
+                "the stream from {providers} failed after part of the answer had reached the \
+                 client, so no other provider may finish it; last error: {last_error}"
             ),
             Self::AttemptsSpent { max_attempts } => format!(
                 "the retry budget is spent: {attempts} attempts made ({providers}), the most the \

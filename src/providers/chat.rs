@@ -2,8 +2,10 @@
 //! a provider, and the provider's answer brought back to one shape.
 //!
 //! - OpenAI-compatible providers get the client's body as it is, with the
-//!   provider's own model, `stream` off (onejob streams the finished answer
-//!   itself), and the token limit under the name the provider wants.
+//!   provider's own model and the token limit under the name the provider
+//!   wants; `stream` and `stream_options` are onejob's to set (the HTTP
+//!   client turns streaming on when the client asked for a stream, see
+//!   `providers::streaming`).
 //! - Either way, a request that sets no token limit or no temperature gets
 //!   the provider's configured `max_tokens` and `temperature` (if set).
 //! - Anthropic gets the same conversation translated: system messages to

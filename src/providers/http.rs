@@ -10,6 +10,7 @@ use reqwest::header::{HeaderMap, HeaderValue};
 use serde_json::{json, Value};
 
 use super::classify::{classify_status, parse_retry_after, StatusClass};
+use super::streaming::{self, DeltaSink};
 use super::{
     chat, BoxFuture, Call, MaxTokensField, ProviderClient, ProviderKind, ProviderSettings, Reply,
 };
@@ -60,7 +61,27 @@ impl HttpClient {
         }
     }
 
-    fn body(&self, call: &Call) -> Value {
+    /// Whether this client streams a call that asks for it: an
+    /// OpenAI-compatible provider does (Anthropic's events are not spoken
+    /// yet: its answer arrives whole and is handed on as one delta).
+    fn streams(&self, call: &Call) -> bool {
+        call.wants_stream() && self.kind == ProviderKind::Openai
+    }
+
+    /// The request body; `streaming` when the caller takes the answer's
+    /// deltas as they arrive (a call without a sink is never streamed).
+    fn body(&self, call: &Call, streaming: bool) -> Value {
+        let mut body = self.body_whole(call);
+        if streaming && self.streams(call) {
+            // Usage is asked for whatever the client asked: the stored
+            // answer has it, as a non-streamed one does.
+            body["stream"] = json!(true);
+            body["stream_options"] = json!({ "include_usage": true });
+        }
+        body
+    }
+
+    fn body_whole(&self, call: &Call) -> Value {
         if let Some(request) = &call.chat {
             let defaults = chat::ChatDefaults {
                 max_tokens: self.max_tokens,
@@ -146,8 +167,8 @@ impl HttpClient {
     /// some providers echo credentials in their errors. A pause the provider
     /// asks for is kept by the caller (`Provider::call` and the limiter),
     /// which never sends while one runs.
-    pub async fn send_call(&self, call: &Call) -> Reply {
-        let mut reply = self.send(call).await;
+    pub async fn send_call(&self, call: &Call, sink: Option<&DeltaSink>) -> Reply {
+        let mut reply = self.send(call, sink).await;
         reply.outcome = reply.outcome.map_reason(|reason| self.redact(call, reason));
         reply
     }
@@ -162,12 +183,12 @@ impl HttpClient {
         crate::domain::outcome::redacted(&text, secrets.into_iter().flatten())
     }
 
-    async fn send(&self, call: &Call) -> Reply {
+    async fn send(&self, call: &Call, sink: Option<&DeltaSink>) -> Reply {
         let sent = self
             .client
             .post(&self.endpoint)
             .headers(self.headers(call))
-            .json(&self.body(call))
+            .json(&self.body(call, sink.is_some()))
             .send()
             .await;
         let response = match sent {
@@ -194,6 +215,19 @@ impl HttpClient {
                 .get("retry-after")
                 .and_then(|v| v.to_str().ok()),
         );
+        let event_stream = response
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        if let (Some(sink), true, true) = (sink, status.is_success(), event_stream) {
+            let (outcome, tokens_used) =
+                streaming::read_stream(response, self.max_response_bytes, sink).await;
+            return Reply {
+                outcome,
+                tokens_used,
+            };
+        }
         let (bytes, complete) = match read_capped(response, self.max_response_bytes).await {
             Ok(read) => read,
             Err(e) => {
@@ -234,7 +268,16 @@ impl HttpClient {
         let tokens_used = self.tokens_used(&envelope);
         let outcome = if call.chat.is_some() {
             match chat::answer(self.kind, &envelope) {
-                Ok(answer) => Outcome::Succeeded(answer),
+                Ok(answer) => {
+                    // A provider that answered a stream whole: its answer
+                    // is handed on as it came.
+                    if let Some(sink) = sink {
+                        for delta in streaming::whole_answer_deltas(&answer) {
+                            let _ = sink.send(delta).await;
+                        }
+                    }
+                    Outcome::Succeeded(answer)
+                }
                 Err(reason) => Outcome::Failed(Reason::invalid_output(reason)),
             }
         } else {
@@ -302,7 +345,11 @@ impl HttpClient {
 
 impl ProviderClient for HttpClient {
     fn call<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Reply> {
-        Box::pin(self.send_call(call))
+        Box::pin(self.send_call(call, None))
+    }
+
+    fn stream<'a>(&'a self, call: &'a Call, sink: DeltaSink) -> BoxFuture<'a, Reply> {
+        Box::pin(async move { self.send_call(call, Some(&sink)).await })
     }
 }
 
@@ -344,7 +391,7 @@ fn schema_name(task: &str) -> String {
 }
 
 /// An error with its sources, for a reason people can act on.
-fn error_chain(error: &dyn std::error::Error) -> String {
+pub(super) fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(e) = source {
@@ -394,6 +441,34 @@ mod tests {
         assert!(!redacted.contains("cb-secret"), "{redacted}");
         assert!(redacted.chars().count() <= 401);
         assert!(!format!("{client:?}").contains(key), "Debug hides the key");
+    }
+
+    #[test]
+    fn a_chat_call_streams_only_when_asked_and_taken_as_it_arrives() {
+        let client = client_with_key("sk-unit");
+        let call = |stream: bool| Call {
+            request_id: "a".into(),
+            attempt_number: 1,
+            task: "chat".into(),
+            prompt: String::new(),
+            output_schema: None,
+            temperature: None,
+            callback: None,
+            chat: Some(json!({"messages": [], "stream": stream,
+                              "stream_options": {"include_usage": false}})),
+        };
+        let streamed = client.body(&call(true), true);
+        assert_eq!(streamed["stream"], true);
+        assert_eq!(streamed["stream_options"], json!({"include_usage": true}));
+        // No sink (a qualification's golden call), or no stream asked for:
+        // a whole answer.
+        for body in [
+            client.body(&call(true), false),
+            client.body(&call(false), true),
+        ] {
+            assert!(body.get("stream").is_none(), "{body}");
+            assert!(body.get("stream_options").is_none(), "{body}");
+        }
     }
 
     #[test]

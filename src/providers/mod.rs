@@ -12,6 +12,7 @@ pub mod http;
 pub mod limits;
 pub mod settings;
 pub mod simulated;
+pub mod streaming;
 pub mod tokens;
 
 use std::collections::HashMap;
@@ -51,6 +52,16 @@ pub struct Call {
     pub chat: Option<Value>,
 }
 
+impl Call {
+    /// Whether the client asked for its answer as a stream (a chat
+    /// request with `stream: true`).
+    pub fn wants_stream(&self) -> bool {
+        self.chat
+            .as_ref()
+            .is_some_and(|request| request["stream"] == Value::Bool(true))
+    }
+}
+
 /// A callback URL and the attempt's secret, sent to providers that answer
 /// asynchronously (`callbacks = true`).
 #[derive(Debug, Clone)]
@@ -85,6 +96,22 @@ pub trait ProviderClient: Send + Sync {
     /// worker applies the soft timeout and the late-result window around
     /// this). Never retries by itself.
     fn call<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Reply>;
+
+    /// Sends the call with streaming on, handing each delta of the answer
+    /// to `sink` as it arrives (see [`streaming`]); the reply is the whole
+    /// answer, built from the deltas. A client that cannot stream answers
+    /// whole and hands the answer on as it came.
+    fn stream<'a>(&'a self, call: &'a Call, sink: streaming::DeltaSink) -> BoxFuture<'a, Reply> {
+        Box::pin(async move {
+            let reply = self.call(call).await;
+            if let Outcome::Succeeded(answer) = &reply.outcome {
+                for delta in streaming::whole_answer_deltas(answer) {
+                    let _ = sink.send(delta).await;
+                }
+            }
+            reply
+        })
+    }
 
     /// Request ids this client has been sent for job attempts, in order (the
     /// simulated client keeps them in memory; others keep none).
@@ -140,6 +167,15 @@ impl Provider {
         Duration::from_millis(self.settings.timeout_ms)
     }
 
+    /// A streaming call's clocks: the soft timeout for its first chunk,
+    /// the idle timeout between chunks.
+    pub fn stream_timeouts(&self) -> crate::domain::stream::StreamTimeouts {
+        crate::domain::stream::StreamTimeouts {
+            first_chunk: self.soft_timeout(),
+            idle: Duration::from_millis(self.settings.idle_timeout_ms),
+        }
+    }
+
     /// How much longer a timed-out call is kept open for a late answer.
     pub fn late_result_window(&self) -> Duration {
         Duration::from_millis(self.settings.late_result_ms)
@@ -150,12 +186,24 @@ impl Provider {
     /// process.
     pub async fn call(&self, call: &Call) -> Reply {
         let reply = self.client.call(call).await;
+        self.heed_pause(&reply);
+        reply
+    }
+
+    /// Sends the call streaming (see [`ProviderClient::stream`]), under the
+    /// same rules as [`Provider::call`].
+    pub async fn stream(&self, call: &Call, sink: streaming::DeltaSink) -> Reply {
+        let reply = self.client.stream(call, sink).await;
+        self.heed_pause(&reply);
+        reply
+    }
+
+    fn heed_pause(&self, reply: &Reply) {
         if let Outcome::Refused(refusal) = &reply.outcome {
             if let Some(pause) = refusal.pause {
                 self.limiter.pause(pause);
             }
         }
-        reply
     }
 
     /// Attempt ids this provider has been sent, in order (simulated providers

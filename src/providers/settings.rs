@@ -57,6 +57,10 @@ pub struct ProviderSettings {
     /// Soft timeout: past it the attempt becomes `unknown`.
     #[serde(default = "default_timeout_ms")]
     pub timeout_ms: u64,
+    /// Streaming calls: once the first chunk arrived, past this long
+    /// without another the attempt becomes `unknown`.
+    #[serde(default = "default_idle_timeout_ms")]
+    pub idle_timeout_ms: u64,
     /// How long a timed-out call may still answer (its answer goes through the CAS).
     #[serde(default = "default_late_result_ms")]
     pub late_result_ms: u64,
@@ -157,6 +161,9 @@ impl ProviderSettings {
 
 fn default_timeout_ms() -> u64 {
     30_000
+}
+fn default_idle_timeout_ms() -> u64 {
+    20_000
 }
 fn default_late_result_ms() -> u64 {
     60_000

@@ -31,7 +31,7 @@ pub struct Layout {
 /// onejob's layout; a new table must be placed here (the schema rule test
 /// fails otherwise) and in docs/scaling.md.
 pub const LAYOUT: Layout = Layout {
-    distributed: &["jobs", "attempts", "race_log", "audit_log"],
+    distributed: &["jobs", "attempts", "race_log", "audit_log", "stream_chunks"],
     reference: &[
         "users",
         "api_tokens",

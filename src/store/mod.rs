@@ -18,6 +18,7 @@ pub mod schema;
 pub mod sessions;
 pub mod sql_types;
 pub mod statement_log;
+pub mod stream_chunks;
 pub mod transitions;
 pub mod users;
 

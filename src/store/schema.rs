@@ -1,7 +1,7 @@
 //! Diesel table definitions, kept in step with both `migrations/` folders by hand
 //! (the same column names and types on SQLite and PostgreSQL).
 //!
-//! `jobs`, `attempts`, `race_log` and `audit_log` are one owner's rows: in
+//! `jobs`, `attempts`, `race_log`, `audit_log` and `stream_chunks` are one owner's rows: in
 //! the database their primary keys are `(id, owner_id)`, ready to be
 //! distributed by owner (docs/scaling.md). Here each is keyed by its `id`
 //! alone, the UUIDv7 that identifies a row by itself: what `find` and the
@@ -127,6 +127,19 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    /// A streamed answer's chunks, numbered from 1 per job
+    /// (`store::stream_chunks`).
+    stream_chunks (job_id, owner_id, seq) {
+        job_id -> Text,
+        owner_id -> Text,
+        seq -> BigInt,
+        attempt_id -> Text,
+        delta -> Text,
+        created_at -> BigInt,
+    }
+}
+
 diesel::joinable!(api_tokens -> users (user_id));
 diesel::joinable!(attempts -> jobs (job_id));
 diesel::joinable!(race_log -> jobs (job_id));
@@ -142,7 +155,8 @@ diesel::allow_tables_to_appear_in_same_query!(
     audit_log,
     sessions,
     sign_in_throttle,
-    qualifications
+    qualifications,
+    stream_chunks
 );
 diesel::joinable!(jobs -> users (owner_id));
 diesel::joinable!(audit_log -> users (actor_id));

@@ -8,6 +8,7 @@ pub mod api_jobs;
 pub mod api_support;
 pub mod auth;
 pub mod body;
+pub mod chat_stream;
 pub mod error;
 pub mod health;
 pub mod openai_compat;

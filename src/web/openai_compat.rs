@@ -18,7 +18,6 @@ use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::{header, StatusCode};
 use actix_web::middleware::Next;
 use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
-use serde::Serialize;
 use serde_json::Value;
 
 use super::auth::{authenticate_or, Caller};
@@ -83,7 +82,7 @@ impl OpenAiError {
         self
     }
 
-    fn param(mut self, param: impl Into<String>) -> Self {
+    pub(super) fn param(mut self, param: impl Into<String>) -> Self {
         self.param = Some(param.into().into_boxed_str());
         self
     }
@@ -143,7 +142,7 @@ impl OpenAiError {
     }
 
     /// A request of the wrong shape: OpenAI answers it with 400.
-    fn invalid_request(message: impl Into<String>) -> Self {
+    pub(super) fn invalid_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, message)
             .code("invalid_request")
             .retry(Retry::Never)
@@ -332,9 +331,12 @@ fn read_request(body: &Value) -> Result<(String, Delivery), OpenAiError> {
 #[utoipa::path(
     post, path = "/v1/chat/completions", tag = "openai-compatible",
     request_body(content = ChatCompletionRequest, description = "An OpenAI Chat Completions request; `model` names a chat route (see GET /v1/models). The body, as sent, is the job's input and fingerprint."),
-    params(("Idempotency-Key" = String, Header, description = "Required: 1-255 printable ASCII characters, one per intent, the same on every retry")),
+    params(
+        ("Idempotency-Key" = String, Header, description = "Required: 1-255 printable ASCII characters, one per intent, the same on every retry"),
+        ("Last-Event-ID" = Option<u64>, Header, description = "With `stream: true`: the id of the last event received; the events after it are sent"),
+    ),
     responses(
-        (status = 200, description = "The winning answer. `X-Onejob-Job-Id` names the job; `Idempotent-Replayed: true` on a replay or a joined duplicate. With `stream: true`, `text/event-stream` chunks sent once the job is done, ending with `data: [DONE]`.", body = ChatCompletion,
+        (status = 200, description = "The winning answer. `X-Onejob-Job-Id` names the job; `Idempotent-Replayed: true` on a replay or a joined duplicate. With `stream: true`, `text/event-stream` chunks as the provider generates them, each with an `id:` (send `Last-Event-ID` with the same key to resume after it), ending with `data: [DONE]`, or with an error event when the job ends without an answer.", body = ChatCompletion,
             headers(("X-Onejob-Job-Id" = String, description = "The job"), ("Idempotent-Replayed" = String, description = "`true` when the key had already made this job"))),
         (status = 400, description = "Missing or invalid Idempotency-Key, malformed JSON, or a request of the wrong shape", body = OpenAiErrorBody),
         (status = 401, description = "No valid onejob API token as the bearer", body = OpenAiErrorBody),
@@ -357,6 +359,12 @@ pub async fn chat_completions(
     let key = idempotency_key(&req)?;
     let input = json_text(&req, payload, BodyRules::of(&app.config().server)).await?;
     let (model, delivery) = read_request(&input.value())?;
+    // Only a stream has event ids to resume after.
+    let resume = if delivery.stream {
+        super::chat_stream::last_event_id(&req)?
+    } else {
+        None
+    };
     // A name that is not a chat route today is left to creation, which
     // answers a replay from the key's job before it looks at today's
     // configuration (and refuses a new request for it as `model_not_found`).
@@ -374,6 +382,22 @@ pub async fn chat_completions(
             },
         )
         .await?;
+    // A stream follows the job from here: its chunks so far, then live.
+    if delivery.stream {
+        let stuck = needs_support(&created.job, &created.attempts);
+        return match created.job.status {
+            JobStatus::Pending | JobStatus::Running | JobStatus::Succeeded if !stuck => {
+                Ok(super::chat_stream::response(
+                    &app,
+                    created.job,
+                    created.replayed,
+                    delivery.include_usage,
+                    resume,
+                ))
+            }
+            _ => answer(&created.job, &created.attempts, created.replayed),
+        };
+    }
     // What only a person can move on is answered at once, not after the
     // whole wait: an unknown outcome, and a job left with no attempt.
     let (job, attempts) = if created.job.status == JobStatus::Unknown
@@ -384,7 +408,7 @@ pub async fn chat_completions(
         app.wait_for_job(watch, created.job, created.attempts, app.max_wait())
             .await?
     };
-    answer(&job, &attempts, created.replayed, &delivery)
+    answer(&job, &attempts, created.replayed)
 }
 
 /// A job that is not finished and has no live attempt (its last one was
@@ -394,63 +418,9 @@ fn needs_support(job: &Job, attempts: &[Attempt]) -> bool {
 }
 
 /// The response for a job as the wait left it.
-fn answer(
-    job: &Job,
-    attempts: &[Attempt],
-    replayed: bool,
-    delivery: &Delivery,
-) -> Result<HttpResponse, OpenAiError> {
-    if needs_support(job, attempts) {
-        return Err(OpenAiError::new(
-            StatusCode::CONFLICT,
-            format!(
-                "Job {id} is pending with no attempt in flight: its last attempt was abandoned \
-                 and no new one was started, so nothing will answer this request until support \
-                 acts. Support must start a new attempt (POST /api/v1/jobs/{id}/attempts, or the \
-                 console's job page) or mark the job failed; until then, retrying with the same \
-                 Idempotency-Key gets this answer.",
-                id = job.id
-            ),
-        )
-        .code("job_needs_support")
-        .retry(Retry::Never)
-        .job(job));
-    }
-    match job.status {
-        JobStatus::Succeeded => {}
-        JobStatus::Failed => {
-            let reason = job.failure_reason.as_deref().map_or_else(
-                || "no provider could answer".to_owned(),
-                |reason| crate::domain::outcome::Reason::from_stored(reason).for_owner(),
-            );
-            return Err(OpenAiError::new(
-                StatusCode::FAILED_DEPENDENCY,
-                format!("The request failed: {reason}"),
-            )
-            .code("job_failed")
-            .retry(Retry::Never)
-            .job(job));
-        }
-        JobStatus::Unknown => {
-            return Err(OpenAiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "A provider call timed out and its outcome is unknown; onejob will not call \
-                 again until support resolves it. Retry later with the same Idempotency-Key.",
-            )
-            .code("outcome_unknown")
-            .retry(Retry::After(RETRY_UNKNOWN_SECONDS))
-            .job(job));
-        }
-        JobStatus::Pending | JobStatus::Running => {
-            return Err(OpenAiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "The request is still running. Retry with the same Idempotency-Key to rejoin it; \
-                 the provider is not called again.",
-            )
-            .code("job_in_progress")
-            .retry(Retry::After(RETRY_IN_FLIGHT_SECONDS))
-            .job(job));
-        }
+fn answer(job: &Job, attempts: &[Attempt], replayed: bool) -> Result<HttpResponse, OpenAiError> {
+    if let Some(error) = job_error(job, needs_support(job, attempts)) {
+        return Err(error);
     }
     let result = job.result.as_ref().map(|r| r.value()).unwrap_or_default();
     let mut response = HttpResponse::Ok();
@@ -458,18 +428,64 @@ fn answer(
     if replayed {
         response.insert_header(("Idempotent-Replayed", "true"));
     }
-    if delivery.stream {
-        response
-            .content_type("text/event-stream")
-            .insert_header((header::CACHE_CONTROL, "no-cache"));
-        Ok(response.body(stream_body(job, &result, delivery.include_usage)))
-    } else {
-        Ok(response.json(completion(job, &result)))
+    Ok(response.json(completion(job, &result)))
+}
+
+/// Why a job gives no answer (yet): the error for it, or `None` once it
+/// succeeded. `needs_support`: it has no live attempt and is not finished.
+pub(super) fn job_error(job: &Job, needs_support: bool) -> Option<OpenAiError> {
+    if needs_support {
+        return Some(
+            OpenAiError::new(
+                StatusCode::CONFLICT,
+                format!(
+                    "Job {id} is pending with no attempt in flight: its last attempt was abandoned \
+                     and no new one was started, so nothing will answer this request until support \
+                     acts. Support must start a new attempt (POST /api/v1/jobs/{id}/attempts, or the \
+                     console's job page) or mark the job failed; until then, retrying with the same \
+                     Idempotency-Key gets this answer.",
+                    id = job.id
+                ),
+            )
+            .code("job_needs_support")
+            .retry(Retry::Never)
+            .job(job),
+        );
     }
+    let error = match job.status {
+        JobStatus::Succeeded => return None,
+        JobStatus::Failed => {
+            let reason = job.failure_reason.as_deref().map_or_else(
+                || "no provider could answer".to_owned(),
+                |reason| crate::domain::outcome::Reason::from_stored(reason).for_owner(),
+            );
+            OpenAiError::new(
+                StatusCode::FAILED_DEPENDENCY,
+                format!("The request failed: {reason}"),
+            )
+            .code("job_failed")
+            .retry(Retry::Never)
+        }
+        JobStatus::Unknown => OpenAiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "A provider call timed out and its outcome is unknown; onejob will not call \
+             again until support resolves it. Retry later with the same Idempotency-Key.",
+        )
+        .code("outcome_unknown")
+        .retry(Retry::After(RETRY_UNKNOWN_SECONDS)),
+        JobStatus::Pending | JobStatus::Running => OpenAiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "The request is still running. Retry with the same Idempotency-Key to rejoin it; \
+             the provider is not called again.",
+        )
+        .code("job_in_progress")
+        .retry(Retry::After(RETRY_IN_FLIGHT_SECONDS)),
+    };
+    Some(error.job(job))
 }
 
 /// `chatcmpl-<job id>`: the id every representation of a job's answer shares.
-fn completion_id(job: &Job) -> String {
+pub(super) fn completion_id(job: &Job) -> String {
     format!("chatcmpl-{}", job.id)
 }
 
@@ -489,106 +505,6 @@ fn completion(job: &Job, result: &Value) -> ChatCompletion {
         usage: result["usage"].clone(),
         system_fingerprint: None,
     }
-}
-
-/// One `chat.completion.chunk` event of a streamed answer.
-#[derive(Serialize)]
-struct ChatCompletionChunk {
-    id: String,
-    object: &'static str,
-    created: i64,
-    model: String,
-    system_fingerprint: Option<String>,
-    choices: Vec<ChunkChoice>,
-    /// Present only when the request asked for usage (`stream_options`):
-    /// `null` on every chunk but the last.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    usage: Option<Value>,
-}
-
-#[derive(Serialize)]
-struct ChunkChoice {
-    index: u32,
-    delta: Delta,
-    finish_reason: Value,
-    logprobs: Option<Value>,
-}
-
-/// What a chunk adds to the answer; members it does not add are left out.
-#[derive(Serialize, Default)]
-struct Delta {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    role: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    content: Option<Value>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tool_calls: Option<Vec<Value>>,
-}
-
-/// The finished answer as `chat.completion.chunk` events: the role, the
-/// content (and tool calls) in one delta, the finish reason, the usage when
-/// asked for, then `[DONE]`.
-fn stream_body(job: &Job, result: &Value, include_usage: bool) -> String {
-    let event = |choices: Vec<ChunkChoice>, usage: Option<Value>| ChatCompletionChunk {
-        id: completion_id(job),
-        object: "chat.completion.chunk",
-        created: job.created_at / 1000,
-        model: job.task.clone(),
-        system_fingerprint: None,
-        choices,
-        usage,
-    };
-    let chunk = |delta: Delta, finish_reason: Value| {
-        let choice = ChunkChoice {
-            index: 0,
-            delta,
-            finish_reason,
-            logprobs: None,
-        };
-        event(vec![choice], include_usage.then_some(Value::Null))
-    };
-    let message = &result["message"];
-    let tool_calls = match message.get("tool_calls") {
-        Some(Value::Array(calls)) => Some(
-            calls
-                .iter()
-                .enumerate()
-                .map(|(i, call)| {
-                    let mut call = call.clone();
-                    call["index"] = Value::from(i);
-                    call
-                })
-                .collect(),
-        ),
-        _ => None,
-    };
-    let answer = Delta {
-        role: None,
-        content: message.get("content").filter(|c| !c.is_null()).cloned(),
-        tool_calls,
-    };
-    let role = Delta {
-        role: Some("assistant"),
-        content: Some(Value::from("")),
-        tool_calls: None,
-    };
-    let mut events = vec![
-        chunk(role, Value::Null),
-        chunk(answer, Value::Null),
-        chunk(Delta::default(), result["finish_reason"].clone()),
-    ];
-    if include_usage {
-        events.push(event(Vec::new(), Some(result["usage"].clone())));
-    }
-    let mut body: String = events
-        .iter()
-        .map(|event| {
-            let event = serde_json::to_string(event).expect("a chunk serialises");
-            format!("data: {event}\n\n")
-        })
-        .collect();
-    body.push_str("data: [DONE]\n\n");
-    body
 }
 
 /// One chat route as a model.
@@ -674,7 +590,7 @@ mod schemas {
         pub model: String,
         #[schema(min_items = 1)]
         pub messages: Vec<ChatMessage>,
-        /// Answer as server-sent events, sent once the job is done
+        /// Answer as server-sent events, as the provider generates them
         pub stream: Option<bool>,
         pub max_tokens: Option<u32>,
         /// For reasoning models; sent under the provider's own name for the limit
@@ -785,62 +701,5 @@ mod tests {
         assert!(read_request(&json!({"messages": []})).is_err());
         assert!(read_request(&json!({"model": "m", "stream": "yes"})).is_err());
         assert!(read_request(&json!([1])).is_err());
-    }
-
-    #[test]
-    fn a_streamed_answer_has_its_role_then_content_and_tool_calls_then_its_finish() {
-        let job = Job {
-            id: crate::domain::JobId::new(),
-            owner_id: crate::domain::UserId::new(),
-            idempotency_key: "k".into(),
-            task: "chat".into(),
-            provider: "p".into(),
-            requested_provider: None,
-            input: crate::domain::JsonText::from_value(&json!({})),
-            params: crate::domain::JsonText::from_value(&json!({})),
-            fingerprint: "0".repeat(64),
-            status: JobStatus::Succeeded,
-            version: 1,
-            result: None,
-            completed_by: None,
-            failure_reason: None,
-            created_at: 5_000,
-            updated_at: 5_000,
-        };
-        let result = json!({
-            "message": {"role": "assistant", "content": null,
-                "tool_calls": [{"id": "c1", "type": "function"}]},
-            "finish_reason": "tool_calls",
-            "usage": {"total_tokens": 3},
-        });
-        let body = stream_body(&job, &result, true);
-        let events: Vec<&str> = body
-            .split("\n\n")
-            .filter_map(|e| e.strip_prefix("data: "))
-            .collect();
-        assert_eq!(events.last(), Some(&"[DONE]"));
-        let chunks: Vec<Value> = events[..events.len() - 1]
-            .iter()
-            .map(|e| serde_json::from_str(e).unwrap())
-            .collect();
-        assert_eq!(chunks.len(), 4);
-        assert_eq!(
-            chunks[0]["choices"][0]["delta"],
-            json!({"role": "assistant", "content": ""})
-        );
-        assert_eq!(
-            chunks[1]["choices"][0]["delta"],
-            json!({"tool_calls": [{"id": "c1", "type": "function", "index": 0}]})
-        );
-        assert_eq!(chunks[2]["choices"][0]["delta"], json!({}));
-        assert_eq!(chunks[2]["choices"][0]["finish_reason"], "tool_calls");
-        assert!(chunks[..3].iter().all(|c| c["usage"].is_null()
-            && c.as_object().unwrap().contains_key("usage")
-            && c["id"] == format!("chatcmpl-{}", job.id)
-            && c["created"] == 5));
-        assert_eq!(chunks[3]["choices"], json!([]));
-        assert_eq!(chunks[3]["usage"], json!({"total_tokens": 3}));
-        let without_usage = stream_body(&job, &result, false);
-        assert!(!without_usage.contains("\"usage\""), "{without_usage}");
     }
 }

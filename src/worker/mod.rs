@@ -26,6 +26,8 @@ use crate::domain::{AttemptId, AttemptState, Outcome, UserId};
 use crate::providers::limits::{LateHold, SendSlot};
 use crate::providers::Reply;
 
+mod stream;
+
 /// A running worker pool; dropping it does not stop it, [`WorkerHandle::shutdown`] does.
 pub struct WorkerHandle {
     shutdown: CancellationToken,
@@ -365,6 +367,9 @@ impl Worker {
                 provider: provider.clone(),
             })
             .observe((now - due).max(0) as f64 / 1000.0);
+        if dispatch.call.wants_stream() {
+            return self.send_streaming(claim, dispatch, slot).await;
+        }
         let lease = Duration::from_millis(self.app.config().worker.lease_ms);
         // The first beat is one period from now (an `interval`'s immediate
         // first tick, awaited, would pass through the timer for nothing).
@@ -546,11 +551,25 @@ impl Worker {
         outcome: Outcome,
         lease_until: Instant,
     ) {
+        self.apply_released(attempt_id, provider, outcome, lease_until, 0)
+            .await
+    }
+
+    /// [`Worker::apply`] for an attempt that released `released` chunks of
+    /// a streamed answer.
+    async fn apply_released(
+        &self,
+        attempt_id: &AttemptKey,
+        provider: &str,
+        outcome: Outcome,
+        lease_until: Instant,
+        released: u64,
+    ) {
         let mut delay = Duration::from_millis(100);
         for attempt in 1.. {
             match self
                 .app
-                .apply_outcome(attempt_id, provider, outcome.clone())
+                .apply_streamed_outcome(attempt_id, provider, outcome.clone(), released)
                 .await
             {
                 Ok(_) => return,

@@ -53,4 +53,5 @@ mod sign_in_abuse;
 mod start_on_create;
 mod statement_rules;
 mod storage;
+mod streaming;
 mod twins;

@@ -406,6 +406,7 @@ async fn the_rules_report_keys_and_tables_that_break_them(backend: TestBackend) 
                     "attempts",
                     "race_log",
                     "audit_log",
+                    "stream_chunks",
                     "qualifications",
                 ],
                 reference: &["users", "api_tokens", "sessions", "sign_in_throttle"],

@@ -64,6 +64,41 @@ pub enum Behaviour {
     /// Holds the request until the test calls [`FakeProvider::release`] with
     /// its `X-Request-Id`, then behaves as the released behaviour.
     Hold,
+    /// 200 `text/event-stream` in OpenAI's chunk format: a role chunk, then
+    /// the steps in order; if no step ended it, a finish chunk, a usage
+    /// chunk (when the request asked for usage) and `[DONE]`.
+    Stream(Vec<StreamStep>),
+}
+
+/// One step of a streamed answer ([`Behaviour::Stream`]).
+#[derive(Clone, Debug)]
+pub enum StreamStep {
+    /// A chunk whose delta content is this text.
+    Text(String),
+    /// Waits this many milliseconds.
+    Wait(u64),
+    /// Waits until the test opens this request's next gate
+    /// ([`FakeProvider::open_gate`]): the test, not the clock, orders
+    /// what the client sees against what the upstream sends.
+    Gate,
+    /// Sends nothing more and keeps the connection open.
+    Stall,
+    /// An error event (`data: {"error": …}`), then the connection closes.
+    Error(String),
+    /// Resets the connection.
+    Reset,
+}
+
+impl Behaviour {
+    /// A stream of these texts, one chunk each, at once.
+    pub fn stream_of(texts: &[&str]) -> Self {
+        Self::Stream(
+            texts
+                .iter()
+                .map(|t| StreamStep::Text((*t).to_owned()))
+                .collect(),
+        )
+    }
 }
 
 /// One request as the fake provider received it.
@@ -104,6 +139,10 @@ struct State {
     max_open: usize,
     /// Past this many requests at once, a request gets this behaviour.
     capacity: Option<(usize, Behaviour)>,
+    /// Streams by `X-Request-Id`: gates waited at, gates opened, chunks sent.
+    gates_reached: HashMap<String, usize>,
+    gates_opened: HashMap<String, usize>,
+    chunks_sent: HashMap<String, usize>,
 }
 
 struct Shared {
@@ -144,6 +183,9 @@ impl FakeProvider {
                 open: 0,
                 max_open: 0,
                 capacity: None,
+                gates_reached: HashMap::new(),
+                gates_opened: HashMap::new(),
+                chunks_sent: HashMap::new(),
             }),
             changed: Notify::new(),
         });
@@ -248,6 +290,41 @@ impl FakeProvider {
         }
     }
 
+    /// Waits until the stream of `request_id` waits at its `n`th gate (from 1).
+    pub async fn wait_gate(&self, request_id: &str, n: usize) {
+        self.wait_until(&format!("stream {request_id} to reach gate {n}"), |state| {
+            state.gates_reached.get(request_id).copied().unwrap_or(0) >= n
+        })
+        .await;
+    }
+
+    /// Lets the stream of `request_id` past its next gate.
+    pub fn open_gate(&self, request_id: &str) {
+        *lock(&self.state)
+            .gates_opened
+            .entry(request_id.to_owned())
+            .or_default() += 1;
+        self.state.changed.notify_waiters();
+    }
+
+    /// How many text chunks the stream of `request_id` has sent.
+    pub fn chunks_sent(&self, request_id: &str) -> usize {
+        lock(&self.state)
+            .chunks_sent
+            .get(request_id)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// The `X-Request-Id` of every request received, oldest first.
+    pub fn request_ids(&self) -> Vec<String> {
+        lock(&self.state)
+            .requests
+            .iter()
+            .filter_map(|r| r.header("x-request-id").map(str::to_owned))
+            .collect()
+    }
+
     /// Lets a held request go on as `behaviour`. Panics if it is not held.
     pub fn release(&self, request_id: &str, behaviour: Behaviour) {
         let sender = lock(&self.state)
@@ -349,7 +426,116 @@ async fn handle(mut stream: TcpStream, shape: Shape, state: Arc<Shared>) {
         };
     };
     // Write errors just mean the client went away.
+    if let Behaviour::Stream(steps) = behaviour {
+        let usage = request_asks_usage(&state, &request_id);
+        let _ = stream_answer(stream, &steps, &model, &request_id, usage, &state).await;
+        return;
+    }
     let _ = respond(stream, behaviour, shape, &model).await;
+}
+
+/// Whether the request of `request_id` asked for usage in its stream.
+fn request_asks_usage(state: &Shared, request_id: &str) -> bool {
+    lock(state)
+        .requests
+        .iter()
+        .rev()
+        .find(|r| r.header("x-request-id") == Some(request_id))
+        .is_some_and(|r| r.body["stream_options"]["include_usage"] == true)
+}
+
+/// Acts out a [`Behaviour::Stream`].
+async fn stream_answer(
+    mut stream: TcpStream,
+    steps: &[StreamStep],
+    model: &str,
+    request_id: &str,
+    usage: bool,
+    state: &Shared,
+) -> std::io::Result<()> {
+    let chunk = |delta: Value, finish: Value| {
+        let chunk = json!({
+            "id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        });
+        format!("data: {chunk}\n\n")
+    };
+    stream
+        .write_all(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n\
+              Connection: close\r\n\r\n",
+        )
+        .await?;
+    stream
+        .write_all(chunk(json!({"role": "assistant", "content": ""}), Value::Null).as_bytes())
+        .await?;
+    stream.flush().await?;
+    let mut gates = 0;
+    for step in steps {
+        match step {
+            StreamStep::Text(text) => {
+                stream
+                    .write_all(chunk(json!({ "content": text }), Value::Null).as_bytes())
+                    .await?;
+                stream.flush().await?;
+                *lock(state)
+                    .chunks_sent
+                    .entry(request_id.to_owned())
+                    .or_default() += 1;
+                state.changed.notify_waiters();
+            }
+            StreamStep::Wait(ms) => tokio::time::sleep(Duration::from_millis(*ms)).await,
+            StreamStep::Gate => {
+                gates += 1;
+                *lock(state)
+                    .gates_reached
+                    .entry(request_id.to_owned())
+                    .or_default() += 1;
+                state.changed.notify_waiters();
+                loop {
+                    let changed = state.changed.notified();
+                    if lock(state)
+                        .gates_opened
+                        .get(request_id)
+                        .copied()
+                        .unwrap_or(0)
+                        >= gates
+                    {
+                        break;
+                    }
+                    changed.await;
+                }
+            }
+            StreamStep::Stall => {
+                std::future::pending::<()>().await;
+            }
+            StreamStep::Error(message) => {
+                let error = json!({"error": {"message": message, "type": "server_error"}});
+                stream
+                    .write_all(format!("data: {error}\n\n").as_bytes())
+                    .await?;
+                return stream.shutdown().await;
+            }
+            StreamStep::Reset => {
+                stream.set_zero_linger()?;
+                drop(stream);
+                return Ok(());
+            }
+        }
+    }
+    stream
+        .write_all(chunk(json!({}), json!("stop")).as_bytes())
+        .await?;
+    if usage {
+        let usage = json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0,
+            "model": model, "choices": [],
+            "usage": {"prompt_tokens": 3, "completion_tokens": steps.len(), "total_tokens": 3 + steps.len()}});
+        stream
+            .write_all(format!("data: {usage}\n\n").as_bytes())
+            .await?;
+    }
+    stream.write_all(b"data: [DONE]\n\n").await?;
+    stream.shutdown().await
 }
 
 /// Reads one request: head up to `\r\n\r\n`, then `Content-Length` body bytes.
@@ -455,8 +641,8 @@ async fn respond(
             stream.write_all(partial).await?;
             stream.shutdown().await
         }
-        Behaviour::Delay { .. } | Behaviour::Hold => {
-            unreachable!("delays and holds are resolved by the caller")
+        Behaviour::Delay { .. } | Behaviour::Hold | Behaviour::Stream(_) => {
+            unreachable!("delays, holds and streams are acted out by the caller")
         }
     }
 }

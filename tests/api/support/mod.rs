@@ -2,7 +2,8 @@
 //! onejob on a fresh database ([`harness`], with `on_both_backends!`), a
 //! fake provider over real HTTP and the configuration tests write for it
 //! ([`fake_provider`]), a browser ([`webdriver`], [`devtools`]), a proxy
-//! that holds an answer back ([`proxy`]), and readers of the server's
+//! that holds an answer back ([`proxy`]), a reader of event streams
+//! ([`sse`]), and readers of the server's
 //! metrics ([`metrics`]) and stored rows ([`db`]).
 
 #[macro_use]
@@ -13,4 +14,5 @@ pub mod devtools;
 pub mod fake_provider;
 pub mod metrics;
 pub mod proxy;
+pub mod sse;
 pub mod webdriver;
