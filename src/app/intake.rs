@@ -203,7 +203,7 @@ impl App {
                     let Some(job) = job_store::find_by_key(conn, &owner_id, &key_text)? else {
                         return Ok(None);
                     };
-                    let attempts = job_store::attempts_of(conn, &job.key())?;
+                    let (job, attempts) = job_store::with_attempts(conn, job)?;
                     Ok(Some((CreateOutcome::Existing(job), attempts)))
                 }
             })

@@ -39,8 +39,7 @@ impl App {
                 let Some(job) = job else {
                     return Ok(None);
                 };
-                let attempts = job_store::attempts_of(conn, &job.key())?;
-                Ok(Some((job, attempts)))
+                Ok(Some(job_store::with_attempts(conn, job)?))
             })
             .await?;
         match found {

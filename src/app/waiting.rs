@@ -69,8 +69,7 @@ impl App {
                 .store()
                 .run(move |conn| {
                     let job = job_store::get_job(conn, &key)?;
-                    let attempts = job_store::attempts_of(conn, &key)?;
-                    Ok((job, attempts))
+                    job_store::with_attempts(conn, job)
                 })
                 .await?;
         }

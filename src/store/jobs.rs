@@ -10,7 +10,9 @@ use super::transitions::insert_queued_attempt;
 use super::{now_ms, DbConnection, StoreResult};
 use crate::domain::{AttemptId, AttemptState, IdempotencyKey, JobId, JobStatus, JsonText, UserId};
 
-pub use super::transitions::{attempts_of, find_job, find_owned_job, get_job, JobKey};
+pub use super::transitions::{
+    attempts_of, find_job, find_owned_job, get_job, with_attempts, JobKey,
+};
 
 /// What a client asked for, validated and fingerprinted by the caller.
 #[derive(Debug, Clone)]

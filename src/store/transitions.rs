@@ -118,6 +118,20 @@ pub fn get_job(conn: &mut DbConnection, key: &JobKey) -> StoreResult<Job> {
 }
 
 /// The job's attempts in the order they were made.
+/// `job`, read a moment ago, with its attempts, as a pair that never says
+/// "not finished, and no live attempt" only because the two statements
+/// straddled a commit: an attempt that is seen finished was finished in the
+/// transaction that also settled its job or queued its successor, so when
+/// the attempts show nothing live the job is read again, after them.
+pub fn with_attempts(conn: &mut DbConnection, job: Job) -> StoreResult<(Job, Vec<Attempt>)> {
+    let key = job.key();
+    let attempts = attempts_of(conn, &key)?;
+    if job.status.is_terminal() || attempts.iter().any(|a| a.state.is_live()) {
+        return Ok((job, attempts));
+    }
+    Ok((get_job(conn, &key)?, attempts))
+}
+
 pub fn attempts_of(conn: &mut DbConnection, key: &JobKey) -> StoreResult<Vec<Attempt>> {
     Ok(attempts::table
         .filter(attempts::job_id.eq(&key.id))

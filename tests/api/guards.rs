@@ -200,8 +200,40 @@ async fn an_unknown_jobs_page_offers_no_new_attempt(backend: TestBackend) {
     assert!(!html.contains("id=\"retry-refusal\""), "{html}");
 }
 
+/// A job read just before its only attempt finished, paired with the
+/// attempts read just after: `with_attempts` reads the job again, so the
+/// pair says "succeeded" and never "running, nothing live" (which a
+/// duplicate would be answered `job_needs_support` for).
+async fn a_job_read_across_its_attempts_finish_is_read_again(backend: TestBackend) {
+    use onejob::store::completion::complete_success;
+    use onejob::store::jobs::with_attempts;
+    use onejob::store::transitions::AttemptKey;
+
+    let prepared = PreparedApp::new(backend, test_config(DEFAULT_TEST_PROVIDERS)).await;
+    let owner = prepared.alice.id.clone();
+    prepared
+        .with_conn(move |conn| {
+            queued_job(conn, &owner, "read-across");
+            let claimed = claim(conn, "w1", 60_000, true);
+            let job_before = claimed[0].job.clone();
+            assert!(!job_before.status.is_terminal());
+            let key = AttemptKey {
+                id: claimed[0].attempt.id.clone(),
+                owner_id: owner.clone(),
+            };
+            complete_success(conn, &key, &serde_json::json!({"summary": "s"})).unwrap();
+
+            let (job, attempts) = with_attempts(conn, job_before.clone()).unwrap();
+            assert_eq!(attempts[0].state, AttemptState::Succeeded);
+            assert_eq!(job.status, onejob::domain::JobStatus::Succeeded, "{job:#?}");
+            assert_eq!(job.completed_by.as_ref(), Some(&key.id));
+        })
+        .await;
+}
+
 on_both_backends!(
     a_second_confirmation_of_one_claim_is_not_granted,
+    a_job_read_across_its_attempts_finish_is_read_again,
     a_claim_whose_lease_ran_out_is_requeued_with_sent_at_still_null,
     an_unknown_jobs_page_offers_no_new_attempt,
 );
