@@ -117,7 +117,6 @@ pub fn get_job(conn: &mut DbConnection, key: &JobKey) -> StoreResult<Job> {
     find_owned_job(conn, key)?.ok_or(StoreError::NotFound)
 }
 
-/// The job's attempts in the order they were made.
 /// `job`, read a moment ago, with its attempts, as a pair that never says
 /// "not finished, and no live attempt" only because the two statements
 /// straddled a commit: an attempt that is seen finished was finished in the
@@ -132,6 +131,7 @@ pub fn with_attempts(conn: &mut DbConnection, job: Job) -> StoreResult<(Job, Vec
     Ok((get_job(conn, &key)?, attempts))
 }
 
+/// The job's attempts in the order they were made.
 pub fn attempts_of(conn: &mut DbConnection, key: &JobKey) -> StoreResult<Vec<Attempt>> {
     Ok(attempts::table
         .filter(attempts::job_id.eq(&key.id))
