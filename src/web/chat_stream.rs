@@ -21,8 +21,13 @@ use crate::app::streams::{Followed, Follower};
 use crate::app::{App, Job};
 use crate::providers::streaming::whole_answer_deltas;
 
+/// What a `Last-Event-ID` may be, for the OpenAPI document: an event id,
+/// 1 to 18 decimal digits (so it always fits an `i64`).
+pub const LAST_EVENT_ID_PATTERN: &str = "^[0-9]{1,18}$";
+
 /// The `Last-Event-ID` a reconnecting client sent: the events after it
-/// are sent. A value that is not an event id of this stream is a 400.
+/// are sent. A value that is not an event id ([`LAST_EVENT_ID_PATTERN`]) is
+/// a 400, on any request.
 pub fn last_event_id(req: &HttpRequest) -> Result<Option<i64>, OpenAiError> {
     let Some(value) = req.headers().get("Last-Event-ID") else {
         return Ok(None);
@@ -30,9 +35,8 @@ pub fn last_event_id(req: &HttpRequest) -> Result<Option<i64>, OpenAiError> {
     let parsed = value
         .to_str()
         .ok()
-        .map(str::trim)
-        .and_then(|v| v.parse::<i64>().ok())
-        .filter(|id| *id >= 0);
+        .filter(|v| (1..=18).contains(&v.len()) && v.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|v| v.parse::<i64>().ok());
     match parsed {
         Some(id) => Ok(Some(id)),
         None => Err(OpenAiError::invalid_request(

@@ -333,7 +333,7 @@ fn read_request(body: &Value) -> Result<(String, Delivery), OpenAiError> {
     request_body(content = ChatCompletionRequest, description = "An OpenAI Chat Completions request; `model` names a chat route (see GET /v1/models). The body, as sent, is the job's input and fingerprint."),
     params(
         ("Idempotency-Key" = String, Header, description = "Required: 1-255 printable ASCII characters, one per intent, the same on every retry"),
-        ("Last-Event-ID" = Option<u64>, Header, description = "With `stream: true`: the id of the last event received; the events after it are sent"),
+        ("Last-Event-ID" = Option<String>, Header, description = "With `stream: true`: the id of the last event received (1 to 18 digits); the events after it are sent. A malformed one is refused with 400 on any request"),
     ),
     responses(
         (status = 200, description = "The winning answer. `X-Onejob-Job-Id` names the job; `Idempotent-Replayed: true` on a replay or a joined duplicate. With `stream: true`, `text/event-stream` chunks as the provider generates them, each with an `id:` (send `Last-Event-ID` with the same key to resume after it), ending with `data: [DONE]`, or with an error event when the job ends without an answer.", body = ChatCompletion,
@@ -359,12 +359,9 @@ pub async fn chat_completions(
     let key = idempotency_key(&req)?;
     let input = json_text(&req, payload, BodyRules::of(&app.config().server)).await?;
     let (model, delivery) = read_request(&input.value())?;
-    // Only a stream has event ids to resume after.
-    let resume = if delivery.stream {
-        super::chat_stream::last_event_id(&req)?
-    } else {
-        None
-    };
+    // A malformed `Last-Event-ID` is refused whatever the request; only a
+    // stream has event ids to resume after.
+    let resume = super::chat_stream::last_event_id(&req)?.filter(|_| delivery.stream);
     // A name that is not a chat route today is left to creation, which
     // answers a replay from the key's job before it looks at today's
     // configuration (and refuses a new request for it as `model_not_found`).

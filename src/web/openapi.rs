@@ -151,6 +151,12 @@ pub fn document(contracts: &Contracts) -> Value {
                     parameter["schema"] =
                         json!({"type": "string", "pattern": IDEMPOTENCY_KEY_PATTERN});
                 }
+                if parameter["name"] == "Last-Event-ID" {
+                    parameter["schema"] = json!({
+                        "type": "string",
+                        "pattern": super::chat_stream::LAST_EVENT_ID_PATTERN,
+                    });
+                }
             }
         }
     }

@@ -285,6 +285,18 @@ async fn last_event_id_resumes_after_the_event_it_names(backend: TestBackend) {
     assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
     let error: Value = refused.json().await.unwrap();
     assert_eq!(error["error"]["param"], "Last-Event-ID", "{error:#}");
+    // So is one on a request without a stream (an empty one too), which
+    // creates nothing.
+    let mut plain = streaming("resume");
+    plain["stream"] = json!(false);
+    for malformed in ["chunk-two", "", "-1", "+1", "1234567890123456789"] {
+        let refused = chat_request(&app, "resume-plain", &plain)
+            .header("Last-Event-ID", malformed)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(refused.status(), StatusCode::BAD_REQUEST, "{malformed:?}");
+    }
     assert_eq!(upstream.total_requests(), 1);
 }
 
