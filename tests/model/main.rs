@@ -18,8 +18,11 @@
 //! operator, the end of a retention window and pruning.
 //!
 //! What it does not cover yet:
-//! - **streams** and the **webhook outbox** are not built yet; the model
-//!   adds them with the issues that build them;
+//! - **streams** (issue 23, open): a streamed attempt is sent, leased and
+//!   settled as any other, which the model covers; the rule streaming adds,
+//!   that a released chunk ends failover (`domain::stream::may_fail_over`),
+//!   is a unit test of `domain::stream` and joins the model with issue 23;
+//! - the **webhook outbox**, not built yet (issue 24);
 //! - twins in flight (they only spare the database work: each request is
 //!   one atomic step at the database here, which the unique key decides);
 //! - the providers' limits and pauses inside one process (a pause is the
