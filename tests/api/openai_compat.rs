@@ -7,7 +7,7 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::support::fake_provider::{config_of, Behaviour, FakeProvider, ProviderToml, Shape};
-use crate::support::harness::{spawn_app_with, start_instance, TestApp, TestBackend};
+use crate::support::harness::{chat_request, spawn_app_with, start_instance, TestApp, TestBackend};
 
 on_both_backends!(
     a_chat_completion_answers_in_openais_shape_and_a_retry_replays_it,
@@ -98,15 +98,6 @@ fn in_background(
         let response = request.send().await.expect("request sent");
         (started.elapsed(), response)
     })
-}
-
-/// Alice's chat completion under `key`, not yet sent.
-fn chat_request(app: &TestApp, key: &str, body: &Value) -> reqwest::RequestBuilder {
-    app.client
-        .post(app.url("/v1/chat/completions"))
-        .bearer_auth(&app.alice.token)
-        .header("Idempotency-Key", key)
-        .json(body)
 }
 
 /// Alice's `GET` of a job with `Prefer: wait=N`, not yet sent.

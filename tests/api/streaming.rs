@@ -16,7 +16,7 @@ use crate::support::fake_provider::{
     config_of, Behaviour, FakeProvider, ProviderToml, Shape, StreamStep,
 };
 use crate::support::harness::{
-    spawn_app_with, start_instance, test_config, TestApp, TestBackend, TestDb,
+    chat_request, spawn_app_with, start_instance, test_config, TestApp, TestBackend, TestDb,
     DEFAULT_TEST_PROVIDERS,
 };
 use crate::support::sse::{content_of, SseEvent, SseReader};
@@ -85,14 +85,6 @@ fn streaming(text: &str) -> Value {
         "messages": [{"role": "user", "content": text}],
         "stream": true,
     })
-}
-
-fn chat_request(app: &TestApp, key: &str, body: &Value) -> reqwest::RequestBuilder {
-    app.client
-        .post(app.url("/v1/chat/completions"))
-        .bearer_auth(&app.alice.token)
-        .header("Idempotency-Key", key)
-        .json(body)
 }
 
 async fn open_stream(request: reqwest::RequestBuilder) -> SseReader {

@@ -717,3 +717,12 @@ pub fn record_figures(name: &str, figures: &str) {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join(format!("{name}.txt")), format!("{figures}\n")).unwrap();
 }
+
+/// Alice's chat completion under `key`, not yet sent.
+pub fn chat_request(app: &TestApp, key: &str, body: &serde_json::Value) -> reqwest::RequestBuilder {
+    app.client
+        .post(app.url("/v1/chat/completions"))
+        .bearer_auth(&app.alice.token)
+        .header("Idempotency-Key", key)
+        .json(body)
+}
