@@ -27,16 +27,30 @@ fn queued_job(conn: &mut DbConnection, owner: &onejob::domain::UserId, key: &str
     }
 }
 
+/// The soft timeout every claim of these scenarios gives its provider.
+const SOFT_TIMEOUT_MS: i64 = 3000;
+
 /// Claims what `worker` may take, confirmed for sending or not.
 fn claim(conn: &mut DbConnection, worker: &str, lease_ms: i64, confirm: bool) -> Vec<Claim> {
+    claim_up_to(conn, worker, lease_ms, confirm, 10)
+}
+
+/// Claims at most `limit` attempts for `worker`.
+fn claim_up_to(
+    conn: &mut DbConnection,
+    worker: &str,
+    lease_ms: i64,
+    confirm: bool,
+    limit: i64,
+) -> Vec<Claim> {
     let mut admit = |_: &AttemptId, _: &str| true;
     queue::claim_batch(
         conn,
         ClaimRules {
             lease_owner: worker,
             lease_ms,
-            limit: 10,
-            soft_timeout_ms: &|_| 3000,
+            limit,
+            soft_timeout_ms: &|_| SOFT_TIMEOUT_MS,
             closed: &[],
             admit: &mut admit,
             confirm,
@@ -44,6 +58,16 @@ fn claim(conn: &mut DbConnection, worker: &str, lease_ms: i64, confirm: bool) ->
     )
     .unwrap()
     .claims
+}
+
+/// The idempotency keys of the claimed jobs, sorted.
+fn keys_of(claims: &[Claim]) -> Vec<String> {
+    let mut keys: Vec<String> = claims
+        .iter()
+        .map(|c| c.job.idempotency_key.clone())
+        .collect();
+    keys.sort();
+    keys
 }
 
 fn only_attempt(conn: &mut DbConnection, claim: &Claim) -> Attempt {
@@ -144,6 +168,99 @@ async fn a_claim_whose_lease_ran_out_is_requeued_with_sent_at_still_null(backend
         .await;
 }
 
+/// A claim takes no more than its limit, oldest first, even with more
+/// attempts due; the next claim takes the rest.
+async fn a_claim_takes_no_more_than_its_limit_oldest_first(backend: TestBackend) {
+    let prepared = PreparedApp::new(backend, test_config(DEFAULT_TEST_PROVIDERS)).await;
+    let owner = prepared.alice.id.clone();
+    prepared
+        .with_conn(move |conn| {
+            let keys = ["limit-1", "limit-2", "limit-3", "limit-4"];
+            for key in keys {
+                queued_job(conn, &owner, key);
+                std::thread::sleep(Duration::from_millis(3));
+            }
+            let first = claim_up_to(conn, "w1", 60_000, false, 2);
+            assert_eq!(keys_of(&first), ["limit-1", "limit-2"], "{first:#?}");
+            let rest = claim_up_to(conn, "w2", 60_000, false, 10);
+            assert_eq!(keys_of(&rest), ["limit-3", "limit-4"], "{rest:#?}");
+        })
+        .await;
+}
+
+/// A claim gives its attempt the provider's soft timeout, counted from
+/// the claim: `timeout_at` is `started_at` plus the soft timeout, whether
+/// the claim confirms the send or not.
+async fn a_claim_sets_the_soft_timeout_from_its_start(backend: TestBackend) {
+    let prepared = PreparedApp::new(backend, test_config(DEFAULT_TEST_PROVIDERS)).await;
+    let owner = prepared.alice.id.clone();
+    prepared
+        .with_conn(move |conn| {
+            for (key, confirm) in [("timeout-confirmed", true), ("timeout-unconfirmed", false)] {
+                queued_job(conn, &owner, key);
+                let claims = claim(conn, "w1", 60_000, confirm);
+                assert_eq!(claims.len(), 1, "{key}");
+                for attempt in [claims[0].attempt.clone(), only_attempt(conn, &claims[0])] {
+                    let started_at = attempt.started_at.expect("a claim records its start");
+                    assert_eq!(
+                        attempt.timeout_at,
+                        Some(started_at + SOFT_TIMEOUT_MS),
+                        "{key}: {attempt:#?}"
+                    );
+                }
+            }
+        })
+        .await;
+}
+
+/// Two claimers at once: the second passes over the jobs the first holds
+/// while it claims (on PostgreSQL, their rows locked `FOR UPDATE`, the
+/// first's candidates, twice its limit) and takes the next one, without
+/// waiting for the first to commit. On SQLite the claimers take turns, so
+/// the second, after the first, takes what is left.
+async fn a_claim_passes_over_jobs_another_claimer_holds(backend: TestBackend) {
+    let prepared = PreparedApp::new(backend, test_config(DEFAULT_TEST_PROVIDERS)).await;
+    let owner = prepared.alice.id.clone();
+    prepared
+        .with_conn(move |conn| {
+            for key in ["held-1", "held-2", "free-3"] {
+                queued_job(conn, &owner, key);
+                std::thread::sleep(Duration::from_millis(3));
+            }
+        })
+        .await;
+    let (claimed, claiming) = std::sync::mpsc::channel::<()>();
+    let first = prepared.with_conn(move |conn| {
+        onejob::store::connection::write_transaction(conn, |conn| {
+            let claims = claim_up_to(conn, "w1", 60_000, true, 1);
+            claimed.send(()).unwrap();
+            // Held open while the second claimer runs.
+            std::thread::sleep(Duration::from_millis(800));
+            Ok::<_, diesel::result::Error>((claims, std::time::Instant::now()))
+        })
+        .unwrap()
+    });
+    let second = prepared.with_conn(move |conn| {
+        claiming.recv().unwrap();
+        let claims = claim_up_to(conn, "w2", 60_000, true, 2);
+        (claims, std::time::Instant::now())
+    });
+    let ((first, first_committed), (second, second_done)) = tokio::join!(first, second);
+    assert_eq!(keys_of(&first), ["held-1"]);
+    match backend {
+        TestBackend::Postgres => {
+            assert_eq!(keys_of(&second), ["free-3"], "{second:#?}");
+            assert!(
+                second_done < first_committed,
+                "the second claimer did not wait for the first"
+            );
+        }
+        TestBackend::Sqlite => {
+            assert_eq!(keys_of(&second), ["free-3", "held-2"], "{second:#?}");
+        }
+    }
+}
+
 /// The job page of a job whose attempt is unknown offers no new attempt,
 /// to its owner or to staff, in the page and in its live partial, and says
 /// why; once support abandons the attempt, it does.
@@ -236,4 +353,7 @@ on_both_backends!(
     a_job_read_across_its_attempts_finish_is_read_again,
     a_claim_whose_lease_ran_out_is_requeued_with_sent_at_still_null,
     an_unknown_jobs_page_offers_no_new_attempt,
+    a_claim_takes_no_more_than_its_limit_oldest_first,
+    a_claim_sets_the_soft_timeout_from_its_start,
+    a_claim_passes_over_jobs_another_claimer_holds,
 );
