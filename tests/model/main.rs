@@ -17,11 +17,14 @@
 //! -9` and restart, abandon, new attempts and marking failed by an
 //! operator, the end of a retention window and pruning.
 //!
+//! Streams are modelled: a sent attempt may release a chunk of its answer
+//! to the job's followers while it runs; a definite failure after that is
+//! taken through `domain::stream::failure_after`, so the job fails rather
+//! than fail over (no second answer spliced onto the first); a stall after
+//! a chunk is the soft timeout's `unknown`, and a kill mid-stream the
+//! lease's. Where the chunks are kept (memory, database) is not modelled.
+//!
 //! What it does not cover yet:
-//! - **streams** (issue 23, open): a streamed attempt is sent, leased and
-//!   settled as any other, which the model covers; the rule streaming adds,
-//!   that a released chunk ends failover (`domain::stream::may_fail_over`),
-//!   is a unit test of `domain::stream` and joins the model with issue 23;
 //! - the **webhook outbox**, not built yet (issue 24);
 //! - twins in flight (they only spare the database work: each request is
 //!   one atomic step at the database here, which the unique key decides);
@@ -69,6 +72,21 @@ fn ci_bounds() -> Bounds {
         lease: 1,
         max_attempts: 3,
         fair: false,
+        streams: false,
+    }
+}
+
+/// Streamed attempts: one key sent twice, two processes, a kill, an
+/// operator step.
+fn stream_bounds() -> Bounds {
+    Bounds {
+        keys: 1,
+        other_payload: false,
+        operator_steps: 1,
+        retention: false,
+        give_backs: false,
+        streams: true,
+        ..ci_bounds()
     }
 }
 
@@ -109,6 +127,7 @@ fn depth(ci: usize) -> usize {
 
 const CI_DEPTH: usize = 9;
 const DEEP_DEPTH: usize = 12;
+const STREAM_DEPTH: usize = 10;
 
 struct Run {
     label: String,
@@ -290,6 +309,20 @@ fn with_no_kill_and_answering_providers_every_job_ends() {
 }
 
 #[test]
+fn streamed_attempts_keep_every_invariant() {
+    let run = check(
+        "model, streams (2 processes, 1 key sent twice, 3 providers, 1 kill, 1 operator step)",
+        Protocol::new(stream_bounds(), Bug::None),
+        Some(depth(STREAM_DEPTH)),
+        2,
+        HasDiscoveries::AnyFailures,
+    );
+    passes(&run);
+    let example = "a stream that fails after a released chunk fails its job";
+    assert!(run.examples.contains(&example), "not reached: {example}");
+}
+
+#[test]
 fn the_bigger_configuration_behind_a_flag() {
     if std::env::var_os("ONEJOB_MODEL_BIG").is_none() {
         eprintln!("model: the bigger configuration runs with ONEJOB_MODEL_BIG=1");
@@ -400,6 +433,16 @@ fn failing_over_from_a_timeout_is_caught() {
         Bug::FailoverOnTimeout,
         properties::FAILOVER_DEFINITE,
         ci_bounds(),
+        8,
+    );
+}
+
+#[test]
+fn failing_over_after_a_released_chunk_is_caught() {
+    rejected(
+        Bug::FailoverAfterChunk,
+        properties::NO_SPLICE,
+        stream_bounds(),
         8,
     );
 }

@@ -17,6 +17,8 @@ pub const ONE_JOB_PER_KEY: &str =
     "a key names one job at a time, and the same key with another payload is refused";
 pub const FAILOVER_DEFINITE: &str =
     "no attempt is failed over from an outcome that was not definite";
+pub const NO_SPLICE: &str =
+    "no attempt is failed over to after a chunk of an earlier answer reached the clients";
 pub const UNKNOWN_ENDS: &str = "an unknown attempt ends only by an answer or an operator";
 pub const EVERY_JOB_ENDS: &str =
     "with no kill and a provider that answers, every job ends succeeded or failed";
@@ -86,6 +88,9 @@ pub fn all() -> Vec<Property<Protocol>> {
                 })
             })
         }),
+        Property::always(NO_SPLICE, |_: &Protocol, s: &State| {
+            s.attempts.iter().all(|a| !a.after_release)
+        }),
         Property::always(UNKNOWN_ENDS, |_: &Protocol, s: &State| {
             s.attempts.iter().all(|a| {
                 !a.was_unknown
@@ -130,6 +135,16 @@ pub fn all() -> Vec<Property<Protocol>> {
                 s.attempts.iter().any(|a| {
                     a.was_unknown && a.received == 1 && a.left_unknown_by.is_none() && a.sent
                 }) && s.generations.iter().any(|g| *g > 0)
+            },
+        ),
+        Property::sometimes(
+            "a stream that fails after a released chunk fails its job",
+            |_: &Protocol, s: &State| {
+                s.attempts.iter().any(|a| {
+                    a.released
+                        && a.state == AttemptState::Failed
+                        && s.jobs[a.job as usize].status == JobStatus::Failed
+                })
             },
         ),
         Property::sometimes(

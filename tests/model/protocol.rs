@@ -7,7 +7,8 @@
 //! guards of the conditional statements are `domain::guards` (which a test
 //! of the SQL holds to the statements, `tests/api/guard_agreement.rs`);
 //! failover goes through `domain::failover_order`, the gate
-//! (`AllowedProviders::gate`) and `domain::retry::next_step`; a replay is
+//! (`AllowedProviders::gate`) and `domain::retry::next_step`, after
+//! `domain::stream::failure_after` for a streamed attempt; a replay is
 //! told from a conflict by `domain::guards::is_replay` over the product's
 //! `Fingerprint::of`. What the model writes itself is the order of the
 //! steps inside each store procedure (which statement follows which), as
@@ -17,6 +18,7 @@
 
 use onejob::domain::guards;
 use onejob::domain::retry::{next_step, Failure, Made, NextStep};
+use onejob::domain::stream::failure_after;
 use onejob::domain::{
     failover_order, next_provider, AllowedProviders, AttemptEvent, AttemptState, Fingerprint,
     JobIntent, JobStatus, QualificationStatus, RaceResult, RetryPolicy,
@@ -47,6 +49,9 @@ pub enum Bug {
     NoUniqueKey,
     /// A soft timeout taken for a definite failure, and failed over.
     FailoverOnTimeout,
+    /// A definite failure after a released chunk failed over as if
+    /// nothing had been released (`domain::stream::failure_after` dropped).
+    FailoverAfterChunk,
 }
 
 /// How far the checker looks.
@@ -76,6 +81,9 @@ pub struct Bounds {
     pub max_attempts: u32,
     /// Fair runs only (no kill, no lost reply): for liveness.
     pub fair: bool,
+    /// Attempts stream: a sent attempt may release chunks of its answer to
+    /// the job's followers before the answer ends.
+    pub streams: bool,
 }
 
 /// The model of the protocol under `bounds`, with `bug`.
@@ -167,6 +175,11 @@ pub struct AttemptRow {
     pub left_unknown_by: Option<AttemptEvent>,
     pub origin: Origin,
     pub deleted: bool,
+    /// A chunk of its streamed answer was released to the job's followers.
+    pub released: bool,
+    /// Made by a failover after an earlier attempt of its job had released
+    /// a chunk.
+    pub after_release: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -253,6 +266,11 @@ pub enum Action {
         attempt: u8,
     },
     Renew {
+        attempt: u8,
+    },
+    /// A chunk of the streamed answer arrives and is released to the job's
+    /// followers (before the answer ends).
+    Release {
         attempt: u8,
     },
     /// The database's clock moves on.
@@ -410,6 +428,8 @@ impl Protocol {
         if Self::attempts_of(state, job).any(|(_, a)| self.holds_slot(a.state)) {
             return false;
         }
+        let after_release = matches!(origin, Origin::FailOver(_))
+            && Self::attempts_of(state, job).any(|(_, a)| a.released);
         state.attempts.push(AttemptRow {
             job,
             provider,
@@ -429,6 +449,8 @@ impl Protocol {
             left_unknown_by: None,
             origin,
             deleted: false,
+            released: false,
+            after_release,
         });
         true
     }
@@ -504,6 +526,11 @@ impl Protocol {
                 retry_after_ms: Some(1000),
             },
             _ => Failure::Definite,
+        };
+        let failure = if self.bug == Bug::FailoverAfterChunk {
+            failure
+        } else {
+            failure_after(u64::from(row.released), failure)
         };
         let failed = PROVIDERS[row.provider as usize];
         let provider_index = |name: &str| PROVIDERS.iter().position(|p| *p == name).unwrap() as u8;
@@ -763,6 +790,10 @@ impl Model for Protocol {
                 Phase::Sent => {
                     actions.push(Action::SoftTimeout { attempt });
                     actions.push(Action::Renew { attempt });
+                    let a = &state.attempts[attempt as usize];
+                    if self.bounds.streams && !a.released && a.answer.is_none() {
+                        actions.push(Action::Release { attempt });
+                    }
                 }
                 Phase::TimedOut => {}
             }
@@ -905,6 +936,16 @@ impl Model for Protocol {
                     return None;
                 }
                 a.lease_until = Some(last.clock + self.bounds.lease);
+            }
+            Action::Release { attempt } => {
+                // Only the call's own process releases, and only while the
+                // attempt runs (a stalled or timed-out one releases nothing).
+                Self::call_of(&state, attempt)?;
+                let a = &mut state.attempts[attempt as usize];
+                if a.state != AttemptState::Running {
+                    return None;
+                }
+                a.released = true;
             }
             Action::Tick => state.clock += 1,
             Action::Reap { attempt } => return self.reap(state, attempt),
