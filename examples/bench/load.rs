@@ -59,11 +59,29 @@ pub fn ms(d: Duration) -> String {
 }
 
 /// Runs `request(n)` (n counts up from 0 across all clients) from
-/// `concurrency` clients until `duration` has passed.
+/// `concurrency` clients until `duration` has passed; a request's latency
+/// is the time it took.
 pub async fn run<F, Fut>(concurrency: usize, duration: Duration, request: F) -> Run
 where
     F: Fn(u64) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = Result<(), String>> + Send,
+{
+    run_measured(concurrency, duration, move |n| {
+        let request = request.clone();
+        async move {
+            let sent = Instant::now();
+            request(n).await.map(|()| sent.elapsed())
+        }
+    })
+    .await
+}
+
+/// Like [`run`], but each request reports the latency it measured itself
+/// (the time to its first token, say).
+pub async fn run_measured<F, Fut>(concurrency: usize, duration: Duration, request: F) -> Run
+where
+    F: Fn(u64) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<Duration, String>> + Send,
 {
     let counter = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
@@ -75,9 +93,8 @@ where
             let mut run = Run::default();
             while Instant::now() < deadline {
                 let n = counter.fetch_add(1, Ordering::Relaxed);
-                let sent = Instant::now();
                 match request(n).await {
-                    Ok(()) => run.latencies.push(sent.elapsed()),
+                    Ok(latency) => run.latencies.push(latency),
                     Err(error) => {
                         run.errors += 1;
                         run.first_error.get_or_insert(error);

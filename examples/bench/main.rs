@@ -15,7 +15,8 @@
 //! (three processes vs one on one PostgreSQL), `prefill` (creation and lifecycle
 //! with `--prefill` finished jobs stored vs an empty database), `overhead`
 //! (`/v1/chat/completions` through onejob vs calling the upstream directly),
-//! `ratelimit` (a provider that refuses past its concurrency, with onejob's
+//! `ttft` (time to the first token of a streamed chat completion, through
+//! onejob vs direct), `ratelimit` (a provider that refuses past its concurrency, with onejob's
 //! `max_in_flight` off and on).
 //! See docs/benchmarks.md.
 
@@ -208,6 +209,9 @@ async fn main() {
     }
     if bench.wants("overhead") {
         bench.overhead().await;
+    }
+    if bench.wants("ttft") {
+        bench.ttft().await;
     }
     if bench.wants("ratelimit") {
         bench.ratelimit().await;
@@ -755,36 +759,10 @@ impl Bench {
             "\n[overhead] /v1/chat/completions through onejob vs calling the upstream directly"
         );
         let upstream = upstream::start();
-        let routes = format!(
-            r#"
-[[providers]]
-name = "up"
-kind = "openai"
-base_url = "{upstream}/v1"
-model = "bench-model"
-api_key_env = "BENCH_UPSTREAM_KEY"
-timeout_ms = 30000
-
-[[tasks]]
-name = "bench-chat"
-kind = "chat"
-providers = ["up"]
-"#
-        );
         let duration = Duration::from_secs((self.args.seconds / 2).max(2));
         let chat = |n: u64| json!({"model": "bench-chat", "messages": [{"role": "user", "content": format!("hello {n}")}]});
         for backend in ["sqlite", "postgres"] {
-            let url = match backend {
-                "sqlite" => self.dir().join("overhead.db").display().to_string(),
-                _ => self.pg.fresh_database("onejob_bench_overhead"),
-            };
-            let deployment = Deployment::prepare(
-                self.dir(),
-                &format!("overhead-{backend}"),
-                &url,
-                &config(32, 16, &routes),
-            );
-            let servers = deployment.serve(1).await;
+            let (deployment, servers) = self.chat_deployment("overhead", backend, &upstream).await;
             let base = servers[0].base.clone();
             for concurrency in [1usize, 32] {
                 let client = self.client.clone();
@@ -861,6 +839,132 @@ providers = ["up"]
             drop(servers);
             if backend == "postgres" {
                 self.drop_database("onejob_bench_overhead");
+            }
+        }
+    }
+
+    /// One `onejob serve` process on a fresh `backend` database, with the
+    /// chat route `bench-chat` to the OpenAI-compatible `upstream`.
+    async fn chat_deployment(
+        &self,
+        step: &str,
+        backend: &str,
+        upstream: &str,
+    ) -> (Deployment, Vec<Server>) {
+        let routes = format!(
+            r#"
+[[providers]]
+name = "up"
+kind = "openai"
+base_url = "{upstream}/v1"
+model = "bench-model"
+api_key_env = "BENCH_UPSTREAM_KEY"
+timeout_ms = 30000
+
+[[tasks]]
+name = "bench-chat"
+kind = "chat"
+providers = ["up"]
+"#
+        );
+        let url = match backend {
+            "sqlite" => self.dir().join(format!("{step}.db")).display().to_string(),
+            _ => self.pg.fresh_database(&format!("onejob_bench_{step}")),
+        };
+        let deployment = Deployment::prepare(
+            self.dir(),
+            &format!("{step}-{backend}"),
+            &url,
+            &config(32, 16, &routes),
+        );
+        let servers = deployment.serve(1).await;
+        (deployment, servers)
+    }
+
+    /// Time to the first token of a streamed `/v1/chat/completions`,
+    /// through onejob vs the streaming upstream called directly, at
+    /// concurrency 1 and 32, on SQLite and PostgreSQL. Every stream is
+    /// read to its end and must carry the whole answer.
+    async fn ttft(&mut self) {
+        println!(
+            "\n[ttft] time to first token of a streamed chat completion, through onejob vs \
+             calling the upstream directly ({} pieces, {} apart)",
+            upstream::STREAMED.len(),
+            ms(upstream::CHUNK_GAP)
+        );
+        let upstream = upstream::start();
+        let duration = Duration::from_secs((self.args.seconds / 2).max(2));
+        let chat = |n: u64| {
+            json!({"model": "bench-chat", "stream": true,
+                   "messages": [{"role": "user", "content": format!("tell {n}")}]})
+        };
+        for backend in ["sqlite", "postgres"] {
+            let (deployment, servers) = self.chat_deployment("ttft", backend, &upstream).await;
+            let base = servers[0].base.clone();
+            for concurrency in [1usize, 32] {
+                let (client, direct_url) = (
+                    self.client.clone(),
+                    format!("{upstream}/v1/chat/completions"),
+                );
+                let direct = load::run_measured(concurrency, duration, move |n| {
+                    first_token(
+                        client
+                            .post(&direct_url)
+                            .bearer_auth("bench-key")
+                            .json(&chat(n)),
+                    )
+                })
+                .await;
+                let (client, token, base, tag) = (
+                    self.client.clone(),
+                    deployment.token.clone(),
+                    base.clone(),
+                    format!("ttft-{backend}-{concurrency}"),
+                );
+                let through = load::run_measured(concurrency, duration, move |n| {
+                    first_token(
+                        client
+                            .post(format!("{base}/v1/chat/completions"))
+                            .bearer_auth(&token)
+                            .header("Idempotency-Key", format!("{tag}-{n}"))
+                            .json(&chat(n)),
+                    )
+                })
+                .await;
+                println!(
+                    "  {backend} c={concurrency} direct TTFT: {}\n  {backend} c={concurrency} onejob TTFT: {}",
+                    direct.summary(),
+                    through.summary()
+                );
+                let (p50, p99) = (
+                    through.p50().saturating_sub(direct.p50()),
+                    through.p99().saturating_sub(direct.p99()),
+                );
+                let goal = match (backend, concurrency) {
+                    ("sqlite", 1) => Goal::Other(
+                        "TTFT p50 overhead ≤ 2 ms",
+                        p50 <= Duration::from_millis(2)
+                            && through.errors == 0
+                            && direct.errors == 0,
+                    ),
+                    _ => Goal::None,
+                };
+                self.push(Ratio {
+                    name: format!("ttft {backend} c={concurrency}"),
+                    product: format!("onejob p50 {} p99 {}", ms(through.p50()), ms(through.p99())),
+                    ceiling: format!("direct p50 {} p99 {}", ms(direct.p50()), ms(direct.p99())),
+                    ratio: through.p50().as_secs_f64() / direct.p50().as_secs_f64().max(1e-6),
+                    goal,
+                });
+                println!(
+                    "    TTFT through onejob minus direct: p50 {}, p99 {}",
+                    ms(p50),
+                    ms(p99)
+                );
+            }
+            drop(servers);
+            if backend == "postgres" {
+                self.drop_database("onejob_bench_ttft");
             }
         }
     }
@@ -994,6 +1098,48 @@ template = "Summarize: {{{{ text }}}}"
 }
 
 /// The user every step adds (`onejob users add bench`).
+/// Sends a streamed chat completion and reads it to its end: the time from
+/// sending to the first event with content, if the stream carried the whole
+/// answer and ended with `[DONE]`.
+async fn first_token(request: reqwest::RequestBuilder) -> Result<Duration, String> {
+    use futures_util::StreamExt;
+    let sent = Instant::now();
+    let response = request.send().await.map_err(|e| e.to_string())?;
+    if response.status() != reqwest::StatusCode::OK {
+        let status = response.status();
+        return Err(format!(
+            "{status}: {}",
+            response.text().await.unwrap_or_default()
+        ));
+    }
+    let mut body = response.bytes_stream();
+    let (mut pending, mut content) = (String::new(), String::new());
+    let (mut first, mut done) = (None, false);
+    while let Some(bytes) = body.next().await {
+        pending.push_str(&String::from_utf8_lossy(&bytes.map_err(|e| e.to_string())?));
+        while let Some(end) = pending.find("\n\n") {
+            let event: String = pending.drain(..end + 2).collect();
+            for data in event.lines().filter_map(|l| l.strip_prefix("data: ")) {
+                if data == "[DONE]" {
+                    done = true;
+                    continue;
+                }
+                let chunk: serde_json::Value =
+                    serde_json::from_str(data).map_err(|e| format!("{e}: {data}"))?;
+                if let Some(text) = chunk["choices"][0]["delta"]["content"].as_str() {
+                    first.get_or_insert_with(|| sent.elapsed());
+                    content.push_str(text);
+                }
+            }
+        }
+    }
+    let whole = upstream::STREAMED.concat();
+    match first {
+        Some(first) if done && content == whole => Ok(first),
+        _ => Err(format!("an incomplete stream (done: {done}): {content:?}")),
+    }
+}
+
 const BENCH_USER: &str = "bench";
 
 /// The bench user's id, on PostgreSQL.

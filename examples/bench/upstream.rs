@@ -1,13 +1,26 @@
 //! A fake OpenAI-compatible upstream that answers every chat completion at
 //! once, on its own thread, so the overhead of going through onejob can be
-//! measured against calling it directly.
+//! measured against calling it directly. Asked for a stream, it streams
+//! [`STREAMED`]'s pieces as `chat.completion.chunk` events, the first at
+//! once and each next one [`CHUNK_GAP`] later.
 
 use std::net::TcpListener;
 
 use actix_web::{web, App, HttpResponse, HttpServer};
+use futures_util::StreamExt;
 use serde_json::{json, Value};
 
+/// The pieces a streamed answer comes in.
+pub const STREAMED: [&str; 8] = [
+    "Once", " upon", " a", " time", " there", " was", " one", " job.",
+];
+/// The time between two streamed pieces.
+pub const CHUNK_GAP: std::time::Duration = std::time::Duration::from_millis(2);
+
 async fn complete(body: web::Json<Value>) -> HttpResponse {
+    if body.get("stream") == Some(&Value::Bool(true)) {
+        return stream();
+    }
     let model = body.get("model").cloned().unwrap_or(Value::Null);
     HttpResponse::Ok().json(json!({
         "id": "chatcmpl-bench",
@@ -21,6 +34,35 @@ async fn complete(body: web::Json<Value>) -> HttpResponse {
         }],
         "usage": {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12}
     }))
+}
+
+/// The streamed answer: a role chunk, the pieces, the finish, `[DONE]`.
+fn stream() -> HttpResponse {
+    let chunk = |delta: Value, finish: Value| {
+        let event = json!({"id": "chatcmpl-bench", "object": "chat.completion.chunk",
+            "created": 0, "model": "bench-model",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+        format!("data: {event}\n\n")
+    };
+    let mut events = vec![chunk(json!({"role": "assistant"}), Value::Null)];
+    events.extend(
+        STREAMED
+            .iter()
+            .map(|piece| chunk(json!({"content": piece}), Value::Null)),
+    );
+    events.push(chunk(json!({}), json!("stop")));
+    events.push("data: [DONE]\n\n".into());
+    // The role chunk and the first piece at once, then one piece a gap.
+    let events =
+        futures_util::stream::iter(events.into_iter().enumerate()).then(|(n, event)| async move {
+            if n >= 2 {
+                actix_web::rt::time::sleep(CHUNK_GAP).await;
+            }
+            Ok::<_, actix_web::Error>(actix_web::web::Bytes::from(event))
+        });
+    HttpResponse::Ok()
+        .content_type("text/event-stream")
+        .streaming(events)
 }
 
 /// Starts the upstream; its base URL (`http://127.0.0.1:PORT`).
