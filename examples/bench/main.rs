@@ -852,20 +852,8 @@ impl Bench {
         upstream: &str,
     ) -> (Deployment, Vec<Server>) {
         let routes = format!(
-            r#"
-[[providers]]
-name = "up"
-kind = "openai"
-base_url = "{upstream}/v1"
-model = "bench-model"
-api_key_env = "BENCH_UPSTREAM_KEY"
-timeout_ms = 30000
-
-[[tasks]]
-name = "bench-chat"
-kind = "chat"
-providers = ["up"]
-"#
+            "{}\n[[tasks]]\nname = \"bench-chat\"\nkind = \"chat\"\nproviders = [\"up\"]\n",
+            upstream_provider(upstream, "")
         );
         let url = match backend {
             "sqlite" => self.dir().join(format!("{step}.db")).display().to_string(),
@@ -961,6 +949,11 @@ providers = ["up"]
                     ms(p50),
                     ms(p99)
                 );
+                assert_eq!(
+                    through.errors, 0,
+                    "every stream through onejob arrives whole: {:?}",
+                    through.first_error
+                );
             }
             drop(servers);
             if backend == "postgres" {
@@ -988,21 +981,14 @@ providers = ["up"]
             let (upstream, calls) = upstream::start_limited(CAPACITY, LATENCY_MS);
             let limit = max_in_flight.map_or(String::new(), |n| format!("max_in_flight = {n}\n"));
             let routes = format!(
-                r#"
-[[providers]]
-name = "up"
-kind = "openai"
-base_url = "{upstream}/v1"
-model = "bench-model"
-api_key_env = "BENCH_UPSTREAM_KEY"
-timeout_ms = 30000
-{limit}
+                r#"{}
 [[tasks]]
 name = "summarize"
 providers = ["up"]
 input_fields = ["text"]
 template = "Summarize: {{{{ text }}}}"
-"#
+"#,
+                upstream_provider(&upstream, &limit)
             );
             let tag = if max_in_flight.is_some() { "on" } else { "off" };
             let name = format!("onejob_bench_ratelimit_{tag}");
@@ -1098,6 +1084,15 @@ template = "Summarize: {{{{ text }}}}"
 }
 
 /// The user every step adds (`onejob users add bench`).
+/// The provider `up`: the OpenAI-compatible `upstream`, with `extra`
+/// settings.
+fn upstream_provider(upstream: &str, extra: &str) -> String {
+    format!(
+        "\n[[providers]]\nname = \"up\"\nkind = \"openai\"\nbase_url = \"{upstream}/v1\"\n\
+         model = \"bench-model\"\napi_key_env = \"BENCH_UPSTREAM_KEY\"\ntimeout_ms = 30000\n{extra}"
+    )
+}
+
 /// Sends a streamed chat completion and reads it to its end: the time from
 /// sending to the first event with content, if the stream carried the whole
 /// answer and ended with `[DONE]`.
