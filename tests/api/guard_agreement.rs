@@ -33,20 +33,42 @@ fn sql_text(value: Option<&str>) -> String {
     value.map_or("NULL".into(), |v| format!("'{v}'"))
 }
 
-/// Writes an attempt's columns and its job's status (a succeeded job gets
-/// the `completed_by` and `result` its CHECK asks for).
-#[allow(clippy::too_many_arguments)]
-fn shape(
-    conn: &mut DbConnection,
-    job: &JobId,
-    attempt: &AttemptId,
+/// The columns a case writes: its attempt's, and its job's status.
+struct Shape<'a> {
     state: AttemptState,
     status: JobStatus,
-    provider: &str,
+    provider: &'a str,
     not_before: Option<i64>,
-    lease: (Option<&str>, Option<i64>),
+    lease: (Option<&'a str>, Option<i64>),
     sent_at: Option<i64>,
-) {
+}
+
+impl Shape<'_> {
+    /// An attempt in `state` of a job in `status`, on `sim-fast`, due, not
+    /// leased, not sent.
+    fn new(state: AttemptState, status: JobStatus) -> Self {
+        Self {
+            state,
+            status,
+            provider: "sim-fast",
+            not_before: None,
+            lease: (None, None),
+            sent_at: None,
+        }
+    }
+}
+
+/// Writes `shape` to the attempt and its job (a succeeded job gets the
+/// `completed_by` and `result` its CHECK asks for).
+fn shape(conn: &mut DbConnection, job: &JobId, attempt: &AttemptId, shape: Shape<'_>) {
+    let Shape {
+        state,
+        status,
+        provider,
+        not_before,
+        lease,
+        sent_at,
+    } = shape;
     conn.batch_execute(&format!(
         "UPDATE attempts SET state = '{state}', provider = '{provider}', not_before = {}, \
          lease_owner = {}, lease_expires_at = {}, sent_at = {}, version_read = 0 \
@@ -86,12 +108,11 @@ fn claims_agree(conn: &mut DbConnection, owner: &UserId) -> usize {
                         conn,
                         &job,
                         &attempt,
-                        state,
-                        status,
-                        provider,
-                        not_before,
-                        (None, None),
-                        None,
+                        Shape {
+                            provider,
+                            not_before,
+                            ..Shape::new(state, status)
+                        },
                     );
                     let expected =
                         guards::may_claim(state, status, provider == "sim-slow", not_before, now);
@@ -145,12 +166,11 @@ fn expiries_agree(conn: &mut DbConnection, owner: &UserId) -> usize {
                         conn,
                         &job,
                         &attempt,
-                        state,
-                        status,
-                        "sim-fast",
-                        None,
-                        (Some("w"), lease),
-                        sent_at,
+                        Shape {
+                            lease: (Some("w"), lease),
+                            sent_at,
+                            ..Shape::new(state, status)
+                        },
                     );
                     let expected = guards::lease_has_run_out(state, lease, now).then(|| {
                         guards::on_lease_expiry(sent_at.is_some(), status.is_terminal()).target()
@@ -198,12 +218,11 @@ fn leases_agree(conn: &mut DbConnection, owner: &UserId) -> usize {
                 conn,
                 &job,
                 &attempt,
-                state,
-                status,
-                "sim-fast",
-                None,
-                lease,
-                Some(now),
+                Shape {
+                    lease,
+                    sent_at: Some(now),
+                    ..Shape::new(state, status)
+                },
             );
             let renewed = queue::renew_lease(conn, &attempt, owner, "w", 60_000).unwrap();
             assert_eq!(
@@ -219,7 +238,14 @@ fn leases_agree(conn: &mut DbConnection, owner: &UserId) -> usize {
                     count += 1;
                     let (job, attempt) = case(conn, owner, &key);
                     shape(
-                        conn, &job, &attempt, state, job_status, "sim-fast", None, lease, sent_at,
+                        conn,
+                        &job,
+                        &attempt,
+                        Shape {
+                            lease,
+                            sent_at,
+                            ..Shape::new(state, job_status)
+                        },
                     );
                     let key = onejob::store::transitions::AttemptKey {
                         id: attempt.clone(),
@@ -297,12 +323,11 @@ fn completions_agree(conn: &mut DbConnection, owner: &UserId) -> usize {
                 conn,
                 &job,
                 &attempt,
-                AttemptState::Running,
-                status,
-                "sim-fast",
-                None,
-                lease,
-                Some(1),
+                Shape {
+                    lease,
+                    sent_at: Some(1),
+                    ..Shape::new(AttemptState::Running, status)
+                },
             );
             conn.batch_execute(&format!(
                 "UPDATE jobs SET version = 5 + {bumped} WHERE id = '{job}'; \
@@ -331,12 +356,7 @@ fn completions_agree(conn: &mut DbConnection, owner: &UserId) -> usize {
                 conn,
                 &job_id,
                 &attempt,
-                AttemptState::Failed,
-                status,
-                "sim-fast",
-                None,
-                (None, None),
-                None,
+                Shape::new(AttemptState::Failed, status),
             );
             let job_key = onejob::store::transitions::JobKey {
                 id: job_id.clone(),
