@@ -8,8 +8,8 @@
 use std::time::Duration;
 
 use onejob::domain::{AttemptId, AttemptState};
-use onejob::store::jobs::{create_job, CreateOutcome};
-use onejob::store::queue::{self, Claim, ClaimRules, SendPermit};
+use onejob::store::jobs::{create_job, create_job_with_attempts, CreateOutcome, NewJob};
+use onejob::store::queue::{self, Claim, ClaimRules, SendPermit, StartNow};
 use onejob::store::{Attempt, DbConnection};
 use reqwest::StatusCode;
 
@@ -213,6 +213,65 @@ async fn a_claim_sets_the_soft_timeout_from_its_start(backend: TestBackend) {
         .await;
 }
 
+/// A job started in its creating transaction gives its first attempt the
+/// provider's soft timeout from that start, as a claim does.
+async fn a_started_attempt_gets_the_soft_timeout_from_its_start(backend: TestBackend) {
+    let prepared = PreparedApp::new(backend, test_config(DEFAULT_TEST_PROVIDERS)).await;
+    let owner = prepared.alice.id.clone();
+    prepared
+        .with_conn(move |conn| {
+            let job = NewJob {
+                start: Some(StartNow {
+                    lease_owner: "w1".into(),
+                    lease_ms: 60_000,
+                    soft_timeout_ms: SOFT_TIMEOUT_MS,
+                }),
+                ..new_job(&owner, "started-timeout")
+            };
+            let (created, attempts) = create_job_with_attempts(conn, &job).unwrap();
+            let CreateOutcome::Created(job) = created else {
+                panic!("{created:?}");
+            };
+            assert_eq!(attempts.len(), 1);
+            for attempt in [attempts[0].clone(), attempts_in(conn, &job.id).remove(0)] {
+                assert_eq!(attempt.state, AttemptState::Running);
+                let started_at = attempt.started_at.expect("a started attempt records it");
+                assert_eq!(
+                    attempt.timeout_at,
+                    Some(started_at + SOFT_TIMEOUT_MS),
+                    "{attempt:#?}"
+                );
+            }
+        })
+        .await;
+}
+
+/// A renewal extends the lease by its length from the database's clock,
+/// no further: a lease renewed for a second has run out a second and a half
+/// later, and the reaper takes the sent attempt for unknown.
+async fn a_renewed_lease_runs_out_after_its_length(backend: TestBackend) {
+    let prepared = PreparedApp::new(backend, test_config(DEFAULT_TEST_PROVIDERS)).await;
+    let owner = prepared.alice.id.clone();
+    prepared
+        .with_conn(move |conn| {
+            queued_job(conn, &owner, "renewed");
+            let claims = claim(conn, "w1", 60_000, true);
+            assert_eq!(claims.len(), 1);
+            let attempt = &claims[0].attempt;
+            assert!(queue::renew_lease(conn, &attempt.id, &owner, "w1", 1000).unwrap());
+            assert!(
+                queue::expire_leases(conn).unwrap().is_empty(),
+                "the renewed lease still runs"
+            );
+            std::thread::sleep(Duration::from_millis(1500));
+            assert_eq!(
+                queue::expire_leases(conn).unwrap(),
+                vec![(attempt.id.clone(), AttemptState::Unknown)]
+            );
+        })
+        .await;
+}
+
 /// Two claimers at once: the second passes over the jobs the first holds
 /// while it claims (on PostgreSQL, their rows locked `FOR UPDATE`, the
 /// first's candidates, twice its limit) and takes the next one, without
@@ -356,4 +415,6 @@ on_both_backends!(
     a_claim_takes_no_more_than_its_limit_oldest_first,
     a_claim_sets_the_soft_timeout_from_its_start,
     a_claim_passes_over_jobs_another_claimer_holds,
+    a_started_attempt_gets_the_soft_timeout_from_its_start,
+    a_renewed_lease_runs_out_after_its_length,
 );
