@@ -139,6 +139,28 @@ fn anthropic_body(model: &str, default_max_tokens: u32, request: &Value) -> Valu
     body
 }
 
+/// Anthropic's `stop_reason` as an OpenAI `finish_reason` (the answer's one
+/// shape); [`messages_stop_reason`] is the way back.
+pub fn anthropic_finish_reason(stop_reason: Option<&str>) -> &'static str {
+    match stop_reason {
+        Some("max_tokens") => "length",
+        Some("tool_use") => "tool_calls",
+        Some("refusal") => "content_filter",
+        _ => "stop",
+    }
+}
+
+/// An answer's `finish_reason` as an Anthropic `stop_reason`, for a client
+/// of `/v1/messages`.
+pub fn messages_stop_reason(finish_reason: Option<&str>) -> &'static str {
+    match finish_reason {
+        Some("length") => "max_tokens",
+        Some("tool_calls" | "function_call") => "tool_use",
+        Some("content_filter") => "refusal",
+        _ => "end_turn",
+    }
+}
+
 /// The answer out of a provider's chat response, in onejob's one shape.
 pub fn answer(kind: ProviderKind, envelope: &Value) -> Result<Value, String> {
     match kind {
@@ -147,11 +169,7 @@ pub fn answer(kind: ProviderKind, envelope: &Value) -> Result<Value, String> {
                 .as_array()
                 .ok_or("the response has no content")?;
             let text: String = parts.iter().filter_map(|p| p["text"].as_str()).collect();
-            let finish_reason = match envelope["stop_reason"].as_str() {
-                Some("max_tokens") => "length",
-                Some("tool_use") => "tool_calls",
-                _ => "stop",
-            };
+            let finish_reason = anthropic_finish_reason(envelope["stop_reason"].as_str());
             let input = envelope["usage"]["input_tokens"].as_u64().unwrap_or(0);
             let output = envelope["usage"]["output_tokens"].as_u64().unwrap_or(0);
             Ok(json!({
