@@ -2,9 +2,12 @@
 
 use actix_web::{web, HttpResponse};
 use serde_json::{json, Value};
-use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
+use super::anthropic_messages::{
+    self, AnthropicErrorBody, AnthropicErrorDetail, MessagesCreate, MessagesMessage, MessagesTurn,
+};
 use super::openai_compat::{
     self, ChatCompletion, ChatCompletionRequest, ChatMessage, Choice, Model, ModelList,
     OpenAiErrorBody, OpenAiErrorDetail,
@@ -30,6 +33,13 @@ impl Modify for BearerAuth {
                     ))
                     .build(),
             ),
+        );
+        components.add_security_scheme(
+            "x_api_key",
+            SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::with_description(
+                "x-api-key",
+                "A onejob API token, as the Anthropic SDK sends its `api_key` (POST /v1/messages)",
+            ))),
         );
     }
 }
@@ -57,6 +67,7 @@ impl Modify for BearerAuth {
         openai_compat::chat_completions,
         openai_compat::list_models,
         openai_compat::get_model,
+        anthropic_messages::create_message,
     ),
     components(schemas(
         CreateJobRequest,
@@ -80,6 +91,11 @@ impl Modify for BearerAuth {
         ModelList,
         OpenAiErrorBody,
         OpenAiErrorDetail,
+        MessagesCreate,
+        MessagesTurn,
+        MessagesMessage,
+        AnthropicErrorBody,
+        AnthropicErrorDetail,
     )),
     modifiers(&BearerAuth),
     tags(
@@ -89,6 +105,7 @@ impl Modify for BearerAuth {
         (name = "callbacks", description = "Late answers from asynchronous providers, signed per attempt"),
         (name = "health", description = "Liveness and readiness"),
         (name = "openai-compatible", description = "OpenAI Chat Completions wire format: `model` names a chat route; errors in OpenAI's shape"),
+        (name = "anthropic-compatible", description = "Anthropic Messages wire format: `model` names a chat route; errors in Anthropic's shape"),
     )
 )]
 pub struct ApiDoc;
@@ -124,6 +141,7 @@ pub fn document(contracts: &Contracts) -> Value {
         .map(|c| c.name().to_owned())
         .collect();
     schemas["ChatCompletionRequest"] = chat_request_schema(&routes);
+    schemas["MessagesCreate"] = messages_request_schema(&routes);
     schemas["JsonValue"] = json_value_schema();
     let providers: std::collections::BTreeSet<&str> = contracts
         .iter()
@@ -144,7 +162,15 @@ pub fn document(contracts: &Contracts) -> Value {
             "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
         }
     });
-    for path in ["/api/v1/jobs", "/v1/chat/completions"] {
+    doc["paths"]["/v1/messages"]["post"]["responses"]["200"]["content"]["text/event-stream"] = json!({
+        "schema": {
+            "description": "One server-sent event: `event` names it (message_start, content_block_start, content_block_delta, content_block_stop, message_delta, message_stop, error), `data` is its JSON",
+            "type": "object",
+            "required": ["data"],
+            "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"}},
+        }
+    });
+    for path in ["/api/v1/jobs", "/v1/chat/completions", "/v1/messages"] {
         if let Some(parameters) = doc["paths"][path]["post"]["parameters"].as_array_mut() {
             for parameter in parameters {
                 if parameter["name"] == "Idempotency-Key" {
@@ -198,6 +224,57 @@ fn chat_request_schema(routes: &[String]) -> Value {
          not listed here are passed to OpenAI-compatible providers as sent."
     );
     schema
+}
+
+/// A Messages request as the server checks it (`web::anthropic_messages::read_request`).
+fn messages_request_schema(routes: &[String]) -> Value {
+    let any = json!({"$ref": "#/components/schemas/JsonValue"});
+    let model = if routes.is_empty() {
+        json!({"type": "string", "minLength": 1, "description": "No chat route is configured: every model is unknown (404)"})
+    } else {
+        json!({"type": "string", "enum": routes, "description": "A chat route (GET /v1/models); any other name is 404 `not_found_error`"})
+    };
+    let text_blocks = json!({
+        "type": "array",
+        "items": {
+            "type": "object",
+            "required": ["type", "text"],
+            "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}},
+            "additionalProperties": any,
+        },
+    });
+    let number =
+        json!({"type": ["number", "null"], "minimum": 0, "maximum": 9_007_199_254_740_991_i64});
+    json!({
+        "description": "An Anthropic Messages request. Text content only; `tools` are refused.                         The body as sent is the job's fingerprint (RFC 8785; numbers must be ones                         an IEEE double holds exactly). Members not listed here are kept in the                         job but not passed on.",
+        "type": "object",
+        "required": ["model", "messages", "max_tokens"],
+        "properties": {
+            "model": model,
+            "max_tokens": {"type": "integer", "minimum": 1, "maximum": 9_007_199_254_740_991_i64},
+            "messages": {
+                "type": "array",
+                "minItems": 1,
+                "items": {
+                    "type": "object",
+                    "required": ["role", "content"],
+                    "properties": {
+                        "role": {"type": "string", "enum": ["user", "assistant"]},
+                        "content": {"anyOf": [{"type": "string"}, text_blocks]},
+                    },
+                    "additionalProperties": any,
+                },
+            },
+            "system": {"anyOf": [{"type": "string"}, {"type": "null"}, text_blocks]},
+            "stream": {"type": ["boolean", "null"], "description": "Answer as server-sent events, as the provider generates them"},
+            "temperature": number,
+            "top_p": number,
+            "stop_sequences": {"type": ["array", "null"], "maxItems": 64, "items": {"type": "string"}},
+            "tools": {"type": "null", "description": "Not offered: tool use goes through /v1/chat/completions"},
+            "tool_choice": {"type": "null", "description": "Not offered"},
+        },
+        "additionalProperties": any,
+    })
 }
 
 /// The rules every chat request meets, as a route's input.
