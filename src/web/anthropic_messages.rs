@@ -260,8 +260,18 @@ pub fn read_request(body: &Value) -> Result<MessagesRequest, AnthropicError> {
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(AnthropicError::invalid("stream: must be a boolean")),
     };
+    // `20` and `20.0` are one number (as in the fingerprint).
+    let whole = |n: &serde_json::Number| {
+        n.as_u64().or_else(|| {
+            n.as_f64()
+                .filter(|f| f.fract() == 0.0 && (1.0..9_007_199_254_740_992.0).contains(f))
+                .map(|f| f as u64)
+        })
+    };
     let max_tokens = match object.get("max_tokens") {
-        Some(Value::Number(n)) if n.as_u64().is_some_and(|n| n >= 1) => n.clone(),
+        Some(Value::Number(n)) if whole(n).is_some_and(|n| n >= 1) => {
+            whole(n).map(serde_json::Number::from).expect("checked")
+        }
         Some(_) => {
             return Err(AnthropicError::invalid(
                 "max_tokens: must be a whole number, 1 or more",
