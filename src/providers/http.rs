@@ -474,6 +474,30 @@ mod tests {
     }
 
     #[test]
+    fn an_anthropic_chat_call_streams_in_anthropics_terms() {
+        let mut settings: ProviderSettings = toml::from_str(
+            "name = \"c\"\nkind = \"anthropic\"\nbase_url = \"http://127.0.0.1:1\"\nmodel = \"m\"",
+        )
+        .unwrap();
+        settings.api_key = Some(Secret::new("sk-unit"));
+        let client = HttpClient::from_settings(&settings);
+        let call = Call {
+            request_id: "a".into(),
+            attempt_number: 1,
+            task: "chat".into(),
+            prompt: String::new(),
+            output_schema: None,
+            temperature: None,
+            callback: None,
+            chat: Some(json!({"messages": [{"role": "user", "content": "Hi"}], "stream": true})),
+        };
+        let streamed = client.body(&call, true);
+        assert_eq!(streamed["stream"], true);
+        assert!(streamed.get("stream_options").is_none(), "{streamed}");
+        assert!(client.body(&call, false).get("stream").is_none());
+    }
+
+    #[test]
     fn base_urls_with_or_without_v1_reach_the_same_endpoint() {
         for base in [
             "http://h:1",
