@@ -20,6 +20,8 @@ on_both_backends!(
     a_streamed_message_follows_the_job_and_is_the_stored_answer,
     a_reconnect_with_last_event_id_resumes_after_the_event_it_names,
     an_anthropic_upstream_streams_to_chat_completions_as_chunks,
+    twenty_concurrent_duplicates_make_one_upstream_call_and_one_message,
+    an_anthropic_error_event_after_a_chunk_fails_the_job_and_ends_the_stream_with_an_error,
 );
 
 /// How long an upstream may go quiet between chunks: longer than any wait
@@ -621,5 +623,63 @@ async fn an_anthropic_upstream_streams_to_chat_completions_as_chunks(backend: Te
         .rest()
         .await;
     assert_eq!(replay, seen);
+    assert_eq!(claude.total_requests(), 1);
+}
+
+async fn twenty_concurrent_duplicates_make_one_upstream_call_and_one_message(backend: TestBackend) {
+    let (app, openai, _claude) = start(backend).await;
+    openai.set_default(Behaviour::Hold);
+    let body = hello("via-openai", "Hi");
+    let calls: Vec<_> = (0..20)
+        .map(|_| tokio::spawn(messages(&app, "storm", &body).send()))
+        .collect();
+    // Every duplicate is in: one call reached the upstream and is held.
+    let held = openai.wait_held_count(1).await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(openai.total_requests(), 1);
+    openai.release(&held[0], Behaviour::AnswerText("Only once.".into()));
+    let mut ids = std::collections::BTreeSet::new();
+    for call in calls {
+        let response = call.await.unwrap().expect("request sent");
+        assert_eq!(response.status(), StatusCode::OK);
+        let message: Value = response.json().await.unwrap();
+        assert_eq!(message["content"][0]["text"], "Only once.");
+        ids.insert(message["id"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(ids.len(), 1, "one message for twenty requests: {ids:?}");
+    assert_eq!(openai.total_requests(), 1, "one upstream call in all");
+    assert_eq!(app.job_count(&app.alice.id).await, 1);
+}
+
+async fn an_anthropic_error_event_after_a_chunk_fails_the_job_and_ends_the_stream_with_an_error(
+    backend: TestBackend,
+) {
+    let (app, _openai, claude) = start(backend).await;
+    claude.push(Behaviour::Stream(vec![
+        StreamStep::Text("partial".into()),
+        StreamStep::Error("Overloaded".into()),
+    ]));
+    let mut body = hello("via-claude", "fail midway");
+    body["stream"] = json!(true);
+    let events = open_stream(messages(&app, "midway", &body))
+        .await
+        .rest()
+        .await;
+    assert_eq!(text_of(&events), "partial");
+    let last = events.last().unwrap();
+    assert_eq!(last.event.as_deref(), Some("error"), "{events:#?}");
+    assert_eq!(last.json()["error"]["type"], "api_error", "{events:#?}");
+    assert!(
+        !names(&events).contains(&"message_stop"),
+        "no second answer, no end of message: {events:#?}"
+    );
+    let job = app
+        .wait_for_job(
+            &job_id_of(&events),
+            crate::support::fake_provider::WAIT,
+            |j| j["status"] == "failed",
+        )
+        .await;
+    assert_eq!(job["attempts"].as_array().unwrap().len(), 1, "{job:#}");
     assert_eq!(claude.total_requests(), 1);
 }
