@@ -13,7 +13,9 @@
 //!   it (an Anthropic provider gets it translated back). The body as sent is
 //!   kept in the job's params (`messages_request`), so the fingerprint covers
 //!   exactly what the client sent, and a Chat Completions request under the
-//!   same key is another payload.
+//!   same key is another payload. Tools become functions, `tool_use` blocks
+//!   tool calls, `tool_result` blocks `tool` messages; other blocks (images,
+//!   documents) and Anthropic's server tools are refused.
 //! - The answer is the winning attempt's, as an Anthropic `message`; with
 //!   `stream: true`, Anthropic's event sequence, following the job's stream
 //!   (docs/design.md, "Streaming") as `web::chat_stream` does for Chat
@@ -189,31 +191,8 @@ fn text_blocks(content: &Value, at: &str, max_blocks: &mut usize) -> Result<Valu
         Value::Array(blocks) => {
             let mut parts = Vec::with_capacity(blocks.len().min(64));
             for (i, block) in blocks.iter().enumerate() {
-                *max_blocks = max_blocks.checked_sub(1).ok_or_else(|| {
-                    AnthropicError::invalid(format!(
-                        "a request may have at most {MAX_BLOCKS} content blocks"
-                    ))
-                })?;
-                match (block["type"].as_str(), block["text"].as_str()) {
-                    (Some("text"), Some(text)) => {
-                        parts.push(json!({"type": "text", "text": text}));
-                    }
-                    (Some("text"), None) => {
-                        return Err(AnthropicError::invalid(format!(
-                            "{at}.{i}.text: a text block needs its text as a string"
-                        )))
-                    }
-                    (Some(other), _) => {
-                        return Err(AnthropicError::invalid(format!(
-                            "{at}.{i}.type: onejob's /v1/messages takes text blocks only, not `{other}`"
-                        )))
-                    }
-                    (None, _) => {
-                        return Err(AnthropicError::invalid(format!(
-                            "{at}.{i}.type: each content block needs a `type`"
-                        )))
-                    }
-                }
+                count_block(max_blocks)?;
+                parts.push(text_block(block, &format!("{at}.{i}"))?);
             }
             Ok(Value::Array(parts))
         }
@@ -221,6 +200,166 @@ fn text_blocks(content: &Value, at: &str, max_blocks: &mut usize) -> Result<Valu
             "{at}: must be a string or an array of text blocks"
         ))),
     }
+}
+
+/// One `text` block (at `at`), as a text part; any other block is refused.
+fn text_block(block: &Value, at: &str) -> Result<Value, AnthropicError> {
+    match (block["type"].as_str(), block["text"].as_str()) {
+        (Some("text"), Some(text)) => Ok(json!({"type": "text", "text": text})),
+        (Some("text"), None) => Err(AnthropicError::invalid(format!(
+            "{at}.text: a text block needs its text as a string"
+        ))),
+        (Some(other), _) => Err(AnthropicError::invalid(format!(
+            "{at}.type: onejob's /v1/messages takes text, tool_use and tool_result blocks, not `{other}`"
+        ))),
+        (None, _) => Err(AnthropicError::invalid(format!(
+            "{at}.type: each content block needs a `type`"
+        ))),
+    }
+}
+
+/// The block of `blocks` counted against the request's allowance.
+fn count_block(max_blocks: &mut usize) -> Result<(), AnthropicError> {
+    *max_blocks = max_blocks.checked_sub(1).ok_or_else(|| {
+        AnthropicError::invalid(format!(
+            "a request may have at most {MAX_BLOCKS} content blocks"
+        ))
+    })?;
+    Ok(())
+}
+
+/// One turn of the conversation as onejob's chat messages: its text, an
+/// assistant's `tool_use` blocks as tool calls, a user's `tool_result`
+/// blocks as `tool` messages (before the turn's text, which answers them).
+fn turn(
+    role: &str,
+    content: &Value,
+    at: &str,
+    max_blocks: &mut usize,
+) -> Result<Vec<Value>, AnthropicError> {
+    let invalid = |message: String| AnthropicError::invalid(message);
+    let Value::Array(blocks) = content else {
+        return Ok(vec![
+            json!({"role": role, "content": text_blocks(content, at, max_blocks)?}),
+        ]);
+    };
+    let mut parts = Vec::new();
+    let mut calls = Vec::new();
+    let mut results = Vec::new();
+    for (i, block) in blocks.iter().enumerate() {
+        let kind = block["type"].as_str();
+        match (role, kind) {
+            ("assistant", Some("tool_use")) => {
+                count_block(max_blocks)?;
+                let (Some(id), Some(name), Some(input)) = (
+                    block["id"].as_str(),
+                    block["name"].as_str(),
+                    block.get("input").filter(|i| i.is_object()),
+                ) else {
+                    return Err(invalid(format!(
+                        "{at}.{i}: a tool_use block needs its `id` and `name` as strings and its `input` as an object"
+                    )));
+                };
+                calls.push(json!({"id": id, "type": "function",
+                                  "function": {"name": name, "arguments": input.to_string()}}));
+            }
+            ("user", Some("tool_result")) => {
+                count_block(max_blocks)?;
+                let Some(id) = block["tool_use_id"].as_str() else {
+                    return Err(invalid(format!(
+                        "{at}.{i}.tool_use_id: a tool_result block needs the id of its tool_use"
+                    )));
+                };
+                let text = match block.get("content") {
+                    None | Some(Value::Null) => String::new(),
+                    Some(content) => joined_text(&text_blocks(
+                        content,
+                        &format!("{at}.{i}.content"),
+                        max_blocks,
+                    )?),
+                };
+                results.push(json!({"role": "tool", "tool_call_id": id, "content": text}));
+            }
+            (_, Some("tool_use" | "tool_result")) => {
+                return Err(invalid(format!(
+                    "{at}.{i}.type: a {} block does not belong in a {role} turn",
+                    kind.unwrap_or_default()
+                )))
+            }
+            _ => {
+                count_block(max_blocks)?;
+                parts.push(text_block(block, &format!("{at}.{i}"))?);
+            }
+        }
+    }
+    let mut turns = results;
+    if !calls.is_empty() {
+        let text = joined_text(&Value::Array(parts));
+        let content = if text.is_empty() {
+            Value::Null
+        } else {
+            json!(text)
+        };
+        turns.push(json!({"role": role, "content": content, "tool_calls": calls}));
+    } else if !parts.is_empty() || turns.is_empty() {
+        turns.push(json!({"role": role, "content": parts}));
+    }
+    Ok(turns)
+}
+
+/// The most tools one request may offer.
+const MAX_TOOLS: usize = 128;
+
+/// Anthropic's tools as OpenAI functions.
+fn read_tools(tools: &Value) -> Result<Value, AnthropicError> {
+    let invalid = |message: String| AnthropicError::invalid(message);
+    let Some(tools) = tools.as_array().filter(|t| t.len() <= MAX_TOOLS) else {
+        return Err(invalid(format!(
+            "tools: must be an array of at most {MAX_TOOLS} tools"
+        )));
+    };
+    let mut functions = Vec::with_capacity(tools.len());
+    for (i, tool) in tools.iter().enumerate() {
+        if tool
+            .get("type")
+            .is_some_and(|t| !t.is_null() && t != "custom")
+        {
+            return Err(invalid(format!(
+                "tools.{i}.type: onejob offers the client's own tools only (`custom`), not Anthropic's server tools"
+            )));
+        }
+        let (Some(name), Some(schema)) = (
+            tool["name"].as_str().filter(|n| !n.is_empty()),
+            tool.get("input_schema").filter(|s| s.is_object()),
+        ) else {
+            return Err(invalid(format!(
+                "tools.{i}: a tool needs a `name` and an `input_schema` object"
+            )));
+        };
+        let mut function = json!({"name": name, "parameters": schema});
+        match tool.get("description") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(text)) => function["description"] = json!(text),
+            Some(_) => return Err(invalid(format!("tools.{i}.description: must be a string"))),
+        }
+        functions.push(json!({"type": "function", "function": function}));
+    }
+    Ok(Value::Array(functions))
+}
+
+/// Anthropic's `tool_choice` in OpenAI's terms.
+fn read_tool_choice(choice: &Value) -> Result<Value, AnthropicError> {
+    Ok(match (choice["type"].as_str(), choice["name"].as_str()) {
+        (Some("auto"), _) => json!("auto"),
+        (Some("any"), _) => json!("required"),
+        (Some("none"), _) => json!("none"),
+        (Some("tool"), Some(name)) => json!({"type": "function", "function": {"name": name}}),
+        _ => {
+            return Err(AnthropicError::invalid(
+                "tool_choice: must be {\"type\": \"auto\"}, {\"type\": \"any\"}, {\"type\": \"none\"} or {\"type\": \"tool\", \"name\": …}",
+            ))
+        }
+    })
 }
 
 /// The plain text of translated content (for `system`, which onejob's chat
@@ -239,9 +378,10 @@ fn joined_text(content: &Value) -> String {
 
 /// Reads a Messages request and translates it into onejob's chat request:
 /// `system` becomes the first message, `max_tokens`, `temperature`, `top_p`
-/// pass as they are, `stop_sequences` become `stop`. Members it does not
-/// name (`metadata`, `top_k`, …) are not passed on; tools and non-text
-/// content are refused, not dropped.
+/// pass as they are, `stop_sequences` become `stop`, tools become
+/// functions. Members it does not name (`metadata`, `top_k`, …) are not
+/// passed on; content other than text and tool blocks is refused, not
+/// dropped.
 pub fn read_request(body: &Value) -> Result<MessagesRequest, AnthropicError> {
     let invalid = |message: String| AnthropicError::invalid(message);
     let Some(object) = body.as_object() else {
@@ -279,14 +419,6 @@ pub fn read_request(body: &Value) -> Result<MessagesRequest, AnthropicError> {
         }
         None => return Err(AnthropicError::invalid("max_tokens: Field required")),
     };
-    for refused in ["tools", "tool_choice"] {
-        if object.get(refused).is_some_and(|v| !v.is_null()) {
-            return Err(invalid(format!(
-                "{refused}: tool use is not offered by onejob's /v1/messages; \
-                 use /v1/chat/completions for tools"
-            )));
-        }
-    }
     let mut max_blocks = MAX_BLOCKS;
     let mut messages = Vec::new();
     match object.get("system") {
@@ -323,8 +455,8 @@ pub fn read_request(body: &Value) -> Result<MessagesRequest, AnthropicError> {
         let Some(content) = message.get("content") else {
             return Err(invalid(format!("messages.{i}.content: Field required")));
         };
-        let content = text_blocks(content, &format!("messages.{i}.content"), &mut max_blocks)?;
-        messages.push(json!({"role": role, "content": content}));
+        let at = format!("messages.{i}.content");
+        messages.extend(turn(role, content, &at, &mut max_blocks)?);
     }
     let mut chat = Map::new();
     chat.insert("model".into(), json!(model));
@@ -352,6 +484,18 @@ pub fn read_request(body: &Value) -> Result<MessagesRequest, AnthropicError> {
             return Err(invalid(format!(
                 "stop_sequences: must be an array of at most {MAX_STOP_SEQUENCES} strings"
             )))
+        }
+    }
+    match object.get("tools") {
+        None | Some(Value::Null) => {}
+        Some(tools) => {
+            chat.insert("tools".into(), read_tools(tools)?);
+        }
+    }
+    match object.get("tool_choice") {
+        None | Some(Value::Null) => {}
+        Some(choice) => {
+            chat.insert("tool_choice".into(), read_tool_choice(choice)?);
         }
     }
     if stream {
@@ -421,7 +565,7 @@ pub fn message(job: &Job, result: &Value) -> Value {
 /// `POST /v1/messages`.
 #[utoipa::path(
     post, path = "/v1/messages", tag = "anthropic-compatible",
-    request_body(content = MessagesCreate, description = "An Anthropic Messages request; `model` names a chat route (see GET /v1/models). Text content only. The body, as sent, is the job's fingerprint."),
+    request_body(content = MessagesCreate, description = "An Anthropic Messages request; `model` names a chat route (see GET /v1/models). Text, tool_use and tool_result blocks; the client's own tools. The body, as sent, is the job's fingerprint."),
     params(
         ("Idempotency-Key" = String, Header, description = "Required: 1-255 printable ASCII characters, one per intent, the same on every retry"),
         ("Last-Event-ID" = Option<String>, Header, description = "With `stream: true`: the id of the last event received (1 to 18 digits); the events after it are sent. A malformed one is refused with 400 on any request"),
@@ -740,7 +884,7 @@ mod schemas {
     }
 
     /// An Anthropic Messages request. Members other than these are not
-    /// passed on; `tools` are refused.
+    /// passed on.
     #[derive(ToSchema)]
     pub struct MessagesCreate {
         /// A chat route (GET /v1/models)
@@ -760,6 +904,10 @@ mod schemas {
         pub top_p: Option<f64>,
         #[schema(max_items = 64)]
         pub stop_sequences: Option<Vec<String>>,
+        /// The client's own tools: `name`, `description`, `input_schema`
+        pub tools: Option<Vec<Value>>,
+        /// auto, any, none, or one tool by name
+        pub tool_choice: Option<Value>,
     }
 
     /// `message`; `id` is `msg_<job id>`.
@@ -803,7 +951,29 @@ pub use schemas::{
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::{JobId, UserId};
     use crate::web::error::ProblemType;
+
+    fn a_job() -> Job {
+        Job {
+            id: JobId::new(),
+            owner_id: UserId::new(),
+            idempotency_key: "k".into(),
+            task: "route".into(),
+            provider: "p".into(),
+            requested_provider: None,
+            input: JsonText::from_value(&json!({})),
+            params: JsonText::from_value(&json!({})),
+            fingerprint: "0".repeat(64),
+            status: JobStatus::Succeeded,
+            version: 1,
+            result: None,
+            completed_by: None,
+            failure_reason: None,
+            created_at: 5_000,
+            updated_at: 5_000,
+        }
+    }
 
     #[test]
     fn a_messages_request_becomes_onejobs_chat_request() {
@@ -844,6 +1014,61 @@ mod tests {
     }
 
     #[test]
+    fn tools_tool_use_and_tool_results_become_functions_tool_calls_and_tool_messages() {
+        let read = read_request(&json!({
+            "model": "m",
+            "max_tokens": 50,
+            "tools": [{"name": "weather", "description": "By city",
+                       "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}],
+            "tool_choice": {"type": "tool", "name": "weather"},
+            "messages": [
+                {"role": "user", "content": "Weather in Oslo?"},
+                {"role": "assistant", "content": [
+                    {"type": "text", "text": "Let me look."},
+                    {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Oslo"}},
+                ]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "rain"}]},
+                    {"type": "text", "text": "And tomorrow?"},
+                ]},
+            ],
+        }))
+        .unwrap();
+        assert_eq!(
+            read.chat["messages"],
+            json!([
+                {"role": "user", "content": "Weather in Oslo?"},
+                {"role": "assistant", "content": "Let me look.", "tool_calls": [
+                    {"id": "toolu_1", "type": "function", "function": {"name": "weather", "arguments": "{\"city\":\"Oslo\"}"}}]},
+                {"role": "tool", "tool_call_id": "toolu_1", "content": "rain"},
+                {"role": "user", "content": [{"type": "text", "text": "And tomorrow?"}]},
+            ])
+        );
+        assert_eq!(
+            read.chat["tools"],
+            json!([{"type": "function", "function": {"name": "weather", "description": "By city",
+                    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])
+        );
+        assert_eq!(
+            read.chat["tool_choice"],
+            json!({"type": "function", "function": {"name": "weather"}})
+        );
+        crate::contracts::check_chat_request(&read.chat).expect("a valid chat request");
+
+        // A tool call in the answer comes back as a tool_use block.
+        let job = a_job();
+        let result = json!({"message": {"role": "assistant", "content": null, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{\"city\":\"Rome\"}"}}]},
+            "finish_reason": "tool_calls", "usage": {"prompt_tokens": 1, "completion_tokens": 2}});
+        let message = message(&job, &result);
+        assert_eq!(
+            message["content"],
+            json!([{"type": "tool_use", "id": "c1", "name": "weather", "input": {"city": "Rome"}}])
+        );
+        assert_eq!(message["stop_reason"], "tool_use");
+    }
+
+    #[test]
     fn requests_of_the_wrong_shape_are_refused_with_what_is_wrong() {
         let base =
             json!({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]});
@@ -872,7 +1097,22 @@ mod tests {
             (json!({"stream": "yes"}), "stream"),
             (json!({"temperature": "hot"}), "temperature"),
             (json!({"stop_sequences": [1]}), "stop_sequences"),
-            (json!({"tools": [{"name": "f"}]}), "tools"),
+            (json!({"tools": [{"name": "f"}]}), "tools.0"),
+            (
+                json!({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}),
+                "tools.0.type",
+            ),
+            (json!({"tool_choice": {"type": "tool"}}), "tool_choice"),
+            (
+                json!({"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "t",
+                "name": "f", "input": {}}]}]}),
+                "messages.0.content.0.type",
+            ),
+            (
+                json!({"messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "t",
+                "name": "f", "input": "x"}]}]}),
+                "messages.0.content.0",
+            ),
         ] {
             let mut body = base.clone();
             for (name, value) in change.as_object().unwrap() {

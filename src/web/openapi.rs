@@ -234,19 +234,75 @@ fn messages_request_schema(routes: &[String]) -> Value {
     } else {
         json!({"type": "string", "enum": routes, "description": "A chat route (GET /v1/models); any other name is 404 `not_found_error`"})
     };
-    let text_blocks = json!({
-        "type": "array",
-        "items": {
-            "type": "object",
-            "required": ["type", "text"],
-            "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}},
-            "additionalProperties": any,
-        },
+    let text_block = json!({
+        "type": "object",
+        "required": ["type", "text"],
+        "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}},
+        "additionalProperties": any,
     });
+    let text_blocks = json!({"type": "array", "items": text_block});
+    let tool_use = json!({
+        "type": "object",
+        "required": ["type", "id", "name", "input"],
+        "properties": {
+            "type": {"type": "string", "enum": ["tool_use"]},
+            "id": {"type": "string"},
+            "name": {"type": "string"},
+            "input": {"type": "object", "additionalProperties": any},
+        },
+        "additionalProperties": any,
+    });
+    let tool_result = json!({
+        "type": "object",
+        "required": ["type", "tool_use_id"],
+        "properties": {
+            "type": {"type": "string", "enum": ["tool_result"]},
+            "tool_use_id": {"type": "string"},
+            "content": {"anyOf": [{"type": "string"}, {"type": "null"}, text_blocks]},
+        },
+        "additionalProperties": any,
+    });
+    let turn = |role: &str, block: &Value| {
+        json!({
+            "type": "object",
+            "required": ["role", "content"],
+            "properties": {
+                "role": {"type": "string", "enum": [role]},
+                "content": {"anyOf": [
+                    {"type": "string"},
+                    {"type": "array", "items": {"anyOf": [text_block, block]}},
+                ]},
+            },
+            "additionalProperties": any,
+        })
+    };
+    let tool = json!({
+        "type": "object",
+        "required": ["name", "input_schema"],
+        "properties": {
+            "type": {"type": ["string", "null"], "enum": ["custom", null]},
+            "name": {"type": "string", "minLength": 1},
+            "description": {"type": ["string", "null"]},
+            "input_schema": {"type": "object", "additionalProperties": any},
+        },
+        "additionalProperties": any,
+    });
+    let tool_choice = json!({"anyOf": [
+        {"type": "null"},
+        {"type": "object", "required": ["type"],
+         "properties": {"type": {"type": "string", "enum": ["auto", "any", "none"]}},
+         "additionalProperties": any},
+        {"type": "object", "required": ["type", "name"],
+         "properties": {"type": {"type": "string", "enum": ["tool"]}, "name": {"type": "string"}},
+         "additionalProperties": any},
+    ]});
     let number =
         json!({"type": ["number", "null"], "minimum": 0, "maximum": 9_007_199_254_740_991_i64});
     json!({
-        "description": "An Anthropic Messages request. Text content only; `tools` are refused.                         The body as sent is the job's fingerprint (RFC 8785; numbers must be ones                         an IEEE double holds exactly). Members not listed here are kept in the                         job but not passed on.",
+        "description": "An Anthropic Messages request: text, `tool_use` and `tool_result` \
+                        blocks, and the client's own tools. The body as sent is the job's \
+                        fingerprint (RFC 8785; numbers must be ones an IEEE double holds \
+                        exactly). Members not listed here are kept in the job but not passed on.",
         "type": "object",
         "required": ["model", "messages", "max_tokens"],
         "properties": {
@@ -255,23 +311,15 @@ fn messages_request_schema(routes: &[String]) -> Value {
             "messages": {
                 "type": "array",
                 "minItems": 1,
-                "items": {
-                    "type": "object",
-                    "required": ["role", "content"],
-                    "properties": {
-                        "role": {"type": "string", "enum": ["user", "assistant"]},
-                        "content": {"anyOf": [{"type": "string"}, text_blocks]},
-                    },
-                    "additionalProperties": any,
-                },
+                "items": {"anyOf": [turn("user", &tool_result), turn("assistant", &tool_use)]},
             },
             "system": {"anyOf": [{"type": "string"}, {"type": "null"}, text_blocks]},
             "stream": {"type": ["boolean", "null"], "description": "Answer as server-sent events, as the provider generates them"},
             "temperature": number,
             "top_p": number,
             "stop_sequences": {"type": ["array", "null"], "maxItems": 64, "items": {"type": "string"}},
-            "tools": {"type": "null", "description": "Not offered: tool use goes through /v1/chat/completions"},
-            "tool_choice": {"type": "null", "description": "Not offered"},
+            "tools": {"type": ["array", "null"], "maxItems": 128, "items": tool, "description": "The client's own tools (`custom`); Anthropic's server tools are refused"},
+            "tool_choice": tool_choice,
         },
         "additionalProperties": any,
     })

@@ -22,6 +22,7 @@ on_both_backends!(
     an_anthropic_upstream_streams_to_chat_completions_as_chunks,
     twenty_concurrent_duplicates_make_one_upstream_call_and_one_message,
     an_anthropic_error_event_after_a_chunk_fails_the_job_and_ends_the_stream_with_an_error,
+    tools_reach_either_kind_of_provider_and_tool_calls_come_back_as_tool_use,
 );
 
 /// How long an upstream may go quiet between chunks: longer than any wait
@@ -682,4 +683,86 @@ async fn an_anthropic_error_event_after_a_chunk_fails_the_job_and_ends_the_strea
         .await;
     assert_eq!(job["attempts"].as_array().unwrap().len(), 1, "{job:#}");
     assert_eq!(claude.total_requests(), 1);
+}
+
+async fn tools_reach_either_kind_of_provider_and_tool_calls_come_back_as_tool_use(
+    backend: TestBackend,
+) {
+    let (app, openai, claude) = start(backend).await;
+    let weather = json!({"name": "weather", "description": "The weather in a city",
+        "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}});
+    let body = |model: &str| {
+        json!({
+            "model": model,
+            "max_tokens": 50,
+            "tools": [weather],
+            "tool_choice": {"type": "any"},
+            "messages": [
+                {"role": "user", "content": "Weather in Oslo, then Rome?"},
+                {"role": "assistant", "content": [
+                    {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Oslo"}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": "rain"}]},
+            ],
+        })
+    };
+    let tool_use =
+        json!([{"type": "tool_use", "id": "call_2", "name": "weather", "input": {"city": "Rome"}}]);
+
+    // An OpenAI-compatible provider gets functions, tool calls and tool messages.
+    openai.push(Behaviour::Status {
+        status: 200,
+        retry_after: None,
+        body: json!({"id": "chatcmpl-fake", "object": "chat.completion", "created": 0, "model": "fake-model",
+            "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": null,
+                "tool_calls": [{"id": "call_2", "type": "function",
+                                "function": {"name": "weather", "arguments": "{\"city\":\"Rome\"}"}}]}}],
+            "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}})
+        .to_string(),
+    });
+    let response = messages(&app, "tools-openai", &body("via-openai"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let message: Value = response.json().await.unwrap();
+    assert_eq!(message["content"], tool_use, "{message:#}");
+    assert_eq!(message["stop_reason"], "tool_use");
+    let sent = openai.last_request().unwrap().body;
+    assert_eq!(
+        sent["tools"],
+        json!([{"type": "function", "function": {"name": "weather", "description": "The weather in a city",
+                "parameters": weather["input_schema"]}}])
+    );
+    assert_eq!(sent["tool_choice"], "required");
+    assert_eq!(
+        sent["messages"][1],
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": "toolu_1", "type": "function",
+               "function": {"name": "weather", "arguments": "{\"city\":\"Oslo\"}"}}]})
+    );
+    assert_eq!(
+        sent["messages"][2],
+        json!({"role": "tool", "tool_call_id": "toolu_1", "content": "rain"})
+    );
+
+    // An Anthropic provider gets them back in Anthropic's terms.
+    claude.push(Behaviour::Status {
+        status: 200,
+        retry_after: None,
+        body: json!({"id": "msg_fake", "type": "message", "role": "assistant", "model": "fake-model",
+            "content": tool_use, "stop_reason": "tool_use", "usage": {"input_tokens": 9, "output_tokens": 4}})
+        .to_string(),
+    });
+    let response = messages(&app, "tools-claude", &body("via-claude"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let message: Value = response.json().await.unwrap();
+    assert_eq!(message["content"], tool_use, "{message:#}");
+    assert_eq!(message["stop_reason"], "tool_use");
+    let sent = claude.last_request().unwrap().body;
+    assert_eq!(sent["tools"], json!([weather]));
+    assert_eq!(sent["tool_choice"], json!({"type": "any"}));
+    assert_eq!(sent["messages"], body("via-claude")["messages"], "{sent:#}");
 }
