@@ -116,13 +116,69 @@ fn anthropic_body(model: &str, default_max_tokens: u32, request: &Value) -> Valu
         .filter(|m| m["role"] == "system" || m["role"] == "developer")
         .map(|m| content_text(&m["content"]))
         .collect();
-    let conversation: Vec<Value> = messages
-        .iter()
-        .filter(|m| m["role"] == "user" || m["role"] == "assistant")
-        .map(|m| json!({"role": m["role"], "content": content_text(&m["content"])}))
-        .collect();
+    let mut conversation: Vec<Value> = Vec::new();
+    for m in &messages {
+        match m["role"].as_str() {
+            Some("user") => {
+                conversation.push(json!({"role": "user", "content": content_text(&m["content"])}));
+            }
+            Some("assistant") => conversation.push(anthropic_assistant_turn(m)),
+            // A tool's result goes back as a `tool_result` block of a user
+            // turn; the results of one round of calls share one turn.
+            Some("tool") => {
+                let result = json!({"type": "tool_result", "tool_use_id": m["tool_call_id"],
+                                    "content": content_text(&m["content"])});
+                match conversation.last_mut() {
+                    Some(last)
+                        if last["role"] == "user"
+                            && last["content"][0]["type"] == "tool_result" =>
+                    {
+                        if let Some(blocks) = last["content"].as_array_mut() {
+                            blocks.push(result);
+                        }
+                    }
+                    _ => conversation.push(json!({"role": "user", "content": [result]})),
+                }
+            }
+            _ => {}
+        }
+    }
     let max_tokens = requested_max_tokens(request).unwrap_or(u64::from(default_max_tokens));
     let mut body = json!({"model": model, "max_tokens": max_tokens, "messages": conversation});
+    if let Some(tools) = request["tools"].as_array().filter(|t| !t.is_empty()) {
+        let tools: Vec<Value> = tools
+            .iter()
+            .map(|tool| {
+                let function = &tool["function"];
+                let mut tool = json!({
+                    "name": function["name"],
+                    "input_schema": function.get("parameters").filter(|p| p.is_object())
+                        .cloned().unwrap_or_else(|| json!({"type": "object"})),
+                });
+                if let Some(description) = function["description"].as_str() {
+                    tool["description"] = json!(description);
+                }
+                tool
+            })
+            .collect();
+        body["tools"] = Value::Array(tools);
+    }
+    let choice = match &request["tool_choice"] {
+        Value::String(choice) => match choice.as_str() {
+            "auto" => Some(json!({"type": "auto"})),
+            "required" => Some(json!({"type": "any"})),
+            "none" => Some(json!({"type": "none"})),
+            _ => None,
+        },
+        Value::Object(choice) => choice
+            .get("function")
+            .and_then(|f| f["name"].as_str())
+            .map(|name| json!({"type": "tool", "name": name})),
+        _ => None,
+    };
+    if let Some(choice) = choice {
+        body["tool_choice"] = choice;
+    }
     if !system.is_empty() {
         body["system"] = json!(system.join("\n\n"));
     }
@@ -139,6 +195,51 @@ fn anthropic_body(model: &str, default_max_tokens: u32, request: &Value) -> Valu
     body
 }
 
+/// An assistant turn for Anthropic: its text, and a `tool_use` block for
+/// each tool call (whose arguments, a JSON text, become the block's input).
+fn anthropic_assistant_turn(message: &Value) -> Value {
+    let text = content_text(&message["content"]);
+    let Some(calls) = message["tool_calls"].as_array().filter(|c| !c.is_empty()) else {
+        return json!({"role": "assistant", "content": text});
+    };
+    let mut blocks = Vec::new();
+    if !text.is_empty() {
+        blocks.push(json!({"type": "text", "text": text}));
+    }
+    for call in calls {
+        let input = call["function"]["arguments"]
+            .as_str()
+            .and_then(|a| serde_json::from_str::<Value>(a).ok())
+            .filter(Value::is_object)
+            .unwrap_or_else(|| json!({}));
+        blocks.push(json!({"type": "tool_use", "id": call["id"],
+                           "name": call["function"]["name"], "input": input}));
+    }
+    json!({"role": "assistant", "content": blocks})
+}
+
+/// Anthropic's `stop_reason` as an OpenAI `finish_reason` (the answer's one
+/// shape); [`messages_stop_reason`] is the way back.
+pub fn anthropic_finish_reason(stop_reason: Option<&str>) -> &'static str {
+    match stop_reason {
+        Some("max_tokens") => "length",
+        Some("tool_use") => "tool_calls",
+        Some("refusal") => "content_filter",
+        _ => "stop",
+    }
+}
+
+/// An answer's `finish_reason` as an Anthropic `stop_reason`, for a client
+/// of `/v1/messages`.
+pub fn messages_stop_reason(finish_reason: Option<&str>) -> &'static str {
+    match finish_reason {
+        Some("length") => "max_tokens",
+        Some("tool_calls" | "function_call") => "tool_use",
+        Some("content_filter") => "refusal",
+        _ => "end_turn",
+    }
+}
+
 /// The answer out of a provider's chat response, in onejob's one shape.
 pub fn answer(kind: ProviderKind, envelope: &Value) -> Result<Value, String> {
     match kind {
@@ -146,16 +247,35 @@ pub fn answer(kind: ProviderKind, envelope: &Value) -> Result<Value, String> {
             let parts = envelope["content"]
                 .as_array()
                 .ok_or("the response has no content")?;
-            let text: String = parts.iter().filter_map(|p| p["text"].as_str()).collect();
-            let finish_reason = match envelope["stop_reason"].as_str() {
-                Some("max_tokens") => "length",
-                Some("tool_use") => "tool_calls",
-                _ => "stop",
-            };
+            let text: String = parts
+                .iter()
+                .filter(|p| p["type"] == "text" || p.get("type").is_none())
+                .filter_map(|p| p["text"].as_str())
+                .collect();
+            let calls: Vec<Value> = parts
+                .iter()
+                .filter(|p| p["type"] == "tool_use")
+                .map(|p| {
+                    json!({"id": p["id"], "type": "function", "function": {
+                        "name": p["name"],
+                        "arguments": p.get("input").map_or_else(|| "{}".to_owned(), Value::to_string),
+                    }})
+                })
+                .collect();
+            let finish_reason = anthropic_finish_reason(envelope["stop_reason"].as_str());
             let input = envelope["usage"]["input_tokens"].as_u64().unwrap_or(0);
             let output = envelope["usage"]["output_tokens"].as_u64().unwrap_or(0);
+            // As a streamed answer is assembled: no text beside tool calls
+            // is `null`.
+            let mut message = json!({"role": "assistant", "content": text});
+            if !calls.is_empty() {
+                if text.is_empty() {
+                    message["content"] = Value::Null;
+                }
+                message["tool_calls"] = Value::Array(calls);
+            }
             Ok(json!({
-                "message": {"role": "assistant", "content": text},
+                "message": message,
                 "finish_reason": finish_reason,
                 "usage": {"prompt_tokens": input, "completion_tokens": output, "total_tokens": input + output},
             }))
@@ -295,5 +415,61 @@ mod tests {
         let a = answer(ProviderKind::Anthropic, &anthropic).unwrap();
         let o = answer(ProviderKind::Openai, &openai).unwrap();
         assert_eq!(a, o);
+    }
+
+    #[test]
+    fn tools_and_their_results_reach_anthropic_in_its_terms_and_come_back_as_tool_calls() {
+        let request = json!({
+            "messages": [
+                {"role": "user", "content": "Weather in Oslo and Rome?"},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{\"city\":\"Oslo\"}"}},
+                    {"id": "c2", "type": "function", "function": {"name": "weather", "arguments": "{\"city\":\"Rome\"}"}},
+                ]},
+                {"role": "tool", "tool_call_id": "c1", "content": "rain"},
+                {"role": "tool", "tool_call_id": "c2", "content": "sun"},
+            ],
+            "tools": [{"type": "function", "function": {"name": "weather", "description": "Weather by city",
+                       "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}],
+            "tool_choice": "required",
+        });
+        let body = request_body(
+            ProviderKind::Anthropic,
+            "claude",
+            MaxTokensField::MaxTokens,
+            DEFAULTS,
+            &request,
+        );
+        assert_eq!(
+            body["messages"][1],
+            json!({"role": "assistant", "content": [
+                {"type": "tool_use", "id": "c1", "name": "weather", "input": {"city": "Oslo"}},
+                {"type": "tool_use", "id": "c2", "name": "weather", "input": {"city": "Rome"}},
+            ]})
+        );
+        assert_eq!(
+            body["messages"][2],
+            json!({"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "c1", "content": "rain"},
+                {"type": "tool_result", "tool_use_id": "c2", "content": "sun"},
+            ]}),
+            "one round's results share one turn"
+        );
+        assert_eq!(
+            body["tools"],
+            json!([{"name": "weather", "description": "Weather by city",
+                    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}])
+        );
+        assert_eq!(body["tool_choice"], json!({"type": "any"}));
+
+        let envelope = json!({"content": [{"type": "tool_use", "id": "t1", "name": "weather", "input": {"city": "Oslo"}}],
+                              "stop_reason": "tool_use", "usage": {"input_tokens": 3, "output_tokens": 4}});
+        let answer = answer(ProviderKind::Anthropic, &envelope).unwrap();
+        assert_eq!(answer["finish_reason"], "tool_calls");
+        assert_eq!(
+            answer["message"],
+            json!({"role": "assistant", "content": null, "tool_calls": [{"id": "t1", "type": "function",
+                   "function": {"name": "weather", "arguments": "{\"city\":\"Oslo\"}"}}]})
+        );
     }
 }

@@ -61,11 +61,10 @@ impl HttpClient {
         }
     }
 
-    /// Whether this client streams a call that asks for it: an
-    /// OpenAI-compatible provider does (Anthropic's events are not spoken
-    /// yet: its answer arrives whole and is handed on as one delta).
+    /// Whether this client streams a call that asks for it: OpenAI-compatible
+    /// and Anthropic providers do.
     fn streams(&self, call: &Call) -> bool {
-        call.wants_stream() && self.kind == ProviderKind::Openai
+        call.wants_stream() && matches!(self.kind, ProviderKind::Openai | ProviderKind::Anthropic)
     }
 
     /// The request body; `streaming` when the caller takes the answer's
@@ -73,10 +72,13 @@ impl HttpClient {
     fn body(&self, call: &Call, streaming: bool) -> Value {
         let mut body = self.body_whole(call);
         if streaming && self.streams(call) {
-            // Usage is asked for whatever the client asked: the stored
-            // answer has it, as a non-streamed one does.
             body["stream"] = json!(true);
-            body["stream_options"] = json!({ "include_usage": true });
+            // Usage is asked for whatever the client asked: the stored
+            // answer has it, as a non-streamed one does (Anthropic always
+            // sends it).
+            if self.kind != ProviderKind::Anthropic {
+                body["stream_options"] = json!({ "include_usage": true });
+            }
         }
         body
     }
@@ -222,7 +224,7 @@ impl HttpClient {
             .is_some_and(|v| v.starts_with("text/event-stream"));
         if let (Some(sink), true, true) = (sink, status.is_success(), event_stream) {
             let (outcome, tokens_used) =
-                streaming::read_stream(response, self.max_response_bytes, sink).await;
+                streaming::read_stream(self.kind, response, self.max_response_bytes, sink).await;
             return Reply {
                 outcome,
                 tokens_used,
@@ -469,6 +471,30 @@ mod tests {
             assert!(body.get("stream").is_none(), "{body}");
             assert!(body.get("stream_options").is_none(), "{body}");
         }
+    }
+
+    #[test]
+    fn an_anthropic_chat_call_streams_in_anthropics_terms() {
+        let mut settings: ProviderSettings = toml::from_str(
+            "name = \"c\"\nkind = \"anthropic\"\nbase_url = \"http://127.0.0.1:1\"\nmodel = \"m\"",
+        )
+        .unwrap();
+        settings.api_key = Some(Secret::new("sk-unit"));
+        let client = HttpClient::from_settings(&settings);
+        let call = Call {
+            request_id: "a".into(),
+            attempt_number: 1,
+            task: "chat".into(),
+            prompt: String::new(),
+            output_schema: None,
+            temperature: None,
+            callback: None,
+            chat: Some(json!({"messages": [{"role": "user", "content": "Hi"}], "stream": true})),
+        };
+        let streamed = client.body(&call, true);
+        assert_eq!(streamed["stream"], true);
+        assert!(streamed.get("stream_options").is_none(), "{streamed}");
+        assert!(client.body(&call, false).get("stream").is_none());
     }
 
     #[test]

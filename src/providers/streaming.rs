@@ -1,18 +1,25 @@
-//! Streamed answers from OpenAI-compatible providers: the upstream's
-//! server-sent events are parsed (`eventsource-stream`), each delta is
-//! handed on as it arrives, and the final answer is built from the deltas,
-//! so the stored answer is exactly what was streamed.
+//! Streamed answers from OpenAI-compatible and Anthropic providers: the
+//! upstream's server-sent events are parsed (`eventsource-stream`), each
+//! delta is handed on as it arrives, and the final answer is built from the
+//! deltas, so the stored answer is exactly what was streamed.
 //!
 //! The deltas handed on are what a client's `chat.completion.chunk` carries
 //! in `choices[0].delta`: `{"content": …}` or `{"tool_calls": […]}`. The
 //! role, the finish reason and the usage are not deltas: they are part of
 //! the final answer, which onejob sends at the stream's end.
+//!
+//! Anthropic's events (`message_start`, `content_block_start`,
+//! `content_block_delta`, `message_delta`, `message_stop`, …) are first
+//! translated into the `chat.completion.chunk` they amount to
+//! ([`AnthropicEvents`]), then taken in like an OpenAI chunk: one delta
+//! shape and one answer shape, whichever provider streamed.
 
 use eventsource_stream::{EventStreamError, Eventsource};
 use futures_util::StreamExt;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
+use super::ProviderKind;
 use crate::domain::outcome::Reason;
 use crate::domain::Outcome;
 
@@ -158,6 +165,133 @@ pub fn whole_answer_deltas(answer: &Value) -> Vec<Value> {
     deltas
 }
 
+/// What one Anthropic event amounts to.
+#[derive(Debug, PartialEq)]
+pub enum Translated {
+    /// The `chat.completion.chunk` it amounts to (a delta, a finish
+    /// reason, the usage).
+    Chunk(Value),
+    /// Nothing for the answer (`ping`, `content_block_stop`, an event
+    /// this client does not know).
+    Nothing,
+    /// `message_stop`: the answer is complete.
+    Done,
+    /// An `error` event: the provider ended the answer.
+    Error(String),
+}
+
+/// Anthropic's Messages stream, translated event by event into OpenAI
+/// chunks. It remembers what the events spread out: the prompt's tokens
+/// (told in `message_start`, needed with the output's in `message_delta`)
+/// and which content block is which tool call.
+#[derive(Debug, Default)]
+pub struct AnthropicEvents {
+    input_tokens: u64,
+    /// Tool calls by content block index: `(block index, tool call index)`.
+    tools: Vec<(u64, usize)>,
+}
+
+impl AnthropicEvents {
+    /// Translates one event: its name (`event:`) and its data as JSON (the
+    /// data's own `type` is read when the name is missing).
+    pub fn translate(&mut self, name: &str, data: &Value) -> Result<Translated, String> {
+        let kind = if name.is_empty() || name == "message" {
+            data["type"].as_str().unwrap_or_default()
+        } else {
+            name
+        };
+        let chunk = |delta: Value| {
+            Translated::Chunk(
+                json!({"choices": [{"index": 0, "delta": delta, "finish_reason": null}]}),
+            )
+        };
+        Ok(match kind {
+            "message_start" => {
+                let usage = &data["message"]["usage"];
+                self.input_tokens = usage["input_tokens"].as_u64().unwrap_or(0)
+                    + usage["cache_creation_input_tokens"].as_u64().unwrap_or(0)
+                    + usage["cache_read_input_tokens"].as_u64().unwrap_or(0);
+                Translated::Nothing
+            }
+            "content_block_start" => {
+                let block = &data["content_block"];
+                match block["type"].as_str() {
+                    Some("text") => match block["text"].as_str().filter(|t| !t.is_empty()) {
+                        Some(text) => chunk(json!({ "content": text })),
+                        None => Translated::Nothing,
+                    },
+                    Some("tool_use") => {
+                        let index = self.tools.len();
+                        if index >= MAX_TOOL_CALLS {
+                            return Err(format!(
+                                "the stream has more than {MAX_TOOL_CALLS} tool calls"
+                            ));
+                        }
+                        self.tools
+                            .push((data["index"].as_u64().unwrap_or(0), index));
+                        // The arguments arrive as `input_json_delta`s.
+                        chunk(json!({"tool_calls": [{
+                            "index": index, "id": block["id"], "type": "function",
+                            "function": {"name": block["name"].as_str().unwrap_or_default(), "arguments": ""},
+                        }]}))
+                    }
+                    // Thinking and other blocks are not part of the answer.
+                    _ => Translated::Nothing,
+                }
+            }
+            "content_block_delta" => {
+                let delta = &data["delta"];
+                match delta["type"].as_str() {
+                    Some("text_delta") => match delta["text"].as_str().filter(|t| !t.is_empty()) {
+                        Some(text) => chunk(json!({ "content": text })),
+                        None => Translated::Nothing,
+                    },
+                    Some("input_json_delta") => {
+                        let block = data["index"].as_u64().unwrap_or(0);
+                        let Some(&(_, index)) = self.tools.iter().find(|(b, _)| *b == block) else {
+                            return Err(format!(
+                                "the stream sent tool input for block {block}, which is no tool call"
+                            ));
+                        };
+                        match delta["partial_json"].as_str().filter(|p| !p.is_empty()) {
+                            Some(part) => chunk(json!({"tool_calls": [{
+                                "index": index, "function": {"arguments": part},
+                            }]})),
+                            None => Translated::Nothing,
+                        }
+                    }
+                    _ => Translated::Nothing,
+                }
+            }
+            "message_delta" => {
+                let output = data["usage"]["output_tokens"].as_u64().unwrap_or(0);
+                // Newer servers repeat the prompt's tokens here.
+                if let Some(input) = data["usage"]["input_tokens"].as_u64() {
+                    self.input_tokens = input;
+                }
+                let finish =
+                    super::chat::anthropic_finish_reason(data["delta"]["stop_reason"].as_str());
+                Translated::Chunk(json!({
+                    "choices": [{"index": 0, "delta": {}, "finish_reason": finish}],
+                    "usage": {
+                        "prompt_tokens": self.input_tokens,
+                        "completion_tokens": output,
+                        "total_tokens": self.input_tokens + output,
+                    },
+                }))
+            }
+            "message_stop" => Translated::Done,
+            "error" => Translated::Error(
+                data["error"]["message"]
+                    .as_str()
+                    .unwrap_or("no message")
+                    .to_owned(),
+            ),
+            _ => Translated::Nothing,
+        })
+    }
+}
+
 /// Why reading a stream's bytes stopped early.
 #[derive(Debug)]
 enum ReadError {
@@ -174,17 +308,20 @@ impl std::fmt::Display for ReadError {
     }
 }
 
-/// Reads an OpenAI-compatible event stream to its end, handing each delta
-/// to `sink` as it arrives, at most `cap` bytes in all. What it ends in:
+/// Reads a provider's event stream to its end (OpenAI's chunks, or
+/// Anthropic's events when `kind` is Anthropic), handing each delta to
+/// `sink` as it arrives, at most `cap` bytes in all. What it ends in:
 ///
-/// - `[DONE]`, or the end of the body after a finish reason: the answer
-///   built from the deltas, and the tokens its usage says;
+/// - `[DONE]` (`message_stop` from Anthropic), or the end of the body after
+///   a finish reason: the answer built from the deltas, and the tokens its
+///   usage says;
 /// - an `error` event: a definite failure (the provider ended the answer);
 /// - a cut connection, a body that ends unfinished, or garbled data:
 ///   unknown (the provider may have finished and billed);
 /// - more than `cap` bytes: a definite failure (`invalid_output`), as for
 ///   an answer too large to read whole.
 pub async fn read_stream(
+    kind: ProviderKind,
     response: reqwest::Response,
     cap: usize,
     sink: &DeltaSink,
@@ -200,6 +337,7 @@ pub async fn read_stream(
     });
     let mut events = Box::pin(bytes.eventsource());
     let mut assembly = Assembly::default();
+    let mut anthropic = AnthropicEvents::default();
     let outcome = loop {
         let event = match events.next().await {
             None if assembly.finished() => break None,
@@ -246,6 +384,20 @@ pub async fn read_stream(
                 "the provider ended the stream with an error: {message}"
             ))));
         }
+        let chunk = match kind {
+            ProviderKind::Anthropic => match anthropic.translate(&event.event, &chunk) {
+                Ok(Translated::Chunk(chunk)) => chunk,
+                Ok(Translated::Nothing) => continue,
+                Ok(Translated::Done) => break None,
+                Ok(Translated::Error(message)) => {
+                    break Some(Outcome::Failed(Reason::new(format!(
+                        "the provider ended the stream with an error: {message}"
+                    ))))
+                }
+                Err(reason) => break Some(Outcome::Failed(Reason::invalid_output(reason))),
+            },
+            _ => chunk,
+        };
         match assembly.add(&chunk) {
             Ok(Some(delta)) => {
                 // The worker stopped listening (a timeout): nothing more to do.
@@ -330,5 +482,147 @@ mod tests {
         );
         let far = json!({"tool_calls": [{"index": 100_000, "function": {"arguments": "x"}}]});
         assert!(Assembly::default().add(&chunk(far, Value::Null)).is_err());
+    }
+
+    /// Feeds Anthropic events through the translation and the assembly;
+    /// the deltas handed on, and the answer.
+    fn anthropic_stream(events: &[(&str, Value)]) -> (Vec<Value>, Option<Value>) {
+        let mut translation = AnthropicEvents::default();
+        let mut assembly = Assembly::default();
+        let mut handed = Vec::new();
+        for (name, data) in events {
+            match translation.translate(name, data).unwrap() {
+                Translated::Chunk(chunk) => handed.extend(assembly.add(&chunk).unwrap()),
+                Translated::Nothing => {}
+                Translated::Done => return (handed, Some(assembly.answer())),
+                Translated::Error(message) => panic!("an error event: {message}"),
+            }
+        }
+        (handed, None)
+    }
+
+    #[test]
+    fn anthropic_events_become_the_same_deltas_and_the_same_answer_as_a_whole_message() {
+        let events = [
+            (
+                "message_start",
+                json!({"type": "message_start", "message": {"id": "msg_1", "type": "message",
+                "role": "assistant", "content": [], "usage": {"input_tokens": 9, "output_tokens": 1}}}),
+            ),
+            (
+                "content_block_start",
+                json!({"type": "content_block_start", "index": 0,
+                "content_block": {"type": "text", "text": ""}}),
+            ),
+            ("ping", json!({"type": "ping"})),
+            (
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": 0,
+                "delta": {"type": "text_delta", "text": "Hel"}}),
+            ),
+            (
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": 0,
+                "delta": {"type": "text_delta", "text": "lo"}}),
+            ),
+            (
+                "content_block_stop",
+                json!({"type": "content_block_stop", "index": 0}),
+            ),
+            (
+                "message_delta",
+                json!({"type": "message_delta",
+                "delta": {"stop_reason": "max_tokens", "stop_sequence": null}, "usage": {"output_tokens": 4}}),
+            ),
+            ("message_stop", json!({"type": "message_stop"})),
+        ];
+        let (handed, answer) = anthropic_stream(&events);
+        assert_eq!(
+            handed,
+            [json!({"content": "Hel"}), json!({"content": "lo"})]
+        );
+        let whole = json!({"content": [{"type": "text", "text": "Hello"}], "stop_reason": "max_tokens",
+                           "usage": {"input_tokens": 9, "output_tokens": 4}});
+        let expected = crate::providers::chat::answer(ProviderKind::Anthropic, &whole).unwrap();
+        assert_eq!(
+            answer.unwrap(),
+            expected,
+            "the stored answer is the whole message's"
+        );
+
+        // Events without their `event:` name are known by their `type`.
+        let unnamed: Vec<(&str, Value)> = events.iter().map(|(_, d)| ("", d.clone())).collect();
+        assert_eq!(anthropic_stream(&unnamed).1, Some(expected));
+    }
+
+    #[test]
+    fn anthropic_tool_use_streams_as_tool_calls() {
+        let (handed, answer) = anthropic_stream(&[
+            (
+                "message_start",
+                json!({"message": {"usage": {"input_tokens": 2}}}),
+            ),
+            (
+                "content_block_start",
+                json!({"index": 1,
+                "content_block": {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {}}}),
+            ),
+            (
+                "content_block_delta",
+                json!({"index": 1,
+                "delta": {"type": "input_json_delta", "partial_json": "{\"city\":"}}),
+            ),
+            (
+                "content_block_delta",
+                json!({"index": 1,
+                "delta": {"type": "input_json_delta", "partial_json": "\"Oslo\"}"}}),
+            ),
+            (
+                "message_delta",
+                json!({"delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 5}}),
+            ),
+            ("message_stop", json!({})),
+        ]);
+        assert_eq!(handed[0]["tool_calls"][0]["id"], "toolu_1");
+        assert_eq!(
+            handed[1]["tool_calls"][0],
+            json!({"index": 0, "function": {"arguments": "{\"city\":"}})
+        );
+        let answer = answer.unwrap();
+        assert_eq!(answer["finish_reason"], "tool_calls");
+        assert_eq!(answer["message"]["content"], Value::Null);
+        assert_eq!(
+            answer["message"]["tool_calls"],
+            json!([{"id": "toolu_1", "type": "function",
+                    "function": {"name": "weather", "arguments": "{\"city\":\"Oslo\"}"}}])
+        );
+        assert_eq!(
+            answer["usage"],
+            json!({"prompt_tokens": 2, "completion_tokens": 5, "total_tokens": 7})
+        );
+    }
+
+    #[test]
+    fn anthropic_errors_and_stray_tool_input_end_the_stream() {
+        let mut translation = AnthropicEvents::default();
+        assert_eq!(
+            translation
+                .translate(
+                    "error",
+                    &json!({"type": "error",
+                    "error": {"type": "overloaded_error", "message": "Overloaded"}})
+                )
+                .unwrap(),
+            Translated::Error("Overloaded".into())
+        );
+        let stray = json!({"index": 3, "delta": {"type": "input_json_delta", "partial_json": "{"}});
+        assert!(translation
+            .translate("content_block_delta", &stray)
+            .is_err());
+        assert_eq!(
+            translation.translate("something_new", &json!({})).unwrap(),
+            Translated::Nothing,
+            "an unknown event is skipped, as Anthropic asks of its clients"
+        );
     }
 }

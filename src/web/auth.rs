@@ -74,7 +74,48 @@ pub(crate) async fn authenticate_or<B: MessageBody>(
     next: Next<B>,
     refuse: impl FnOnce(ApiError) -> actix_web::HttpResponse,
 ) -> Result<ServiceResponse<EitherBody<B>>, actix_web::Error> {
-    match authenticate(&req).await {
+    let token = bearer_token(&req);
+    run_as_or(req, token, next, refuse).await
+}
+
+/// [`authenticate_or`] for clients that send their token as `x-api-key`
+/// (how Anthropic's SDKs send their `api_key`), or as a bearer token.
+pub(crate) async fn authenticate_api_key_or<B: MessageBody>(
+    req: ServiceRequest,
+    next: Next<B>,
+    refuse: impl FnOnce(ApiError) -> actix_web::HttpResponse,
+) -> Result<ServiceResponse<EitherBody<B>>, actix_web::Error> {
+    let token = match req.headers().get("x-api-key") {
+        Some(value) => value
+            .to_str()
+            .ok()
+            .map(str::trim)
+            .filter(|token| !token.is_empty())
+            .map(str::to_owned)
+            .ok_or_else(|| {
+                ApiError::new(ProblemType::Unauthorized, "the x-api-key header is not a token")
+            }),
+        None => bearer_token(&req).map_err(|_| {
+            ApiError::new(
+                ProblemType::Unauthorized,
+                "send your onejob API token as `x-api-key: <token>` or `Authorization: Bearer <token>`",
+            )
+        }),
+    };
+    run_as_or(req, token, next, refuse).await
+}
+
+async fn run_as_or<B: MessageBody>(
+    req: ServiceRequest,
+    token: Result<String, ApiError>,
+    next: Next<B>,
+    refuse: impl FnOnce(ApiError) -> actix_web::HttpResponse,
+) -> Result<ServiceResponse<EitherBody<B>>, actix_web::Error> {
+    let user = match token {
+        Ok(token) => authenticate(&req, &token).await,
+        Err(refusal) => Err(refusal),
+    };
+    match user {
         Ok(user) => {
             req.extensions_mut().insert(user);
             Ok(next.call(req).await?.map_into_left_body())
@@ -83,13 +124,12 @@ pub(crate) async fn authenticate_or<B: MessageBody>(
     }
 }
 
-async fn authenticate(req: &ServiceRequest) -> Result<User, ApiError> {
-    let token = bearer_token(req)?;
+async fn authenticate(req: &ServiceRequest, token: &str) -> Result<User, ApiError> {
     let app = req
         .app_data::<web::Data<App>>()
         .cloned()
         .ok_or_else(ApiError::internal)?;
-    app.user_for_token(&token)
+    app.user_for_token(token)
         .await?
         .ok_or_else(|| ApiError::new(ProblemType::Unauthorized, "the bearer token is not valid"))
 }

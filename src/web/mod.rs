@@ -3,6 +3,7 @@
 //! one use case of [`crate::app::App`] (shared as `web::Data<App>`) and
 //! render; errors leave as problem+json through [`error::ApiError`].
 
+pub mod anthropic_messages;
 pub mod api_callbacks;
 pub mod api_jobs;
 pub mod api_support;
@@ -44,7 +45,9 @@ fn resource(path: &str, allow: &'static str) -> actix_web::Resource {
 fn method_not_allowed(req: &actix_web::HttpRequest, allow: &str) -> actix_web::HttpResponse {
     use actix_web::ResponseError;
     let method = req.method().as_str();
-    let mut response = if req.path().starts_with("/v1/") {
+    let mut response = if req.path() == "/v1/messages" {
+        anthropic_messages::AnthropicError::method_not_allowed(method, allow).error_response()
+    } else if req.path().starts_with("/v1/") {
         openai_compat::OpenAiError::method_not_allowed(method, allow).error_response()
     } else if req.path().starts_with("/api/") {
         ApiError::new(
@@ -166,6 +169,13 @@ pub fn routes(cfg: &mut web::ServiceConfig, body_limit: usize) {
             )
             .service(resource("/admin/races", READ).route(read().to(api_support::races)))
             .default_service(web::to(not_found)),
+    )
+    // The Anthropic-compatible endpoint, before the OpenAI-compatible
+    // scope: Anthropic's error shape, its `x-api-key`.
+    .service(
+        resource("/v1/messages", "POST")
+            .wrap(from_fn(anthropic_messages::require_api_key))
+            .route(web::post().to(anthropic_messages::create_message)),
     )
     // The OpenAI-compatible surface: OpenAI's error shape throughout.
     .service(

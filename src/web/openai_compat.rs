@@ -278,7 +278,7 @@ pub async fn unknown_path(req: HttpRequest) -> HttpResponse {
     OpenAiError::not_found(req.path()).error_response()
 }
 
-fn idempotency_key(req: &HttpRequest) -> Result<IdempotencyKey, OpenAiError> {
+pub(super) fn idempotency_key(req: &HttpRequest) -> Result<IdempotencyKey, OpenAiError> {
     let raw = req.headers().get("Idempotency-Key").ok_or_else(|| {
         OpenAiError::from(ApiError::new(
             ProblemType::MissingIdempotencyKey,
@@ -410,7 +410,7 @@ pub async fn chat_completions(
 
 /// A job that is not finished and has no live attempt (its last one was
 /// abandoned and nobody started another): nothing will move it but support.
-fn needs_support(job: &Job, attempts: &[Attempt]) -> bool {
+pub(super) fn needs_support(job: &Job, attempts: &[Attempt]) -> bool {
     !job.status.is_terminal() && !attempts.iter().any(|a| a.state.is_live())
 }
 

@@ -2,9 +2,12 @@
 
 use actix_web::{web, HttpResponse};
 use serde_json::{json, Value};
-use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
+use super::anthropic_messages::{
+    self, AnthropicErrorBody, AnthropicErrorDetail, MessagesCreate, MessagesMessage, MessagesTurn,
+};
 use super::openai_compat::{
     self, ChatCompletion, ChatCompletionRequest, ChatMessage, Choice, Model, ModelList,
     OpenAiErrorBody, OpenAiErrorDetail,
@@ -30,6 +33,13 @@ impl Modify for BearerAuth {
                     ))
                     .build(),
             ),
+        );
+        components.add_security_scheme(
+            "x_api_key",
+            SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::with_description(
+                "x-api-key",
+                "A onejob API token, as the Anthropic SDK sends its `api_key` (POST /v1/messages)",
+            ))),
         );
     }
 }
@@ -57,6 +67,7 @@ impl Modify for BearerAuth {
         openai_compat::chat_completions,
         openai_compat::list_models,
         openai_compat::get_model,
+        anthropic_messages::create_message,
     ),
     components(schemas(
         CreateJobRequest,
@@ -80,6 +91,11 @@ impl Modify for BearerAuth {
         ModelList,
         OpenAiErrorBody,
         OpenAiErrorDetail,
+        MessagesCreate,
+        MessagesTurn,
+        MessagesMessage,
+        AnthropicErrorBody,
+        AnthropicErrorDetail,
     )),
     modifiers(&BearerAuth),
     tags(
@@ -89,6 +105,7 @@ impl Modify for BearerAuth {
         (name = "callbacks", description = "Late answers from asynchronous providers, signed per attempt"),
         (name = "health", description = "Liveness and readiness"),
         (name = "openai-compatible", description = "OpenAI Chat Completions wire format: `model` names a chat route; errors in OpenAI's shape"),
+        (name = "anthropic-compatible", description = "Anthropic Messages wire format: `model` names a chat route; errors in Anthropic's shape"),
     )
 )]
 pub struct ApiDoc;
@@ -124,6 +141,7 @@ pub fn document(contracts: &Contracts) -> Value {
         .map(|c| c.name().to_owned())
         .collect();
     schemas["ChatCompletionRequest"] = chat_request_schema(&routes);
+    schemas["MessagesCreate"] = messages_request_schema(&routes);
     schemas["JsonValue"] = json_value_schema();
     let providers: std::collections::BTreeSet<&str> = contracts
         .iter()
@@ -144,7 +162,15 @@ pub fn document(contracts: &Contracts) -> Value {
             "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
         }
     });
-    for path in ["/api/v1/jobs", "/v1/chat/completions"] {
+    doc["paths"]["/v1/messages"]["post"]["responses"]["200"]["content"]["text/event-stream"] = json!({
+        "schema": {
+            "description": "One server-sent event: `event` names it (message_start, content_block_start, content_block_delta, content_block_stop, message_delta, message_stop, error), `data` is its JSON",
+            "type": "object",
+            "required": ["data"],
+            "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"}},
+        }
+    });
+    for path in ["/api/v1/jobs", "/v1/chat/completions", "/v1/messages"] {
         if let Some(parameters) = doc["paths"][path]["post"]["parameters"].as_array_mut() {
             for parameter in parameters {
                 if parameter["name"] == "Idempotency-Key" {
@@ -198,6 +224,105 @@ fn chat_request_schema(routes: &[String]) -> Value {
          not listed here are passed to OpenAI-compatible providers as sent."
     );
     schema
+}
+
+/// A Messages request as the server checks it (`web::anthropic_messages::read_request`).
+fn messages_request_schema(routes: &[String]) -> Value {
+    let any = json!({"$ref": "#/components/schemas/JsonValue"});
+    let model = if routes.is_empty() {
+        json!({"type": "string", "minLength": 1, "description": "No chat route is configured: every model is unknown (404)"})
+    } else {
+        json!({"type": "string", "enum": routes, "description": "A chat route (GET /v1/models); any other name is 404 `not_found_error`"})
+    };
+    let text_block = json!({
+        "type": "object",
+        "required": ["type", "text"],
+        "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}},
+        "additionalProperties": any,
+    });
+    let text_blocks = json!({"type": "array", "items": text_block});
+    let tool_use = json!({
+        "type": "object",
+        "required": ["type", "id", "name", "input"],
+        "properties": {
+            "type": {"type": "string", "enum": ["tool_use"]},
+            "id": {"type": "string"},
+            "name": {"type": "string"},
+            "input": {"type": "object", "additionalProperties": any},
+        },
+        "additionalProperties": any,
+    });
+    let tool_result = json!({
+        "type": "object",
+        "required": ["type", "tool_use_id"],
+        "properties": {
+            "type": {"type": "string", "enum": ["tool_result"]},
+            "tool_use_id": {"type": "string"},
+            "content": {"anyOf": [{"type": "string"}, {"type": "null"}, text_blocks]},
+        },
+        "additionalProperties": any,
+    });
+    let turn = |role: &str, block: &Value| {
+        json!({
+            "type": "object",
+            "required": ["role", "content"],
+            "properties": {
+                "role": {"type": "string", "enum": [role]},
+                "content": {"anyOf": [
+                    {"type": "string"},
+                    {"type": "array", "items": {"anyOf": [text_block, block]}},
+                ]},
+            },
+            "additionalProperties": any,
+        })
+    };
+    let tool = json!({
+        "type": "object",
+        "required": ["name", "input_schema"],
+        "properties": {
+            "type": {"type": ["string", "null"], "enum": ["custom", null]},
+            "name": {"type": "string", "minLength": 1},
+            "description": {"type": ["string", "null"]},
+            "input_schema": {"type": "object", "additionalProperties": any},
+        },
+        "additionalProperties": any,
+    });
+    let tool_choice = json!({"anyOf": [
+        {"type": "null"},
+        {"type": "object", "required": ["type"],
+         "properties": {"type": {"type": "string", "enum": ["auto", "any", "none"]}},
+         "additionalProperties": any},
+        {"type": "object", "required": ["type", "name"],
+         "properties": {"type": {"type": "string", "enum": ["tool"]}, "name": {"type": "string"}},
+         "additionalProperties": any},
+    ]});
+    let number =
+        json!({"type": ["number", "null"], "minimum": 0, "maximum": 9_007_199_254_740_991_i64});
+    json!({
+        "description": "An Anthropic Messages request: text, `tool_use` and `tool_result` \
+                        blocks, and the client's own tools. The body as sent is the job's \
+                        fingerprint (RFC 8785; numbers must be ones an IEEE double holds \
+                        exactly). Members not listed here are kept in the job but not passed on.",
+        "type": "object",
+        "required": ["model", "messages", "max_tokens"],
+        "properties": {
+            "model": model,
+            "max_tokens": {"type": "integer", "minimum": 1, "maximum": 9_007_199_254_740_991_i64},
+            "messages": {
+                "type": "array",
+                "minItems": 1,
+                "items": {"anyOf": [turn("user", &tool_result), turn("assistant", &tool_use)]},
+            },
+            "system": {"anyOf": [{"type": "string"}, {"type": "null"}, text_blocks]},
+            "stream": {"type": ["boolean", "null"], "description": "Answer as server-sent events, as the provider generates them"},
+            "temperature": number,
+            "top_p": number,
+            "stop_sequences": {"type": ["array", "null"], "maxItems": 64, "items": {"type": "string"}},
+            "tools": {"type": ["array", "null"], "maxItems": 128, "items": tool, "description": "The client's own tools (`custom`); Anthropic's server tools are refused"},
+            "tool_choice": tool_choice,
+        },
+        "additionalProperties": any,
+    })
 }
 
 /// The rules every chat request meets, as a route's input.

@@ -35,6 +35,7 @@ mod history;
 mod hostile;
 mod idempotency;
 mod late_answers;
+mod messages;
 mod metrics;
 mod multi_process;
 mod openai_compat;

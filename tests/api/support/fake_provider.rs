@@ -66,7 +66,11 @@ pub enum Behaviour {
     Hold,
     /// 200 `text/event-stream` in OpenAI's chunk format: a role chunk, then
     /// the steps in order; if no step ended it, a finish chunk, a usage
-    /// chunk (when the request asked for usage) and `[DONE]`.
+    /// chunk (when the request asked for usage) and `[DONE]`. A server of
+    /// [`Shape::Anthropic`] speaks Anthropic's events instead:
+    /// `message_start`, a text block's start, a `ping`, one
+    /// `content_block_delta` per text step, then the block's stop,
+    /// `message_delta` (stop reason and usage) and `message_stop`.
     Stream(Vec<StreamStep>),
 }
 
@@ -428,7 +432,12 @@ async fn handle(mut stream: TcpStream, shape: Shape, state: Arc<Shared>) {
     // Write errors just mean the client went away.
     if let Behaviour::Stream(steps) = behaviour {
         let usage = request_asks_usage(&state, &request_id);
-        let _ = stream_answer(stream, &steps, &model, &request_id, usage, &state).await;
+        let _ = match shape {
+            Shape::OpenAi => {
+                stream_answer(stream, &steps, &model, &request_id, usage, &state).await
+            }
+            Shape::Anthropic => stream_anthropic(stream, &steps, &model, &request_id, &state).await,
+        };
         return;
     }
     let _ = respond(stream, behaviour, shape, &model).await;
@@ -535,6 +544,100 @@ async fn stream_answer(
             .await?;
     }
     stream.write_all(b"data: [DONE]\n\n").await?;
+    stream.shutdown().await
+}
+
+/// Acts out a [`Behaviour::Stream`] in Anthropic's events.
+async fn stream_anthropic(
+    mut stream: TcpStream,
+    steps: &[StreamStep],
+    model: &str,
+    request_id: &str,
+    state: &Shared,
+) -> std::io::Result<()> {
+    let event = |data: Value| {
+        format!(
+            "event: {}\ndata: {data}\n\n",
+            data["type"].as_str().unwrap()
+        )
+    };
+    stream
+        .write_all(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n\
+              Connection: close\r\n\r\n",
+        )
+        .await?;
+    let start = json!({"type": "message_start", "message": {"id": "msg_fake", "type": "message",
+        "role": "assistant", "model": model, "content": [], "stop_reason": null, "stop_sequence": null,
+        "usage": {"input_tokens": 3, "output_tokens": 1}}});
+    let block = json!({"type": "content_block_start", "index": 0,
+        "content_block": {"type": "text", "text": ""}});
+    let ping = json!({"type": "ping"});
+    for data in [start, block, ping] {
+        stream.write_all(event(data).as_bytes()).await?;
+    }
+    stream.flush().await?;
+    let mut gates = 0;
+    for step in steps {
+        match step {
+            StreamStep::Text(text) => {
+                let delta = json!({"type": "content_block_delta", "index": 0,
+                    "delta": {"type": "text_delta", "text": text}});
+                stream.write_all(event(delta).as_bytes()).await?;
+                stream.flush().await?;
+                *lock(state)
+                    .chunks_sent
+                    .entry(request_id.to_owned())
+                    .or_default() += 1;
+                state.changed.notify_waiters();
+            }
+            StreamStep::Wait(ms) => tokio::time::sleep(Duration::from_millis(*ms)).await,
+            StreamStep::Gate => {
+                gates += 1;
+                *lock(state)
+                    .gates_reached
+                    .entry(request_id.to_owned())
+                    .or_default() += 1;
+                state.changed.notify_waiters();
+                loop {
+                    let changed = state.changed.notified();
+                    if lock(state)
+                        .gates_opened
+                        .get(request_id)
+                        .copied()
+                        .unwrap_or(0)
+                        >= gates
+                    {
+                        break;
+                    }
+                    changed.await;
+                }
+            }
+            StreamStep::Stall => {
+                std::future::pending::<()>().await;
+            }
+            StreamStep::Error(message) => {
+                let error = json!({"type": "error",
+                    "error": {"type": "overloaded_error", "message": message}});
+                stream.write_all(event(error).as_bytes()).await?;
+                return stream.shutdown().await;
+            }
+            StreamStep::Reset => {
+                stream.set_zero_linger()?;
+                drop(stream);
+                return Ok(());
+            }
+        }
+    }
+    let end = [
+        json!({"type": "content_block_stop", "index": 0}),
+        json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null},
+               "usage": {"output_tokens": steps.len()}}),
+        json!({"type": "message_stop"}),
+    ];
+    for data in end {
+        stream.write_all(event(data).as_bytes()).await?;
+    }
     stream.shutdown().await
 }
 

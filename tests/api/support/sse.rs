@@ -12,10 +12,12 @@ use serde_json::Value;
 /// How long one event may take to arrive.
 pub const WAIT: Duration = Duration::from_secs(20);
 
-/// One event: its `id:` (if it had one) and its `data:`.
+/// One event: its `id:` (if it had one), its `event:` name (if it had
+/// one) and its `data:`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SseEvent {
     pub id: Option<String>,
+    pub event: Option<String>,
     pub data: String,
 }
 
@@ -40,6 +42,16 @@ impl SseEvent {
     pub fn error_code(&self) -> Option<String> {
         self.json()["error"]["code"].as_str().map(str::to_owned)
     }
+}
+
+/// The concatenated text of the `content_block_delta` events among
+/// `events` (Anthropic's stream, as `/v1/messages` sends it).
+pub fn text_of(events: &[SseEvent]) -> String {
+    events
+        .iter()
+        .filter(|e| e.event.as_deref() == Some("content_block_delta"))
+        .filter_map(|e| e.json()["delta"]["text"].as_str().map(str::to_owned))
+        .collect()
 }
 
 /// The concatenated content of the chunks among `events`.
@@ -77,11 +89,14 @@ impl SseReader {
                 let block: String = self.buffer.drain(..end + 2).collect();
                 let mut event = SseEvent {
                     id: None,
+                    event: None,
                     data: String::new(),
                 };
                 for line in block.lines() {
                     if let Some(id) = line.strip_prefix("id: ") {
                         event.id = Some(id.to_owned());
+                    } else if let Some(name) = line.strip_prefix("event: ") {
+                        event.event = Some(name.to_owned());
                     } else if let Some(data) = line.strip_prefix("data: ") {
                         event.data.push_str(data);
                     }
