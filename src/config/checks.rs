@@ -77,6 +77,18 @@ fn check_server(file: &ConfigFile) -> Checked {
             "must be between 1 and 86400",
         );
     }
+    if !(1..=10_000).contains(&server.max_followers_per_job) {
+        return invalid(
+            "server.max_followers_per_job",
+            "must be between 1 and 10000",
+        );
+    }
+    if server.max_stream_bytes < 1024 {
+        return invalid(
+            "server.max_stream_bytes",
+            "must be at least 1024: a stream smaller than that would refuse ordinary answers",
+        );
+    }
     if server.session_hours == 0 {
         return invalid("server.session_hours", "must be at least 1");
     }
