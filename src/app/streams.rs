@@ -278,6 +278,11 @@ pub enum Followed {
     StillWaiting {
         job: Job,
     },
+    /// Nothing moved for `server.stream_keepalive_ms`: the request should
+    /// send something its client ignores (an SSE comment), so that a quiet
+    /// stream stays open through proxies and a client that hung up is
+    /// noticed when the write fails.
+    Quiet,
 }
 
 /// One request following a job's stream.
@@ -294,6 +299,8 @@ pub struct Follower {
     next_poll: Instant,
     within: Duration,
     quiet_until: Instant,
+    keepalive: Duration,
+    next_keepalive: Instant,
     done: bool,
 }
 
@@ -387,6 +394,7 @@ impl App {
         within: Duration,
     ) -> Result<Follower, FollowRefused> {
         let limit = self.config().server.max_followers_per_job;
+        let keepalive = Duration::from_millis(self.config().server.stream_keepalive_ms);
         {
             let mut followers = self
                 .inner
@@ -421,6 +429,8 @@ impl App {
             next_poll: Instant::now() + POLL,
             within,
             quiet_until: Instant::now() + within,
+            keepalive,
+            next_keepalive: Instant::now() + keepalive,
             done: false,
         })
     }
@@ -448,6 +458,7 @@ impl Follower {
             if let Some(chunk) = self.next_chunk() {
                 self.cursor = chunk.seq;
                 self.quiet_until = Instant::now() + self.within;
+                self.next_keepalive = Instant::now() + self.keepalive;
                 return Ok(Some(Followed::Chunk(chunk)));
             }
             if self.look_now {
@@ -468,6 +479,10 @@ impl Follower {
                     }
                 }
                 _ = tokio::time::sleep_until(self.next_poll) => self.look_now = true,
+                _ = tokio::time::sleep_until(self.next_keepalive) => {
+                    self.next_keepalive = Instant::now() + self.keepalive;
+                    return Ok(Some(Followed::Quiet));
+                }
                 _ = tokio::time::sleep_until(self.quiet_until) => {
                     self.end();
                     return Ok(Some(Followed::StillWaiting { job: self.job.clone() }));

@@ -89,6 +89,12 @@ fn check_server(file: &ConfigFile) -> Checked {
             "must be at least 1024: a stream smaller than that would refuse ordinary answers",
         );
     }
+    if !(100..=600_000).contains(&server.stream_keepalive_ms) {
+        return invalid(
+            "server.stream_keepalive_ms",
+            "must be between 100 and 600000",
+        );
+    }
     if server.session_hours == 0 {
         return invalid("server.session_hours", "must be at least 1");
     }

@@ -81,6 +81,11 @@ pub struct ServerSettings {
     /// refused as too large (`invalid_output`), and its clients get a
     /// terminal error event.
     pub max_stream_bytes: usize,
+    /// How long a followed stream may stay silent before a keep-alive
+    /// comment is sent: it keeps proxies from closing a quiet stream, and a
+    /// client that hung up is noticed (and its place given back) when the
+    /// write fails.
+    pub stream_keepalive_ms: u64,
     /// Allows `http://` for a non-loopback `public_url` or provider
     /// `base_url` (keys and callback secrets would travel in clear text).
     pub allow_insecure_http: bool,
@@ -117,6 +122,7 @@ impl Default for ServerSettings {
             max_wait_seconds: 60,
             max_followers_per_job: 64,
             max_stream_bytes: 1024 * 1024,
+            stream_keepalive_ms: 15_000,
             allow_insecure_http: false,
         }
     }

@@ -325,6 +325,11 @@ mod tests {
             invalid_key(&with("max_stream_bytes = 100")),
             "server.max_stream_bytes"
         );
+        assert_eq!(config.server.stream_keepalive_ms, 15_000);
+        assert_eq!(
+            invalid_key(&with("stream_keepalive_ms = 10")),
+            "server.stream_keepalive_ms"
+        );
         let fine = Config::from_toml(
             &with("max_followers_per_job = 2\nmax_stream_bytes = 4096"),
             "test",

@@ -43,6 +43,10 @@ pub fn last_event_id(req: &HttpRequest) -> Result<Option<i64>, OpenAiError> {
     }
 }
 
+/// What a quiet stream sends every `server.stream_keepalive_ms`: an SSE
+/// comment, which clients (the SDKs' parsers, `EventSource`) pass over.
+pub const KEEPALIVE: &str = ": keep-alive\n\n";
+
 /// How long a follower refused past the cap should wait before trying
 /// again: followers come and go with their clients.
 const RETRY_FOLLOWERS_SECONDS: u64 = 1;
@@ -229,6 +233,7 @@ impl Events {
             }
             Followed::Ended { job, needs_support } => self.error_event(&job, needs_support),
             Followed::StillWaiting { job } => self.error_event(&job, false),
+            Followed::Quiet => KEEPALIVE.to_owned(),
         })
     }
 

@@ -34,7 +34,7 @@ use super::{PageError, SignedIn};
 use crate::app::streams::{Followed, Follower};
 use crate::app::{App, Job};
 use crate::domain::{JobId, JobStatus};
-use crate::web::chat_stream::parse_event_id;
+use crate::web::chat_stream::{parse_event_id, KEEPALIVE};
 
 /// How long the browser waits before reconnecting a stream that ended
 /// without a terminal event.
@@ -138,10 +138,12 @@ pub async fn job_stream(
         ended: false,
         first: Some(first),
     };
-    Ok(response.streaming(stream::unfold(walk, |mut walk| async move {
-        let text = walk.next_text().await?;
-        Some((Ok::<_, Infallible>(Bytes::from(text)), walk))
-    })))
+    Ok(
+        response.streaming(stream::unfold(walk, |mut walk| async move {
+            let text = walk.next_text().await?;
+            Some((Ok::<_, Infallible>(Bytes::from(text)), walk))
+        })),
+    )
 }
 
 /// One page's walk along the job's stream.
@@ -164,10 +166,9 @@ impl Walk {
             return None;
         }
         loop {
-            let followed = match self.follower.next().await {
-                Ok(Some(followed)) => followed,
-                // A busy database: end here, and the browser reconnects.
-                Ok(None) | Err(_) => return None,
+            // A busy database ends the response here: the browser reconnects.
+            let Ok(Some(followed)) = self.follower.next().await else {
+                return None;
             };
             return Some(match followed {
                 Followed::Chunk(chunk) => {
@@ -199,6 +200,7 @@ impl Walk {
                 }
                 // Quiet for the whole wait: the browser reconnects.
                 Followed::StillWaiting { .. } => return None,
+                Followed::Quiet => KEEPALIVE.to_owned(),
             });
         }
     }
@@ -210,7 +212,10 @@ mod tests {
 
     #[test]
     fn only_a_deltas_text_is_sent() {
-        assert_eq!(text_of(r#"{"content":"<b>hi</b>"}"#).as_deref(), Some("<b>hi</b>"));
+        assert_eq!(
+            text_of(r#"{"content":"<b>hi</b>"}"#).as_deref(),
+            Some("<b>hi</b>")
+        );
         assert_eq!(text_of(r#"{"content":""}"#), None);
         assert_eq!(text_of(r#"{"tool_calls":[{"index":0}]}"#), None);
         assert_eq!(text_of("not json"), None);
@@ -219,7 +224,10 @@ mod tests {
     #[test]
     fn an_event_carries_its_id_name_and_json_on_one_data_line() {
         let text = event(Some(3), "text", &json!({"text": "two\nlines"}));
-        assert_eq!(text, "id: 3\nevent: text\ndata: {\"text\":\"two\\nlines\"}\n\n");
+        assert_eq!(
+            text,
+            "id: 3\nevent: text\ndata: {\"text\":\"two\\nlines\"}\n\n"
+        );
         assert_eq!(
             event(None, "refused", &json!({"message": "m"})),
             "event: refused\ndata: {\"message\":\"m\"}\n\n"
