@@ -16,8 +16,8 @@ use crate::support::fake_provider::{
     config_of, Behaviour, FakeProvider, ProviderToml, Shape, StreamStep,
 };
 use crate::support::harness::{
-    chat_request, spawn_app_with, start_instance, test_config, TestApp, TestBackend, TestDb,
-    DEFAULT_TEST_PROVIDERS,
+    chat_request, spawn_app_with, start_instance, test_config, FormClient, TestApp, TestBackend,
+    TestDb, DEFAULT_TEST_PROVIDERS,
 };
 use crate::support::metrics::{metric_sum, metrics};
 use crate::support::sse::{content_of, SseEvent, SseReader};
@@ -34,6 +34,7 @@ on_both_backends!(
     a_follower_past_the_cap_gets_a_429_and_one_that_hangs_up_frees_its_place,
     an_answer_past_the_stream_byte_cap_fails_over_before_a_chunk_and_fails_the_job_after,
     time_to_first_token_is_observed_by_provider_when_the_first_chunk_is_released,
+    a_job_pages_stream_is_its_owners_alone_and_resumes_after_last_event_id,
 );
 
 /// How long `up` may go quiet between chunks: longer than any wait of a
@@ -826,4 +827,141 @@ async fn time_to_first_token_is_observed_by_provider_when_the_first_chunk_is_rel
     // Once per attempt, not per chunk.
     let exposition = metrics(&app).await;
     assert_eq!(metric_sum(&exposition, &count, &[("provider", "up")]), 1.0);
+}
+
+/// A job page's stream as a signed-in browser asks for it.
+async fn page_stream(client: &FormClient, job_id: &str, last: Option<&str>) -> reqwest::Response {
+    let mut request = client
+        .http
+        .get(format!("{}/jobs/{job_id}/stream", client.base))
+        .header("Accept", "text/event-stream");
+    if let Some(last) = last {
+        request = request.header("Last-Event-ID", last);
+    }
+    request.send().await.unwrap()
+}
+
+/// The page stream's events with data (the `retry:` hint has none).
+async fn page_events(reader: &mut SseReader, until_end: bool) -> Vec<SseEvent> {
+    let mut events = Vec::new();
+    while let Some(event) = reader.next().await {
+        if event.data.is_empty() {
+            continue;
+        }
+        let end = event.json().get("status").is_some();
+        events.push(event);
+        if !until_end || end {
+            if !until_end {
+                return events;
+            }
+            break;
+        }
+    }
+    events
+}
+
+async fn a_job_pages_stream_is_its_owners_alone_and_resumes_after_last_event_id(
+    backend: TestBackend,
+) {
+    let upstream = FakeProvider::start(Shape::OpenAi).await;
+    upstream.push(Behaviour::Stream(vec![
+        StreamStep::Text("page ".into()),
+        StreamStep::Text("by ".into()),
+        StreamStep::Gate,
+        StreamStep::Text("page".into()),
+    ]));
+    let app = spawn_app_with(backend, stream_config(&upstream, None)).await;
+    // The API client hangs up after its first chunk: the job goes on.
+    let mut first = open_stream(chat_request(&app, "paged", &streaming("paged"))).await;
+    let request_id = the_request_id(&upstream).await;
+    let job_id = job_id_of(&first.until_content().await);
+    drop(first);
+    upstream.wait_gate(&request_id, 1).await;
+
+    for name in ["alice", "bob", "sue"] {
+        app.set_password(name, &format!("{name}-pw")).await;
+    }
+    let alice = FormClient::new(&app);
+    alice.sign_in("alice", "alice-pw").await;
+
+    // The owner follows from the first chunk, live.
+    let response = page_stream(&alice, &job_id, None).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut reader = SseReader::new(response);
+    let mut texts = Vec::new();
+    for _ in 0..2 {
+        texts.extend(page_events(&mut reader, false).await);
+    }
+    let said: Vec<(Option<&str>, Value)> =
+        texts.iter().map(|e| (e.id.as_deref(), e.json())).collect();
+    assert_eq!(
+        said,
+        [
+            (Some("1"), json!({"text": "page "})),
+            (Some("2"), json!({"text": "by "}))
+        ]
+    );
+    // Resumed after event 1 while the upstream is held: event 2 on.
+    let mut resumed = SseReader::new(page_stream(&alice, &job_id, Some("1")).await);
+    let next = page_events(&mut resumed, false).await;
+    assert_eq!(next[0].id.as_deref(), Some("2"), "{next:?}");
+
+    upstream.open_gate(&request_id);
+    let rest = page_events(&mut reader, true).await;
+    let ids: Vec<&str> = rest.iter().filter_map(|e| e.id.as_deref()).collect();
+    assert_eq!(ids, ["3", "4"], "{rest:?}");
+    assert_eq!(rest[0].json(), json!({"text": "page"}));
+    assert_eq!(rest[1].json()["status"], "succeeded");
+    assert!(
+        reader.next().await.is_none(),
+        "the stream ends after its end"
+    );
+    let _ = page_events(&mut resumed, true).await;
+
+    // After the job ended: the stored chunks, then the end.
+    let mut after = SseReader::new(page_stream(&alice, &job_id, Some("2")).await);
+    let events = page_events(&mut after, true).await;
+    let said: Vec<Value> = events.iter().map(SseEvent::json).collect();
+    assert_eq!(said[0], json!({"text": "page"}), "{said:?}");
+    assert_eq!(said[1]["status"], "succeeded");
+    let text: String = page_events(
+        &mut SseReader::new(page_stream(&alice, &job_id, None).await),
+        true,
+    )
+    .await
+    .iter()
+    .filter_map(|e| e.json()["text"].as_str().map(str::to_owned))
+    .collect();
+    assert_eq!(
+        text,
+        stored_content(&app, &job_id).await,
+        "the stored answer"
+    );
+
+    // A malformed Last-Event-ID is a readable 400.
+    let refused = page_stream(&alice, &job_id, Some("two")).await;
+    assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
+    assert!(refused.text().await.unwrap().contains("Last-Event-ID"));
+
+    // Nobody else follows it, staff included: the 404 of a job that does
+    // not exist, word for word.
+    let missing = onejob::domain::JobId::new().to_string();
+    let anonymous = FormClient::new(&app);
+    let nobody = page_stream(&anonymous, &job_id, None).await;
+    assert_eq!(nobody.status(), StatusCode::SEE_OTHER, "sign in first");
+    for name in ["bob", "sue"] {
+        let other = FormClient::new(&app);
+        other.sign_in(name, &format!("{name}-pw")).await;
+        let theirs = page_stream(&other, &job_id, None).await;
+        assert_eq!(theirs.status(), StatusCode::NOT_FOUND, "{name}");
+        let page = theirs.text().await.unwrap();
+        assert!(!page.contains(&job_id), "{name}: {page}");
+        let none = page_stream(&other, &missing, None)
+            .await
+            .text()
+            .await
+            .unwrap();
+        assert_eq!(page, none, "{name}: the same answer as for no job");
+    }
+    assert_eq!(upstream.total_requests(), 1);
 }
