@@ -139,7 +139,11 @@ async fn a_chat_jobs_page_shows_its_text_as_it_streams_and_then_the_stored_answe
         None,
         "the live text is shown"
     );
-    assert_eq!(browser.text_of("#job-status").await, "running");
+    // The page's live part says the job runs (it refreshes every second).
+    browser
+        .wait_for_text("#job-status", |s| s == "running")
+        .await;
+    assert_eq!(upstream.chunks_sent(&request_id), 1, "still held");
 
     // Markup in the answer arrives as text: no element is made of it.
     upstream.open_gate(&request_id);
