@@ -63,7 +63,11 @@
           section.remove();
         });
       } else {
-        if (end.message) note.textContent = String(end.message);
+        // What was seen stays, with why the stream stopped.
+        if (end.message) {
+          note.textContent = String(end.message);
+          section.hidden = false;
+        }
         refreshJob(function () {});
       }
     });
