@@ -2,8 +2,8 @@
 //! text"), in real headless Chromium against a fake upstream that streams:
 //! the text is on screen while the upstream is held at a gate, it is
 //! inserted as text (never as HTML), the final text is the stored answer,
-//! another user cannot follow the stream, a follower past the cap reads a
-//! message instead, and with JavaScript off the page still reaches the
+//! another user cannot follow the stream, a stream that fails keeps what
+//! was seen and says why, a follower past the cap reads a message instead, and with JavaScript off the page still reaches the
 //! answer by reloading itself.
 
 use std::time::{Duration, Instant};
@@ -292,7 +292,42 @@ async fn with_javascript_off_a_chat_jobs_page_reaches_the_answer_by_reloading(
     browser.close().await;
 }
 
+async fn a_stream_that_fails_after_a_chunk_keeps_what_was_seen_and_says_why(backend: TestBackend) {
+    let upstream = FakeProvider::start(Shape::OpenAi).await;
+    upstream.push(Behaviour::Stream(vec![
+        StreamStep::Text("half an ".into()),
+        StreamStep::Gate,
+        StreamStep::Error("the model crashed".into()),
+    ]));
+    let app = spawn_app_with(backend, live_config(&upstream, 64)).await;
+    app.set_password("alice", "alice-pw").await;
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    browser.sign_in(&app, "alice", "alice-pw").await;
+    browser.click_and_wait("#submit-button", is_job_path).await;
+    let request_id = the_request_id(&upstream).await;
+    wait_for_content(&browser, "#live-text-output", |t| t == "half an ").await;
+    upstream.wait_gate(&request_id, 1).await;
+    upstream.open_gate(&request_id);
+    browser
+        .wait_for_text("#job-status", |s| s == "failed")
+        .await;
+    let note = wait_for_content(&browser, "#live-text-note", |t| !t.is_empty()).await;
+    assert!(note.starts_with("The job failed: "), "{note}");
+    assert!(note.contains("part of the answer"), "{note}");
+    assert_eq!(browser.attr_of("#live-text", "hidden").await, None);
+    assert_eq!(
+        text_content(&browser, "#live-text-output").await.as_deref(),
+        Some("half an "),
+        "what was seen stays, and nothing is spliced onto it"
+    );
+    assert_eq!(browser.count("#job-answer").await, 0, "no answer");
+    browser.close().await;
+}
+
 on_both_backends!(
+    a_stream_that_fails_after_a_chunk_keeps_what_was_seen_and_says_why,
     a_chat_jobs_page_shows_its_text_as_it_streams_and_then_the_stored_answer,
     a_follower_past_the_cap_reads_why_and_the_page_still_reaches_the_answer,
     with_javascript_off_a_chat_jobs_page_reaches_the_answer_by_reloading,
