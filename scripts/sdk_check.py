@@ -14,6 +14,10 @@ It asserts that:
 - the same key with different messages raises `openai.ConflictError` at
   once (no retries);
 - streaming works through the SDK, and a replay streams the same answer;
+- a streamed completion whose client drops the connection after three
+  chunks, while the upstream is still generating, is streamed again under
+  the same Idempotency-Key from its first chunk: the whole answer, from one
+  upstream call; with `Last-Event-ID` it resumes after the chunk it names;
 - a request without a key raises `openai.BadRequestError` saying how to
   send one; `models.list()` lists the chat route.
 
@@ -45,13 +49,22 @@ except ImportError:
 UPSTREAM_KEY = "sk-upstream-for-the-sdk-check"
 
 
+def streamed_pieces(count, text):
+    """The chunks a `stream:<count>:<s>:<text>` message is answered with."""
+    return [f"{text}{i} " for i in range(count)]
+
+
 class Upstream:
     """A fake OpenAI-compatible provider. A user message `slow:<s>:<text>`
-    is answered after <s> seconds; the answer is `echo: <text>`."""
+    is answered after <s> seconds; the answer is `echo: <text>`. A request
+    with `stream: true` whose message is `stream:<n>:<s>:<text>` is answered
+    as server-sent events: n chunks (`<text>0 `, `<text>1 `, ...), <s>
+    seconds apart."""
 
     def __init__(self):
         self.lock = threading.Lock()
         self.calls = {}  # the last user message -> calls received
+        self.finished = set()  # streamed messages whose stream has ended
         upstream = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -69,6 +82,10 @@ class Upstream:
                 with upstream.lock:
                     upstream.calls[said] = upstream.calls.get(said, 0) + 1
                 text = said
+                if body.get("stream") and said.startswith("stream:"):
+                    _, count, seconds, text = said.split(":", 3)
+                    return self.stream(body, said, streamed_pieces(int(count), text),
+                                       float(seconds))
                 if said.startswith("slow:"):
                     _, seconds, text = said.split(":", 2)
                     time.sleep(float(seconds))
@@ -84,6 +101,38 @@ class Upstream:
                     }],
                     "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
                 })
+
+            def stream(self, body, said, pieces, seconds):
+                self.close_connection = True
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+
+                def event(delta, finish=None, usage=None):
+                    chunk = {"id": "chatcmpl-upstream", "object": "chat.completion.chunk",
+                             "created": int(time.time()), "model": body["model"],
+                             "choices": [] if usage else
+                             [{"index": 0, "delta": delta, "finish_reason": finish}]}
+                    if usage:
+                        chunk["usage"] = usage
+                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    self.wfile.flush()
+
+                try:
+                    event({"role": "assistant", "content": ""})
+                    for piece in pieces:
+                        time.sleep(seconds)
+                        event({"content": piece})
+                    event({}, finish="stop")
+                    if body.get("stream_options", {}).get("include_usage"):
+                        event(None, usage={"prompt_tokens": 5, "completion_tokens": len(pieces),
+                                           "total_tokens": 5 + len(pieces)})
+                    self.wfile.write(b"data: [DONE]\n\n")
+                    self.wfile.flush()
+                finally:
+                    with upstream.lock:
+                        upstream.finished.add(said)
 
             def reply(self, status, document):
                 data = json.dumps(document).encode()
@@ -101,6 +150,10 @@ class Upstream:
     def calls_for(self, said):
         with self.lock:
             return self.calls.get(said, 0)
+
+    def has_finished(self, said):
+        with self.lock:
+            return said in self.finished
 
     def total(self):
         with self.lock:
@@ -295,7 +348,57 @@ def run_checks(server, upstream):
               f"the stream ({round_}) ends with the usage")
     check(upstream.calls_for("stream me") == 1, "the streamed request reached the upstream once")
 
-    # 5. No key: a 400 that says how to send one.
+    # 5. A stream whose client drops the connection after three chunks,
+    #    while the upstream is still generating, then streams again under
+    #    the same key: the whole answer, from the one upstream call.
+    sdk, http = client(server, max_retries=2, timeout=30.0)
+    pieces = streamed_pieces(10, "tok")
+    said = "stream:10:0.2:tok"
+    whole = "".join(pieces)
+
+    def stream_of(extra=None):
+        headers = {"Idempotency-Key": "sdk-stream-reconnect", **(extra or {})}
+        return sdk.chat.completions.create(
+            model="gpt-safe", messages=[{"role": "user", "content": said}],
+            stream=True, extra_headers=headers,
+        )
+
+    t0 = time.time()
+    stream = stream_of()
+    seen, first_at = [], None
+    for chunk in stream:
+        piece = chunk.choices[0].delta.content if chunk.choices else None
+        if piece:
+            first_at = first_at if first_at is not None else time.time() - t0
+            seen.append(piece)
+            if len(seen) == 3:
+                break
+    stream.close()
+    dropped_at = time.time() - t0
+    still_generating = not upstream.has_finished(said)
+    print(f"  reconnect: first chunk after {first_at:.2f} s; hung up after {len(seen)} "
+          f"chunks at {dropped_at:.2f} s (the upstream takes about {10 * 0.2:.1f} s)")
+    check(seen == pieces[:3], "the first stream delivered the first three chunks")
+    check(still_generating, "the client hung up while the upstream was still generating")
+    stream = stream_of()
+    again, finish = [], None
+    for chunk in stream:
+        if chunk.choices:
+            if chunk.choices[0].delta.content:
+                again.append(chunk.choices[0].delta.content)
+            finish = chunk.choices[0].finish_reason or finish
+    print(f"  reconnect: the second stream got {len(again)} chunks in "
+          f"{time.time() - t0 - dropped_at:.2f} s; upstream calls: {upstream.calls_for(said)}")
+    check("".join(again) == whole and finish == "stop",
+          "the reconnect under the same key streams the whole answer, from its first chunk")
+    check(upstream.calls_for(said) == 1, "the upstream was called once for both streams")
+    # Event 0 is the role chunk, 1..10 the answer's chunks: after 3, the rest.
+    resumed = "".join(c.choices[0].delta.content or "" for c in stream_of({"Last-Event-ID": "3"})
+                      if c.choices)
+    check(resumed == "".join(pieces[3:]), "Last-Event-ID: 3 resumes after the third chunk")
+    check(upstream.calls_for(said) == 1, "resuming called no upstream")
+
+    # 6. No key: a 400 that says how to send one.
     sdk, http = client(server, max_retries=2, timeout=30.0)
     try:
         sdk.chat.completions.create(model="gpt-safe",
@@ -305,7 +408,7 @@ def run_checks(server, upstream):
         check("extra_headers" in str(error), "without a key: BadRequestError showing extra_headers")
     check(upstream.calls_for("no key") == 0, "the keyless request reached no provider")
 
-    # 6. Models, and an unknown model.
+    # 7. Models, and an unknown model.
     models = [m.id for m in sdk.models.list()]
     check(models == ["gpt-safe"], "models.list() lists the chat route")
     try:

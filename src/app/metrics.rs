@@ -46,6 +46,12 @@ pub struct HttpLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitLabel {
+    /// followers | buffer
+    pub limit: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TableLabel {
     /// jobs | attempts | race_log | audit_log
     pub table: String,
@@ -84,6 +90,10 @@ pub struct Metrics {
     pub provider_held_back: Family<HeldLabels, Counter>,
     pub retries: Family<ProviderLabel, Counter>,
     pub late_calls_dropped: Family<ProviderLabel, Counter>,
+    pub time_to_first_token_seconds: HistogramFamily<ProviderLabel>,
+    /// Requests following a job's stream now, in this process.
+    pub streams_followed: Gauge,
+    pub stream_limits_hit: Family<LimitLabel, Counter>,
     unknown_attempts: Gauge,
     oldest_unknown_seconds: Gauge<f64, AtomicU64>,
 }
@@ -115,6 +125,9 @@ impl Metrics {
             provider_held_back: Family::default(),
             retries: Family::default(),
             late_calls_dropped: Family::default(),
+            time_to_first_token_seconds: Family::new_with_constructor(seconds_histogram),
+            streams_followed: Gauge::default(),
+            stream_limits_hit: Family::default(),
             unknown_attempts: Gauge::default(),
             oldest_unknown_seconds: Gauge::default(),
             registry: Registry::default(),
@@ -210,6 +223,24 @@ impl Metrics {
             metrics.late_calls_dropped.clone(),
         );
         registry.register(
+            "onejob_time_to_first_token_seconds",
+            "From a streamed call's start to its first delta being released to the job's \
+             followers, by provider",
+            metrics.time_to_first_token_seconds.clone(),
+        );
+        registry.register(
+            "onejob_streams_followed",
+            "Requests following a job's stream now in this process (chat completions with \
+             stream: true, job pages' live text)",
+            metrics.streams_followed.clone(),
+        );
+        registry.register(
+            "onejob_stream_limits_hit",
+            "Stream limits reached: a follower refused past server.max_followers_per_job \
+             (followers), a streamed answer refused past server.max_stream_bytes (buffer)",
+            metrics.stream_limits_hit.clone(),
+        );
+        registry.register(
             "onejob_unknown_attempts",
             "Attempts whose outcome is unknown now (read at scrape time)",
             metrics.unknown_attempts.clone(),
@@ -302,12 +333,20 @@ impl Metrics {
             let _ = self.provider_paused_seconds.get_or_create(&label(provider));
             let _ = self.retries.get_or_create(&label(provider));
             let _ = self.late_calls_dropped.get_or_create(&label(provider));
+            let _ = self
+                .time_to_first_token_seconds
+                .get_or_create(&label(provider));
             for reason in ["paused", "at_capacity"] {
                 let _ = self.provider_held_back.get_or_create(&HeldLabels {
                     provider: provider.to_owned(),
                     reason: reason.to_owned(),
                 });
             }
+        }
+        for limit in ["followers", "buffer"] {
+            let _ = self.stream_limits_hit.get_or_create(&LimitLabel {
+                limit: limit.to_owned(),
+            });
         }
         for table in ["jobs", "attempts", "race_log", "audit_log"] {
             let _ = self.pruned_rows.get_or_create(&TableLabel {
@@ -330,6 +369,23 @@ impl Metrics {
                 provider: provider.to_owned(),
             })
             .observe(took.as_secs_f64());
+    }
+
+    /// A streamed attempt of `provider` released its first delta, `took`
+    /// after its call started.
+    pub fn first_token(&self, provider: &str, took: Duration) {
+        self.time_to_first_token_seconds
+            .get_or_create(&label(provider))
+            .observe(took.as_secs_f64());
+    }
+
+    /// A stream limit (`followers` or `buffer`) refused something.
+    pub fn stream_limit_hit(&self, limit: &str) {
+        self.stream_limits_hit
+            .get_or_create(&LimitLabel {
+                limit: limit.to_owned(),
+            })
+            .inc();
     }
 
     pub fn observe_http(&self, method: &str, route: &str, status: u16, took: Duration) {

@@ -12,6 +12,13 @@
 //!
 //! The stream ends when its job does: a follower reads the job's row to
 //! learn how (an answer, a failure, an unknown outcome).
+//!
+//! Two limits bound what one job's stream costs a process (docs/design.md,
+//! "Streaming", bounds): at most `server.max_followers_per_job` requests
+//! follow it at once (one more is refused, [`FollowRefused`]), and at most
+//! `server.max_stream_bytes` of released deltas are held for them (the
+//! delta that would pass it is refused, [`TooLarge`], and the worker ends
+//! the attempt as `domain::stream::fits_in_buffer` says).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
@@ -48,6 +55,59 @@ pub struct Chunk {
 #[derive(Default)]
 pub struct StreamHub {
     streams: Mutex<HashMap<JobId, Weak<LiveStream>>>,
+    /// How many requests follow each job's stream now.
+    followers: Mutex<HashMap<JobId, usize>>,
+}
+
+/// A follower refused because its job's stream has as many as
+/// `server.max_followers_per_job` already.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FollowRefused {
+    pub limit: usize,
+}
+
+impl std::fmt::Display for FollowRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "this job's stream already has {} followers, the most allowed \
+             (server.max_followers_per_job); try again when one has finished",
+            self.limit
+        )
+    }
+}
+
+/// A delta refused because the stream would hold more than
+/// `server.max_stream_bytes`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TooLarge {
+    pub cap: usize,
+}
+
+/// One follower's place among its job's: given back (and the gauge moved
+/// down) when it is dropped, however the request ended.
+struct FollowerSlot {
+    app: App,
+    job_id: JobId,
+}
+
+impl Drop for FollowerSlot {
+    fn drop(&mut self) {
+        let mut followers = self
+            .app
+            .inner
+            .streams
+            .followers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(count) = followers.get_mut(&self.job_id) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                followers.remove(&self.job_id);
+            }
+        }
+        self.app.metrics().streams_followed.dec();
+    }
 }
 
 /// A job's stream in this process: its chunks so far, and a counter moved
@@ -131,17 +191,37 @@ impl StreamHub {
 /// What an attempt's worker releases through: each delta goes to this
 /// process's followers at once and to the database in small batches.
 pub struct StreamWriter {
+    app: App,
+    provider: String,
+    opened_at: std::time::Instant,
     live: Arc<LiveStream>,
     released: i64,
+    /// Bytes of released deltas (their JSON text), and the most allowed.
+    buffered: usize,
+    cap: usize,
     persist: Option<mpsc::UnboundedSender<StoredChunk>>,
     flusher: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl StreamWriter {
-    /// Releases one delta to every follower of the job.
-    pub fn release(&mut self, delta: &Value) {
+    /// Releases one delta to every follower of the job, unless it would
+    /// take the stream past `server.max_stream_bytes`: then nothing is
+    /// released and the attempt must end (`domain::stream::fits_in_buffer`).
+    /// The first release is the attempt's time to first token.
+    pub fn release(&mut self, delta: &Value) -> Result<(), TooLarge> {
+        let text = delta.to_string();
+        if !crate::domain::stream::fits_in_buffer(self.buffered, text.len(), self.cap) {
+            self.app.metrics().stream_limit_hit("buffer");
+            return Err(TooLarge { cap: self.cap });
+        }
+        self.buffered += text.len();
+        if self.released == 0 {
+            self.app
+                .metrics()
+                .first_token(&self.provider, self.opened_at.elapsed());
+        }
         self.released += 1;
-        let text: Arc<str> = delta.to_string().into();
+        let text: Arc<str> = text.into();
         if let Some(persist) = &self.persist {
             let _ = persist.send(StoredChunk {
                 seq: self.released,
@@ -152,6 +232,7 @@ impl StreamWriter {
             seq: self.released,
             delta: text,
         });
+        Ok(())
     }
 
     /// How many chunks were released.
@@ -197,11 +278,18 @@ pub enum Followed {
     StillWaiting {
         job: Job,
     },
+    /// Nothing moved for `server.stream_keepalive_ms`: the request should
+    /// send something its client ignores (an SSE comment), so that a quiet
+    /// stream stays open through proxies and a client that hung up is
+    /// noticed when the write fails.
+    Quiet,
 }
 
 /// One request following a job's stream.
 pub struct Follower {
     app: App,
+    /// Its place among the job's followers, given back once it ends.
+    slot: Option<FollowerSlot>,
     job: Job,
     cursor: i64,
     live: Arc<LiveStream>,
@@ -211,12 +299,15 @@ pub struct Follower {
     next_poll: Instant,
     within: Duration,
     quiet_until: Instant,
+    keepalive: Duration,
+    next_keepalive: Instant,
     done: bool,
 }
 
 impl App {
-    /// Opens the stream of `job`'s attempt for its worker.
-    pub fn open_stream(&self, job: &JobKey, attempt: &AttemptId) -> StreamWriter {
+    /// Opens the stream of `job`'s attempt to `provider` for its worker,
+    /// as its call starts.
+    pub fn open_stream(&self, job: &JobKey, attempt: &AttemptId, provider: &str) -> StreamWriter {
         let live = self.inner.streams.fresh_stream(&job.id);
         let (persist, batches) = mpsc::unbounded_channel();
         let flusher = tokio::spawn(self.clone().persist_chunks(
@@ -225,8 +316,13 @@ impl App {
             batches,
         ));
         StreamWriter {
+            app: self.clone(),
+            provider: provider.to_owned(),
+            opened_at: std::time::Instant::now(),
             live,
             released: 0,
+            buffered: 0,
+            cap: self.config().server.max_stream_bytes,
             persist: Some(persist),
             flusher: Some(flusher),
         }
@@ -289,12 +385,41 @@ impl App {
 
     /// Follows `job`'s stream from the chunk after `after` (0: from the
     /// first), as read when the request came; `within` bounds a wait in
-    /// which nothing moves.
-    pub fn follow_stream(&self, job: Job, after: i64, within: Duration) -> Follower {
+    /// which nothing moves. Refused when the job's stream has
+    /// `server.max_followers_per_job` followers in this process already.
+    pub fn follow_stream(
+        &self,
+        job: Job,
+        after: i64,
+        within: Duration,
+    ) -> Result<Follower, FollowRefused> {
+        let limit = self.config().server.max_followers_per_job;
+        let keepalive = Duration::from_millis(self.config().server.stream_keepalive_ms);
+        {
+            let mut followers = self
+                .inner
+                .streams
+                .followers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let count = followers.entry(job.id.clone()).or_default();
+            if *count >= limit {
+                drop(followers);
+                self.metrics().stream_limit_hit("followers");
+                return Err(FollowRefused { limit });
+            }
+            *count += 1;
+        }
+        self.metrics().streams_followed.inc();
+        let slot = FollowerSlot {
+            app: self.clone(),
+            job_id: job.id.clone(),
+        };
         let live = self.inner.streams.stream_of(&job.id);
         let moved = live.moved.subscribe();
-        Follower {
+        Ok(Follower {
             app: self.clone(),
+            slot: Some(slot),
             job,
             cursor: after,
             live,
@@ -304,8 +429,22 @@ impl App {
             next_poll: Instant::now() + POLL,
             within,
             quiet_until: Instant::now() + within,
+            keepalive,
+            next_keepalive: Instant::now() + keepalive,
             done: false,
-        }
+        })
+    }
+
+    /// How many requests follow `job_id`'s stream in this process now.
+    pub fn followers_of(&self, job_id: &JobId) -> usize {
+        self.inner
+            .streams
+            .followers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(job_id)
+            .copied()
+            .unwrap_or(0)
     }
 }
 
@@ -319,13 +458,14 @@ impl Follower {
             if let Some(chunk) = self.next_chunk() {
                 self.cursor = chunk.seq;
                 self.quiet_until = Instant::now() + self.within;
+                self.next_keepalive = Instant::now() + self.keepalive;
                 return Ok(Some(Followed::Chunk(chunk)));
             }
             if self.look_now {
                 self.look_now = false;
                 self.next_poll = Instant::now() + POLL;
                 if let Some(end) = self.read_stored().await? {
-                    self.done = true;
+                    self.end();
                     return Ok(Some(end));
                 }
                 continue;
@@ -339,12 +479,22 @@ impl Follower {
                     }
                 }
                 _ = tokio::time::sleep_until(self.next_poll) => self.look_now = true,
+                _ = tokio::time::sleep_until(self.next_keepalive) => {
+                    self.next_keepalive = Instant::now() + self.keepalive;
+                    return Ok(Some(Followed::Quiet));
+                }
                 _ = tokio::time::sleep_until(self.quiet_until) => {
-                    self.done = true;
+                    self.end();
                     return Ok(Some(Followed::StillWaiting { job: self.job.clone() }));
                 }
             }
         }
+    }
+
+    /// The stream has ended for this follower: its place is given back.
+    fn end(&mut self) {
+        self.done = true;
+        self.slot = None;
     }
 
     /// The chunk after the cursor, from this process's stream or from what

@@ -77,6 +77,24 @@ fn check_server(file: &ConfigFile) -> Checked {
             "must be between 1 and 86400",
         );
     }
+    if !(1..=10_000).contains(&server.max_followers_per_job) {
+        return invalid(
+            "server.max_followers_per_job",
+            "must be between 1 and 10000",
+        );
+    }
+    if server.max_stream_bytes < 1024 {
+        return invalid(
+            "server.max_stream_bytes",
+            "must be at least 1024: a stream smaller than that would refuse ordinary answers",
+        );
+    }
+    if !(100..=600_000).contains(&server.stream_keepalive_ms) {
+        return invalid(
+            "server.stream_keepalive_ms",
+            "must be between 100 and 600000",
+        );
+    }
     if server.session_hours == 0 {
         return invalid("server.session_hours", "must be at least 1");
     }

@@ -72,6 +72,20 @@ pub struct ServerSettings {
     /// on the jobs API is capped to it, and a chat completion waits this long
     /// before answering 503 (retry: the retry rejoins the same job).
     pub max_wait_seconds: u64,
+    /// The most requests following one job's stream at once in this
+    /// process (chat completions with `stream: true` under its key, and job
+    /// pages): one past it is refused (429 on `/v1`, a message on the page).
+    pub max_followers_per_job: usize,
+    /// The most bytes of released deltas one stream holds in this process's
+    /// memory for its followers: a streamed answer that would pass it is
+    /// refused as too large (`invalid_output`), and its clients get a
+    /// terminal error event.
+    pub max_stream_bytes: usize,
+    /// How long a followed stream may stay silent before a keep-alive
+    /// comment is sent: it keeps proxies from closing a quiet stream, and a
+    /// client that hung up is noticed (and its place given back) when the
+    /// write fails.
+    pub stream_keepalive_ms: u64,
     /// Allows `http://` for a non-loopback `public_url` or provider
     /// `base_url` (keys and callback secrets would travel in clear text).
     pub allow_insecure_http: bool,
@@ -106,6 +120,9 @@ impl Default for ServerSettings {
             secure_cookies: None,
             trusted_proxies: Vec::new(),
             max_wait_seconds: 60,
+            max_followers_per_job: 64,
+            max_stream_bytes: 1024 * 1024,
+            stream_keepalive_ms: 15_000,
             allow_insecure_http: false,
         }
     }

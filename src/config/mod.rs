@@ -307,6 +307,40 @@ mod tests {
     }
 
     #[test]
+    fn the_stream_limits_have_defaults_and_are_checked() {
+        let config = Config::load(None, &no_env()).unwrap();
+        assert_eq!(config.server.max_followers_per_job, 64);
+        assert_eq!(config.server.max_stream_bytes, 1024 * 1024);
+        let with = |server: &str| {
+            format!(
+                "[server]\n{server}\n[[providers]]\nname = \"a\"\nkind = \"simulated\"\n\
+                 [[tasks]]\nname = \"t\"\nproviders = [\"a\"]\n"
+            )
+        };
+        assert_eq!(
+            invalid_key(&with("max_followers_per_job = 0")),
+            "server.max_followers_per_job"
+        );
+        assert_eq!(
+            invalid_key(&with("max_stream_bytes = 100")),
+            "server.max_stream_bytes"
+        );
+        assert_eq!(config.server.stream_keepalive_ms, 15_000);
+        assert_eq!(
+            invalid_key(&with("stream_keepalive_ms = 10")),
+            "server.stream_keepalive_ms"
+        );
+        let fine = Config::from_toml(
+            &with("max_followers_per_job = 2\nmax_stream_bytes = 4096"),
+            "test",
+            &no_env(),
+        )
+        .unwrap();
+        assert_eq!(fine.server.max_followers_per_job, 2);
+        assert_eq!(fine.server.max_stream_bytes, 4096);
+    }
+
+    #[test]
     fn duplicate_provider_names_are_refused() {
         let toml = r#"
             [[providers]]

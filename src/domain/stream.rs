@@ -34,6 +34,26 @@ pub fn releases_as_generated(has_output_schema: bool) -> bool {
     !has_output_schema
 }
 
+/// Whether a stream that holds `buffered` bytes of released deltas may
+/// release one of `next` bytes under its cap (`server.max_stream_bytes`).
+///
+/// Past the cap the answer is refused as too large: the delta is not
+/// released, the call is dropped, and the attempt fails (`invalid_output`,
+/// a definite failure: onejob refused the answer). What follows is the rule
+/// for any failure ([`failure_after`]): with no chunk released yet the job
+/// may fail over; with one released, the job fails, and its followers get a
+/// terminal error event after what they saw.
+pub fn fits_in_buffer(buffered: usize, next: usize, cap: usize) -> bool {
+    buffered.saturating_add(next) <= cap
+}
+
+/// Why a streamed answer was refused past the buffer cap, for its `error`.
+pub fn too_large_reason(cap: usize) -> String {
+    format!(
+        "the streamed answer is larger than the {cap} bytes a stream may hold (server.max_stream_bytes)"
+    )
+}
+
 /// A streaming call's two clocks: the soft timeout until its first chunk,
 /// then the idle timeout between chunks. Once the request was sent, either
 /// makes the attempt `unknown` (the provider may still be generating).
@@ -93,6 +113,16 @@ mod tests {
             failure_after(1, Failure::Definite),
             Failure::PartlyDelivered
         );
+    }
+
+    #[test]
+    fn a_stream_takes_deltas_up_to_its_cap_and_no_further() {
+        assert!(fits_in_buffer(0, 10, 10));
+        assert!(fits_in_buffer(6, 4, 10));
+        assert!(!fits_in_buffer(6, 5, 10));
+        assert!(!fits_in_buffer(0, 11, 10));
+        assert!(!fits_in_buffer(usize::MAX, 1, 10), "no overflow");
+        assert!(too_large_reason(4096).contains("4096 bytes"));
     }
 
     #[test]

@@ -16,8 +16,10 @@ use actix_web::{HttpRequest, HttpResponse};
 use futures_util::stream;
 use serde_json::{json, Value};
 
-use super::openai_compat::{completion_id, job_error, OpenAiError};
-use crate::app::streams::{Followed, Follower};
+use super::openai_compat::{
+    completion_id, job_error, OpenAiError, OpenAiErrorBody, OpenAiErrorDetail,
+};
+use crate::app::streams::{FollowRefused, Followed, Follower};
 use crate::app::{App, Job};
 use crate::providers::streaming::whole_answer_deltas;
 
@@ -32,12 +34,7 @@ pub fn last_event_id(req: &HttpRequest) -> Result<Option<i64>, OpenAiError> {
     let Some(value) = req.headers().get("Last-Event-ID") else {
         return Ok(None);
     };
-    let parsed = value
-        .to_str()
-        .ok()
-        .filter(|v| (1..=18).contains(&v.len()) && v.bytes().all(|b| b.is_ascii_digit()))
-        .and_then(|v| v.parse::<i64>().ok());
-    match parsed {
+    match parse_event_id(value.as_bytes()) {
         Some(id) => Ok(Some(id)),
         None => Err(OpenAiError::invalid_request(
             "Last-Event-ID must be the id of an event of this stream: a whole number, 0 or more",
@@ -46,7 +43,43 @@ pub fn last_event_id(req: &HttpRequest) -> Result<Option<i64>, OpenAiError> {
     }
 }
 
-/// The response that follows `job`'s stream.
+/// What a quiet stream sends every `server.stream_keepalive_ms`: an SSE
+/// comment, which clients (the SDKs' parsers, `EventSource`) pass over.
+pub const KEEPALIVE: &str = ": keep-alive\n\n";
+
+/// How long a follower refused past the cap should wait before trying
+/// again: followers come and go with their clients.
+const RETRY_FOLLOWERS_SECONDS: u64 = 1;
+
+/// The `429` for a follower past `server.max_followers_per_job`, in
+/// OpenAI's error shape: the SDKs retry it after `Retry-After`, under the
+/// same key, and the retry follows the same stream once there is room.
+fn too_many_followers(job: &Job, refused: &FollowRefused) -> HttpResponse {
+    HttpResponse::TooManyRequests()
+        .insert_header((header::RETRY_AFTER, RETRY_FOLLOWERS_SECONDS.to_string()))
+        .insert_header(("x-should-retry", "true"))
+        .insert_header(("X-Onejob-Job-Id", job.id.to_string()))
+        .json(OpenAiErrorBody {
+            error: OpenAiErrorDetail {
+                message: format!("Job {}: {refused}.", job.id),
+                r#type: "rate_limit_error".to_owned(),
+                param: None,
+                code: Some("too_many_followers".to_owned()),
+            },
+        })
+}
+
+/// The id of a stream's event as a client sent it back (`Last-Event-ID`):
+/// 1 to 18 decimal digits ([`LAST_EVENT_ID_PATTERN`]), else `None`.
+pub fn parse_event_id(value: &[u8]) -> Option<i64> {
+    std::str::from_utf8(value)
+        .ok()
+        .filter(|v| (1..=18).contains(&v.len()) && v.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|v| v.parse::<i64>().ok())
+}
+
+/// The response that follows `job`'s stream (a `429` when the job's stream
+/// has as many followers as allowed).
 pub fn response(
     app: &App,
     job: Job,
@@ -54,6 +87,10 @@ pub fn response(
     include_usage: bool,
     resume: Option<i64>,
 ) -> HttpResponse {
+    let follower = match app.follow_stream(job.clone(), resume.unwrap_or(0), app.max_wait()) {
+        Ok(follower) => follower,
+        Err(refused) => return too_many_followers(&job, &refused),
+    };
     let mut response = HttpResponse::Ok();
     response
         .content_type("text/event-stream")
@@ -64,7 +101,7 @@ pub fn response(
     }
     let events = Events {
         shape: Shape::of(&job, include_usage),
-        follower: app.follow_stream(job, resume.unwrap_or(0), app.max_wait()),
+        follower,
         last_sent: resume.unwrap_or(-1),
         ended: false,
     };
@@ -196,6 +233,7 @@ impl Events {
             }
             Followed::Ended { job, needs_support } => self.error_event(&job, needs_support),
             Followed::StillWaiting { job } => self.error_event(&job, false),
+            Followed::Quiet => KEEPALIVE.to_owned(),
         })
     }
 

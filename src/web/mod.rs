@@ -100,6 +100,7 @@ pub fn routes(cfg: &mut web::ServiceConfig, body_limit: usize) {
     .service(resource("/", READ).route(read().to(pages::home)))
     .service(resource("/static/style.css", READ).route(read().to(pages::stylesheet)))
     .service(resource(pages::HTMX_PATH, READ).route(read().to(pages::htmx)))
+    .service(resource(pages::LIVE_TEXT_PATH, READ).route(read().to(pages::live_text_js)))
     .service(resource("/problems/{slug}", READ).route(read().to(pages::problem)))
     .service(resource("/healthz", READ).route(read().to(health::healthz)))
     .service(resource("/readyz", READ).route(read().to(health::readyz)))
@@ -116,6 +117,7 @@ pub fn routes(cfg: &mut web::ServiceConfig, body_limit: usize) {
             .route(web::post().to(job_pages::submit_job)),
     )
     .service(resource("/jobs/{id}", READ).route(read().to(job_pages::job_page)))
+    .service(resource("/jobs/{id}/stream", READ).route(read().to(pages::live_text::job_stream)))
     .service(
         resource("/jobs/{id}/attempts", "POST").route(web::post().to(job_pages::start_attempt)),
     )

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use super::Worker;
 use crate::app::dispatch::Dispatch;
-use crate::app::streams::StreamWriter;
+use crate::app::streams::{StreamWriter, TooLarge};
 use crate::app::Claim;
 use crate::domain::Outcome;
 use crate::providers::limits::SendSlot;
@@ -43,7 +43,9 @@ impl Worker {
         let mut heartbeat = tokio::time::interval_at(Instant::now() + period, period);
         let mut lease_until = Instant::now() + lease;
         let timeouts = dispatch.provider.stream_timeouts();
-        let mut writer = self.app.open_stream(&claim.job.key(), &claim.attempt.id);
+        let mut writer = self
+            .app
+            .open_stream(&claim.job.key(), &claim.attempt.id, &provider);
         // An answer that must match a schema is held whole until judged.
         let mut held: Option<Vec<Value>> = (!dispatch.releases_as_generated()).then(Vec::new);
         let (sink, mut deltas) = mpsc::channel(DELTAS_IN_FLIGHT);
@@ -66,31 +68,48 @@ impl Worker {
                 }
                 Some(delta) = deltas.recv() => {
                     last_chunk_at = Some(std::time::Instant::now());
-                    release(&mut writer, held.as_mut(), &delta);
+                    if let Err(too_large) = release(&mut writer, held.as_mut(), &delta) {
+                        break Err(Stop::TooLarge(too_large));
+                    }
                 }
                 reply = &mut call => break Ok(reply),
-                _ = tokio::time::sleep_until(Instant::from_std(deadline)) => break Err(waiting),
+                _ = tokio::time::sleep_until(Instant::from_std(deadline)) => break Err(Stop::TimedOut(waiting)),
             }
         };
         let outcome = match answered {
             Ok(reply) => {
                 // The call has ended, so its sender is gone: what is left
                 // in the channel is all there is.
+                let mut refused = None;
                 while let Ok(delta) = deltas.try_recv() {
-                    release(&mut writer, held.as_mut(), &delta);
+                    if let Err(too_large) = release(&mut writer, held.as_mut(), &delta) {
+                        refused = Some(too_large);
+                        break;
+                    }
                 }
                 self.app
                     .metrics()
                     .observe_provider_call(&provider, sent_at.elapsed());
                 let outcome = self.settle(&provider, reply, slot.as_ref());
-                if let (Some(held), Outcome::Succeeded(_)) = (held, &outcome) {
+                if let (Some(held), Outcome::Succeeded(_), None) = (held, &outcome, &refused) {
                     for delta in &held {
-                        writer.release(delta);
+                        if let Err(too_large) = writer.release(delta) {
+                            refused = Some(too_large);
+                            break;
+                        }
                     }
                 }
-                outcome
+                match refused {
+                    Some(too_large) => too_large_outcome(&too_large, writer.released()),
+                    None => outcome,
+                }
             }
-            Err(waiting) => {
+            Err(Stop::TooLarge(too_large)) => {
+                // Refused: nothing more of this call is read or released.
+                drop(call);
+                too_large_outcome(&too_large, writer.released())
+            }
+            Err(Stop::TimedOut(waiting)) => {
                 // Closed: the provider may still be generating (and
                 // billing), so the attempt is unknown, and nothing more of
                 // this call is released.
@@ -114,10 +133,34 @@ impl Worker {
     }
 }
 
+/// Why the worker stopped listening to a streaming call before it ended.
+enum Stop {
+    /// A clock ran out (`domain::stream::StreamTimeouts`).
+    TimedOut(crate::domain::stream::Waiting),
+    /// A delta would take the stream past `server.max_stream_bytes`.
+    TooLarge(TooLarge),
+}
+
+/// A streamed answer refused past the buffer cap: a definite failure, so
+/// what follows is `domain::stream::failure_after`'s rule (no failover once
+/// a chunk was released).
+fn too_large_outcome(too_large: &TooLarge, released: u64) -> Outcome {
+    let reason = crate::domain::stream::too_large_reason(too_large.cap);
+    tracing::warn!(released, "{reason}: the attempt fails");
+    Outcome::Failed(crate::domain::outcome::Reason::invalid_output(reason))
+}
+
 /// Releases a delta, or holds it while the answer must be judged whole.
-fn release(writer: &mut StreamWriter, held: Option<&mut Vec<Value>>, delta: &Value) {
+fn release(
+    writer: &mut StreamWriter,
+    held: Option<&mut Vec<Value>>,
+    delta: &Value,
+) -> Result<(), TooLarge> {
     match held {
-        Some(held) => held.push(delta.clone()),
+        Some(held) => {
+            held.push(delta.clone());
+            Ok(())
+        }
         None => writer.release(delta),
     }
 }

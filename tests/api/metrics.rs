@@ -1,6 +1,8 @@
 //! `/metrics`: every series is exported, each moves when what it counts
 //! happens (a job created, replayed and refused, an attempt going unknown,
-//! abandoned, won and lost, a race), and only admins may read them.
+//! abandoned, won and lost, a race), and only admins may read them. The
+//! stream series (time to first token, streams followed, stream limits)
+//! move in `crate::streaming`, where streams run.
 
 use std::collections::HashMap;
 
@@ -15,7 +17,7 @@ use crate::support::harness::{
 };
 
 /// Every family onejob exports, with its Prometheus type.
-const FAMILIES: [(&str, &str); 13] = [
+const FAMILIES: [(&str, &str); 16] = [
     ("onejob_jobs_created", "counter"),
     ("onejob_jobs_replayed", "counter"),
     ("onejob_idempotency_conflicts", "counter"),
@@ -29,6 +31,9 @@ const FAMILIES: [(&str, &str); 13] = [
     ("onejob_pruned_rows", "counter"),
     ("onejob_unknown_attempts", "gauge"),
     ("onejob_oldest_unknown_attempt_age_seconds", "gauge"),
+    ("onejob_time_to_first_token_seconds", "histogram"),
+    ("onejob_streams_followed", "gauge"),
+    ("onejob_stream_limits_hit", "counter"),
 ];
 
 /// One scrape: the text, and each sample by its series (name and labels,
@@ -139,6 +144,10 @@ async fn the_series_move_as_jobs_run(backend: TestBackend) {
         provider_calls("slow"),
         "onejob_pruned_rows_total{table=\"jobs\"}".to_owned(),
         UNKNOWN_NOW.to_owned(),
+        "onejob_streams_followed".to_owned(),
+        "onejob_stream_limits_hit_total{limit=\"followers\"}".to_owned(),
+        "onejob_stream_limits_hit_total{limit=\"buffer\"}".to_owned(),
+        "onejob_time_to_first_token_seconds_count{provider=\"slow\"}".to_owned(),
     ] {
         assert_eq!(start.samples.get(&series), Some(&0.0), "{series}");
     }

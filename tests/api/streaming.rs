@@ -16,9 +16,10 @@ use crate::support::fake_provider::{
     config_of, Behaviour, FakeProvider, ProviderToml, Shape, StreamStep,
 };
 use crate::support::harness::{
-    chat_request, spawn_app_with, start_instance, test_config, TestApp, TestBackend, TestDb,
-    DEFAULT_TEST_PROVIDERS,
+    chat_request, spawn_app_with, start_instance, test_config, FormClient, TestApp, TestBackend,
+    TestDb, DEFAULT_TEST_PROVIDERS,
 };
+use crate::support::metrics::{metric_sum, metrics};
 use crate::support::sse::{content_of, SseEvent, SseReader};
 
 on_both_backends!(
@@ -30,6 +31,10 @@ on_both_backends!(
     a_duplicate_in_another_process_receives_the_same_content_from_one_upstream_call,
     a_kill_mid_stream_leaves_the_attempt_unknown_and_never_sends_it_again,
     two_concurrent_duplicates_in_two_processes_receive_identical_content_from_one_call,
+    a_follower_past_the_cap_gets_a_429_and_one_that_hangs_up_frees_its_place,
+    an_answer_past_the_stream_byte_cap_fails_over_before_a_chunk_and_fails_the_job_after,
+    time_to_first_token_is_observed_by_provider_when_the_first_chunk_is_released,
+    a_job_pages_stream_is_its_owners_alone_and_resumes_after_last_event_id,
 );
 
 /// How long `up` may go quiet between chunks: longer than any wait of a
@@ -611,4 +616,352 @@ async fn a_kill_mid_stream_leaves_the_attempt_unknown_and_never_sends_it_again(
     assert_eq!(error["error"]["code"], "outcome_unknown", "{error:#}");
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     assert_eq!(upstream.total_requests(), 1, "never re-sent");
+}
+
+/// Scrapes `/metrics` until the sample called `name` (with `labels`) is
+/// `value`; panics after 10 s with what it was.
+async fn wait_for_metric(app: &TestApp, name: &str, labels: &[(&str, &str)], value: f64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let now = metric_sum(&metrics(app).await, name, labels);
+        if now == value {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{name}{labels:?} stayed {now}, not {value}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+async fn a_follower_past_the_cap_gets_a_429_and_one_that_hangs_up_frees_its_place(
+    backend: TestBackend,
+) {
+    let upstream = FakeProvider::start(Shape::OpenAi).await;
+    upstream.push(Behaviour::Stream(vec![
+        StreamStep::Text("held ".into()),
+        StreamStep::Gate,
+        StreamStep::Text("open".into()),
+    ]));
+    let mut config = stream_config(&upstream, None);
+    config.server.max_followers_per_job = 2;
+    // A quiet stream's keep-alive is how a client that hung up is noticed.
+    config.server.stream_keepalive_ms = 200;
+    let app = spawn_app_with(backend, config).await;
+    let body = streaming("capped");
+    let followed = "onejob_streams_followed";
+    let mut first = open_stream(chat_request(&app, "capped", &body)).await;
+    let request_id = the_request_id(&upstream).await;
+    let mut seen_first = first.until_content().await;
+    let mut second = open_stream(chat_request(&app, "capped", &body)).await;
+    assert_eq!(content_of(&second.until_content().await), "held ");
+    wait_for_metric(&app, followed, &[], 2.0).await;
+
+    // A third follower of the job is refused, in OpenAI's shape, with a
+    // retry the SDKs make on their own; it changes nothing.
+    let refused = chat_request(&app, "capped", &body).send().await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    assert_eq!(refused.headers()["x-should-retry"], "true");
+    let error: Value = refused.json().await.unwrap();
+    assert_eq!(error["error"]["code"], "too_many_followers", "{error:#}");
+    assert_eq!(error["error"]["type"], "rate_limit_error", "{error:#}");
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("already has 2 followers") && message.contains("max_followers_per_job"),
+        "{message}"
+    );
+    let exposition = metrics(&app).await;
+    assert_eq!(
+        metric_sum(
+            &exposition,
+            "onejob_stream_limits_hit_total",
+            &[("limit", "followers")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric_sum(&exposition, followed, &[]),
+        2.0,
+        "the refusal follows nothing"
+    );
+
+    // A follower that hangs up mid-stream gives its place back within a
+    // few keep-alives, though the upstream sends nothing meanwhile.
+    drop(second);
+    wait_for_metric(&app, followed, &[], 1.0).await;
+    assert_eq!(
+        upstream.chunks_sent(&request_id),
+        1,
+        "nothing moved meanwhile"
+    );
+    let mut third = open_stream(chat_request(&app, "capped", &body)).await;
+    let mut seen_third = third.until_content().await;
+    assert_eq!(content_of(&seen_third), "held ");
+
+    upstream.wait_gate(&request_id, 1).await;
+    upstream.open_gate(&request_id);
+    seen_first.extend(first.rest().await);
+    seen_third.extend(third.rest().await);
+    assert_eq!(content_of(&seen_first), "held open");
+    assert_eq!(seen_third, seen_first, "the same stream");
+    // Streams that ended follow nothing.
+    wait_for_metric(&app, followed, &[], 0.0).await;
+    assert_eq!(upstream.total_requests(), 1, "one upstream call");
+}
+
+async fn an_answer_past_the_stream_byte_cap_fails_over_before_a_chunk_and_fails_the_job_after(
+    backend: TestBackend,
+) {
+    let upstream = FakeProvider::start(Shape::OpenAi).await;
+    let backup = FakeProvider::start(Shape::OpenAi).await;
+    backup.set_default(Behaviour::AnswerText("pong".into()));
+    let mut config = stream_config(&upstream, Some(&backup));
+    config.server.max_stream_bytes = 1024;
+    let app = spawn_app_with(backend, config).await;
+    let report = app.app.qualify(None, "backup", "gpt-stream").await.unwrap();
+    assert!(report.passed(), "{:?}", report.checks);
+    let qualifying_calls = backup.total_requests();
+    let big = "x".repeat(1500);
+
+    // A first chunk past the cap: nothing was released, so the refusal is
+    // a definite failure like any other, and the backup answers.
+    upstream.push(Behaviour::Stream(vec![StreamStep::Text(big.clone())]));
+    backup.push(Behaviour::stream_of(&["small ", "enough"]));
+    let mut reader = open_stream(chat_request(&app, "big-first", &streaming("big-first"))).await;
+    let events = reader.rest().await;
+    assert_eq!(content_of(&events), "small enough", "{events:#?}");
+    assert!(events.last().unwrap().is_done());
+    let job = app.get_job(&app.alice.token, &job_id_of(&events)).await;
+    assert_eq!(job["status"], "succeeded", "{job:#}");
+    assert_eq!(job["attempts"][0]["state"], "failed");
+    assert!(
+        job["attempts"][0]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("1024 bytes") && e.contains("max_stream_bytes")),
+        "{job:#}"
+    );
+    assert_eq!(job["attempts"][1]["provider"], "backup");
+
+    // Past the cap after a released chunk: the clients keep what they saw
+    // and get a terminal error event; the job fails, with no failover.
+    upstream.push(Behaviour::Stream(vec![
+        StreamStep::Text("seen ".into()),
+        StreamStep::Text(big),
+        StreamStep::Text("never".into()),
+    ]));
+    let mut reader = open_stream(chat_request(&app, "big-later", &streaming("big-later"))).await;
+    let events = reader.rest().await;
+    assert_eq!(content_of(&events), "seen ", "{events:#?}");
+    assert_eq!(
+        events.last().unwrap().error_code().as_deref(),
+        Some("job_failed"),
+        "{events:#?}"
+    );
+    assert!(!events.iter().any(SseEvent::is_done));
+    let job = app.get_job(&app.alice.token, &job_id_of(&events)).await;
+    assert_eq!(job["status"], "failed", "{job:#}");
+    assert_eq!(job["attempts"].as_array().unwrap().len(), 1, "no failover");
+    assert!(
+        job["attempts"][0]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("max_stream_bytes")),
+        "{job:#}"
+    );
+    assert_eq!(backup.total_requests(), qualifying_calls + 1);
+    let exposition = metrics(&app).await;
+    assert_eq!(
+        metric_sum(
+            &exposition,
+            "onejob_stream_limits_hit_total",
+            &[("limit", "buffer")]
+        ),
+        2.0
+    );
+}
+
+async fn time_to_first_token_is_observed_by_provider_when_the_first_chunk_is_released(
+    backend: TestBackend,
+) {
+    let upstream = FakeProvider::start(Shape::OpenAi).await;
+    upstream.push(Behaviour::Stream(vec![
+        StreamStep::Wait(300),
+        StreamStep::Text("late ".into()),
+        StreamStep::Gate,
+        StreamStep::Text("start".into()),
+    ]));
+    let app = spawn_app_with(backend, stream_config(&upstream, None)).await;
+    let ttft = "onejob_time_to_first_token_seconds";
+    let count = format!("{ttft}_count");
+    let before = metrics(&app).await;
+    assert_eq!(
+        metric_sum(&before, &count, &[("provider", "up")]),
+        0.0,
+        "written at zero from the start: {before}"
+    );
+    assert!(before.contains(&format!("# TYPE {ttft} histogram")));
+
+    let mut reader = open_stream(chat_request(&app, "ttft", &streaming("ttft"))).await;
+    let request_id = the_request_id(&upstream).await;
+    let seen = reader.until_content().await;
+    assert_eq!(content_of(&seen), "late ");
+    // Observed once the first chunk was released, while the upstream is
+    // still held before its second.
+    let exposition = metrics(&app).await;
+    assert_eq!(metric_sum(&exposition, &count, &[("provider", "up")]), 1.0);
+    let took = metric_sum(&exposition, &format!("{ttft}_sum"), &[("provider", "up")]);
+    assert!((0.3..10.0).contains(&took), "{took} s to the first token");
+    assert_eq!(
+        metric_sum(
+            &exposition,
+            &format!("{ttft}_bucket"),
+            &[("provider", "up"), ("le", "0.256")]
+        ),
+        0.0,
+        "not before the upstream sent it"
+    );
+    upstream.wait_gate(&request_id, 1).await;
+    upstream.open_gate(&request_id);
+    let _ = reader.rest().await;
+    // Once per attempt, not per chunk.
+    let exposition = metrics(&app).await;
+    assert_eq!(metric_sum(&exposition, &count, &[("provider", "up")]), 1.0);
+}
+
+/// A job page's stream as a signed-in browser asks for it.
+async fn page_stream(client: &FormClient, job_id: &str, last: Option<&str>) -> reqwest::Response {
+    let mut request = client
+        .http
+        .get(format!("{}/jobs/{job_id}/stream", client.base))
+        .header("Accept", "text/event-stream");
+    if let Some(last) = last {
+        request = request.header("Last-Event-ID", last);
+    }
+    request.send().await.unwrap()
+}
+
+/// The page stream's events with data (the `retry:` hint has none).
+async fn page_events(reader: &mut SseReader, until_end: bool) -> Vec<SseEvent> {
+    let mut events = Vec::new();
+    while let Some(event) = reader.next().await {
+        if event.data.is_empty() {
+            continue;
+        }
+        let end = event.json().get("status").is_some();
+        events.push(event);
+        if !until_end || end {
+            if !until_end {
+                return events;
+            }
+            break;
+        }
+    }
+    events
+}
+
+async fn a_job_pages_stream_is_its_owners_alone_and_resumes_after_last_event_id(
+    backend: TestBackend,
+) {
+    let upstream = FakeProvider::start(Shape::OpenAi).await;
+    upstream.push(Behaviour::Stream(vec![
+        StreamStep::Text("page ".into()),
+        StreamStep::Text("by ".into()),
+        StreamStep::Gate,
+        StreamStep::Text("page".into()),
+    ]));
+    let app = spawn_app_with(backend, stream_config(&upstream, None)).await;
+    // The API client hangs up after its first chunk: the job goes on.
+    let mut first = open_stream(chat_request(&app, "paged", &streaming("paged"))).await;
+    let request_id = the_request_id(&upstream).await;
+    let job_id = job_id_of(&first.until_content().await);
+    drop(first);
+    upstream.wait_gate(&request_id, 1).await;
+
+    for name in ["alice", "bob", "sue"] {
+        app.set_password(name, &format!("{name}-pw")).await;
+    }
+    let alice = FormClient::new(&app);
+    alice.sign_in("alice", "alice-pw").await;
+
+    // The owner follows from the first chunk, live.
+    let response = page_stream(&alice, &job_id, None).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut reader = SseReader::new(response);
+    let mut texts = Vec::new();
+    for _ in 0..2 {
+        texts.extend(page_events(&mut reader, false).await);
+    }
+    let said: Vec<(Option<&str>, Value)> =
+        texts.iter().map(|e| (e.id.as_deref(), e.json())).collect();
+    assert_eq!(
+        said,
+        [
+            (Some("1"), json!({"text": "page "})),
+            (Some("2"), json!({"text": "by "}))
+        ]
+    );
+    // Resumed after event 1 while the upstream is held: event 2 on.
+    let mut resumed = SseReader::new(page_stream(&alice, &job_id, Some("1")).await);
+    let next = page_events(&mut resumed, false).await;
+    assert_eq!(next[0].id.as_deref(), Some("2"), "{next:?}");
+
+    upstream.open_gate(&request_id);
+    let rest = page_events(&mut reader, true).await;
+    let ids: Vec<&str> = rest.iter().filter_map(|e| e.id.as_deref()).collect();
+    assert_eq!(ids, ["3", "4"], "{rest:?}");
+    assert_eq!(rest[0].json(), json!({"text": "page"}));
+    assert_eq!(rest[1].json()["status"], "succeeded");
+    assert!(
+        reader.next().await.is_none(),
+        "the stream ends after its end"
+    );
+    let _ = page_events(&mut resumed, true).await;
+
+    // After the job ended: the stored chunks, then the end.
+    let mut after = SseReader::new(page_stream(&alice, &job_id, Some("2")).await);
+    let events = page_events(&mut after, true).await;
+    let said: Vec<Value> = events.iter().map(SseEvent::json).collect();
+    assert_eq!(said[0], json!({"text": "page"}), "{said:?}");
+    assert_eq!(said[1]["status"], "succeeded");
+    let text: String = page_events(
+        &mut SseReader::new(page_stream(&alice, &job_id, None).await),
+        true,
+    )
+    .await
+    .iter()
+    .filter_map(|e| e.json()["text"].as_str().map(str::to_owned))
+    .collect();
+    assert_eq!(
+        text,
+        stored_content(&app, &job_id).await,
+        "the stored answer"
+    );
+
+    // A malformed Last-Event-ID is a readable 400.
+    let refused = page_stream(&alice, &job_id, Some("two")).await;
+    assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
+    assert!(refused.text().await.unwrap().contains("Last-Event-ID"));
+
+    // Nobody else follows it, staff included: the 404 of a job that does
+    // not exist, word for word.
+    let missing = onejob::domain::JobId::new().to_string();
+    let anonymous = FormClient::new(&app);
+    let nobody = page_stream(&anonymous, &job_id, None).await;
+    assert_eq!(nobody.status(), StatusCode::SEE_OTHER, "sign in first");
+    for name in ["bob", "sue"] {
+        let other = FormClient::new(&app);
+        other.sign_in(name, &format!("{name}-pw")).await;
+        let theirs = page_stream(&other, &job_id, None).await;
+        assert_eq!(theirs.status(), StatusCode::NOT_FOUND, "{name}");
+        let page = theirs.text().await.unwrap();
+        assert!(!page.contains(&job_id), "{name}: {page}");
+        let none = page_stream(&other, &missing, None)
+            .await
+            .text()
+            .await
+            .unwrap();
+        assert_eq!(page, none, "{name}: the same answer as for no job");
+    }
+    assert_eq!(upstream.total_requests(), 1);
 }

@@ -46,6 +46,7 @@ struct SubmitPage<'a> {
 
 /// What a fresh form for a chat route holds: a request to start from.
 const CHAT_EXAMPLE: &str = r#"{
+  "stream": true,
   "messages": [
     {"role": "system", "content": "Answer in one sentence."},
     {"role": "user", "content": "What does an idempotency key do?"}
@@ -358,6 +359,9 @@ struct AuditLine {
 struct JobPage {
     nav: Nav,
     live: JobLive,
+    /// The owner's page of a streaming chat job that has not finished:
+    /// it follows the job's text live (`/jobs/{id}/stream`).
+    live_text: bool,
     /// For staff: whose job it is.
     owner: Option<String>,
     /// For staff: what support did to it.
@@ -375,6 +379,8 @@ struct JobLive {
     is_live: bool,
     created: String,
     input: String,
+    /// A chat answer's text, shown as text.
+    answer: Option<String>,
     result: String,
     failure_reason: String,
     attempts: Vec<AttemptLine>,
@@ -429,6 +435,10 @@ fn job_live(user: &SignedIn, job: &Job, attempts: &[Attempt], allowed: Vec<Strin
         is_live: !job.status.is_terminal() || live.is_some(),
         created: when(job.created_at),
         input: pretty(&job.input.value()),
+        answer: job
+            .result
+            .as_ref()
+            .and_then(|r| r.value()["message"]["content"].as_str().map(str::to_owned)),
         result: job
             .result
             .as_ref()
@@ -487,9 +497,11 @@ pub async fn job_page(
     } else {
         (None, Vec::new())
     };
+    let live_text = job.owner_id == user.user.id && super::live_text::streams_live(&job);
     Ok(render(&JobPage {
         nav: user.nav(),
         live,
+        live_text,
         owner,
         audit,
     }))

@@ -5,6 +5,7 @@
 
 pub mod console;
 pub mod job_pages;
+pub mod live_text;
 pub mod paging;
 pub mod session;
 pub mod timeline;
@@ -23,6 +24,10 @@ pub use session::SignedIn;
 pub const HTMX_PATH: &str = "/static/htmx-2.0.11.min.js";
 const HTMX_JS: &str = include_str!("../../../static/htmx-2.0.11.min.js");
 const STYLESHEET: &str = include_str!("../../../static/style.css");
+/// onejob's own script for a job page's live text (an `EventSource` on
+/// `/jobs/{id}/stream`); versioned in its name like htmx.
+pub const LIVE_TEXT_PATH: &str = "/static/live-text-1.js";
+const LIVE_TEXT_JS: &str = include_str!("../../../static/live-text-1.js");
 
 /// What the layout needs to draw the navigation.
 #[derive(Debug, Clone, Default)]
@@ -33,12 +38,14 @@ pub struct Nav {
     /// The session's CSRF token, for the sign-out form.
     pub csrf: String,
     pub htmx: &'static str,
+    pub live_text: &'static str,
 }
 
 impl Nav {
     pub fn anonymous() -> Self {
         Self {
             htmx: HTMX_PATH,
+            live_text: LIVE_TEXT_PATH,
             ..Self::default()
         }
     }
@@ -258,6 +265,15 @@ pub async fn htmx() -> HttpResponse {
         .content_type("text/javascript; charset=utf-8")
         .insert_header((header::CACHE_CONTROL, "public, max-age=31536000, immutable"))
         .body(HTMX_JS)
+}
+
+/// The live-text script: its name changes with its content, so it is
+/// immutable.
+pub async fn live_text_js() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/javascript; charset=utf-8")
+        .insert_header((header::CACHE_CONTROL, "public, max-age=31536000, immutable"))
+        .body(LIVE_TEXT_JS)
 }
 
 /// Formats Unix milliseconds for people: `2026-11-29 14:03:07 UTC`.

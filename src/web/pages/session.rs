@@ -70,6 +70,7 @@ impl SignedIn {
             is_admin: self.user.role.is_admin(),
             csrf: self.csrf.clone(),
             htmx: HTMX_PATH,
+            live_text: super::LIVE_TEXT_PATH,
         }
     }
 

@@ -1,7 +1,7 @@
 //! Real headless Chromium, driven through chromedriver, one module a page:
 //! the Submit form ([`submit`]), the support console's Unknown queue and
-//! race log ([`console`]), Users ([`users`]) and job search
-//! ([`job_search`]). The browser, the DevTools client, the holding proxy
+//! race log ([`console`]), Users ([`users`]), job search
+//! ([`job_search`]) and a chat job's live text ([`live_text`]). The browser, the DevTools client, the holding proxy
 //! and the row readers they use are in [`crate::support`]; whether pages
 //! fit at 1280 and 390 px, and the README's screenshots of them, are in
 //! [`crate::browser_pages`].
@@ -13,6 +13,7 @@ use crate::support::harness::{spawn_app_with, TestApp, TestBackend};
 
 mod console;
 mod job_search;
+mod live_text;
 mod submit;
 mod users;
 

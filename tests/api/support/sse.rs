@@ -101,6 +101,13 @@ impl SseReader {
                         event.data.push_str(data);
                     }
                 }
+                // A block of comments only (a keep-alive) is no event.
+                if block
+                    .lines()
+                    .all(|line| line.is_empty() || line.starts_with(':'))
+                {
+                    continue;
+                }
                 return Some(event);
             }
             if self.ended {
