@@ -36,6 +36,7 @@ use serde_json::{json, Map, Value};
 
 use super::auth::{authenticate_api_key_or, Caller};
 use super::body::{json_text, BodyRules};
+use super::chat_stream::KEEPALIVE;
 use super::error::ApiError;
 use super::openai_compat::{idempotency_key, job_error, needs_support, OpenAiError};
 use crate::app::intake::JobRequest;
@@ -581,6 +582,7 @@ pub fn message(job: &Job, result: &Value) -> Value {
         (status = 415, description = "Not application/json", body = AnthropicErrorBody),
         (status = 422, description = "A number no double holds exactly, or nesting too deep", body = AnthropicErrorBody),
         (status = 424, description = "The job failed (`api_error`); not retried", body = AnthropicErrorBody),
+        (status = 429, description = "A stream with as many followers as `server.max_followers_per_job` allows (`rate_limit_error`); retried after `Retry-After`", body = AnthropicErrorBody),
         (status = 503, description = "Still running when the wait ended, outcome unknown pending support, or database busy (`overloaded_error`); `Retry-After` says when to retry with the same key", body = AnthropicErrorBody,
             headers(("Retry-After" = String, description = "Seconds"))),
     ),
@@ -668,12 +670,19 @@ fn stream_response(app: &App, job: Job, replayed: bool, resume: Option<i64>) -> 
     if replayed {
         response.insert_header(("Idempotent-Replayed", "true"));
     }
+    // From the first chunk whatever the resumption: which block a chunk
+    // belongs to depends on the chunks before it.
+    let follower = match app.follow_stream(job.clone(), 0, app.max_wait()) {
+        Ok(follower) => follower,
+        Err(refused) => {
+            return AnthropicError::from(OpenAiError::too_many_followers(&job, &refused))
+                .error_response()
+        }
+    };
     let events = Events {
         blocks: Blocks::default(),
         start: message_start(&job),
-        // From the first chunk whatever the resumption: which block a
-        // chunk belongs to depends on the chunks before it.
-        follower: app.follow_stream(job, 0, app.max_wait()),
+        follower,
         last_sent: resume.unwrap_or(-1),
         ended: false,
     };
@@ -834,6 +843,7 @@ impl Events {
                 }
                 Followed::Ended { job, needs_support } => self.error_event(&job, needs_support),
                 Followed::StillWaiting { job } => self.error_event(&job, false),
+                Followed::Quiet => KEEPALIVE.to_owned(),
             };
             // A chunk this client already has (before its Last-Event-ID)
             // moves the blocks on and sends nothing.

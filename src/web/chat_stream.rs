@@ -16,10 +16,10 @@ use actix_web::{HttpRequest, HttpResponse};
 use futures_util::stream;
 use serde_json::{json, Value};
 
-use super::openai_compat::{
-    completion_id, job_error, OpenAiError, OpenAiErrorBody, OpenAiErrorDetail,
-};
-use crate::app::streams::{FollowRefused, Followed, Follower};
+use actix_web::ResponseError;
+
+use super::openai_compat::{completion_id, job_error, OpenAiError};
+use crate::app::streams::{Followed, Follower};
 use crate::app::{App, Job};
 use crate::providers::streaming::whole_answer_deltas;
 
@@ -47,28 +47,6 @@ pub fn last_event_id(req: &HttpRequest) -> Result<Option<i64>, OpenAiError> {
 /// comment, which clients (the SDKs' parsers, `EventSource`) pass over.
 pub const KEEPALIVE: &str = ": keep-alive\n\n";
 
-/// How long a follower refused past the cap should wait before trying
-/// again: followers come and go with their clients.
-const RETRY_FOLLOWERS_SECONDS: u64 = 1;
-
-/// The `429` for a follower past `server.max_followers_per_job`, in
-/// OpenAI's error shape: the SDKs retry it after `Retry-After`, under the
-/// same key, and the retry follows the same stream once there is room.
-fn too_many_followers(job: &Job, refused: &FollowRefused) -> HttpResponse {
-    HttpResponse::TooManyRequests()
-        .insert_header((header::RETRY_AFTER, RETRY_FOLLOWERS_SECONDS.to_string()))
-        .insert_header(("x-should-retry", "true"))
-        .insert_header(("X-Onejob-Job-Id", job.id.to_string()))
-        .json(OpenAiErrorBody {
-            error: OpenAiErrorDetail {
-                message: format!("Job {}: {refused}.", job.id),
-                r#type: "rate_limit_error".to_owned(),
-                param: None,
-                code: Some("too_many_followers".to_owned()),
-            },
-        })
-}
-
 /// The id of a stream's event as a client sent it back (`Last-Event-ID`):
 /// 1 to 18 decimal digits ([`LAST_EVENT_ID_PATTERN`]), else `None`.
 pub fn parse_event_id(value: &[u8]) -> Option<i64> {
@@ -89,7 +67,7 @@ pub fn response(
 ) -> HttpResponse {
     let follower = match app.follow_stream(job.clone(), resume.unwrap_or(0), app.max_wait()) {
         Ok(follower) => follower,
-        Err(refused) => return too_many_followers(&job, &refused),
+        Err(refused) => return OpenAiError::too_many_followers(&job, &refused).error_response(),
     };
     let mut response = HttpResponse::Ok();
     response

@@ -24,6 +24,7 @@ use super::auth::{authenticate_or, Caller};
 use super::body::{json_text, BodyRules};
 use super::error::{ApiError, ProblemType};
 use crate::app::intake::JobRequest;
+use crate::app::streams::FollowRefused;
 use crate::app::{App, AppError, Attempt, Job};
 use crate::domain::{IdempotencyKey, IdempotencyKeyError, JobStatus};
 
@@ -117,6 +118,22 @@ impl OpenAiError {
         )
         .code("unknown_url")
         .retry(Retry::Never)
+    }
+
+    /// The `429` for a follower past `server.max_followers_per_job`: the
+    /// SDKs retry it after `Retry-After`, under the same key, and the retry
+    /// follows the same stream once there is room (followers come and go
+    /// with their clients).
+    pub fn too_many_followers(job: &Job, refused: &FollowRefused) -> Self {
+        let mut error = Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!("Job {}: {refused}.", job.id),
+        )
+        .code("too_many_followers")
+        .retry(Retry::After(1))
+        .job(job);
+        error.kind = "rate_limit_error";
+        error
     }
 
     /// 405 for a method the path does not declare; `Allow` is set by the caller.
@@ -345,6 +362,7 @@ fn read_request(body: &Value) -> Result<(String, Delivery), OpenAiError> {
         (status = 413, description = "Body too large", body = OpenAiErrorBody),
         (status = 415, description = "Not application/json", body = OpenAiErrorBody),
         (status = 424, description = "The job failed: every provider allowed for the route failed (`job_failed`); not retried", body = OpenAiErrorBody),
+        (status = 429, description = "A stream with as many followers as `server.max_followers_per_job` allows (`too_many_followers`); retried after `Retry-After`", body = OpenAiErrorBody),
         (status = 503, description = "Still running when the wait ended (`job_in_progress`), outcome unknown pending support (`outcome_unknown`, answered at once for a duplicate), or database busy; `Retry-After` says when to retry with the same key", body = OpenAiErrorBody,
             headers(("Retry-After" = String, description = "Seconds"))),
     ),
