@@ -23,6 +23,7 @@ on_both_backends!(
     twenty_concurrent_duplicates_make_one_upstream_call_and_one_message,
     an_anthropic_error_event_after_a_chunk_fails_the_job_and_ends_the_stream_with_an_error,
     tools_reach_either_kind_of_provider_and_tool_calls_come_back_as_tool_use,
+    a_follower_past_the_cap_is_refused_in_anthropics_shape,
 );
 
 /// How long an upstream may go quiet between chunks: longer than any wait
@@ -765,4 +766,37 @@ async fn tools_reach_either_kind_of_provider_and_tool_calls_come_back_as_tool_us
     assert_eq!(sent["tools"], json!([weather]));
     assert_eq!(sent["tool_choice"], json!({"type": "any"}));
     assert_eq!(sent["messages"], body("via-claude")["messages"], "{sent:#}");
+}
+
+/// A streamed message's follower past `server.max_followers_per_job` gets
+/// a `429` in Anthropic's shape, with the retry the SDK makes on its own;
+/// the stream it would have joined goes on, from one upstream call.
+async fn a_follower_past_the_cap_is_refused_in_anthropics_shape(backend: TestBackend) {
+    let openai = FakeProvider::start(Shape::OpenAi).await;
+    let claude = FakeProvider::start(Shape::Anthropic).await;
+    let mut config = config(&openai, &claude);
+    config.server.max_followers_per_job = 1;
+    let app = spawn_app_with(backend, config).await;
+    openai.push(Behaviour::Stream(vec![
+        StreamStep::Text("held ".into()),
+        StreamStep::Gate,
+        StreamStep::Text("open".into()),
+    ]));
+    let mut body = hello("via-openai", "capped");
+    body["stream"] = json!(true);
+    let mut first = open_stream(messages(&app, "capped", &body)).await;
+    let request_id = the_request_id(&openai).await;
+    let mut seen = until_text(&mut first).await;
+
+    let refused = messages(&app, "capped", &body).send().await.unwrap();
+    assert_eq!(header(&refused, "retry-after"), Some("1"));
+    assert_eq!(header(&refused, "x-should-retry"), Some("true"));
+    let message = anthropic_error(refused, StatusCode::TOO_MANY_REQUESTS, "rate_limit_error").await;
+    assert!(message.contains("max_followers_per_job"), "{message}");
+
+    openai.wait_gate(&request_id, 1).await;
+    openai.open_gate(&request_id);
+    seen.extend(first.rest().await);
+    assert_eq!(text_of(&seen), "held open");
+    assert_eq!(openai.total_requests(), 1, "one upstream call");
 }
