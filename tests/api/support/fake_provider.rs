@@ -454,6 +454,38 @@ fn request_asks_usage(state: &Shared, request_id: &str) -> bool {
 }
 
 /// Acts out a [`Behaviour::Stream`].
+/// Counts a chunk the stream of `request_id` sent, and tells the waiters.
+fn chunk_sent(state: &Shared, request_id: &str) {
+    *lock(state)
+        .chunks_sent
+        .entry(request_id.to_owned())
+        .or_default() += 1;
+    state.changed.notify_waiters();
+}
+
+/// Holds the stream of `request_id` at its `gate`-th gate until the test
+/// has opened that many.
+async fn hold_at_gate(state: &Shared, request_id: &str, gate: usize) {
+    *lock(state)
+        .gates_reached
+        .entry(request_id.to_owned())
+        .or_default() += 1;
+    state.changed.notify_waiters();
+    loop {
+        let changed = state.changed.notified();
+        if lock(state)
+            .gates_opened
+            .get(request_id)
+            .copied()
+            .unwrap_or(0)
+            >= gate
+        {
+            break;
+        }
+        changed.await;
+    }
+}
+
 async fn stream_answer(
     mut stream: TcpStream,
     steps: &[StreamStep],
@@ -487,33 +519,12 @@ async fn stream_answer(
                     .write_all(chunk(json!({ "content": text }), Value::Null).as_bytes())
                     .await?;
                 stream.flush().await?;
-                *lock(state)
-                    .chunks_sent
-                    .entry(request_id.to_owned())
-                    .or_default() += 1;
-                state.changed.notify_waiters();
+                chunk_sent(state, request_id);
             }
             StreamStep::Wait(ms) => tokio::time::sleep(Duration::from_millis(*ms)).await,
             StreamStep::Gate => {
                 gates += 1;
-                *lock(state)
-                    .gates_reached
-                    .entry(request_id.to_owned())
-                    .or_default() += 1;
-                state.changed.notify_waiters();
-                loop {
-                    let changed = state.changed.notified();
-                    if lock(state)
-                        .gates_opened
-                        .get(request_id)
-                        .copied()
-                        .unwrap_or(0)
-                        >= gates
-                    {
-                        break;
-                    }
-                    changed.await;
-                }
+                hold_at_gate(state, request_id, gates).await;
             }
             StreamStep::Stall => {
                 std::future::pending::<()>().await;
@@ -585,33 +596,12 @@ async fn stream_anthropic(
                     "delta": {"type": "text_delta", "text": text}});
                 stream.write_all(event(delta).as_bytes()).await?;
                 stream.flush().await?;
-                *lock(state)
-                    .chunks_sent
-                    .entry(request_id.to_owned())
-                    .or_default() += 1;
-                state.changed.notify_waiters();
+                chunk_sent(state, request_id);
             }
             StreamStep::Wait(ms) => tokio::time::sleep(Duration::from_millis(*ms)).await,
             StreamStep::Gate => {
                 gates += 1;
-                *lock(state)
-                    .gates_reached
-                    .entry(request_id.to_owned())
-                    .or_default() += 1;
-                state.changed.notify_waiters();
-                loop {
-                    let changed = state.changed.notified();
-                    if lock(state)
-                        .gates_opened
-                        .get(request_id)
-                        .copied()
-                        .unwrap_or(0)
-                        >= gates
-                    {
-                        break;
-                    }
-                    changed.await;
-                }
+                hold_at_gate(state, request_id, gates).await;
             }
             StreamStep::Stall => {
                 std::future::pending::<()>().await;
