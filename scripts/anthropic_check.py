@@ -25,217 +25,46 @@ Usage: python3 scripts/anthropic_check.py --onejob target/debug/onejob
 Prints its figures; exits non-zero on the first failed check.
 """
 
-import argparse
-import concurrent.futures
-import json
-import os
-import socket
-import subprocess
 import sys
-import tempfile
-import threading
 import time
-import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import anthropic
 
-# The SDK's HTTP client library: httpx2 in the pinned SDK, httpx before it.
-try:
-    import httpx2 as httpx
-except ImportError:
-    import httpx
+# check_support sits next to this script; keep its bytecode out of the tree.
+sys.dont_write_bytecode = True
+from check_support import (USAGE, Checks, Counting, FakeUpstream, at_once, chunk, completion,
+                           delayed, main)
 
 UPSTREAM_KEY = "sk-upstream-for-the-anthropic-check"
 ROUTE = "claude-safe"
 
+check = Checks("anthropic check")
 
-class Upstream:
+
+class Upstream(FakeUpstream):
     """A fake OpenAI-compatible provider. A user message `slow:<s>:<text>`
     is answered after <s> seconds; the answer is `echo: <text>`, streamed
     in three pieces when the request asks for a stream."""
 
     def __init__(self):
-        self.lock = threading.Lock()
-        self.calls = {}  # the last user message -> calls received
-        upstream = self
+        super().__init__(UPSTREAM_KEY)
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+    def answer(self, handler, body, said):
+        echo = f"echo: {delayed(said)}"
+        if body.get("stream"):
+            return self.stream(handler, body["model"], echo)
+        handler.reply(200, completion(body["model"], echo))
 
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                length = int(self.headers.get("Content-Length", "0"))
-                body = json.loads(self.rfile.read(length) or b"{}")
-                if self.headers.get("Authorization") != f"Bearer {UPSTREAM_KEY}":
-                    return self.reply(401, {"error": {"message": "bad key"}})
-                said = body["messages"][-1]["content"]
-                if isinstance(said, list):
-                    said = "".join(part.get("text", "") for part in said)
-                with upstream.lock:
-                    upstream.calls[said] = upstream.calls.get(said, 0) + 1
-                text = said
-                if said.startswith("slow:"):
-                    _, seconds, text = said.split(":", 2)
-                    time.sleep(float(seconds))
-                answer = f"echo: {text}"
-                usage = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
-                if body.get("stream"):
-                    return self.stream(body["model"], answer, usage)
-                self.reply(200, {
-                    "id": "chatcmpl-upstream",
-                    "object": "chat.completion",
-                    "created": int(time.time()),
-                    "model": body["model"],
-                    "choices": [{
-                        "index": 0,
-                        "message": {"role": "assistant", "content": answer},
-                        "finish_reason": "stop",
-                    }],
-                    "usage": usage,
-                })
-
-            def stream(self, model, answer, usage):
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Connection", "close")
-                self.end_headers()
-                self.close_connection = True
-
-                def chunk(delta, finish=None, **extra):
-                    document = {"id": "chatcmpl-upstream", "object": "chat.completion.chunk",
-                                "created": 0, "model": model,
-                                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-                    document.update(extra)
-                    self.wfile.write(f"data: {json.dumps(document)}\n\n".encode())
-                    self.wfile.flush()
-
-                chunk({"role": "assistant", "content": ""})
-                third = max(1, len(answer) // 3)
-                for piece in (answer[:third], answer[third:2 * third], answer[2 * third:]):
-                    chunk({"content": piece})
-                    time.sleep(0.05)
-                chunk({}, "stop")
-                self.wfile.write(("data: " + json.dumps({
-                    "id": "chatcmpl-upstream", "object": "chat.completion.chunk", "created": 0,
-                    "model": model, "choices": [], "usage": usage}) + "\n\n").encode())
-                self.wfile.write(b"data: [DONE]\n\n")
-                self.wfile.flush()
-
-            def reply(self, status, document):
-                data = json.dumps(document).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def calls_for(self, said):
-        with self.lock:
-            return self.calls.get(said, 0)
-
-    def total(self):
-        with self.lock:
-            return sum(self.calls.values())
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Onejob:
-    """A `onejob serve` process on a fresh SQLite file."""
-
-    def __init__(self, binary, workdir, upstream_port):
-        self.binary = binary
-        self.config = os.path.join(workdir, "onejob.toml")
-        self.database = os.path.join(workdir, "onejob.db")
-        with open(self.config, "w") as f:
-            f.write(f"""
-[server]
-max_wait_seconds = 30
-
-[[providers]]
-name = "upstream"
-kind = "openai"
-base_url = "http://127.0.0.1:{upstream_port}/v1"
-model = "upstream-model"
-api_key_env = "ANTHROPIC_CHECK_UPSTREAM_KEY"
-timeout_ms = 20000
-connect_timeout_ms = 2000
-
-[[tasks]]
-name = "{ROUTE}"
-kind = "chat"
-providers = ["upstream"]
-""")
-        self.env = dict(os.environ, ANTHROPIC_CHECK_UPSTREAM_KEY=UPSTREAM_KEY, RUST_LOG="warn")
-        # The database first: `users` refuses to create a new SQLite file.
-        self.cli("migrate")
-        self.token = self.cli("users", "add", "alice").strip().splitlines()[-1]
-        self.port = free_port()
-        self.log = open(os.path.join(workdir, "server.log"), "w")
-        self.process = subprocess.Popen(
-            self.command("serve", "--bind", f"127.0.0.1:{self.port}"),
-            env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
-        )
-        self.base = f"http://127.0.0.1:{self.port}"
-        deadline = time.time() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{self.base}/readyz", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.time() > deadline or self.process.poll() is not None:
-                raise SystemExit(f"onejob did not become ready; see {self.log.name}")
-            time.sleep(0.1)
-
-    def command(self, *args):
-        return [self.binary, "--config", self.config, "--database-url", self.database, *args]
-
-    def cli(self, *args):
-        return subprocess.run(self.command(*args), env=self.env, check=True,
-                              capture_output=True, text=True).stdout
-
-    def stop(self):
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-
-
-class Counting(httpx.Client):
-    """An HTTP client that counts the requests the SDK sends, and the
-    Idempotency-Key each carried."""
-
-    def __init__(self, **kwargs):
-        self.sent = 0
-        self.keys = set()
-        self.lock = threading.Lock()
-        super().__init__(event_hooks={"request": [self._count]}, **kwargs)
-
-    def _count(self, request):
-        with self.lock:
-            self.sent += 1
-            self.keys.add(request.headers.get("Idempotency-Key"))
-
-
-def check(condition, message):
-    if not condition:
-        raise SystemExit(f"anthropic check FAILED: {message}")
-    print(f"  ok: {message}")
+    def stream(self, handler, model, answer):
+        handler.open_stream()
+        handler.event(chunk(model, {"role": "assistant", "content": ""}))
+        third = max(1, len(answer) // 3)
+        for piece in (answer[:third], answer[third:2 * third], answer[2 * third:]):
+            handler.event(chunk(model, {"content": piece}))
+            time.sleep(0.05)
+        handler.event(chunk(model, {}, "stop"))
+        handler.event(chunk(model, usage=USAGE))
+        handler.done()
 
 
 def client(server, api_key=None, **options):
@@ -247,23 +76,6 @@ def client(server, api_key=None, **options):
 
 def ask(said):
     return [{"role": "user", "content": said}]
-
-
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--onejob", default="target/debug/onejob")
-    args = parser.parse_args()
-    started = time.time()
-    print(f"anthropic check: anthropic {anthropic.__version__}, httpx {httpx.__version__}")
-    upstream = Upstream()
-    with tempfile.TemporaryDirectory() as workdir:
-        server = Onejob(os.path.abspath(args.onejob), workdir, upstream.port)
-        try:
-            run_checks(server, upstream)
-        finally:
-            server.stop()
-    print(f"anthropic check: passed in {time.time() - started:.1f} s; "
-          f"upstream calls in all: {upstream.total()}")
 
 
 def run_checks(server, upstream):
@@ -290,14 +102,10 @@ def run_checks(server, upstream):
     sdk, http = client(server, max_retries=2, timeout=30.0)
     said = "slow:1:twenty at once"
 
-    def one_call(_):
-        return sdk.messages.create(
-            model=ROUTE, max_tokens=64, messages=ask(said),
-            extra_headers={"Idempotency-Key": "anthropic-storm"},
-        )
-
-    with concurrent.futures.ThreadPoolExecutor(max_workers=20) as pool:
-        messages = list(pool.map(one_call, range(20)))
+    messages = at_once(lambda: sdk.messages.create(
+        model=ROUTE, max_tokens=64, messages=ask(said),
+        extra_headers={"Idempotency-Key": "anthropic-storm"},
+    ))
     print(f"  storm: {http.sent} requests, {upstream.calls_for(said)} upstream call(s)")
     check(upstream.calls_for(said) == 1, "twenty concurrent calls, one upstream call")
     check(len({m.id for m in messages}) == 1, "twenty concurrent calls, one message")
@@ -339,37 +147,33 @@ def run_checks(server, upstream):
     sdk.messages.create(model=ROUTE, max_tokens=64, messages=ask("first body"),
                         extra_headers={"Idempotency-Key": "anthropic-conflict"})
     http.sent = 0
-    try:
-        sdk.messages.create(model=ROUTE, max_tokens=64, messages=ask("another body"),
-                            extra_headers={"Idempotency-Key": "anthropic-conflict"})
-        check(False, "a reused key raises ConflictError")
-    except anthropic.ConflictError as error:
-        check(error.status_code == 409, "a reused key raises anthropic.ConflictError (409)")
-        check(http.sent == 1, "the SDK did not retry the conflict")
+    error = check.refused("a reused key raises ConflictError", anthropic.ConflictError,
+                          lambda: sdk.messages.create(
+                              model=ROUTE, max_tokens=64, messages=ask("another body"),
+                              extra_headers={"Idempotency-Key": "anthropic-conflict"}))
+    check(error.status_code == 409, "a reused key raises anthropic.ConflictError (409)")
+    check(http.sent == 1, "the SDK did not retry the conflict")
     check(upstream.calls_for("another body") == 0, "the conflicting body reached no provider")
 
     # 5. No key, a bad token, an unknown model.
     sdk, http = client(server, max_retries=2, timeout=30.0)
-    try:
-        sdk.messages.create(model=ROUTE, max_tokens=64, messages=ask("no key"))
-        check(False, "a request without a key is refused")
-    except anthropic.BadRequestError as error:
-        check("extra_headers" in str(error), "without a key: BadRequestError showing extra_headers")
+    error = check.refused("a request without a key is refused", anthropic.BadRequestError,
+                          lambda: sdk.messages.create(model=ROUTE, max_tokens=64,
+                                                      messages=ask("no key")))
+    check("extra_headers" in str(error), "without a key: BadRequestError showing extra_headers")
     check(upstream.calls_for("no key") == 0, "the keyless request reached no provider")
     bad, _ = client(server, api_key="not-a-onejob-token", max_retries=2, timeout=30.0)
-    try:
-        bad.messages.create(model=ROUTE, max_tokens=64, messages=ask("bad token"),
-                            extra_headers={"Idempotency-Key": "anthropic-bad-token"})
-        check(False, "a bad token is refused")
-    except anthropic.AuthenticationError as error:
-        check(error.status_code == 401, "a bad token raises anthropic.AuthenticationError (401)")
-    try:
-        sdk.messages.create(model="claude-none", max_tokens=64, messages=ask("x"),
-                            extra_headers={"Idempotency-Key": "anthropic-unknown-model"})
-        check(False, "an unknown model is refused")
-    except anthropic.NotFoundError:
-        check(True, "an unknown model raises anthropic.NotFoundError")
+    error = check.refused("a bad token is refused", anthropic.AuthenticationError,
+                          lambda: bad.messages.create(
+                              model=ROUTE, max_tokens=64, messages=ask("bad token"),
+                              extra_headers={"Idempotency-Key": "anthropic-bad-token"}))
+    check(error.status_code == 401, "a bad token raises anthropic.AuthenticationError (401)")
+    check.refused("an unknown model is refused", anthropic.NotFoundError,
+                  lambda: sdk.messages.create(
+                      model="claude-none", max_tokens=64, messages=ask("x"),
+                      extra_headers={"Idempotency-Key": "anthropic-unknown-model"}))
+    check(True, "an unknown model raises anthropic.NotFoundError")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(check, anthropic, Upstream, run_checks, ROUTE, "ANTHROPIC_CHECK_UPSTREAM_KEY"))

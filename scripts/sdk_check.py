@@ -25,28 +25,19 @@ Usage: python3 scripts/sdk_check.py --onejob target/debug/onejob
 Prints its figures; exits non-zero on the first failed check.
 """
 
-import argparse
-import concurrent.futures
-import json
-import os
-import socket
-import subprocess
 import sys
-import tempfile
-import threading
 import time
-import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import openai
 
-# The SDK's HTTP client library: httpx2 in the pinned SDK, httpx before it.
-try:
-    import httpx2 as httpx
-except ImportError:
-    import httpx
+# check_support sits next to this script; keep its bytecode out of the tree.
+sys.dont_write_bytecode = True
+from check_support import (Checks, Counting, FakeUpstream, at_once, chunk, completion, delayed,
+                           main)
 
 UPSTREAM_KEY = "sk-upstream-for-the-sdk-check"
+
+check = Checks("sdk check")
 
 
 def streamed_pieces(count, text):
@@ -54,7 +45,7 @@ def streamed_pieces(count, text):
     return [f"{text}{i} " for i in range(count)]
 
 
-class Upstream:
+class Upstream(FakeUpstream):
     """A fake OpenAI-compatible provider. A user message `slow:<s>:<text>`
     is answered after <s> seconds; the answer is `echo: <text>`. A request
     with `stream: true` whose message is `stream:<n>:<s>:<text>` is answered
@@ -62,191 +53,39 @@ class Upstream:
     seconds apart."""
 
     def __init__(self):
-        self.lock = threading.Lock()
-        self.calls = {}  # the last user message -> calls received
+        super().__init__(UPSTREAM_KEY)
         self.finished = set()  # streamed messages whose stream has ended
-        upstream = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+    def answer(self, handler, body, said):
+        if body.get("stream") and said.startswith("stream:"):
+            _, count, seconds, text = said.split(":", 3)
+            return self.stream(handler, body, said, streamed_pieces(int(count), text),
+                               float(seconds))
+        handler.reply(200, completion(body["model"], f"echo: {delayed(said)}"))
 
-            def log_message(self, *args):
-                pass
+    def stream(self, handler, body, said, pieces, seconds):
+        handler.open_stream()
 
-            def do_POST(self):
-                length = int(self.headers.get("Content-Length", "0"))
-                body = json.loads(self.rfile.read(length) or b"{}")
-                if self.headers.get("Authorization") != f"Bearer {UPSTREAM_KEY}":
-                    return self.reply(401, {"error": {"message": "bad key"}})
-                said = body["messages"][-1]["content"]
-                with upstream.lock:
-                    upstream.calls[said] = upstream.calls.get(said, 0) + 1
-                text = said
-                if body.get("stream") and said.startswith("stream:"):
-                    _, count, seconds, text = said.split(":", 3)
-                    return self.stream(body, said, streamed_pieces(int(count), text),
-                                       float(seconds))
-                if said.startswith("slow:"):
-                    _, seconds, text = said.split(":", 2)
-                    time.sleep(float(seconds))
-                self.reply(200, {
-                    "id": "chatcmpl-upstream",
-                    "object": "chat.completion",
-                    "created": int(time.time()),
-                    "model": body["model"],
-                    "choices": [{
-                        "index": 0,
-                        "message": {"role": "assistant", "content": f"echo: {text}"},
-                        "finish_reason": "stop",
-                    }],
-                    "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
-                })
+        def event(delta, finish=None, usage=None):
+            handler.event(chunk(body["model"], delta, finish, usage, created=int(time.time())))
 
-            def stream(self, body, said, pieces, seconds):
-                self.close_connection = True
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Connection", "close")
-                self.end_headers()
-
-                def event(delta, finish=None, usage=None):
-                    chunk = {"id": "chatcmpl-upstream", "object": "chat.completion.chunk",
-                             "created": int(time.time()), "model": body["model"],
-                             "choices": [] if usage else
-                             [{"index": 0, "delta": delta, "finish_reason": finish}]}
-                    if usage:
-                        chunk["usage"] = usage
-                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                    self.wfile.flush()
-
-                try:
-                    event({"role": "assistant", "content": ""})
-                    for piece in pieces:
-                        time.sleep(seconds)
-                        event({"content": piece})
-                    event({}, finish="stop")
-                    if body.get("stream_options", {}).get("include_usage"):
-                        event(None, usage={"prompt_tokens": 5, "completion_tokens": len(pieces),
-                                           "total_tokens": 5 + len(pieces)})
-                    self.wfile.write(b"data: [DONE]\n\n")
-                    self.wfile.flush()
-                finally:
-                    with upstream.lock:
-                        upstream.finished.add(said)
-
-            def reply(self, status, document):
-                data = json.dumps(document).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def calls_for(self, said):
-        with self.lock:
-            return self.calls.get(said, 0)
+        try:
+            event({"role": "assistant", "content": ""})
+            for piece in pieces:
+                time.sleep(seconds)
+                event({"content": piece})
+            event({}, finish="stop")
+            if body.get("stream_options", {}).get("include_usage"):
+                event(None, usage={"prompt_tokens": 5, "completion_tokens": len(pieces),
+                                   "total_tokens": 5 + len(pieces)})
+            handler.done()
+        finally:
+            with self.lock:
+                self.finished.add(said)
 
     def has_finished(self, said):
         with self.lock:
             return said in self.finished
-
-    def total(self):
-        with self.lock:
-            return sum(self.calls.values())
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Onejob:
-    """A `onejob serve` process on a fresh SQLite file."""
-
-    def __init__(self, binary, workdir, upstream_port):
-        self.binary = binary
-        self.config = os.path.join(workdir, "onejob.toml")
-        self.database = os.path.join(workdir, "onejob.db")
-        with open(self.config, "w") as f:
-            f.write(f"""
-[server]
-max_wait_seconds = 30
-
-[[providers]]
-name = "upstream"
-kind = "openai"
-base_url = "http://127.0.0.1:{upstream_port}/v1"
-model = "upstream-model"
-api_key_env = "SDK_CHECK_UPSTREAM_KEY"
-timeout_ms = 20000
-connect_timeout_ms = 2000
-
-[[tasks]]
-name = "gpt-safe"
-kind = "chat"
-providers = ["upstream"]
-""")
-        self.env = dict(os.environ, SDK_CHECK_UPSTREAM_KEY=UPSTREAM_KEY, RUST_LOG="warn")
-        # The database first: `users` refuses to create a new SQLite file.
-        self.cli("migrate")
-        self.token = self.cli("users", "add", "alice").strip().splitlines()[-1]
-        self.port = free_port()
-        self.log = open(os.path.join(workdir, "server.log"), "w")
-        self.process = subprocess.Popen(
-            self.command("serve", "--bind", f"127.0.0.1:{self.port}"),
-            env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
-        )
-        self.base = f"http://127.0.0.1:{self.port}"
-        deadline = time.time() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{self.base}/readyz", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.time() > deadline or self.process.poll() is not None:
-                raise SystemExit(f"onejob did not become ready; see {self.log.name}")
-            time.sleep(0.1)
-
-    def command(self, *args):
-        return [self.binary, "--config", self.config, "--database-url", self.database, *args]
-
-    def cli(self, *args):
-        return subprocess.run(self.command(*args), env=self.env, check=True,
-                              capture_output=True, text=True).stdout
-
-    def stop(self):
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-
-
-class Counting(httpx.Client):
-    """An httpx client that counts the requests the SDK sends."""
-
-    def __init__(self, **kwargs):
-        self.sent = 0
-        self.lock = threading.Lock()
-        super().__init__(event_hooks={"request": [self._count]}, **kwargs)
-
-    def _count(self, request):
-        with self.lock:
-            self.sent += 1
-
-
-def check(condition, message):
-    if not condition:
-        raise SystemExit(f"sdk check FAILED: {message}")
-    print(f"  ok: {message}")
 
 
 def client(server, **options):
@@ -254,23 +93,6 @@ def client(server, **options):
     sdk = openai.OpenAI(base_url=f"{server.base}/v1", api_key=server.token,
                         http_client=http, **options)
     return sdk, http
-
-
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--onejob", default="target/debug/onejob")
-    args = parser.parse_args()
-    started = time.time()
-    print(f"sdk check: openai {openai.__version__}, httpx {httpx.__version__}")
-    upstream = Upstream()
-    with tempfile.TemporaryDirectory() as workdir:
-        server = Onejob(os.path.abspath(args.onejob), workdir, upstream.port)
-        try:
-            run_checks(server, upstream)
-        finally:
-            server.stop()
-    print(f"sdk check: passed in {time.time() - started:.1f} s; "
-          f"upstream calls in all: {upstream.total()}")
 
 
 def run_checks(server, upstream):
@@ -295,14 +117,10 @@ def run_checks(server, upstream):
     sdk, http = client(server, max_retries=2, timeout=30.0)
     said = "slow:1:twenty at once"
 
-    def one_call(_):
-        return sdk.chat.completions.create(
-            model="gpt-safe", messages=[{"role": "user", "content": said}],
-            extra_headers={"Idempotency-Key": "sdk-storm"},
-        )
-
-    with concurrent.futures.ThreadPoolExecutor(max_workers=20) as pool:
-        answers = list(pool.map(one_call, range(20)))
+    answers = at_once(lambda: sdk.chat.completions.create(
+        model="gpt-safe", messages=[{"role": "user", "content": said}],
+        extra_headers={"Idempotency-Key": "sdk-storm"},
+    ))
     print(f"  storm: {http.sent} requests, {upstream.calls_for(said)} upstream call(s)")
     check(upstream.calls_for(said) == 1, "twenty concurrent calls, one upstream call")
     check(len({a.id for a in answers}) == 1, "twenty concurrent calls, one answer")
@@ -316,15 +134,14 @@ def run_checks(server, upstream):
         extra_headers={"Idempotency-Key": "sdk-conflict"},
     )
     http.sent = 0
-    try:
-        sdk.chat.completions.create(
-            model="gpt-safe", messages=[{"role": "user", "content": "another body"}],
-            extra_headers={"Idempotency-Key": "sdk-conflict"},
-        )
-        check(False, "a reused key raises ConflictError")
-    except openai.ConflictError as error:
-        check(error.status_code == 409, "a reused key raises openai.ConflictError (409)")
-        check(http.sent == 1, "the SDK did not retry the conflict")
+    error = check.refused("a reused key raises ConflictError", openai.ConflictError,
+                          lambda: sdk.chat.completions.create(
+                              model="gpt-safe",
+                              messages=[{"role": "user", "content": "another body"}],
+                              extra_headers={"Idempotency-Key": "sdk-conflict"},
+                          ))
+    check(error.status_code == 409, "a reused key raises openai.ConflictError (409)")
+    check(http.sent == 1, "the SDK did not retry the conflict")
     check(upstream.calls_for("another body") == 0, "the conflicting body reached no provider")
 
     # 4. Streaming, and a replay that streams too.
@@ -400,25 +217,21 @@ def run_checks(server, upstream):
 
     # 6. No key: a 400 that says how to send one.
     sdk, http = client(server, max_retries=2, timeout=30.0)
-    try:
-        sdk.chat.completions.create(model="gpt-safe",
-                                    messages=[{"role": "user", "content": "no key"}])
-        check(False, "a request without a key is refused")
-    except openai.BadRequestError as error:
-        check("extra_headers" in str(error), "without a key: BadRequestError showing extra_headers")
+    error = check.refused("a request without a key is refused", openai.BadRequestError,
+                          lambda: sdk.chat.completions.create(
+                              model="gpt-safe", messages=[{"role": "user", "content": "no key"}]))
+    check("extra_headers" in str(error), "without a key: BadRequestError showing extra_headers")
     check(upstream.calls_for("no key") == 0, "the keyless request reached no provider")
 
     # 7. Models, and an unknown model.
     models = [m.id for m in sdk.models.list()]
     check(models == ["gpt-safe"], "models.list() lists the chat route")
-    try:
-        sdk.chat.completions.create(model="gpt-none",
-                                    messages=[{"role": "user", "content": "x"}],
-                                    extra_headers={"Idempotency-Key": "sdk-unknown-model"})
-        check(False, "an unknown model is refused")
-    except openai.NotFoundError:
-        check(True, "an unknown model raises openai.NotFoundError")
+    check.refused("an unknown model is refused", openai.NotFoundError,
+                  lambda: sdk.chat.completions.create(
+                      model="gpt-none", messages=[{"role": "user", "content": "x"}],
+                      extra_headers={"Idempotency-Key": "sdk-unknown-model"}))
+    check(True, "an unknown model raises openai.NotFoundError")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(check, openai, Upstream, run_checks, "gpt-safe", "SDK_CHECK_UPSTREAM_KEY"))
