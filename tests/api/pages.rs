@@ -425,6 +425,11 @@ async fn html_in_a_jobs_input_renders_as_text(backend: TestBackend) {
 async fn reasons_staff_write_are_escaped_on_the_console_audit_and_job_pages(backend: TestBackend) {
     let app = spawn_app(backend).await;
     app.set_password("ada", "ada-pw").await;
+    // Signed in first: sim-slow's late answer comes 1.5 s after the send,
+    // and the job must still be unanswered when it is marked failed (a
+    // password check is slow on purpose).
+    let ada = FormClient::new(&app);
+    let csrf = ada.sign_in("ada", "ada-pw").await;
     let mut body = summarize("times out");
     body["provider"] = "sim-slow".into();
     let job_id = app.create_job(&app.alice.token, "escape", &body).await;
@@ -437,8 +442,6 @@ async fn reasons_staff_write_are_escaped_on_the_console_audit_and_job_pages(back
         .abandon(&app.sue.token, &attempt_id, abandon_reason)
         .await;
     assert_eq!(response.status(), StatusCode::OK);
-    let ada = FormClient::new(&app);
-    let csrf = ada.sign_in("ada", "ada-pw").await;
     let fail_reason = "<img src=x onerror=alert('fail')>";
     let response = ada
         .post_form(
