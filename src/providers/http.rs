@@ -445,10 +445,9 @@ mod tests {
         assert!(!format!("{client:?}").contains(key), "Debug hides the key");
     }
 
-    #[test]
-    fn a_chat_call_streams_only_when_asked_and_taken_as_it_arrives() {
-        let client = client_with_key("sk-unit");
-        let call = |stream: bool| Call {
+    /// A chat task's call carrying the client's `chat` request.
+    fn chat_call(chat: Value) -> Call {
+        Call {
             request_id: "a".into(),
             attempt_number: 1,
             task: "chat".into(),
@@ -456,8 +455,16 @@ mod tests {
             output_schema: None,
             temperature: None,
             callback: None,
-            chat: Some(json!({"messages": [], "stream": stream,
-                              "stream_options": {"include_usage": false}})),
+            chat: Some(chat),
+        }
+    }
+
+    #[test]
+    fn a_chat_call_streams_only_when_asked_and_taken_as_it_arrives() {
+        let client = client_with_key("sk-unit");
+        let call = |stream: bool| {
+            chat_call(json!({"messages": [], "stream": stream,
+                             "stream_options": {"include_usage": false}}))
         };
         let streamed = client.body(&call(true), true);
         assert_eq!(streamed["stream"], true);
@@ -481,16 +488,8 @@ mod tests {
         .unwrap();
         settings.api_key = Some(Secret::new("sk-unit"));
         let client = HttpClient::from_settings(&settings);
-        let call = Call {
-            request_id: "a".into(),
-            attempt_number: 1,
-            task: "chat".into(),
-            prompt: String::new(),
-            output_schema: None,
-            temperature: None,
-            callback: None,
-            chat: Some(json!({"messages": [{"role": "user", "content": "Hi"}], "stream": true})),
-        };
+        let call =
+            chat_call(json!({"messages": [{"role": "user", "content": "Hi"}], "stream": true}));
         let streamed = client.body(&call, true);
         assert_eq!(streamed["stream"], true);
         assert!(streamed.get("stream_options").is_none(), "{streamed}");

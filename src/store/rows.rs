@@ -32,6 +32,32 @@ pub struct Job {
     pub updated_at: i64,
 }
 
+#[cfg(test)]
+impl Job {
+    /// A succeeded job of `task` holding `result`, for unit tests.
+    pub(crate) fn succeeded_for_tests(task: &str, result: Option<serde_json::Value>) -> Self {
+        use crate::domain::{JobId, JobStatus, JsonText, UserId};
+        Self {
+            id: JobId::new(),
+            owner_id: UserId::new(),
+            idempotency_key: "k".into(),
+            task: task.into(),
+            provider: "p".into(),
+            requested_provider: None,
+            input: JsonText::from_value(&serde_json::json!({})),
+            params: JsonText::from_value(&serde_json::json!({})),
+            fingerprint: "0".repeat(64),
+            status: JobStatus::Succeeded,
+            version: 1,
+            result: result.map(|r| JsonText::from_value(&r)),
+            completed_by: None,
+            failure_reason: None,
+            created_at: 5_000,
+            updated_at: 5_000,
+        }
+    }
+}
+
 /// An attempt: one try at a job against one provider.
 #[derive(Debug, Clone, PartialEq, Queryable, QueryableByName, Selectable, Insertable)]
 #[diesel(table_name = attempts)]

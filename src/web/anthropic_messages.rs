@@ -961,28 +961,10 @@ pub use schemas::{
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{JobId, UserId};
     use crate::web::error::ProblemType;
 
     fn a_job() -> Job {
-        Job {
-            id: JobId::new(),
-            owner_id: UserId::new(),
-            idempotency_key: "k".into(),
-            task: "route".into(),
-            provider: "p".into(),
-            requested_provider: None,
-            input: JsonText::from_value(&json!({})),
-            params: JsonText::from_value(&json!({})),
-            fingerprint: "0".repeat(64),
-            status: JobStatus::Succeeded,
-            version: 1,
-            result: None,
-            completed_by: None,
-            failure_reason: None,
-            created_at: 5_000,
-            updated_at: 5_000,
-        }
+        Job::succeeded_for_tests("route", None)
     }
 
     #[test]

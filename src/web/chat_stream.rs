@@ -237,27 +237,9 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::domain::{JobId, JobStatus, JsonText, UserId};
 
     fn job(result: Value) -> Job {
-        Job {
-            id: JobId::new(),
-            owner_id: UserId::new(),
-            idempotency_key: "k".into(),
-            task: "chat".into(),
-            provider: "p".into(),
-            requested_provider: None,
-            input: JsonText::from_value(&json!({})),
-            params: JsonText::from_value(&json!({})),
-            fingerprint: "0".repeat(64),
-            status: JobStatus::Succeeded,
-            version: 1,
-            result: Some(JsonText::from_value(&result)),
-            completed_by: None,
-            failure_reason: None,
-            created_at: 5_000,
-            updated_at: 5_000,
-        }
+        Job::succeeded_for_tests("chat", Some(result))
     }
 
     #[test]
