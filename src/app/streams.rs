@@ -553,7 +553,9 @@ impl Follower {
         let job = self.job.clone();
         Ok(match job.status {
             crate::domain::JobStatus::Succeeded => Some(Followed::Finished { job, chunks: count }),
-            crate::domain::JobStatus::Failed | crate::domain::JobStatus::Unknown => {
+            crate::domain::JobStatus::Failed
+            | crate::domain::JobStatus::Unknown
+            | crate::domain::JobStatus::Cancelled => {
                 Some(Followed::Ended {
                     job,
                     needs_support: false,

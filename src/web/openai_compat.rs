@@ -481,6 +481,16 @@ pub(super) fn job_error(job: &Job, needs_support: bool) -> Option<OpenAiError> {
             .code("job_failed")
             .retry(Retry::Never)
         }
+        JobStatus::Cancelled => OpenAiError::new(
+            StatusCode::CONFLICT,
+            format!(
+                "Job {} was cancelled by its owner: it has no answer and will get none. \
+                 Use a new Idempotency-Key for a new request.",
+                job.id
+            ),
+        )
+        .code("job_cancelled")
+        .retry(Retry::Never),
         JobStatus::Unknown => OpenAiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "A provider call timed out and its outcome is unknown; onejob will not call \
