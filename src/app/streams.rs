@@ -555,12 +555,10 @@ impl Follower {
             crate::domain::JobStatus::Succeeded => Some(Followed::Finished { job, chunks: count }),
             crate::domain::JobStatus::Failed
             | crate::domain::JobStatus::Unknown
-            | crate::domain::JobStatus::Cancelled => {
-                Some(Followed::Ended {
-                    job,
-                    needs_support: false,
-                })
-            }
+            | crate::domain::JobStatus::Cancelled => Some(Followed::Ended {
+                job,
+                needs_support: false,
+            }),
             _ if !attempts.iter().any(|a| a.state.is_live()) => Some(Followed::Ended {
                 job,
                 needs_support: true,

@@ -254,7 +254,14 @@ pub fn read_request(body: &Value) -> Result<ResponsesRequest, Refused> {
     };
     let messages = read_input(object.get("input"))?;
     let mut chat_params = Map::new();
-    number(object, "temperature", 0.0, 2.0, &mut chat_params, "temperature")?;
+    number(
+        object,
+        "temperature",
+        0.0,
+        2.0,
+        &mut chat_params,
+        "temperature",
+    )?;
     number(object, "top_p", 0.0, 1.0, &mut chat_params, "top_p")?;
     match object.get("max_output_tokens") {
         None | Some(Value::Null) => {}
@@ -431,10 +438,12 @@ fn read_part<'a>(at: &str, part: &'a Value) -> Result<&'a str, Refused> {
             format!("`{at}.{member}` is not supported by this server"),
         ));
     }
-    object
-        .get("text")
-        .and_then(Value::as_str)
-        .ok_or_else(|| refused(format!("{at}.text"), format!("`{at}.text` must be a string")))
+    object.get("text").and_then(Value::as_str).ok_or_else(|| {
+        refused(
+            format!("{at}.text"),
+            format!("`{at}.text` must be a string"),
+        )
+    })
 }
 
 impl ResponsesRequest {
@@ -462,7 +471,10 @@ impl ResponsesRequest {
 /// its conversation without its own instructions (they are not carried
 /// over), then its answer as the assistant's message.
 pub fn earlier_turns(chat_input: &Value, had_instructions: bool, answer: &str) -> Vec<Value> {
-    let messages = chat_input["messages"].as_array().cloned().unwrap_or_default();
+    let messages = chat_input["messages"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     let skip = usize::from(had_instructions);
     let mut turns: Vec<Value> = messages.into_iter().skip(skip).collect();
     turns.push(json!({"role": "assistant", "content": answer}));
@@ -583,7 +595,10 @@ mod tests {
             "reasoning"
         );
         assert_eq!(refusal(base(json!({"truncation": "auto"}))), "truncation");
-        assert_eq!(refusal(base(json!({"max_tool_calls": 3}))), "max_tool_calls");
+        assert_eq!(
+            refusal(base(json!({"max_tool_calls": 3}))),
+            "max_tool_calls"
+        );
         assert_eq!(refusal(base(json!({"frobnicate": 1}))), "frobnicate");
         assert_eq!(
             refusal(base(json!({"text": {"format": {"type": "json_object"}}}))),
@@ -603,10 +618,12 @@ mod tests {
         assert_eq!(refusal(json!({"model": "m"})), "input");
         assert_eq!(refusal(json!({"model": "m", "input": []})), "input");
         // What asks for nothing is accepted.
-        assert!(read_request(&base(json!({"tools": [], "include": null, "store": true,
+        assert!(
+            read_request(&base(json!({"tools": [], "include": null, "store": true,
             "truncation": "disabled", "tool_choice": "auto", "text": {"format": {"type": "text"}},
             "metadata": {"k": "v"}})))
-        .is_ok());
+            .is_ok()
+        );
     }
 
     #[test]
@@ -635,7 +652,10 @@ mod tests {
         assert_eq!(status_of(JobStatus::Pending, None), "queued");
         assert_eq!(status_of(JobStatus::Running, None), "in_progress");
         assert_eq!(status_of(JobStatus::Succeeded, Some("stop")), "completed");
-        assert_eq!(status_of(JobStatus::Succeeded, Some("length")), "incomplete");
+        assert_eq!(
+            status_of(JobStatus::Succeeded, Some("length")),
+            "incomplete"
+        );
         assert_eq!(status_of(JobStatus::Cancelled, None), "cancelled");
     }
 }

@@ -202,6 +202,20 @@ impl OpenAiError {
         }
     }
 
+    /// A 404 the SDKs do not retry.
+    pub(super) fn not_found_error(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, message).retry(Retry::Never)
+    }
+
+    /// A 409 the SDKs do not retry.
+    pub(super) fn conflict(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, message).retry(Retry::Never)
+    }
+
+    pub(super) fn with_code(self, code: &'static str) -> Self {
+        self.code(code)
+    }
+
     fn key_reused() -> Self {
         Self::new(
             StatusCode::CONFLICT,
