@@ -265,8 +265,8 @@ pub fn read_request(body: &Value) -> Result<ResponsesRequest, Refused> {
     number(object, "top_p", 0.0, 1.0, &mut chat_params, "top_p")?;
     match object.get("max_output_tokens") {
         None | Some(Value::Null) => {}
-        Some(n) if n.as_u64().is_some_and(|n| n >= 1) => {
-            chat_params.insert("max_tokens".into(), n.clone());
+        Some(n) if whole_number(n).is_some_and(|n| n >= 1) => {
+            chat_params.insert("max_tokens".into(), json!(whole_number(n)));
         }
         Some(_) => {
             return Err(refused(
@@ -290,6 +290,17 @@ pub fn read_request(body: &Value) -> Result<ResponsesRequest, Refused> {
         instructions,
         messages,
         chat_params,
+    })
+}
+
+/// A JSON number that is a whole number an IEEE double holds exactly
+/// (`5` or `5.0`), 0 or more.
+pub fn whole_number(n: &Value) -> Option<u64> {
+    const MAX_EXACT: f64 = 9_007_199_254_740_991.0;
+    n.as_u64().filter(|v| *v as f64 <= MAX_EXACT).or_else(|| {
+        n.as_f64()
+            .filter(|f| f.fract() == 0.0 && (0.0..=MAX_EXACT).contains(f))
+            .map(|f| f as u64)
     })
 }
 
@@ -605,6 +616,12 @@ mod tests {
             "text.format"
         );
         assert_eq!(refusal(base(json!({"temperature": 3}))), "temperature");
+        assert_eq!(
+            refusal(base(json!({"max_output_tokens": 1.5}))),
+            "max_output_tokens"
+        );
+        let whole = read_request(&base(json!({"max_output_tokens": 32.0}))).unwrap();
+        assert_eq!(whole.chat_input(&[])["max_tokens"], 32);
         assert_eq!(
             refusal(json!({"model": "m", "input": [{"type": "function_call_output"}]})),
             "input[0].type"

@@ -298,7 +298,7 @@ fn response_object(job: &Job, stage: Stage) -> ResponseObject {
         error,
         incomplete_details,
         instructions: request["instructions"].as_str().map(str::to_owned),
-        max_output_tokens: request["max_output_tokens"].as_u64(),
+        max_output_tokens: rules::whole_number(&request["max_output_tokens"]),
         model: job.task.clone(),
         output,
         parallel_tool_calls: false,
