@@ -148,9 +148,10 @@ def free_port():
 
 class Onejob:
     """A `onejob serve` process on a fresh SQLite file, with one chat route,
-    `route`, to `upstream`, whose key it reads from the variable `key_env`."""
+    `route`, to `upstream`, whose key it reads from the variable `key_env`;
+    `extra` is more of its configuration file (a `[worker]` table, say)."""
 
-    def __init__(self, binary, workdir, upstream, route, key_env):
+    def __init__(self, binary, workdir, upstream, route, key_env, extra=""):
         self.binary = binary
         self.config = os.path.join(workdir, "onejob.toml")
         self.database = os.path.join(workdir, "onejob.db")
@@ -172,7 +173,7 @@ connect_timeout_ms = 2000
 name = "{route}"
 kind = "chat"
 providers = ["upstream"]
-""")
+{extra}""")
         self.env = dict(os.environ, RUST_LOG="warn", **{key_env: upstream.key})
         # The database first: `users` refuses to create a new SQLite file.
         self.cli("migrate")
@@ -255,9 +256,10 @@ class Checks:
         self(False, refusal)
 
 
-def main(check, sdk, make_upstream, run_checks, route, key_env):
+def main(check, sdk, make_upstream, run_checks, route, key_env, extra=""):
     """Parses `--onejob`, starts the upstream and a onejob server with a
-    route to it, runs `run_checks(server, upstream)` and prints the figures."""
+    route to it (and `extra` configuration), runs `run_checks(server,
+    upstream)` and prints the figures."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--onejob", default="target/debug/onejob")
     args = parser.parse_args()
@@ -265,7 +267,8 @@ def main(check, sdk, make_upstream, run_checks, route, key_env):
     print(f"{check.name}: {sdk.__name__} {sdk.__version__}, httpx {httpx.__version__}")
     upstream = make_upstream()
     with tempfile.TemporaryDirectory() as workdir:
-        server = Onejob(os.path.abspath(args.onejob), workdir, upstream, route, key_env)
+        server = Onejob(os.path.abspath(args.onejob), workdir, upstream, route, key_env,
+                        extra)
         try:
             run_checks(server, upstream)
         finally:

@@ -8,6 +8,7 @@
 //! |---|---|
 //! | create a job under an idempotency key | [`intake`] |
 //! | start a new attempt (behind the failover gate) | [`retry`] |
+//! | cancel a job (no new attempts; a late answer is race-logged) | [`cancel`] |
 //! | apply a provider's outcome (CAS, race log, failover) | [`outcomes`] |
 //! | abandon an unknown attempt, mark a job failed (audited) | [`resolve`] |
 //! | run and record a contract qualification | [`qualification`] |
@@ -19,6 +20,7 @@
 
 pub mod accounts;
 pub mod callbacks;
+pub mod cancel;
 pub mod dispatch;
 pub mod error;
 pub mod gate;

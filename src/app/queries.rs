@@ -48,6 +48,22 @@ impl App {
         }
     }
 
+    /// One of `owner`'s own jobs with its attempts: staff see only theirs
+    /// here too (the Responses API's reads are the owner's).
+    pub async fn own_job(&self, owner: &User, job_id: &JobId) -> AppResult<(Job, Vec<Attempt>)> {
+        let key = JobKey {
+            id: job_id.clone(),
+            owner_id: owner.id.clone(),
+        };
+        self.store()
+            .run(move |conn| match job_store::find_owned_job(conn, &key)? {
+                Some(job) => Ok(Some(job_store::with_attempts(conn, job)?)),
+                None => Ok(None),
+            })
+            .await?
+            .ok_or(AppError::NotFound)
+    }
+
     /// The job `owner`'s key already made, if any.
     pub async fn job_by_key(&self, owner: &User, key: &IdempotencyKey) -> AppResult<Option<Job>> {
         let (owner, key) = (owner.id.clone(), key.as_str().to_owned());

@@ -553,12 +553,12 @@ impl Follower {
         let job = self.job.clone();
         Ok(match job.status {
             crate::domain::JobStatus::Succeeded => Some(Followed::Finished { job, chunks: count }),
-            crate::domain::JobStatus::Failed | crate::domain::JobStatus::Unknown => {
-                Some(Followed::Ended {
-                    job,
-                    needs_support: false,
-                })
-            }
+            crate::domain::JobStatus::Failed
+            | crate::domain::JobStatus::Unknown
+            | crate::domain::JobStatus::Cancelled => Some(Followed::Ended {
+                job,
+                needs_support: false,
+            }),
             _ if !attempts.iter().any(|a| a.state.is_live()) => Some(Followed::Ended {
                 job,
                 needs_support: true,

@@ -16,6 +16,7 @@ pub mod json_text;
 pub mod outcome;
 pub mod password;
 pub mod reason;
+pub mod responses;
 pub mod retry;
 pub mod role;
 pub mod secret;
@@ -36,5 +37,6 @@ pub use retry::{OnRateLimit, RetryPolicy};
 pub use role::Role;
 pub use secret::Secret;
 pub use state::{
-    may_start_attempt, AttemptEvent, AttemptState, JobStatus, NewAttemptRefusal, TransitionError,
+    may_start_attempt, on_cancel, AttemptEvent, AttemptState, CancelDecision, JobStatus,
+    NewAttemptRefusal, TransitionError,
 };

@@ -110,14 +110,27 @@ text_enum! {
         Unknown = "unknown",
         Succeeded = "succeeded",
         Failed = "failed",
+        Cancelled = "cancelled",
     }
 }
 
 impl JobStatus {
-    pub const TERMINAL: [JobStatus; 2] = [Self::Succeeded, Self::Failed];
+    /// Finished: no attempt will start again. A cancelled job is finished
+    /// too, though an attempt sent before the cancel may still be out (its
+    /// late answer loses the compare-and-swap).
+    pub const TERMINAL: [JobStatus; 3] = [Self::Succeeded, Self::Failed, Self::Cancelled];
+
+    /// The statuses a cancel moves to `cancelled` (docs/design.md,
+    /// "Cancelling"): every unfinished one. The store's cancel takes its
+    /// `WHERE status IN (…)` from here.
+    pub const CANCELLABLE: [JobStatus; 3] = [Self::Pending, Self::Running, Self::Unknown];
 
     pub fn is_terminal(self) -> bool {
         Self::TERMINAL.contains(&self)
+    }
+
+    pub fn is_cancellable(self) -> bool {
+        Self::CANCELLABLE.contains(&self)
     }
 
     /// The status of a non-terminal job, derived from its live attempt (if any):
@@ -131,10 +144,33 @@ impl JobStatus {
     }
 }
 
+/// What a cancel does to a job in a given status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelDecision {
+    /// Unfinished: it becomes `cancelled`, its version moves on, and a
+    /// queued (unsent) attempt is withdrawn.
+    Cancel,
+    /// Already cancelled: the same answer again, nothing changes.
+    AlreadyCancelled,
+    /// It succeeded or failed: a finished job keeps its outcome.
+    Refused(JobStatus),
+}
+
+/// Whether a job in `status` may be cancelled.
+pub fn on_cancel(status: JobStatus) -> CancelDecision {
+    if status.is_cancellable() {
+        CancelDecision::Cancel
+    } else if status == JobStatus::Cancelled {
+        CancelDecision::AlreadyCancelled
+    } else {
+        CancelDecision::Refused(status)
+    }
+}
+
 /// Why a new attempt may not start now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NewAttemptRefusal {
-    /// The job already succeeded or failed.
+    /// The job already succeeded, failed or was cancelled.
     JobFinished(JobStatus),
     /// An attempt is queued, running or unknown.
     AttemptInFlight(AttemptState),
@@ -279,6 +315,26 @@ mod tests {
         assert_eq!(
             JobStatus::for_live_attempt(Some(S::Unknown)),
             JobStatus::Unknown
+        );
+    }
+
+    #[test]
+    fn every_unfinished_job_may_be_cancelled_and_no_finished_one() {
+        for status in JobStatus::ALL {
+            assert_eq!(status.is_cancellable(), !status.is_terminal(), "{status}");
+        }
+        assert_eq!(on_cancel(JobStatus::Running), CancelDecision::Cancel);
+        assert_eq!(
+            on_cancel(JobStatus::Cancelled),
+            CancelDecision::AlreadyCancelled
+        );
+        assert_eq!(
+            on_cancel(JobStatus::Succeeded),
+            CancelDecision::Refused(JobStatus::Succeeded)
+        );
+        assert_eq!(
+            may_start_attempt(JobStatus::Cancelled, None),
+            Err(NewAttemptRefusal::JobFinished(JobStatus::Cancelled))
         );
     }
 

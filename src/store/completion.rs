@@ -69,6 +69,7 @@ pub fn complete_success(
         let reason = match (&job.completed_by, job.status) {
             (Some(winner), _) => format!("attempt {winner} had already completed the job"),
             (None, JobStatus::Failed) => "the job had already been finalized as failed".to_owned(),
+            (None, JobStatus::Cancelled) => "the job had been cancelled by its owner".to_owned(),
             (None, _) => "the job's version changed since the attempt started".to_owned(),
         };
         log_race(conn, &attempt, &job, &payload_text, reason, now)?;

@@ -3,6 +3,7 @@
 //! [`Store::run`], never on an async worker. The store knows the domain and
 //! nothing above it.
 
+pub mod cancel;
 pub mod completion;
 pub mod connection;
 pub mod console;

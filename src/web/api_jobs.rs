@@ -1,4 +1,5 @@
-//! `/api/v1/jobs`: create (idempotent), read, list, and start a new attempt.
+//! `/api/v1/jobs`: create (idempotent), read, list, start a new attempt,
+//! and cancel.
 
 use actix_web::http::header;
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -249,4 +250,38 @@ pub async fn start_attempt(
     Ok(HttpResponse::Created()
         .insert_header((header::LOCATION, job_location(&job_id)))
         .json(AttemptView::from(&attempt)))
+}
+
+/// Cancel a job: it becomes `cancelled` and takes no new attempt; a queued
+/// attempt is withdrawn unsent; one already sent cannot be recalled, and
+/// its late answer goes to the race log (docs/design.md, "Cancelling").
+#[utoipa::path(
+    post, path = "/api/v1/jobs/{id}/cancel", tag = "jobs",
+    params(("id" = String, Path, description = "Job id")),
+    responses(
+        (status = 200, description = "The job, cancelled. Cancelling a cancelled job answers the same again (`Idempotent-Replayed: true`) and changes nothing.", body = JobView,
+            headers(("Idempotent-Replayed" = String, description = "`true` when the job had been cancelled already"))),
+        (status = 401, body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such job of the caller's", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`job-finished`: it succeeded or failed already and keeps its outcome", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database busy; retry", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn cancel_job(
+    app: web::Data<App>,
+    caller: Caller,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let job_id = job_id(&path)?;
+    let cancelled = app.cancel_job(&caller.0, &job_id).await?;
+    let mut response = HttpResponse::Ok();
+    if !cancelled.changed {
+        response.insert_header(("Idempotent-Replayed", "true"));
+    }
+    Ok(response.json(JobView::new(
+        &cancelled.job,
+        &cancelled.attempts,
+        caller.0.role.is_staff(),
+    )))
 }

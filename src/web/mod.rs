@@ -15,6 +15,7 @@ pub mod health;
 pub mod openai_compat;
 pub mod openapi;
 pub mod pages;
+pub mod responses;
 pub mod views;
 
 use actix_web::body::MessageBody;
@@ -163,6 +164,9 @@ pub fn routes(cfg: &mut web::ServiceConfig, body_limit: usize) {
                     .route(web::post().to(api_jobs::start_attempt)),
             )
             .service(
+                resource("/jobs/{id}/cancel", "POST").route(web::post().to(api_jobs::cancel_job)),
+            )
+            .service(
                 resource("/attempts/{id}/abandon", "POST")
                     .route(web::post().to(api_support::abandon_attempt)),
             )
@@ -186,6 +190,14 @@ pub fn routes(cfg: &mut web::ServiceConfig, body_limit: usize) {
             .service(
                 resource("/chat/completions", "POST")
                     .route(web::post().to(openai_compat::chat_completions)),
+            )
+            .service(
+                resource("/responses", "POST").route(web::post().to(responses::create_response)),
+            )
+            .service(resource("/responses/{id}", READ).route(read().to(responses::get_response)))
+            .service(
+                resource("/responses/{id}/cancel", "POST")
+                    .route(web::post().to(responses::cancel_response)),
             )
             .service(resource("/models", READ).route(read().to(openai_compat::list_models)))
             .service(resource("/models/{model}", READ).route(read().to(openai_compat::get_model)))

@@ -202,6 +202,20 @@ impl OpenAiError {
         }
     }
 
+    /// A 404 the SDKs do not retry.
+    pub(super) fn not_found_error(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, message).retry(Retry::Never)
+    }
+
+    /// A 409 the SDKs do not retry.
+    pub(super) fn conflict(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, message).retry(Retry::Never)
+    }
+
+    pub(super) fn with_code(self, code: &'static str) -> Self {
+        self.code(code)
+    }
+
     fn key_reused() -> Self {
         Self::new(
             StatusCode::CONFLICT,
@@ -481,6 +495,16 @@ pub(super) fn job_error(job: &Job, needs_support: bool) -> Option<OpenAiError> {
             .code("job_failed")
             .retry(Retry::Never)
         }
+        JobStatus::Cancelled => OpenAiError::new(
+            StatusCode::CONFLICT,
+            format!(
+                "Job {} was cancelled by its owner: it has no answer and will get none. \
+                 Use a new Idempotency-Key for a new request.",
+                job.id
+            ),
+        )
+        .code("job_cancelled")
+        .retry(Retry::Never),
         JobStatus::Unknown => OpenAiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "A provider call timed out and its outcome is unknown; onejob will not call \

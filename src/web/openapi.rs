@@ -12,11 +12,17 @@ use super::openai_compat::{
     self, ChatCompletion, ChatCompletionRequest, ChatMessage, Choice, Model, ModelList,
     OpenAiErrorBody, OpenAiErrorDetail,
 };
+use super::responses::{
+    self, IncompleteDetails, InputTokensDetails, OutputMessage, OutputText, OutputTokensDetails,
+    ResponseCreate, ResponseError, ResponseObject, ResponseUsage, TextConfig, TextFormat,
+};
 use super::views::*;
 use super::{api_callbacks, api_jobs, api_support, health};
 use crate::app::callbacks::{CallbackBody, CallbackOutcome};
 use crate::app::App;
 use crate::contracts::Contracts;
+use crate::domain::responses as rules;
+use crate::domain::JobStatus;
 
 struct BearerAuth;
 
@@ -56,6 +62,7 @@ impl Modify for BearerAuth {
         api_jobs::list_jobs,
         api_jobs::get_job,
         api_jobs::start_attempt,
+        api_jobs::cancel_job,
         api_support::abandon_attempt,
         api_support::unknown_attempts,
         api_support::races,
@@ -67,6 +74,9 @@ impl Modify for BearerAuth {
         openai_compat::chat_completions,
         openai_compat::list_models,
         openai_compat::get_model,
+        responses::create_response,
+        responses::get_response,
+        responses::cancel_response,
         anthropic_messages::create_message,
     ),
     components(schemas(
@@ -96,6 +106,17 @@ impl Modify for BearerAuth {
         MessagesMessage,
         AnthropicErrorBody,
         AnthropicErrorDetail,
+        ResponseCreate,
+        ResponseObject,
+        OutputMessage,
+        OutputText,
+        ResponseError,
+        IncompleteDetails,
+        ResponseUsage,
+        InputTokensDetails,
+        OutputTokensDetails,
+        TextConfig,
+        TextFormat,
     )),
     modifiers(&BearerAuth),
     tags(
@@ -143,6 +164,13 @@ pub fn document(contracts: &Contracts) -> Value {
     schemas["ChatCompletionRequest"] = chat_request_schema(&routes);
     schemas["MessagesCreate"] = messages_request_schema(&routes);
     schemas["JsonValue"] = json_value_schema();
+    schemas["ResponseCreate"] = responses_request_schema(&routes);
+    let statuses: Vec<&str> = JobStatus::ALL.iter().map(|s| s.as_str()).collect();
+    for view in ["JobView", "JobSummary"] {
+        if schemas[view]["properties"].get("status").is_some() {
+            schemas[view]["properties"]["status"] = json!({"type": "string", "enum": statuses});
+        }
+    }
     let providers: std::collections::BTreeSet<&str> = contracts
         .iter()
         .flat_map(|c| c.chain().iter().map(String::as_str))
@@ -170,7 +198,20 @@ pub fn document(contracts: &Contracts) -> Value {
             "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"}},
         }
     });
-    for path in ["/api/v1/jobs", "/v1/chat/completions", "/v1/messages"] {
+    doc["paths"]["/v1/responses"]["post"]["responses"]["200"]["content"]["text/event-stream"] = json!({
+        "schema": {
+            "description": "One server-sent event: `event` names it (response.created, response.in_progress, response.output_item.added, response.content_part.added, response.output_text.delta, response.output_text.done, response.content_part.done, response.output_item.done, then response.completed, response.incomplete, response.failed, response.cancelled or error); `data` is its JSON, with `type` and `sequence_number`",
+            "type": "object",
+            "required": ["data"],
+            "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+        }
+    });
+    for path in [
+        "/api/v1/jobs",
+        "/v1/chat/completions",
+        "/v1/messages",
+        "/v1/responses",
+    ] {
         if let Some(parameters) = doc["paths"][path]["post"]["parameters"].as_array_mut() {
             for parameter in parameters {
                 if parameter["name"] == "Idempotency-Key" {
@@ -322,6 +363,98 @@ fn messages_request_schema(routes: &[String]) -> Value {
             "tool_choice": tool_choice,
         },
         "additionalProperties": any,
+    })
+}
+
+/// A Responses request as the server checks it
+/// (`domain::responses::read_request`): every member it honours, and those
+/// it accepts only when they ask for nothing; any other is refused.
+fn responses_request_schema(routes: &[String]) -> Value {
+    let any = json!({"$ref": "#/components/schemas/JsonValue"});
+    let model = if routes.is_empty() {
+        json!({"type": "string", "minLength": 1, "description": "No chat route is configured: every model is unknown (404)"})
+    } else {
+        json!({"type": "string", "enum": routes, "description": "A chat route (GET /v1/models); any other name is 404 `model_not_found`"})
+    };
+    let part = json!({
+        "type": "object",
+        "required": ["type", "text"],
+        "additionalProperties": false,
+        "properties": {
+            "type": {"type": "string", "enum": ["input_text", "output_text"]},
+            "text": {"type": "string"},
+            "annotations": any,
+            "logprobs": any,
+        },
+    });
+    let message = json!({
+        "type": "object",
+        "required": ["role", "content"],
+        "additionalProperties": false,
+        "properties": {
+            "type": {"type": ["string", "null"], "enum": ["message", null]},
+            "role": {"type": "string", "enum": ["user", "assistant", "system", "developer"]},
+            "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": part}]},
+            "id": any,
+            "status": any,
+        },
+    });
+    let nothing = |why: &str| json!({"type": "null", "description": why});
+    let max = 9_007_199_254_740_991_i64;
+    json!({
+        "description": "An OpenAI Responses request. Its conversation (instructions, the \
+                        previous response's turns, input) becomes the chat route's request; the \
+                        body as sent is the job's fingerprint (RFC 8785; numbers must be ones an \
+                        IEEE double holds exactly). Members onejob cannot honour are refused \
+                        with 400 naming them.",
+        "type": "object",
+        "required": ["model", "input"],
+        "additionalProperties": false,
+        "properties": {
+            "model": model,
+            "input": {"anyOf": [
+                {"type": "string", "minLength": 1},
+                {"type": "array", "minItems": 1, "items": message},
+            ]},
+            "instructions": {"type": ["string", "null"], "description": "The conversation's system message"},
+            "stream": {"type": ["boolean", "null"]},
+            "background": {"type": ["boolean", "null"], "description": "Answer at once; poll GET /v1/responses/{id}"},
+            "temperature": {"type": ["number", "null"], "minimum": 0, "maximum": 2},
+            "top_p": {"type": ["number", "null"], "minimum": 0, "maximum": 1},
+            "max_output_tokens": {"type": ["integer", "null"], "minimum": 1, "maximum": max, "description": "The chat request's `max_tokens`"},
+            "previous_response_id": {"type": ["string", "null"], "pattern": "^resp_[0-9a-fA-F]{32}$", "description": "One of the caller's completed responses: its conversation and answer come first"},
+            "store": {"type": ["boolean", "null"], "enum": [true, null], "description": "onejob stores every response: `false` is refused"},
+            "metadata": {
+                "type": ["object", "null"],
+                "maxProperties": rules::MAX_METADATA_PAIRS,
+                "propertyNames": {"maxLength": rules::MAX_METADATA_KEY},
+                "additionalProperties": {"type": "string", "maxLength": rules::MAX_METADATA_VALUE},
+            },
+            "user": {"type": ["string", "null"]},
+            "text": {
+                "type": ["object", "null"],
+                "additionalProperties": false,
+                "properties": {"format": {"anyOf": [
+                    {"type": "null"},
+                    {"type": "object", "required": ["type"], "additionalProperties": false,
+                     "properties": {"type": {"type": "string", "enum": ["text"]}}},
+                ]}},
+            },
+            "tools": {"type": ["array", "null"], "maxItems": 0, "items": any, "description": "No tools: a non-empty list is refused"},
+            "include": {"type": ["array", "null"], "maxItems": 0, "items": any, "description": "Nothing to include: a non-empty list is refused"},
+            "tool_choice": {"type": ["string", "null"], "enum": ["none", "auto", null]},
+            "truncation": {"type": ["string", "null"], "enum": ["disabled", null]},
+            "reasoning": nothing("Refused unless null"),
+            "max_tool_calls": nothing("Refused unless null"),
+            "parallel_tool_calls": nothing("Refused unless null"),
+            "service_tier": nothing("Refused unless null"),
+            "prompt": nothing("Refused unless null"),
+            "prompt_cache_key": nothing("Refused unless null"),
+            "safety_identifier": nothing("Refused unless null"),
+            "top_logprobs": nothing("Refused unless null"),
+            "stream_options": nothing("Refused unless null"),
+            "conversation": nothing("Refused unless null"),
+        },
     })
 }
 

@@ -134,7 +134,7 @@ impl From<&Attempt> for AttemptView {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct JobView {
     pub id: String,
-    /// pending | running | unknown | succeeded | failed
+    /// pending | running | unknown | succeeded | failed | cancelled
     pub status: String,
     /// Changes only when the job's outcome changes.
     pub version: i64,

@@ -44,6 +44,7 @@ mod properties;
 mod qualification;
 mod rate_limits;
 mod readme_walkthrough;
+mod responses;
 mod retention;
 mod schema_rules;
 mod secrecy;

@@ -94,6 +94,9 @@ pub async fn unknown_queue(
                 job_finished: match u.job_status {
                     JobStatus::Succeeded => "The job already succeeded: this answer can only lose.",
                     JobStatus::Failed => "The job was already marked failed.",
+                    JobStatus::Cancelled => {
+                        "The job was cancelled by its owner: this answer can only lose."
+                    }
                     _ => "",
                 },
                 age: u.started_at.map(|s| duration(now - s)).unwrap_or_default(),

@@ -404,6 +404,9 @@ fn job_live(user: &SignedIn, job: &Job, attempts: &[Attempt], allowed: Vec<Strin
     let live = attempts.iter().find(|a| a.state.is_live());
     let retry_refusal = match may_start_attempt(job.status, live.map(|a| a.state)) {
         Ok(()) => String::new(),
+        Err(NewAttemptRefusal::JobFinished(crate::domain::JobStatus::Cancelled)) => {
+            "The job was cancelled by its owner; it takes no more attempts.".to_owned()
+        }
         Err(NewAttemptRefusal::JobFinished(status)) => {
             format!("The job has {status}; it takes no more attempts.")
         }

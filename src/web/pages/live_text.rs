@@ -85,6 +85,7 @@ fn ending(job: &Job, needs_support: bool) -> Value {
                 )
             },
         ),
+        JobStatus::Cancelled => "The job was cancelled: it gets no answer.".to_owned(),
         JobStatus::Unknown => "The provider stopped answering: the outcome is unknown, \
                                and the text above may be all there is until support resolves it."
             .to_owned(),

@@ -1,0 +1,119 @@
+//! Cancelling a job (docs/design.md, "Cancelling"): one transaction that
+//! moves an unfinished job to `cancelled` with a guarded, versioned
+//! `UPDATE` (so a late answer of an attempt sent before loses the
+//! compare-and-swap and goes to the race log), and withdraws its queued,
+//! never-sent attempt. A sent attempt cannot be recalled: it stays as it is
+//! until its call ends.
+
+use diesel::prelude::*;
+
+use super::connection::write_transaction;
+use super::rows::{Attempt, Job};
+use super::schema::{attempts, jobs};
+use super::transitions::{attempts_of, find_owned_job, lock_job, JobKey};
+use super::{now_ms, DbConnection, StoreError, StoreResult};
+use crate::domain::{on_cancel, AttemptEvent, CancelDecision, JobStatus};
+
+/// The note on an attempt withdrawn by a cancel.
+pub const WITHDRAWN_NOTE: &str = "not sent: the job was cancelled";
+
+/// What a cancel did.
+#[derive(Debug)]
+pub enum Cancelled {
+    /// The job is cancelled now; `withdrawn` queued attempts were closed unsent.
+    Now {
+        job: Job,
+        attempts: Vec<Attempt>,
+        withdrawn: usize,
+    },
+    /// It had been cancelled before: nothing changed.
+    Already { job: Job, attempts: Vec<Attempt> },
+    /// It had succeeded or failed: nothing changed.
+    Refused(JobStatus),
+}
+
+/// Cancels the job `key` names, if it is unfinished (`domain::on_cancel`).
+/// `NotFound` when the owner has no such job.
+pub fn cancel_job(conn: &mut DbConnection, key: &JobKey) -> StoreResult<Cancelled> {
+    write_transaction(conn, |conn| {
+        lock_job(conn, key)?;
+        let job = find_owned_job(conn, key)?.ok_or(StoreError::NotFound)?;
+        match on_cancel(job.status) {
+            CancelDecision::Refused(status) => return Ok(Cancelled::Refused(status)),
+            CancelDecision::AlreadyCancelled => {
+                let attempts = attempts_of(conn, key)?;
+                return Ok(Cancelled::Already { job, attempts });
+            }
+            CancelDecision::Cancel => {}
+        }
+        let Some(withdrawn) = mark_cancelled(conn, &job, now_ms())? else {
+            // Under the job's lock nothing else moves it; a row that
+            // changed anyway is not cancelled, and says why.
+            let job = find_owned_job(conn, key)?.ok_or(StoreError::NotFound)?;
+            return Ok(Cancelled::Refused(job.status));
+        };
+        let job = find_owned_job(conn, key)?.ok_or(StoreError::NotFound)?;
+        let attempts = attempts_of(conn, key)?;
+        Ok(Cancelled::Now {
+            job,
+            attempts,
+            withdrawn,
+        })
+    })
+}
+
+/// The cancel's state change, all of it, inside the caller's transaction:
+/// the job to `cancelled` (its version moves on), then its queued attempt
+/// withdrawn. `None` when the guarded update changed no row (the job was
+/// not in a cancellable status at the version read); else how many
+/// attempts were withdrawn.
+///
+/// EVENTS: this is the one place a cancel changes state; an outbox event
+/// for it (`JobCancelled`) is recorded here, in the same transaction,
+/// after the job's update.
+pub fn mark_cancelled(conn: &mut DbConnection, job: &Job, now: i64) -> StoreResult<Option<usize>> {
+    if !cancel_statement(conn, &job.key(), job.version, now)? {
+        return Ok(None);
+    }
+    // EVENTS: record the `JobCancelled` outbox event here.
+    let withdrawn = diesel::update(
+        attempts::table
+            .filter(attempts::job_id.eq(&job.id))
+            .filter(attempts::owner_id.eq(&job.owner_id))
+            .filter(attempts::state.eq_any(AttemptEvent::Skipped.from_states())),
+    )
+    .set((
+        attempts::state.eq(AttemptEvent::Skipped.target()),
+        attempts::finished_at.eq(now),
+        attempts::lease_expires_at.eq(None::<i64>),
+        attempts::error.eq(WITHDRAWN_NOTE),
+    ))
+    .execute(conn)?;
+    Ok(Some(withdrawn))
+}
+
+/// The guarded, versioned update: the job becomes `cancelled` only from a
+/// status [`JobStatus::CANCELLABLE`] names, at the version read, with no
+/// winner. Whether it changed the row.
+pub fn cancel_statement(
+    conn: &mut DbConnection,
+    key: &JobKey,
+    version: i64,
+    now: i64,
+) -> QueryResult<bool> {
+    let changed = diesel::update(
+        jobs::table
+            .filter(jobs::id.eq(&key.id))
+            .filter(jobs::owner_id.eq(&key.owner_id))
+            .filter(jobs::version.eq(version))
+            .filter(jobs::completed_by.is_null())
+            .filter(jobs::status.eq_any(JobStatus::CANCELLABLE)),
+    )
+    .set((
+        jobs::status.eq(JobStatus::Cancelled),
+        jobs::version.eq(jobs::version + 1),
+        jobs::updated_at.eq(now),
+    ))
+    .execute(conn)?;
+    Ok(changed == 1)
+}
