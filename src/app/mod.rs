@@ -75,6 +75,9 @@ struct Inner {
     providers: Providers,
     /// Wakes an idle worker when an attempt is queued.
     queued: Notify,
+    /// When this process's waiting retries fall due (`not_before`, Unix
+    /// ms): the idle worker wakes then rather than at its next poll.
+    retries_due: std::sync::Mutex<std::collections::BTreeSet<i64>>,
     /// Becomes true once the start-up qualification of simulated providers
     /// has finished; the failover gate waits for it.
     startup_qualified: watch::Sender<bool>,
@@ -118,6 +121,7 @@ impl App {
                 config,
                 providers,
                 queued: Notify::new(),
+                retries_due: Default::default(),
                 job_finished: broadcast::channel(FINISHED_BACKLOG).0,
                 startup_qualified,
                 metrics,
@@ -159,7 +163,38 @@ impl App {
     pub async fn attempt_queued(&self) {
         self.inner.queued.notified().await;
     }
+
+    /// Tells an idle worker that a retry was queued that may not be sent
+    /// before `not_before` (Unix ms).
+    pub fn notify_retry_due(&self, not_before: i64) {
+        {
+            let mut due = self.retries_due();
+            // Beyond the cap the poll still finds the rest.
+            if due.len() < MAX_RETRIES_REMEMBERED {
+                due.insert(not_before);
+            }
+        }
+        self.notify_queued();
+    }
+
+    /// The earliest retry of this process still to fall due, forgetting
+    /// those whose time has come by `now` (Unix ms).
+    pub fn next_retry_due(&self, now: i64) -> Option<i64> {
+        let mut due = self.retries_due();
+        *due = due.split_off(&(now + 1));
+        due.first().copied()
+    }
+
+    fn retries_due(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeSet<i64>> {
+        self.inner
+            .retries_due
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
+
+/// How many waiting retries' due times a process remembers to wake for.
+const MAX_RETRIES_REMEMBERED: usize = 4096;
 
 /// A job is visible to its owner and to support staff; to anyone else it does
 /// not exist (not found, never forbidden, so ids leak nothing).

@@ -96,7 +96,7 @@ impl App {
                 not_before,
             } => {
                 tracing::info!(%attempt_id, next_attempt = %next, %provider, not_before, "nothing happened: retrying on the same provider once its wait is over");
-                self.notify_queued();
+                self.notify_retry_due(*not_before);
             }
             Applied::JobFailed { reason } => tracing::warn!(%attempt_id, %reason, "job failed"),
             Applied::Recorded => tracing::info!(%attempt_id, "failure recorded"),

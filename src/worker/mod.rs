@@ -170,10 +170,16 @@ impl Worker {
                         (false, None) => providers.capacity_freed().await,
                     }
                 };
+                // A retry of this process's falls due before the next poll.
+                let now = crate::app::now_ms();
+                let wake = match self.app.next_retry_due(now) {
+                    Some(at) => poll.min(Duration::from_millis((at - now).max(0) as u64)),
+                    None => poll,
+                };
                 tokio::select! {
                     _ = self.app.attempt_queued() => {}
                     _ = reopened => {}
-                    _ = sleep(poll) => {}
+                    _ = sleep(wake) => {}
                     _ = self.shutdown.cancelled() => break,
                 }
             }

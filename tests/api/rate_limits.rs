@@ -439,6 +439,8 @@ async fn the_wait_policy_retries_the_same_provider_and_never_the_fallback(backen
 /// a 429 and the provider is paused. The started attempt is not sent into
 /// the pause: it goes back to the queue in one guarded statement that
 /// clears its `sent_at`, and is sent, once, when the pause is over.
+/// The refused call's retry is claimed when its wait is over, by the
+/// process that queued it, with no poll to find it.
 async fn a_pause_between_the_claim_and_the_send_gives_the_attempt_back_unsent(
     backend: TestBackend,
 ) {
@@ -451,6 +453,11 @@ async fn a_pause_between_the_claim_and_the_send_gives_the_attempt_back_unsent(
     .concat();
     let mut config = config_of(&toml);
     config.worker.concurrency = 2;
+    // The claimer wakes when an attempt is queued or a pause ends, never by
+    // the clock: a poll during the hold below would take the free slot for
+    // a claim stalled on the held database, and the creation would find
+    // none.
+    config.worker.poll_interval_ms = 600_000;
     let app = spawn_app_with(backend, config).await;
     let limiter = app.providers.get("limited").unwrap().limiter().clone();
     // A call that will answer 429 when the test says.
