@@ -34,6 +34,8 @@ pub mod retry;
 pub mod streams;
 mod twins;
 pub mod waiting;
+pub mod webhook_views;
+pub mod webhooks;
 pub mod work;
 
 use std::sync::Arc;

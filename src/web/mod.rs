@@ -76,7 +76,7 @@ fn method_not_allowed(req: &actix_web::HttpRequest, allow: &str) -> actix_web::H
 /// Every route; forms are read up to `body_limit` bytes
 /// (`server.body_limit_bytes`, as the JSON API).
 pub fn routes(cfg: &mut web::ServiceConfig, body_limit: usize) {
-    use pages::{console, job_pages, session};
+    use pages::{console, job_pages, session, webhook_pages};
     cfg.app_data(
         web::FormConfig::default()
             .limit(body_limit)
@@ -122,6 +122,20 @@ pub fn routes(cfg: &mut web::ServiceConfig, body_limit: usize) {
         resource("/jobs/{id}/attempts", "POST").route(web::post().to(job_pages::start_attempt)),
     )
     .service(resource("/jobs/{id}/fail", "POST").route(web::post().to(job_pages::fail_job)))
+    .service(
+        resource("/webhooks", "GET, HEAD, POST")
+            .route(read().to(webhook_pages::my_webhooks))
+            .route(web::post().to(webhook_pages::add_webhook)),
+    )
+    .service(resource("/webhooks/{id}", READ).route(read().to(webhook_pages::webhook_page)))
+    .service(
+        resource("/webhooks/{id}/act", "POST").route(web::post().to(webhook_pages::webhook_act)),
+    )
+    .service(
+        resource("/webhooks/events/{id}/resend", "POST")
+            .route(web::post().to(webhook_pages::resend)),
+    )
+    .service(resource("/admin/webhooks", READ).route(read().to(webhook_pages::admin_webhooks)))
     .service(resource("/admin", READ).route(read().to(console::console)))
     .service(resource("/admin/unknown", READ).route(read().to(console::unknown_queue)))
     .service(

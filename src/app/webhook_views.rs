@@ -1,0 +1,114 @@
+//! What the browser's webhook pages read: an owner's endpoints, one
+//! endpoint's delivery log, a job's, and the admins' overview. Writes are
+//! the use cases of [`crate::app::webhooks`].
+
+use super::{require_admin, App, AppError, AppResult, Job, User};
+use crate::domain::UserId;
+use crate::store::webhooks::{self, Delivery, Endpoint, EndpointKey, Event};
+
+/// A job's events (every endpoint of its owner), their deliveries, and the
+/// endpoints' URLs by id.
+pub struct JobWebhookLog {
+    pub events: Vec<Event>,
+    pub deliveries: Vec<Delivery>,
+    pub endpoints: Vec<(String, String)>,
+}
+
+/// One endpoint, its events (newest first) and their deliveries.
+pub struct EndpointLog {
+    pub endpoint: Endpoint,
+    pub events: Vec<Event>,
+    pub deliveries: Vec<Delivery>,
+}
+
+/// Every owner's endpoints, with the owners' names, for admins.
+pub struct WebhooksOverview {
+    pub endpoints: Vec<Endpoint>,
+    pub owners: Vec<(UserId, String)>,
+    pub disabled: i64,
+    pub oldest_pending_ms: Option<i64>,
+}
+
+impl App {
+    /// `user`'s own endpoints, newest first.
+    pub async fn webhook_endpoints(&self, user: &User) -> AppResult<Vec<Endpoint>> {
+        let owner = user.id.clone();
+        Ok(self
+            .store()
+            .run(move |conn| webhooks::list_endpoints(conn, &owner))
+            .await?)
+    }
+
+    /// The delivery log of a job `user` may see (its owner, or staff).
+    pub async fn webhook_log_of_job(&self, user: &User, job: &Job) -> AppResult<JobWebhookLog> {
+        if !super::visible_to(job, user) {
+            return Err(AppError::NotFound);
+        }
+        let key = job.key();
+        Ok(self
+            .store()
+            .run(move |conn| {
+                let events = webhooks::events_of_job(conn, &key)?;
+                let deliveries = webhooks::deliveries_of_job(conn, &key)?;
+                let endpoints = webhooks::list_endpoints(conn, &key.owner_id)?
+                    .into_iter()
+                    .map(|e| (e.id, e.url))
+                    .collect();
+                Ok(JobWebhookLog {
+                    events,
+                    deliveries,
+                    endpoints,
+                })
+            })
+            .await?)
+    }
+
+    /// One of `user`'s own endpoints and its log; another owner's is not
+    /// found.
+    pub async fn webhook_log_of_endpoint(&self, user: &User, id: &str) -> AppResult<EndpointLog> {
+        let key = EndpointKey {
+            id: id.to_owned(),
+            owner_id: user.id.clone(),
+        };
+        self.store()
+            .run(move |conn| {
+                let Some(endpoint) = webhooks::get_endpoint(conn, &key)? else {
+                    return Ok(None);
+                };
+                let events = webhooks::events_of_endpoint(conn, &key)?;
+                let deliveries =
+                    webhooks::deliveries_of_endpoint(conn, &key, webhooks::LIST_LIMIT)?;
+                Ok(Some(EndpointLog {
+                    endpoint,
+                    events,
+                    deliveries,
+                }))
+            })
+            .await?
+            .ok_or(AppError::NotFound)
+    }
+
+    /// Every owner's endpoints (admins).
+    pub async fn webhooks_overview(&self, user: &User) -> AppResult<WebhooksOverview> {
+        require_admin(user)?;
+        Ok(self
+            .store()
+            .run(|conn| {
+                let endpoints = webhooks::list_all_endpoints(conn)?;
+                let mut owners: Vec<(UserId, String)> = Vec::new();
+                for e in &endpoints {
+                    if !owners.iter().any(|(id, _)| *id == e.owner_id) {
+                        let name = crate::store::users::name_of(conn, &e.owner_id)?;
+                        owners.push((e.owner_id.clone(), name));
+                    }
+                }
+                Ok(WebhooksOverview {
+                    disabled: webhooks::disabled_endpoints(conn)?,
+                    oldest_pending_ms: webhooks::oldest_pending_ms(conn)?,
+                    endpoints,
+                    owners,
+                })
+            })
+            .await?)
+    }
+}
