@@ -7,6 +7,7 @@ pub mod anthropic_messages;
 pub mod api_callbacks;
 pub mod api_jobs;
 pub mod api_support;
+pub mod api_webhooks;
 pub mod auth;
 pub mod body;
 pub mod chat_stream;
@@ -170,6 +171,7 @@ pub fn routes(cfg: &mut web::ServiceConfig, body_limit: usize) {
                 resource("/admin/unknown", READ).route(read().to(api_support::unknown_attempts)),
             )
             .service(resource("/admin/races", READ).route(read().to(api_support::races)))
+            .configure(api_webhooks::routes)
             .default_service(web::to(not_found)),
     )
     // The Anthropic-compatible endpoint, before the OpenAI-compatible
