@@ -16,6 +16,7 @@
 //! | claim, lease and reap attempts (the worker) | [`work`] |
 //! | users, tokens, sessions | [`accounts`] |
 //! | what people read: jobs, the console | [`queries`] |
+//! | completion webhooks: endpoints, delivery | [`webhooks`] |
 
 pub mod accounts;
 pub mod callbacks;

@@ -7,6 +7,7 @@ pub mod anthropic_messages;
 pub mod api_callbacks;
 pub mod api_jobs;
 pub mod api_support;
+pub mod api_webhooks;
 pub mod auth;
 pub mod body;
 pub mod chat_stream;
@@ -132,7 +133,7 @@ pub fn routes(cfg: &mut web::ServiceConfig, body_limit: usize) {
         resource("/webhooks/{id}/act", "POST").route(web::post().to(webhook_pages::webhook_act)),
     )
     .service(
-        resource("/webhooks/events/{id}/resend", "POST")
+        resource("/webhooks/{endpoint}/events/{id}/resend", "POST")
             .route(web::post().to(webhook_pages::resend)),
     )
     .service(resource("/admin/webhooks", READ).route(read().to(webhook_pages::admin_webhooks)))
@@ -184,6 +185,7 @@ pub fn routes(cfg: &mut web::ServiceConfig, body_limit: usize) {
                 resource("/admin/unknown", READ).route(read().to(api_support::unknown_attempts)),
             )
             .service(resource("/admin/races", READ).route(read().to(api_support::races)))
+            .configure(api_webhooks::routes)
             .default_service(web::to(not_found)),
     )
     // The Anthropic-compatible endpoint, before the OpenAI-compatible

@@ -9,7 +9,7 @@ use askama::Template;
 use serde::Deserialize;
 
 use super::{duration, render, render_with, see_other, when, Nav, PageError, SignedIn};
-use crate::app::webhooks::{EndpointRequest, IssuedSecret};
+use crate::app::webhooks::{NewWebhook, WebhookChange, WithSecret};
 use crate::app::{App, AppError, Job};
 use crate::domain::webhook::{DeliveryOutcome, EventKind, EventState};
 use crate::domain::UserId;
@@ -18,6 +18,7 @@ use crate::store::webhooks::{Delivery, Endpoint, Event};
 /// One event of the delivery log, with its delivery attempts.
 pub struct EventLine {
     id: String,
+    endpoint_id: String,
     webhook_id: String,
     kind: String,
     state: String,
@@ -107,6 +108,7 @@ impl DeliveryLog {
                 let pending = e.event_state() == Some(EventState::Pending);
                 EventLine {
                     id: e.id.clone(),
+                    endpoint_id: e.endpoint_id.clone(),
                     webhook_id: e.webhook_id.clone(),
                     kind: e.kind.clone(),
                     state: e.state.clone(),
@@ -256,7 +258,7 @@ async fn webhooks_page(
     checked: &[String],
     error: Option<String>,
 ) -> Result<HttpResponse, PageError> {
-    let endpoints = app.webhook_endpoints(&user.user).await?;
+    let endpoints = app.list_webhooks(&user.user, false).await?;
     Ok(render_with(
         status,
         &WebhooksPage {
@@ -289,7 +291,7 @@ struct SecretPage {
 }
 
 /// The secret, once: never cached, never stored by the browser's history.
-fn secret_page(user: &SignedIn, title: &'static str, issued: &IssuedSecret) -> HttpResponse {
+fn secret_page(user: &SignedIn, title: &'static str, issued: &WithSecret) -> HttpResponse {
     let mut response = render(&SecretPage {
         nav: user.nav(),
         title,
@@ -308,7 +310,9 @@ fn secret_page(user: &SignedIn, title: &'static str, issued: &IssuedSecret) -> H
 /// A refusal the form shows beside what was typed, rather than an error page.
 fn form_refusal(error: &AppError) -> Option<String> {
     match error {
-        AppError::InvalidBody { .. } | AppError::InvalidInput { .. } => Some(error.to_string()),
+        AppError::InvalidBody { .. } | AppError::InvalidInput { .. } | AppError::WebhooksOff => {
+            Some(error.to_string())
+        }
         AppError::Unavailable(detail) => Some(detail.clone()),
         _ => None,
     }
@@ -336,12 +340,12 @@ pub async fn add_webhook(
         .take(EventKind::ALL.len() + 1)
         .map(|(_, v)| v.clone())
         .collect();
-    let request = EndpointRequest {
+    let request = NewWebhook {
         url: url.clone(),
         events: events.clone(),
-        retry_for_ms: None,
+        retry_for_seconds: None,
     };
-    match app.create_webhook_endpoint(&user.user, request).await {
+    match app.create_webhook(&user.user, request).await {
         Ok(issued) => Ok(secret_page(&user, "Endpoint added", &issued)),
         Err(error) => match form_refusal(&error) {
             Some(message) => {
@@ -448,11 +452,16 @@ pub async fn webhook_act(
             return Ok(secret_page(&user, "Secret rotated", &issued));
         }
         Some("delete") => {
-            app.delete_webhook_endpoint(&user.user, &id).await?;
+            app.delete_webhook(&user.user, &id).await?;
             return Ok(see_other("/webhooks"));
         }
-        Some("enable") => app.set_webhook_enabled(&user.user, &id, true).await,
-        Some("disable") => app.set_webhook_enabled(&user.user, &id, false).await,
+        Some(verb @ ("enable" | "disable")) => {
+            let change = WebhookChange {
+                enabled: Some(verb == "enable"),
+                ..WebhookChange::default()
+            };
+            app.update_webhook(&user.user, &id, change).await
+        }
         _ => {
             return Err(PageError::bad_request(
                 "The action is enable, disable, rotate or delete.",
@@ -500,20 +509,22 @@ fn resend_back(back: Option<&str>) -> &str {
     }
 }
 
-/// `POST /webhooks/events/{id}/resend`: the owner queues an event again,
+/// `POST /webhooks/{endpoint}/events/{id}/resend`: the owner queues an
+/// event again,
 /// with the same `webhook-id` and body.
 pub async fn resend(
     app: web::Data<App>,
     user: SignedIn,
-    path: web::Path<String>,
+    path: web::Path<(String, String)>,
     form: web::Form<ResendForm>,
 ) -> Result<HttpResponse, PageError> {
     user.check_csrf(form.csrf.as_deref())?;
-    app.resend_webhook_event(&user.user, &path).await?;
+    let (endpoint_id, event_id) = path.into_inner();
+    app.resend_webhook_event(&user.user, &endpoint_id, &event_id)
+        .await?;
     Ok(see_other(&format!(
-        "{}#event-{}",
-        resend_back(form.back.as_deref()),
-        path.as_str()
+        "{}#event-{event_id}",
+        resend_back(form.back.as_deref())
     )))
 }
 
