@@ -67,6 +67,13 @@ pub enum AppError {
     /// Client JSON nests deeper than the configured limit; nothing walked it.
     #[error("{0}; send a flatter document")]
     NestingTooDeep(#[from] crate::domain::json_depth::TooDeep),
+    /// No server webhook key is configured (`webhooks.signing_key_env`).
+    #[error(
+        "webhooks are not enabled on this server: an operator sets webhooks.signing_key_env to \
+         the name of an environment variable holding at least 32 random bytes \
+         (e.g. `openssl rand -hex 32`) and restarts it"
+    )]
+    WebhooksOff,
     /// Busy for now; retrying (with the same idempotency key) is safe.
     #[error("{0}")]
     Unavailable(String),

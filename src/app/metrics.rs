@@ -52,6 +52,12 @@ pub struct LimitLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    /// delivered | failed | refused
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TableLabel {
     /// jobs | attempts | race_log | audit_log
     pub table: String,
@@ -96,6 +102,10 @@ pub struct Metrics {
     pub stream_limits_hit: Family<LimitLabel, Counter>,
     unknown_attempts: Gauge,
     oldest_unknown_seconds: Gauge<f64, AtomicU64>,
+    /// Webhook delivery attempts, by outcome.
+    pub webhook_deliveries: Family<OutcomeLabel, Counter>,
+    webhook_outbox_oldest_seconds: Gauge<f64, AtomicU64>,
+    webhook_endpoints_disabled: Gauge,
 }
 
 impl Default for Metrics {
@@ -130,6 +140,9 @@ impl Metrics {
             stream_limits_hit: Family::default(),
             unknown_attempts: Gauge::default(),
             oldest_unknown_seconds: Gauge::default(),
+            webhook_deliveries: Family::default(),
+            webhook_outbox_oldest_seconds: Gauge::default(),
+            webhook_endpoints_disabled: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -250,6 +263,24 @@ impl Metrics {
             "Age of the oldest unknown attempt since it was sent; 0 when there is none",
             metrics.oldest_unknown_seconds.clone(),
         );
+        registry.register(
+            "onejob_webhook_deliveries",
+            "Webhook delivery attempts by outcome: delivered (2xx), failed (another status, \
+             a timeout, a connection error, a redirect), refused (the host resolved to an \
+             address webhooks may not reach)",
+            metrics.webhook_deliveries.clone(),
+        );
+        registry.register(
+            "onejob_webhook_outbox_oldest_age_seconds",
+            "How long the oldest undelivered, not dead webhook event of an enabled endpoint \
+             has waited (read at scrape time); 0 when there is none",
+            metrics.webhook_outbox_oldest_seconds.clone(),
+        );
+        registry.register(
+            "onejob_webhook_endpoints_disabled",
+            "Webhook endpoints disabled now, by their owner or for failing (read at scrape time)",
+            metrics.webhook_endpoints_disabled.clone(),
+        );
         Self {
             registry,
             ..metrics
@@ -348,11 +379,25 @@ impl Metrics {
                 limit: limit.to_owned(),
             });
         }
+        for outcome in crate::domain::webhook::DeliveryOutcome::ALL {
+            let _ = self.webhook_deliveries.get_or_create(&OutcomeLabel {
+                outcome: outcome.as_str().to_owned(),
+            });
+        }
         for table in ["jobs", "attempts", "race_log", "audit_log"] {
             let _ = self.pruned_rows.get_or_create(&TableLabel {
                 table: table.to_owned(),
             });
         }
+    }
+
+    /// Counts one webhook delivery attempt.
+    pub fn webhook_delivery(&self, outcome: crate::domain::webhook::DeliveryOutcome) {
+        self.webhook_deliveries
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.as_str().to_owned(),
+            })
+            .inc();
     }
 
     pub fn count_pruned(&self, table: &str, rows: u64) {
@@ -412,9 +457,15 @@ impl App {
     /// gauges read from the database now (admins only; see `web`).
     pub async fn scrape_metrics(&self) -> AppResult<String> {
         let now = now_ms();
-        let counts = self
+        let (counts, oldest_webhook, disabled) = self
             .store()
-            .run(move |conn| console::console_counts(conn, now))
+            .run(move |conn| {
+                Ok((
+                    console::console_counts(conn, now)?,
+                    crate::store::webhooks::oldest_pending_ms(conn)?,
+                    crate::store::webhooks::disabled_endpoints(conn)?,
+                ))
+            })
             .await?;
         let metrics = self.metrics();
         metrics.unknown_attempts.set(counts.unknown_now);
@@ -423,6 +474,10 @@ impl App {
                 .oldest_unknown_started_at
                 .map_or(0.0, |t| (now - t).max(0) as f64 / 1000.0),
         );
+        metrics
+            .webhook_outbox_oldest_seconds
+            .set(oldest_webhook.map_or(0.0, |t| (now - t).max(0) as f64 / 1000.0));
+        metrics.webhook_endpoints_disabled.set(disabled);
         Ok(metrics.encode())
     }
 }

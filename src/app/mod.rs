@@ -17,6 +17,7 @@
 //! | claim, lease and reap attempts (the worker) | [`work`] |
 //! | users, tokens, sessions | [`accounts`] |
 //! | what people read: jobs, the console | [`queries`] |
+//! | completion webhooks: endpoints, delivery | [`webhooks`] |
 
 pub mod accounts;
 pub mod callbacks;
@@ -36,6 +37,8 @@ pub mod retry;
 pub mod streams;
 mod twins;
 pub mod waiting;
+pub mod webhook_views;
+pub mod webhooks;
 pub mod work;
 
 use std::sync::Arc;

@@ -18,6 +18,8 @@ pub struct ConfigFile {
     #[serde(default)]
     pub retention: RetentionSettings,
     #[serde(default)]
+    pub webhooks: super::webhooks::WebhookSettings,
+    #[serde(default)]
     pub providers: Vec<ProviderSettings>,
     #[serde(default)]
     pub tasks: Vec<TaskDefinition>,

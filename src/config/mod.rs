@@ -11,11 +11,13 @@
 
 mod checks;
 mod file;
+pub mod webhooks;
 
 use std::collections::HashMap;
 use std::path::Path;
 
 pub use file::{RetentionSettings, ServerSettings, WorkerSettings};
+pub use webhooks::{WebhookConfig, WebhookSettings};
 
 use crate::contracts::Contracts;
 use crate::domain::{CallbackKey, Secret};
@@ -100,6 +102,8 @@ pub struct Config {
     pub contracts: Contracts,
     /// Set when `server.callback_secret_env` is.
     pub callbacks: Option<CallbackSettings>,
+    /// `[webhooks]`, with the webhook key when `signing_key_env` names one.
+    pub webhooks: WebhookConfig,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -229,6 +233,34 @@ fn resolve(
             })
         }
     };
+    raw.webhooks.check()?;
+    let webhook_key = match &raw.webhooks.signing_key_env {
+        None => None,
+        Some(_) if *needed != SecretsNeeded::All => None,
+        Some(var) => {
+            let key = env.get(var).ok_or_else(|| {
+                (
+                    "webhooks.signing_key_env".to_owned(),
+                    format!("the environment variable {var} is not set"),
+                )
+            })?;
+            if key.len() < 32 {
+                return Err((
+                    "webhooks.signing_key_env".to_owned(),
+                    format!(
+                        "the key in {var} is {} bytes long; use at least 32 random bytes \
+                         (e.g. `openssl rand -hex 32`)",
+                        key.len()
+                    ),
+                ));
+            }
+            Some(crate::domain::webhook::WebhookKey::new(&Secret::new(key)))
+        }
+    };
+    let webhooks = WebhookConfig {
+        settings: raw.webhooks,
+        key: webhook_key,
+    };
     let mut server = raw.server;
     if server.shutdown_grace_ms == 0 {
         let longest = providers.iter().map(|p| p.timeout_ms).max().unwrap_or(0);
@@ -242,6 +274,7 @@ fn resolve(
         providers,
         contracts,
         callbacks,
+        webhooks,
     })
 }
 

@@ -23,6 +23,7 @@ pub mod secret;
 pub mod state;
 pub mod stream;
 pub mod throttle;
+pub mod webhook;
 
 pub use audit::AuditAction;
 pub use callback_key::{CallbackKey, CallbackRefusal};

@@ -57,6 +57,13 @@ pub fn complete_success(
         })?;
         let won = settle_success(conn, &attempt, version_read, &payload_text, now)?;
         if won {
+            // The job's `job.succeeded` webhook events commit with its result.
+            super::webhooks::record_event(
+                conn,
+                &attempt.job_key(),
+                crate::domain::webhook::EventKind::JobSucceeded,
+                now,
+            )?;
             // A live attempt is the job's only one (the one-live-attempt
             // index); only an answer on a non-live attempt (abandoned, say)
             // can find a queued successor to close.

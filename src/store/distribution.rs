@@ -31,7 +31,16 @@ pub struct Layout {
 /// onejob's layout; a new table must be placed here (the schema rule test
 /// fails otherwise) and in docs/scaling.md.
 pub const LAYOUT: Layout = Layout {
-    distributed: &["jobs", "attempts", "race_log", "audit_log", "stream_chunks"],
+    distributed: &[
+        "jobs",
+        "attempts",
+        "race_log",
+        "audit_log",
+        "stream_chunks",
+        "webhook_endpoints",
+        "webhook_events",
+        "webhook_deliveries",
+    ],
     reference: &[
         "users",
         "api_tokens",
@@ -94,6 +103,22 @@ pub const FAN_OUT_READS: &[FanOutRead] = &[
     FanOutRead {
         purpose: "retention's old audit entries (no lock; deleted per owner)",
         marker: "select id, owner_id from audit_log where at <",
+    },
+    FanOutRead {
+        purpose: "the webhook claim's candidates (no lock; each owner's are then locked and claimed)",
+        marker: "select webhook_events.id, webhook_events.owner_id from (webhook_events inner join webhook_endpoints on",
+    },
+    FanOutRead {
+        purpose: "the webhook outbox's oldest undelivered event (a metric)",
+        marker: "select webhook_events.window_start_at from (webhook_events inner join webhook_endpoints on",
+    },
+    FanOutRead {
+        purpose: "the count of disabled webhook endpoints (a metric)",
+        marker: "from webhook_endpoints where (webhook_endpoints.enabled = $1)",
+    },
+    FanOutRead {
+        purpose: "every owner's webhook endpoints (admins)",
+        marker: "from webhook_endpoints order by webhook_endpoints.id desc limit",
     },
     FanOutRead {
         purpose: "an attempt by its id alone (a callback's URL, a staff action)",

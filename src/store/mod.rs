@@ -22,6 +22,7 @@ pub mod statement_log;
 pub mod stream_chunks;
 pub mod transitions;
 pub mod users;
+pub mod webhooks;
 
 use std::sync::Arc;
 use std::time::Duration;

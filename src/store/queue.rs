@@ -22,6 +22,7 @@ use super::{now_ms, DbConnection, StoreError, StoreResult};
 use std::collections::{BTreeMap, HashMap};
 
 use crate::domain::guards;
+use crate::domain::webhook::EventKind;
 use crate::domain::{Applied, AttemptEvent, AttemptId, AttemptState, JobId, JobStatus, UserId};
 
 /// PostgreSQL's clock in Unix milliseconds, as SQL: `statement_timestamp()`,
@@ -502,6 +503,7 @@ pub fn mark_unknown(
             return Ok(Applied::Ignored(attempt.state));
         }
         refresh_job_status(conn, &attempt.job_key(), now)?;
+        super::webhooks::record_event(conn, &attempt.job_key(), EventKind::JobUnknown, now)?;
         Ok(Applied::MarkedUnknown)
     })
 }
@@ -585,6 +587,7 @@ fn expire_one(
             return Ok(None);
         }
         refresh_job_status(conn, key, now)?;
+        super::webhooks::record_event(conn, key, EventKind::JobUnknown, now)?;
         Ok(Some(AttemptState::Unknown))
     })
 }

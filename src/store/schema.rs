@@ -175,3 +175,72 @@ diesel::table! {
         qualified_at -> BigInt,
     }
 }
+
+diesel::table! {
+    /// A webhook endpoint of one owner (`store::webhooks`).
+    webhook_endpoints (id) {
+        id -> Text,
+        owner_id -> Text,
+        url -> Text,
+        events -> Text,
+        enabled -> Bool,
+        disabled_reason -> Nullable<Text>,
+        disabled_at -> Nullable<BigInt>,
+        generation -> BigInt,
+        previous_generation_valid_until -> Nullable<BigInt>,
+        secret_fingerprint -> Text,
+        retry_for_ms -> BigInt,
+        consecutive_failures -> Integer,
+        failing_since -> Nullable<BigInt>,
+        created_at -> BigInt,
+        updated_at -> BigInt,
+    }
+}
+
+diesel::table! {
+    /// The webhook outbox: one row per (event, endpoint).
+    webhook_events (id) {
+        id -> Text,
+        owner_id -> Text,
+        endpoint_id -> Text,
+        job_id -> Text,
+        kind -> Text,
+        subject -> Text,
+        webhook_id -> Text,
+        body -> Text,
+        state -> Text,
+        attempts -> Integer,
+        next_attempt_at -> BigInt,
+        window_start_at -> BigInt,
+        lease_owner -> Nullable<Text>,
+        lease_expires_at -> Nullable<BigInt>,
+        delivered_at -> Nullable<BigInt>,
+        created_at -> BigInt,
+    }
+}
+
+diesel::table! {
+    /// Each delivery attempt of a webhook event.
+    webhook_deliveries (id) {
+        id -> Text,
+        owner_id -> Text,
+        event_id -> Text,
+        endpoint_id -> Text,
+        number -> Integer,
+        outcome -> Text,
+        status_code -> Nullable<Integer>,
+        error -> Nullable<Text>,
+        latency_ms -> BigInt,
+        response_body -> Nullable<Text>,
+        at -> BigInt,
+    }
+}
+
+diesel::joinable!(webhook_events -> webhook_endpoints (endpoint_id));
+diesel::joinable!(webhook_deliveries -> webhook_events (event_id));
+diesel::allow_tables_to_appear_in_same_query!(
+    webhook_endpoints,
+    webhook_events,
+    webhook_deliveries,
+    jobs
+);

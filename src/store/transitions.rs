@@ -9,6 +9,7 @@ use diesel::prelude::*;
 use super::rows::{Attempt, Job};
 use super::schema::{attempts, jobs};
 use super::{DbConnection, StoreError, StoreResult};
+use crate::domain::webhook::EventKind;
 use crate::domain::{AttemptEvent, AttemptId, AttemptState, JobId, JobStatus, UserId};
 
 /// A job named by its whole primary key: its id and its owner. Every
@@ -373,8 +374,9 @@ pub fn insert_waiting_attempt(
 }
 
 /// Finalizes a job as failed: a version-guarded update, so it cannot overwrite
-/// a result that won in the meantime.
-pub fn fail_job(conn: &mut DbConnection, job: &Job, reason: &str, now: i64) -> QueryResult<bool> {
+/// a result that won in the meantime. The `job.failed` webhook events are
+/// written in the same transaction (`store::webhooks::record_event`).
+pub fn fail_job(conn: &mut DbConnection, job: &Job, reason: &str, now: i64) -> StoreResult<bool> {
     let updated = diesel::update(
         jobs::table
             .filter(jobs::id.eq(&job.id))
@@ -390,5 +392,8 @@ pub fn fail_job(conn: &mut DbConnection, job: &Job, reason: &str, now: i64) -> Q
         jobs::updated_at.eq(now),
     ))
     .execute(conn)?;
+    if updated == 1 {
+        super::webhooks::record_event(conn, &job.key(), EventKind::JobFailed, now)?;
+    }
     Ok(updated == 1)
 }

@@ -39,10 +39,11 @@ pub enum ProblemType {
     MethodNotAllowed,
     ServiceUnavailable,
     Internal,
+    WebhooksNotConfigured,
 }
 
 impl ProblemType {
-    pub const ALL: [ProblemType; 26] = [
+    pub const ALL: [ProblemType; 27] = [
         Self::Unauthorized,
         Self::Forbidden,
         Self::NotFound,
@@ -69,6 +70,7 @@ impl ProblemType {
         Self::MethodNotAllowed,
         Self::ServiceUnavailable,
         Self::Internal,
+        Self::WebhooksNotConfigured,
     ];
 
     /// (slug, status, title, what it means)
@@ -127,6 +129,8 @@ impl ProblemType {
                 "The database could not serve the request in time. Retry with the same idempotency key."),
             Self::Internal => ("internal", S::INTERNAL_SERVER_ERROR, "Internal error",
                 "Something failed on the server. Retrying with the same idempotency key is safe."),
+            Self::WebhooksNotConfigured => ("webhooks-not-configured", S::CONFLICT, "Webhooks are not enabled on this server",
+                "Endpoint secrets are derived from a server key that is not configured. An operator sets `webhooks.signing_key_env` (docs/configuration.md) to an environment variable holding at least 32 random bytes and restarts the server."),
         }
     }
 
@@ -300,6 +304,7 @@ impl From<AppError> for ApiError {
             AppError::NestingTooDeep(too_deep) => too_deep.into(),
             AppError::Unavailable(_) => Self::new(ProblemType::ServiceUnavailable, detail),
             AppError::Internal => Self::internal(),
+            AppError::WebhooksOff => Self::new(ProblemType::WebhooksNotConfigured, detail),
         }
     }
 }

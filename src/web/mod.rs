@@ -7,6 +7,7 @@ pub mod anthropic_messages;
 pub mod api_callbacks;
 pub mod api_jobs;
 pub mod api_support;
+pub mod api_webhooks;
 pub mod auth;
 pub mod body;
 pub mod chat_stream;
@@ -77,7 +78,7 @@ fn method_not_allowed(req: &actix_web::HttpRequest, allow: &str) -> actix_web::H
 /// Every route; forms are read up to `body_limit` bytes
 /// (`server.body_limit_bytes`, as the JSON API).
 pub fn routes(cfg: &mut web::ServiceConfig, body_limit: usize) {
-    use pages::{console, job_pages, session};
+    use pages::{console, job_pages, session, webhook_pages};
     cfg.app_data(
         web::FormConfig::default()
             .limit(body_limit)
@@ -123,6 +124,20 @@ pub fn routes(cfg: &mut web::ServiceConfig, body_limit: usize) {
         resource("/jobs/{id}/attempts", "POST").route(web::post().to(job_pages::start_attempt)),
     )
     .service(resource("/jobs/{id}/fail", "POST").route(web::post().to(job_pages::fail_job)))
+    .service(
+        resource("/webhooks", "GET, HEAD, POST")
+            .route(read().to(webhook_pages::my_webhooks))
+            .route(web::post().to(webhook_pages::add_webhook)),
+    )
+    .service(resource("/webhooks/{id}", READ).route(read().to(webhook_pages::webhook_page)))
+    .service(
+        resource("/webhooks/{id}/act", "POST").route(web::post().to(webhook_pages::webhook_act)),
+    )
+    .service(
+        resource("/webhooks/{endpoint}/events/{id}/resend", "POST")
+            .route(web::post().to(webhook_pages::resend)),
+    )
+    .service(resource("/admin/webhooks", READ).route(read().to(webhook_pages::admin_webhooks)))
     .service(resource("/admin", READ).route(read().to(console::console)))
     .service(resource("/admin/unknown", READ).route(read().to(console::unknown_queue)))
     .service(
@@ -174,6 +189,7 @@ pub fn routes(cfg: &mut web::ServiceConfig, body_limit: usize) {
                 resource("/admin/unknown", READ).route(read().to(api_support::unknown_attempts)),
             )
             .service(resource("/admin/races", READ).route(read().to(api_support::races)))
+            .configure(api_webhooks::routes)
             .default_service(web::to(not_found)),
     )
     // The Anthropic-compatible endpoint, before the OpenAI-compatible

@@ -153,7 +153,9 @@ pub const NOT_BLANK: &str =
 /// task names and each task's input rules for `POST /api/v1/jobs`, the chat
 /// routes for `/v1/chat/completions`, and the key's grammar.
 pub fn document(contracts: &Contracts) -> Value {
-    let mut doc = serde_json::to_value(ApiDoc::openapi()).expect("the document is JSON");
+    let mut api = ApiDoc::openapi();
+    api.merge(super::api_webhooks::WebhooksDoc::openapi());
+    let mut doc = serde_json::to_value(api).expect("the document is JSON");
     let schemas = &mut doc["components"]["schemas"];
     schemas["CreateJobRequest"] = create_job_schema(contracts);
     let routes: Vec<String> = contracts

@@ -129,6 +129,12 @@ pub fn spawn(app: App) -> WorkerHandle {
     handle
         .tracker
         .spawn(async move { reaper.reaper_loop().await });
+    // Every process delivers webhooks from the outbox.
+    handle.tracker.spawn(crate::app::webhooks::delivery_loop(
+        worker.app.clone(),
+        worker.lease_owner.clone(),
+        handle.shutdown.clone(),
+    ));
     handle
         .tracker
         .spawn(async move { worker.housekeeping_loop().await });

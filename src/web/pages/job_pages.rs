@@ -366,6 +366,8 @@ struct JobPage {
     owner: Option<String>,
     /// For staff: what support did to it.
     audit: Vec<AuditLine>,
+    /// The webhook events about it and their deliveries (rendered).
+    deliveries: String,
 }
 
 /// The part of the job page that refreshes itself while the job is live.
@@ -501,12 +503,14 @@ pub async fn job_page(
         (None, Vec::new())
     };
     let live_text = job.owner_id == user.user.id && super::live_text::streams_live(&job);
+    let deliveries = super::webhook_pages::job_deliveries(&app, &user, &job).await?;
     Ok(render(&JobPage {
         nav: user.nav(),
         live,
         live_text,
         owner,
         audit,
+        deliveries,
     }))
 }
 

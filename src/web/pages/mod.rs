@@ -9,6 +9,7 @@ pub mod live_text;
 pub mod paging;
 pub mod session;
 pub mod timeline;
+pub mod webhook_pages;
 
 use actix_web::http::{header, StatusCode};
 use actix_web::{web, HttpRequest, HttpResponse, ResponseError};

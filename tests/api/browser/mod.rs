@@ -16,6 +16,7 @@ mod job_search;
 mod live_text;
 mod submit;
 mod users;
+mod webhooks;
 
 /// An OpenAI-compatible fake provider. `timeout_ms` is its soft timeout (the
 /// connect timeout is shorter, as the configuration requires); the

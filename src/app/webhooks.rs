@@ -1,0 +1,573 @@
+//! Completion webhooks (docs/design.md, "Webhook outbox"): an owner's
+//! endpoints (register, change, rotate the secret, read the delivery log,
+//! resend), and the delivery loop every `onejob serve` process runs: it
+//! claims due outbox rows with a lease, signs each with the Standard
+//! Webhooks headers, sends it to a checked address (no redirects, a
+//! timeout) and records what happened.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use super::{require_admin, App, AppError, AppResult, User};
+use crate::domain::webhook::{
+    check_resolved, check_url, parse_events, signing_generations, truncate_response,
+    DeliveryOutcome, EventKind, MAX_RESPONSE_BODY,
+};
+use crate::domain::{JobId, Secret};
+use crate::store::webhooks::{
+    self as outbox, Attempted, Claimed, Delivery, Endpoint, EndpointChange, EndpointKey, Event,
+    EventKey, FollowUp, NewEndpoint, Recorded, Resent,
+};
+
+/// The `user-agent` of every delivery.
+pub const USER_AGENT: &str = concat!("onejob-webhooks/", env!("CARGO_PKG_VERSION"));
+
+/// What a client asks for when registering an endpoint.
+#[derive(Debug, Clone)]
+pub struct NewWebhook {
+    pub url: String,
+    pub events: Vec<String>,
+    /// How long an event is retried; default `webhooks.retry_for_seconds`.
+    pub retry_for_seconds: Option<u64>,
+}
+
+/// What a client asks to change; `None` leaves it.
+#[derive(Debug, Clone, Default)]
+pub struct WebhookChange {
+    pub url: Option<String>,
+    pub events: Option<Vec<String>>,
+    pub retry_for_seconds: Option<u64>,
+    pub enabled: Option<bool>,
+}
+
+/// An endpoint with its signing secret: the answer to a creation or a
+/// rotation, the only time the secret is shown.
+#[derive(Debug)]
+pub struct WithSecret {
+    pub endpoint: Endpoint,
+    pub secret: Secret,
+}
+
+/// An endpoint id from a path: a UUID in its hyphenated form, or nothing.
+pub fn parse_endpoint_id(raw: &str) -> Option<String> {
+    crate::domain::JobId::parse(raw).map(|id| id.to_string())
+}
+
+impl App {
+    fn webhook_key(&self) -> AppResult<&crate::domain::webhook::WebhookKey> {
+        self.config()
+            .webhooks
+            .key
+            .as_ref()
+            .ok_or(AppError::WebhooksOff)
+    }
+
+    fn checked_url(&self, url: &str) -> AppResult<String> {
+        let allow = self.config().webhooks.settings.allow_private_addresses;
+        check_url(url, allow)
+            .map(|url| url.to_string())
+            .map_err(|e| AppError::InvalidBody {
+                detail: e.to_string(),
+                field: Some("url".into()),
+            })
+    }
+
+    fn checked_events(events: &[String]) -> AppResult<Vec<EventKind>> {
+        parse_events(events).map_err(|e| AppError::InvalidBody {
+            detail: e.to_string(),
+            field: Some("events".into()),
+        })
+    }
+
+    fn checked_retry_for(seconds: u64) -> AppResult<i64> {
+        if !(1..=crate::config::webhooks::MAX_RETRY_FOR_SECONDS).contains(&seconds) {
+            return Err(AppError::InvalidBody {
+                detail: "`retry_for_seconds` must be between 1 and 2592000 (30 days)".into(),
+                field: Some("retry_for_seconds".into()),
+            });
+        }
+        Ok(seconds as i64 * 1000)
+    }
+
+    /// Registers an endpoint for `user`; the answer holds its secret, shown
+    /// this once.
+    pub async fn create_webhook(&self, user: &User, new: NewWebhook) -> AppResult<WithSecret> {
+        let key = self.webhook_key()?.clone();
+        let url = self.checked_url(&new.url)?;
+        let events = Self::checked_events(&new.events)?;
+        let retry_for_ms = match new.retry_for_seconds {
+            Some(seconds) => Self::checked_retry_for(seconds)?,
+            None => self.config().webhooks.settings.retry_for_ms(),
+        };
+        let id = uuid::Uuid::now_v7().hyphenated().to_string();
+        let secret = key.endpoint_secret(&id, 1);
+        let row = NewEndpoint {
+            id,
+            owner_id: user.id.clone(),
+            url,
+            events,
+            retry_for_ms,
+            secret_fingerprint: secret.fingerprint(),
+        };
+        let endpoint = self
+            .store()
+            .run(move |conn| outbox::create_endpoint(conn, &row, crate::store::now_ms()))
+            .await?;
+        tracing::info!(endpoint_id = %endpoint.id, owner = %user.name, "webhook endpoint registered");
+        Ok(WithSecret {
+            endpoint,
+            secret: secret.whsec(),
+        })
+    }
+
+    /// The caller's endpoints; with `all`, every owner's (admins only).
+    pub async fn list_webhooks(&self, user: &User, all: bool) -> AppResult<Vec<Endpoint>> {
+        if all {
+            require_admin(user)?;
+            return Ok(self.store().run(outbox::list_all_endpoints).await?);
+        }
+        let owner = user.id.clone();
+        Ok(self
+            .store()
+            .run(move |conn| outbox::list_endpoints(conn, &owner))
+            .await?)
+    }
+
+    fn endpoint_key(user: &User, id: &str) -> AppResult<EndpointKey> {
+        Ok(EndpointKey {
+            id: parse_endpoint_id(id).ok_or(AppError::NotFound)?,
+            owner_id: user.id.clone(),
+        })
+    }
+
+    /// One of the caller's endpoints (another owner's is not found).
+    pub async fn webhook(&self, user: &User, id: &str) -> AppResult<Endpoint> {
+        let key = Self::endpoint_key(user, id)?;
+        self.store()
+            .run(move |conn| outbox::get_endpoint(conn, &key))
+            .await?
+            .ok_or(AppError::NotFound)
+    }
+
+    /// Changes an endpoint; `enabled: true` enables a disabled one again.
+    pub async fn update_webhook(
+        &self,
+        user: &User,
+        id: &str,
+        change: WebhookChange,
+    ) -> AppResult<Endpoint> {
+        let key = Self::endpoint_key(user, id)?;
+        let change = EndpointChange {
+            url: change.url.map(|u| self.checked_url(&u)).transpose()?,
+            events: change
+                .events
+                .map(|e| Self::checked_events(&e))
+                .transpose()?,
+            retry_for_ms: change
+                .retry_for_seconds
+                .map(Self::checked_retry_for)
+                .transpose()?,
+            enabled: change.enabled,
+        };
+        let endpoint = self
+            .store()
+            .run(move |conn| outbox::update_endpoint(conn, &key, &change, crate::store::now_ms()))
+            .await?
+            .ok_or(AppError::NotFound)?;
+        Ok(endpoint)
+    }
+
+    /// Removes an endpoint with its events and their delivery log.
+    pub async fn delete_webhook(&self, user: &User, id: &str) -> AppResult<()> {
+        let key = Self::endpoint_key(user, id)?;
+        let removed = self
+            .store()
+            .run(move |conn| outbox::delete_endpoint(conn, &key))
+            .await?;
+        if removed {
+            Ok(())
+        } else {
+            Err(AppError::NotFound)
+        }
+    }
+
+    /// Moves the endpoint to a new secret, shown this once; the previous
+    /// one still signs deliveries for `webhooks.rotation_overlap_seconds`.
+    pub async fn rotate_webhook_secret(&self, user: &User, id: &str) -> AppResult<WithSecret> {
+        let webhook_key = self.webhook_key()?.clone();
+        let key = Self::endpoint_key(user, id)?;
+        let overlap = self.config().webhooks.settings.overlap_ms();
+        let fingerprints = webhook_key.clone();
+        let endpoint_id = key.id.clone();
+        let endpoint = self
+            .store()
+            .run(move |conn| {
+                let fingerprint = |generation: i64| {
+                    fingerprints
+                        .endpoint_secret(&endpoint_id, generation)
+                        .fingerprint()
+                };
+                outbox::rotate_secret(conn, &key, overlap, &fingerprint, crate::store::now_ms())
+            })
+            .await?
+            .ok_or(AppError::NotFound)?;
+        let secret = webhook_key
+            .endpoint_secret(&endpoint.id, endpoint.generation)
+            .whsec();
+        tracing::info!(endpoint_id = %endpoint.id, generation = endpoint.generation, "webhook secret rotated");
+        Ok(WithSecret { endpoint, secret })
+    }
+
+    /// An endpoint's delivery attempts, newest first.
+    pub async fn webhook_deliveries(
+        &self,
+        user: &User,
+        id: &str,
+        limit: i64,
+    ) -> AppResult<Vec<Delivery>> {
+        let endpoint = self.webhook(user, id).await?;
+        let key = endpoint.key();
+        Ok(self
+            .store()
+            .run(move |conn| outbox::deliveries_of_endpoint(conn, &key, limit))
+            .await?)
+    }
+
+    /// An endpoint's events, newest first.
+    pub async fn webhook_events(&self, user: &User, id: &str) -> AppResult<Vec<Event>> {
+        let endpoint = self.webhook(user, id).await?;
+        let key = endpoint.key();
+        Ok(self
+            .store()
+            .run(move |conn| outbox::events_of_endpoint(conn, &key))
+            .await?)
+    }
+
+    /// Queues a delivered or dead event of one of the caller's endpoints
+    /// again: the same `webhook-id` and body.
+    pub async fn resend_webhook_event(
+        &self,
+        user: &User,
+        endpoint_id: &str,
+        event_id: &str,
+    ) -> AppResult<Resent> {
+        let endpoint = self.webhook(user, endpoint_id).await?;
+        let event_id = parse_endpoint_id(event_id).ok_or(AppError::NotFound)?;
+        let key = EventKey {
+            id: event_id,
+            owner_id: user.id.clone(),
+        };
+        let resent = self
+            .store()
+            .run(move |conn| match outbox::get_event(conn, &key)? {
+                Some(event) if event.endpoint_id == endpoint.id => {
+                    outbox::resend(conn, &key, crate::store::now_ms())
+                }
+                _ => Ok(Resent::NotFound),
+            })
+            .await?;
+        if resent == Resent::NotFound {
+            return Err(AppError::NotFound);
+        }
+        Ok(resent)
+    }
+
+    /// A job's webhook events and their delivery attempts (every endpoint
+    /// of its owner), for whoever may see the job.
+    pub async fn job_webhooks(
+        &self,
+        user: &User,
+        job_id: &JobId,
+    ) -> AppResult<(Vec<Event>, Vec<Delivery>)> {
+        let (job, _) = self.job_for(user, job_id).await?;
+        let key = job.key();
+        Ok(self
+            .store()
+            .run(move |conn| {
+                Ok((
+                    outbox::events_of_job(conn, &key)?,
+                    outbox::deliveries_of_job(conn, &key)?,
+                ))
+            })
+            .await?)
+    }
+}
+
+/// Runs until `shutdown`: claims due events (at most
+/// `webhooks.batch_size` at a time) and delivers them, all at once. A
+/// process whose configuration holds no webhook key, or says
+/// `deliver = false`, delivers nothing (what it claims nothing of stays for
+/// others, or for later).
+pub async fn delivery_loop(app: App, lease_owner: String, shutdown: CancellationToken) {
+    let settings = app.config().webhooks.settings.clone();
+    if app.config().webhooks.key.is_none() || !settings.deliver {
+        return;
+    }
+    let poll = Duration::from_millis(settings.poll_interval_ms);
+    let lease_ms = settings.lease_ms();
+    let batch = i64::from(settings.batch_size);
+    let mut idle = true;
+    loop {
+        if idle {
+            tokio::select! {
+                _ = tokio::time::sleep(poll) => {}
+                _ = shutdown.cancelled() => return,
+            }
+        } else if shutdown.is_cancelled() {
+            return;
+        }
+        let owner = lease_owner.clone();
+        let claimed = app
+            .store()
+            .run(move |conn| outbox::claim_due(conn, &owner, lease_ms, batch))
+            .await;
+        let claimed = match claimed {
+            Ok(claimed) => claimed,
+            Err(error) => {
+                tracing::warn!(%error, "claiming webhook events failed");
+                idle = true;
+                continue;
+            }
+        };
+        idle = (claimed.len() as i64) < batch;
+        // Sent at once; a shutdown mid-send leaves the lease to run out and
+        // the event to be sent again (the same webhook-id).
+        let sends = claimed
+            .into_iter()
+            .map(|claimed| deliver(&app, claimed, &lease_owner));
+        tokio::select! {
+            _ = futures_util::future::join_all(sends) => {}
+            _ = shutdown.cancelled() => return,
+        }
+    }
+}
+
+/// Sends one claimed event and records what happened.
+async fn deliver(app: &App, claimed: Claimed, lease_owner: &str) {
+    let Some(key) = app.config().webhooks.key.clone() else {
+        return;
+    };
+    let settings = &app.config().webhooks.settings;
+    let started = Instant::now();
+    let now = crate::store::now_ms();
+    let timestamp = now.div_euclid(1000);
+    let endpoint = &claimed.endpoint;
+    let generations = signing_generations(
+        endpoint.generation,
+        endpoint.previous_generation_valid_until,
+        now,
+    );
+    let signature = key.signature_header(
+        &endpoint.id,
+        &generations,
+        &claimed.event.webhook_id,
+        timestamp,
+        claimed.event.body.as_bytes(),
+    );
+    let attempted = send(
+        &endpoint.url,
+        settings.allow_private_addresses,
+        Duration::from_millis(settings.timeout_ms),
+        &[
+            ("webhook-id", claimed.event.webhook_id.clone()),
+            ("webhook-timestamp", timestamp.to_string()),
+            ("webhook-signature", signature),
+        ],
+        claimed.event.body.clone(),
+        started,
+    )
+    .await;
+    app.metrics().webhook_delivery(attempted.outcome);
+    let follow_up = FollowUp {
+        schedule: settings.schedule(),
+        disable: settings.disable_rule(),
+        jitter: fastrand::f64(),
+    };
+    let owner = lease_owner.to_owned();
+    let logged = attempted.clone();
+    let recorded = app
+        .store()
+        .run(move |conn| {
+            outbox::record_delivery(
+                conn,
+                &claimed,
+                &owner,
+                &logged,
+                follow_up,
+                crate::store::now_ms(),
+            )
+            .map(|recorded| (recorded, claimed))
+        })
+        .await;
+    match recorded {
+        Ok(((recorded, disabled), claimed)) => {
+            let (event_id, endpoint_id) = (&claimed.event.id, &claimed.endpoint.id);
+            match recorded {
+                Recorded::Delivered => {
+                    tracing::debug!(%event_id, %endpoint_id, "webhook delivered")
+                }
+                Recorded::RetryAt(at) => tracing::info!(
+                    %event_id, %endpoint_id, outcome = %attempted.outcome,
+                    error = attempted.error.as_deref().unwrap_or(""),
+                    status = attempted.status_code.unwrap_or(0),
+                    retry_in_ms = at - crate::store::now_ms(),
+                    "webhook delivery failed; retried later"
+                ),
+                Recorded::Dead => tracing::warn!(
+                    %event_id, %endpoint_id,
+                    "webhook delivery failed for the endpoint's whole retry window: the event is dead"
+                ),
+                Recorded::LeaseLost => tracing::warn!(
+                    %event_id, %endpoint_id,
+                    "a webhook delivery's lease passed on before its result was recorded"
+                ),
+            }
+            if disabled {
+                tracing::warn!(%endpoint_id, "webhook endpoint disabled: it kept failing");
+            }
+        }
+        Err(error) => {
+            tracing::warn!(%error, "recording a webhook delivery failed; its lease will run out and it is sent again")
+        }
+    }
+}
+
+/// One POST of `body` to `url`, to an address checked by
+/// `domain::webhook::check_resolved` and pinned for the connection (so a
+/// second resolution cannot switch it), no redirects, within `timeout`.
+async fn send(
+    url: &str,
+    allow_private: bool,
+    timeout: Duration,
+    headers: &[(&str, String)],
+    body: String,
+    started: Instant,
+) -> Attempted {
+    let elapsed = |started: Instant| started.elapsed().as_millis().min(i64::MAX as u128) as i64;
+    let failed = |outcome: DeliveryOutcome, error: String, status: Option<i32>| Attempted {
+        outcome,
+        status_code: status,
+        error: Some(error),
+        latency_ms: elapsed(started),
+        response_body: None,
+    };
+    let Ok(parsed) = url::Url::parse(url) else {
+        return failed(
+            DeliveryOutcome::Refused,
+            "the URL does not parse".into(),
+            None,
+        );
+    };
+    let Some(port) = parsed.port_or_known_default() else {
+        return failed(DeliveryOutcome::Refused, "the URL has no port".into(), None);
+    };
+    let (domain, addresses): (Option<String>, Vec<IpAddr>) = match parsed.host() {
+        Some(url::Host::Ipv4(v4)) => (None, vec![IpAddr::V4(v4)]),
+        Some(url::Host::Ipv6(v6)) => (None, vec![IpAddr::V6(v6)]),
+        Some(url::Host::Domain(name)) => {
+            let name = name.to_owned();
+            let looked_up =
+                tokio::time::timeout(timeout, tokio::net::lookup_host((name.clone(), port))).await;
+            match looked_up {
+                Ok(Ok(found)) => {
+                    let found: Vec<IpAddr> = found.map(|a| a.ip()).collect();
+                    (Some(name), found)
+                }
+                Ok(Err(error)) => {
+                    return failed(
+                        DeliveryOutcome::Refused,
+                        format!("the host did not resolve: {error}"),
+                        None,
+                    )
+                }
+                Err(_) => {
+                    return failed(
+                        DeliveryOutcome::Failed,
+                        "resolving the host timed out".into(),
+                        None,
+                    )
+                }
+            }
+        }
+        None => return failed(DeliveryOutcome::Refused, "the URL has no host".into(), None),
+    };
+    let address = match check_resolved(&addresses, allow_private) {
+        Ok(address) => address,
+        Err(why) => return failed(DeliveryOutcome::Refused, why, None),
+    };
+    let mut builder = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .timeout(
+            timeout
+                .saturating_sub(started.elapsed())
+                .max(Duration::from_millis(1)),
+        )
+        .user_agent(USER_AGENT);
+    if let Some(domain) = &domain {
+        builder = builder.resolve(domain, SocketAddr::new(address, port));
+    }
+    let client = match builder.build() {
+        Ok(client) => client,
+        Err(error) => {
+            return failed(
+                DeliveryOutcome::Failed,
+                format!("no HTTP client: {}", error.without_url()),
+                None,
+            )
+        }
+    };
+    let mut request = client
+        .post(parsed)
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(body);
+    for (name, value) in headers {
+        request = request.header(*name, value.as_str());
+    }
+    let mut response = match request.send().await {
+        Ok(response) => response,
+        Err(error) => {
+            let what = if error.is_timeout() {
+                "the delivery timed out"
+            } else if error.is_connect() {
+                "could not connect"
+            } else {
+                "the request failed"
+            };
+            let detail = error.without_url();
+            return failed(DeliveryOutcome::Failed, format!("{what}: {detail}"), None);
+        }
+    };
+    let status = response.status();
+    let mut kept: Vec<u8> = Vec::new();
+    // At most 1 KiB of the answer is kept, and no more is read.
+    while kept.len() < MAX_RESPONSE_BODY {
+        match response.chunk().await {
+            Ok(Some(chunk)) => kept.extend_from_slice(&chunk),
+            _ => break,
+        }
+    }
+    let code = Some(i32::from(status.as_u16()));
+    let response_body = (!kept.is_empty()).then(|| truncate_response(&kept));
+    let (outcome, error) = if status.is_success() {
+        (DeliveryOutcome::Delivered, None)
+    } else if status.is_redirection() {
+        (
+            DeliveryOutcome::Failed,
+            Some(format!(
+                "answered {status}: redirects are not followed; register the final URL"
+            )),
+        )
+    } else {
+        (DeliveryOutcome::Failed, Some(format!("answered {status}")))
+    };
+    Attempted {
+        outcome,
+        status_code: code,
+        error,
+        latency_ms: elapsed(started),
+        response_body,
+    }
+}

@@ -1,0 +1,872 @@
+//! Completion webhooks, the rules (docs/design.md, "Webhook outbox"): the
+//! event kinds and how an endpoint's subscription is stored, which URLs
+//! and addresses a delivery may reach, the retry schedule, when a failing
+//! endpoint is disabled, and the Standard Webhooks signature with secrets
+//! derived (never stored) from the server's webhook key. Nothing in here
+//! does I/O.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use hmac::{Hmac, KeyInit, Mac};
+use sha2::{Digest, Sha256};
+
+use super::ids::text_enum;
+use super::Secret;
+
+type HmacSha256 = Hmac<Sha256>;
+
+text_enum! {
+    /// What happened to a job, as a webhook event's `type`.
+    pub enum EventKind {
+        /// The job succeeded: its result is final.
+        JobSucceeded = "job.succeeded",
+        /// The job failed for good.
+        JobFailed = "job.failed",
+        /// An attempt's outcome became unknown: support must resolve it.
+        JobUnknown = "job.unknown",
+        /// The job was cancelled by its owner.
+        JobCancelled = "job.cancelled",
+    }
+}
+
+text_enum! {
+    /// Where an outbox row stands.
+    pub enum EventState {
+        /// Waiting for its next delivery attempt.
+        Pending = "pending",
+        /// An endpoint answered 2xx.
+        Delivered = "delivered",
+        /// Retried for the endpoint's whole retry window without success.
+        Dead = "dead",
+    }
+}
+
+text_enum! {
+    /// How one delivery attempt ended.
+    pub enum DeliveryOutcome {
+        /// A 2xx answer.
+        Delivered = "delivered",
+        /// Any other status, a timeout, a connection error, a redirect.
+        Failed = "failed",
+        /// Not sent: the URL's host resolved to an address deliveries may
+        /// not reach (or did not resolve).
+        Refused = "refused",
+    }
+}
+
+/// The most kinds one subscription may name (each known kind once).
+pub const MAX_EVENTS: usize = EventKind::ALL.len();
+
+/// The longest URL an endpoint may have.
+pub const MAX_URL_LEN: usize = 2048;
+
+/// The most bytes of an answer's body a delivery row keeps.
+pub const MAX_RESPONSE_BODY: usize = 1024;
+
+/// The subscription as stored in `webhook_endpoints.events`: the kinds,
+/// sorted and deduplicated, between commas (`,job.failed,job.succeeded,`),
+/// so that [`subscription_pattern`] finds one with `LIKE`.
+pub fn events_column(kinds: &[EventKind]) -> String {
+    let mut names: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    format!(",{},", names.join(","))
+}
+
+/// The kinds a stored subscription names (unknown text is skipped).
+pub fn parse_events_column(text: &str) -> Vec<EventKind> {
+    text.split(',').filter_map(EventKind::parse).collect()
+}
+
+/// The `LIKE` pattern that matches a stored subscription naming `kind`.
+pub fn subscription_pattern(kind: EventKind) -> String {
+    format!("%,{},%", kind.as_str())
+}
+
+/// Whether the stored subscription `events` names `kind`: the rule the
+/// outbox's `INSERT … SELECT` applies with [`subscription_pattern`].
+pub fn subscribes(events: &str, kind: EventKind) -> bool {
+    events.contains(&format!(",{},", kind.as_str()))
+}
+
+/// Whether a job's state change of `kind` writes an outbox row for an
+/// endpoint: it is enabled and subscribed to `kind`. The rule
+/// `store::webhooks::record_event`'s `WHERE` applies.
+pub fn records_event(enabled: bool, events: &str, kind: EventKind) -> bool {
+    enabled && subscribes(events, kind)
+}
+
+/// Whether the delivery loop may claim an outbox row at `now` (database
+/// clock): pending, due, no running lease, its endpoint enabled. The rule
+/// `store::webhooks::claim_due`'s `WHERE` applies.
+pub fn may_claim_event(
+    state: EventState,
+    next_attempt_at: i64,
+    lease_expires_at: Option<i64>,
+    endpoint_enabled: bool,
+    now: i64,
+) -> bool {
+    state == EventState::Pending
+        && next_attempt_at <= now
+        && lease_expires_at.is_none_or(|until| until < now)
+        && endpoint_enabled
+}
+
+/// Why a subscription was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EventsRefusal {
+    #[error("`events` must name at least one event type")]
+    Empty,
+    #[error("`events` names more than {MAX_EVENTS} event types")]
+    TooMany,
+    #[error("`{0}` is not an event type; the types are job.succeeded, job.failed, job.unknown and job.cancelled")]
+    Unknown(String),
+}
+
+/// The kinds a client asked for, checked: at least one, each known.
+pub fn parse_events(names: &[String]) -> Result<Vec<EventKind>, EventsRefusal> {
+    if names.is_empty() {
+        return Err(EventsRefusal::Empty);
+    }
+    if names.len() > MAX_EVENTS * 2 {
+        return Err(EventsRefusal::TooMany);
+    }
+    let mut kinds = Vec::new();
+    for name in names {
+        let kind = EventKind::parse(name)
+            .ok_or_else(|| EventsRefusal::Unknown(name.chars().take(64).collect::<String>()))?;
+        if !kinds.contains(&kind) {
+            kinds.push(kind);
+        }
+    }
+    Ok(kinds)
+}
+
+/// What an address is, for the delivery's SSRF rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddressClass {
+    Public,
+    Loopback,
+    /// RFC 1918 (10/8, 172.16/12, 192.168/16).
+    Private,
+    /// 169.254/16, fe80::/10.
+    LinkLocal,
+    /// fc00::/7.
+    UniqueLocal,
+    /// 0.0.0.0/8, ::.
+    Unspecified,
+    /// 224/4, ff00::/8, and 255.255.255.255.
+    Multicast,
+    /// 100.64/10, the carrier-grade NAT range.
+    SharedAddressSpace,
+    /// 192.0.2/24, 198.51.100/24, 203.0.113/24, 2001:db8::/32.
+    Documentation,
+    /// Other special ranges: 192.0.0/24, 198.18/15 (benchmarking),
+    /// 240/4 (reserved), 64:ff9b:1::/48, site-local fec0::/10.
+    Reserved,
+}
+
+impl AddressClass {
+    /// Whether a delivery may reach such an address without
+    /// `webhooks.allow_private_addresses`.
+    pub fn is_public(self) -> bool {
+        self == Self::Public
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Public => "a public address",
+            Self::Loopback => "a loopback address",
+            Self::Private => "a private address",
+            Self::LinkLocal => "a link-local address",
+            Self::UniqueLocal => "a unique-local address",
+            Self::Unspecified => "the unspecified address",
+            Self::Multicast => "a multicast or broadcast address",
+            Self::SharedAddressSpace => "a carrier-grade NAT address",
+            Self::Documentation => "a documentation address",
+            Self::Reserved => "a reserved address",
+        }
+    }
+}
+
+/// What `ip` is. An IPv4-mapped (`::ffff:a.b.c.d`) or IPv4-compatible
+/// IPv6 address is judged as the IPv4 address it carries.
+pub fn classify(ip: IpAddr) -> AddressClass {
+    match ip {
+        IpAddr::V4(v4) => classify_v4(v4),
+        IpAddr::V6(v6) => classify_v6(v6),
+    }
+}
+
+fn classify_v4(ip: Ipv4Addr) -> AddressClass {
+    let [a, b, c, _] = ip.octets();
+    match (a, b, c) {
+        (0, _, _) => AddressClass::Unspecified,
+        (127, _, _) => AddressClass::Loopback,
+        (10, _, _) => AddressClass::Private,
+        (172, 16..=31, _) => AddressClass::Private,
+        (192, 168, _) => AddressClass::Private,
+        (169, 254, _) => AddressClass::LinkLocal,
+        (100, 64..=127, _) => AddressClass::SharedAddressSpace,
+        (192, 0, 2) | (198, 51, 100) | (203, 0, 113) => AddressClass::Documentation,
+        (192, 0, 0) | (198, 18..=19, _) => AddressClass::Reserved,
+        (224..=239, _, _) => AddressClass::Multicast,
+        _ if ip.is_broadcast() => AddressClass::Multicast,
+        (240..=255, _, _) => AddressClass::Reserved,
+        _ => AddressClass::Public,
+    }
+}
+
+fn classify_v6(ip: Ipv6Addr) -> AddressClass {
+    if let Some(v4) = ip.to_ipv4_mapped() {
+        return classify_v4(v4);
+    }
+    let segments = ip.segments();
+    // IPv4-compatible (::a.b.c.d, deprecated): still an IPv4 address.
+    if segments[..6].iter().all(|s| *s == 0) && !ip.is_unspecified() && !ip.is_loopback() {
+        let [a, b] = segments[6].to_be_bytes();
+        let [c, d] = segments[7].to_be_bytes();
+        return classify_v4(Ipv4Addr::new(a, b, c, d));
+    }
+    let first = segments[0];
+    if ip.is_unspecified() {
+        AddressClass::Unspecified
+    } else if ip.is_loopback() {
+        AddressClass::Loopback
+    } else if first & 0xff00 == 0xff00 {
+        AddressClass::Multicast
+    } else if first & 0xffc0 == 0xfe80 {
+        AddressClass::LinkLocal
+    } else if first & 0xffc0 == 0xfec0 {
+        AddressClass::Reserved
+    } else if first & 0xfe00 == 0xfc00 {
+        AddressClass::UniqueLocal
+    } else if first == 0x2001 && segments[1] == 0x0db8 {
+        AddressClass::Documentation
+    } else if first == 0x0064 && segments[1] == 0xff9b && segments[2] == 0x0001 {
+        AddressClass::Reserved
+    } else {
+        AddressClass::Public
+    }
+}
+
+/// Why an endpoint URL was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UrlRefusal {
+    #[error("`url` is longer than {MAX_URL_LEN} characters")]
+    TooLong,
+    #[error("`url` is not a URL: {0}")]
+    Malformed(String),
+    #[error("`url` must be http or https")]
+    Scheme,
+    #[error("`url` must not carry a user name or password")]
+    Credentials,
+    #[error("`url` has no host")]
+    NoHost,
+    #[error(
+        "`url` names {0}; webhooks are only sent to public addresses \
+         (an operator may allow others with webhooks.allow_private_addresses)"
+    )]
+    Address(&'static str),
+}
+
+/// Checks an endpoint URL at registration: http or https, no credentials,
+/// a host, and, when the host is an IP literal, a public one unless
+/// `allow_private`. A host name is judged at each delivery, by the
+/// addresses it resolves to ([`check_resolved`]). Returns the URL as
+/// parsed (normalised), without a fragment.
+pub fn check_url(text: &str, allow_private: bool) -> Result<url::Url, UrlRefusal> {
+    if text.len() > MAX_URL_LEN {
+        return Err(UrlRefusal::TooLong);
+    }
+    let mut url = url::Url::parse(text.trim()).map_err(|e| UrlRefusal::Malformed(e.to_string()))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(UrlRefusal::Scheme);
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(UrlRefusal::Credentials);
+    }
+    let literal = match url.host() {
+        None => return Err(UrlRefusal::NoHost),
+        Some(url::Host::Domain("")) => return Err(UrlRefusal::NoHost),
+        Some(url::Host::Domain(_)) => None,
+        Some(url::Host::Ipv4(v4)) => Some(IpAddr::V4(v4)),
+        Some(url::Host::Ipv6(v6)) => Some(IpAddr::V6(v6)),
+    };
+    if let Some(ip) = literal {
+        let class = classify(ip);
+        if !allow_private && !class.is_public() {
+            return Err(UrlRefusal::Address(class.describe()));
+        }
+    }
+    url.set_fragment(None);
+    if url.as_str().len() > MAX_URL_LEN {
+        return Err(UrlRefusal::TooLong);
+    }
+    Ok(url)
+}
+
+/// Judges the addresses a delivery's host resolved to: refused if there
+/// are none, or if ANY is not public (unless `allow_private`); else the
+/// address to connect to (the first), so that a second resolution cannot
+/// switch it.
+pub fn check_resolved(addresses: &[IpAddr], allow_private: bool) -> Result<IpAddr, String> {
+    let first = *addresses
+        .first()
+        .ok_or_else(|| "the host did not resolve to any address".to_owned())?;
+    if !allow_private {
+        if let Some(bad) = addresses.iter().find(|ip| !classify(**ip).is_public()) {
+            return Err(format!(
+                "the host resolves to {bad}, {}; webhooks are only sent to public addresses",
+                classify(*bad).describe()
+            ));
+        }
+    }
+    Ok(first)
+}
+
+/// How the wait between delivery attempts grows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetrySchedule {
+    /// The wait after the first failed attempt.
+    pub initial_ms: i64,
+    /// The longest one wait may be.
+    pub max_step_ms: i64,
+}
+
+/// The wait after the `failed`-th failed attempt (from 1): `initial_ms`
+/// doubling each time, spread by `jitter` (uniform in [0, 1)) over
+/// ±20 %, never above `max_step_ms`, never below 1 ms.
+pub fn retry_delay_ms(schedule: RetrySchedule, failed: u32, jitter: f64) -> i64 {
+    let exponent = failed.saturating_sub(1).min(40);
+    let base = schedule
+        .initial_ms
+        .max(1)
+        .saturating_mul(1i64 << exponent)
+        .min(schedule.max_step_ms.max(1));
+    let spread = 0.8 + 0.4 * jitter.clamp(0.0, 1.0);
+    ((base as f64 * spread) as i64).clamp(1, schedule.max_step_ms.max(1))
+}
+
+/// When an event whose `failed`-th attempt just failed at `now` is tried
+/// next, or `None` when its retry window (`retry_for_ms` from
+/// `window_start`) is over: the event is then dead. An attempt that fails
+/// inside the window is always followed by another, so an event is
+/// retried for at least the whole window.
+pub fn next_attempt_at(
+    schedule: RetrySchedule,
+    failed: u32,
+    now: i64,
+    window_start: i64,
+    retry_for_ms: i64,
+    jitter: f64,
+) -> Option<i64> {
+    (now < window_start.saturating_add(retry_for_ms))
+        .then(|| now.saturating_add(retry_delay_ms(schedule, failed, jitter)))
+}
+
+/// When an endpoint that keeps failing is disabled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DisableRule {
+    /// Consecutive failed deliveries (any event) …
+    pub after_failures: u32,
+    /// … spanning at least this long since the first of them.
+    pub after_ms: i64,
+}
+
+/// Whether an endpoint with `consecutive_failures` failed deliveries in a
+/// row (this one included), failing since `failing_since`, is disabled
+/// now. A success resets both.
+pub fn should_disable(
+    rule: DisableRule,
+    consecutive_failures: u32,
+    failing_since: i64,
+    now: i64,
+) -> bool {
+    consecutive_failures >= rule.after_failures.max(1)
+        && now.saturating_sub(failing_since) >= rule.after_ms
+}
+
+/// The reason recorded on an endpoint [`should_disable`] disables.
+pub fn disabled_reason(consecutive_failures: u32, failing_since: i64, now: i64) -> String {
+    let hours = now.saturating_sub(failing_since) as f64 / 3_600_000.0;
+    format!(
+        "disabled after {consecutive_failures} consecutive failed deliveries over {hours:.1} h; \
+         fix the receiver, then enable the endpoint again"
+    )
+}
+
+/// The rotations whose secrets sign a delivery at `now`: the current
+/// generation, and the one before while its overlap lasts.
+pub fn signing_generations(
+    generation: i64,
+    previous_valid_until: Option<i64>,
+    now: i64,
+) -> Vec<i64> {
+    let mut generations = vec![generation];
+    if generation > 1 && previous_valid_until.is_some_and(|until| now < until) {
+        generations.push(generation - 1);
+    }
+    generations
+}
+
+/// The server's webhook key, from which every endpoint's signing secret
+/// is derived. `Debug` never shows it.
+#[derive(Clone)]
+pub struct WebhookKey(Vec<u8>);
+
+impl std::fmt::Debug for WebhookKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WebhookKey(***)")
+    }
+}
+
+/// An endpoint's signing secret for one generation: 32 bytes. Shown to
+/// its owner once, as [`EndpointSecret::whsec`].
+pub struct EndpointSecret([u8; 32]);
+
+impl std::fmt::Debug for EndpointSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EndpointSecret(***)")
+    }
+}
+
+impl WebhookKey {
+    pub fn new(secret: &Secret) -> Self {
+        Self(secret.expose().as_bytes().to_vec())
+    }
+
+    /// HMAC-SHA256(server key, "onejob-webhook:{endpoint}:{generation}").
+    pub fn endpoint_secret(&self, endpoint_id: &str, generation: i64) -> EndpointSecret {
+        let mut mac = HmacSha256::new_from_slice(&self.0).expect("HMAC takes keys of any length");
+        mac.update(format!("onejob-webhook:{endpoint_id}:{generation}").as_bytes());
+        EndpointSecret(mac.finalize().into_bytes().into())
+    }
+
+    /// The `webhook-signature` header of a delivery: one `v1,<signature>`
+    /// per generation in `generations`, space-separated.
+    pub fn signature_header(
+        &self,
+        endpoint_id: &str,
+        generations: &[i64],
+        webhook_id: &str,
+        timestamp: i64,
+        body: &[u8],
+    ) -> String {
+        generations
+            .iter()
+            .map(|g| {
+                self.endpoint_secret(endpoint_id, *g)
+                    .sign(webhook_id, timestamp, body)
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+impl EndpointSecret {
+    /// The secret as Standard Webhooks writes it: `whsec_<base64 key>`.
+    pub fn whsec(&self) -> Secret {
+        Secret::new(format!("whsec_{}", base64_encode(&self.0)))
+    }
+
+    /// A short public fingerprint (8 hex digits of its SHA-256), to tell
+    /// secrets apart without showing them.
+    pub fn fingerprint(&self) -> String {
+        hex::encode(&Sha256::digest(self.0)[..4])
+    }
+
+    /// `v1,<base64 HMAC-SHA256(key, "{id}.{timestamp}.{body}")>`.
+    pub fn sign(&self, webhook_id: &str, timestamp: i64, body: &[u8]) -> String {
+        format!(
+            "v1,{}",
+            base64_encode(&sign_bytes(&self.0, webhook_id, timestamp, body))
+        )
+    }
+}
+
+/// The raw HMAC a Standard Webhooks signature carries.
+pub fn sign_bytes(key: &[u8], webhook_id: &str, timestamp: i64, body: &[u8]) -> Vec<u8> {
+    let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes keys of any length");
+    mac.update(format!("{webhook_id}.{timestamp}.").as_bytes());
+    mac.update(body);
+    mac.finalize().into_bytes().to_vec()
+}
+
+/// Whether `header` (a `webhook-signature` value) holds a valid `v1`
+/// signature by the `whsec_…` secret `secret`: what a receiver checks.
+pub fn verify(secret: &str, header: &str, webhook_id: &str, timestamp: i64, body: &[u8]) -> bool {
+    let Some(key) = secret.strip_prefix("whsec_").and_then(base64_decode) else {
+        return false;
+    };
+    header.split(' ').any(|part| {
+        part.strip_prefix("v1,")
+            .and_then(base64_decode)
+            .is_some_and(|sig| {
+                let mut mac =
+                    HmacSha256::new_from_slice(&key).expect("HMAC takes keys of any length");
+                mac.update(format!("{webhook_id}.{timestamp}.").as_bytes());
+                mac.update(body);
+                mac.verify_slice(&sig).is_ok()
+            })
+    })
+}
+
+const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/// Standard base64 with padding.
+pub fn base64_encode(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = chunk.len();
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let v = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= n {
+                out.push(ALPHABET[((v >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// Standard base64 (padding optional); `None` for anything else.
+pub fn base64_decode(text: &str) -> Option<Vec<u8>> {
+    let text = text.trim_end_matches('=');
+    if text.len() % 4 == 1 || text.len() > 1 << 20 {
+        return None;
+    }
+    let mut out = Vec::with_capacity(text.len() * 3 / 4);
+    let mut acc = 0u32;
+    let mut bits = 0;
+    for c in text.bytes() {
+        let v = ALPHABET.iter().position(|a| *a == c)? as u32;
+        acc = (acc << 6) | v;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+            acc &= (1 << bits) - 1;
+        }
+    }
+    Some(out)
+}
+
+/// At most [`MAX_RESPONSE_BODY`] bytes of an answer's body, as text (cut
+/// at a character boundary; invalid UTF-8 replaced).
+pub fn truncate_response(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(&body[..body.len().min(MAX_RESPONSE_BODY)]).into_owned();
+    let mut end = text.len().min(MAX_RESPONSE_BODY);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_owned()
+}
+
+/// What an event says about its job (never a secret, never the input).
+#[derive(Debug, Clone)]
+pub struct EventData<'a> {
+    pub job_id: &'a str,
+    pub owner_id: &'a str,
+    pub status: &'a str,
+    pub idempotency_key: &'a str,
+    pub task: &'a str,
+    pub provider: &'a str,
+    pub completed_by: Option<&'a str>,
+    pub failure_reason: Option<&'a str>,
+    /// The job's result (JSON text), for `job.succeeded`.
+    pub result: Option<&'a str>,
+    /// The attempt that went unknown, for `job.unknown`.
+    pub attempt_id: Option<&'a str>,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+}
+
+/// A time in Unix ms as RFC 3339 (UTC, milliseconds).
+pub fn rfc3339_ms(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .unwrap_or_default()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// The event's body, fixed when the event is recorded: every retry and
+/// resend sends these bytes.
+pub fn event_body(kind: EventKind, data: &EventData<'_>, at_ms: i64) -> String {
+    let result = data
+        .result
+        .and_then(|text| serde_json::from_str::<serde_json::Value>(text).ok());
+    let body = serde_json::json!({
+        "type": kind.as_str(),
+        "timestamp": rfc3339_ms(at_ms),
+        "data": {
+            "id": data.job_id,
+            "status": data.status,
+            "owner": data.owner_id,
+            "idempotency_key": data.idempotency_key,
+            "task": data.task,
+            "provider": data.provider,
+            "completed_by": data.completed_by,
+            "failure_reason": data.failure_reason,
+            "attempt_id": data.attempt_id,
+            "result": result,
+            "created_at": rfc3339_ms(data.created_at_ms),
+            "updated_at": rfc3339_ms(data.updated_at_ms),
+        }
+    });
+    body.to_string()
+}
+
+/// A fresh Standard Webhooks message id: `msg_<uuid>`.
+pub fn new_webhook_id() -> String {
+    format!("msg_{}", uuid::Uuid::now_v7().simple())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().unwrap()
+    }
+
+    #[test]
+    fn addresses_are_classified_v4_and_v6() {
+        use AddressClass::*;
+        for (text, class) in [
+            ("8.8.8.8", Public),
+            ("1.1.1.1", Public),
+            ("127.0.0.1", Loopback),
+            ("127.255.0.9", Loopback),
+            ("10.1.2.3", Private),
+            ("172.16.0.1", Private),
+            ("172.31.255.255", Private),
+            ("172.32.0.1", Public),
+            ("192.168.1.1", Private),
+            ("169.254.169.254", LinkLocal),
+            ("0.0.0.0", Unspecified),
+            ("224.0.0.1", Multicast),
+            ("255.255.255.255", Multicast),
+            ("100.64.0.1", SharedAddressSpace),
+            ("100.127.255.255", SharedAddressSpace),
+            ("100.128.0.1", Public),
+            ("192.0.2.10", Documentation),
+            ("198.51.100.1", Documentation),
+            ("203.0.113.5", Documentation),
+            ("240.0.0.1", Reserved),
+            ("::1", Loopback),
+            ("::", Unspecified),
+            ("fe80::1", LinkLocal),
+            ("fc00::1", UniqueLocal),
+            ("fd12:3456::1", UniqueLocal),
+            ("ff02::1", Multicast),
+            ("2001:db8::1", Documentation),
+            ("2606:4700:4700::1111", Public),
+            ("::ffff:127.0.0.1", Loopback),
+            ("::ffff:10.0.0.1", Private),
+            ("::ffff:8.8.8.8", Public),
+            ("::127.0.0.1", Loopback),
+        ] {
+            assert_eq!(classify(ip(text)), class, "{text}");
+        }
+    }
+
+    #[test]
+    fn urls_are_checked_at_registration() {
+        assert!(check_url("https://hooks.example.com/in?x=1", false).is_ok());
+        assert_eq!(
+            check_url("ftp://example.com/", false),
+            Err(UrlRefusal::Scheme)
+        );
+        assert_eq!(
+            check_url("https://user:pw@example.com/", false),
+            Err(UrlRefusal::Credentials)
+        );
+        assert!(matches!(
+            check_url("http://127.0.0.1:9000/", false),
+            Err(UrlRefusal::Address(_))
+        ));
+        assert!(matches!(
+            check_url("http://[::ffff:192.168.0.1]/", false),
+            Err(UrlRefusal::Address(_))
+        ));
+        assert!(matches!(
+            check_url("http://[fd00::1]/", false),
+            Err(UrlRefusal::Address(_))
+        ));
+        assert!(check_url("http://127.0.0.1:9000/", true).is_ok());
+        // A name is judged when it is resolved, at delivery.
+        assert!(check_url("http://localhost:9000/", false).is_ok());
+        assert!(matches!(
+            check_url("not a url", false),
+            Err(UrlRefusal::Malformed(_))
+        ));
+        let long = format!("https://example.com/{}", "a".repeat(MAX_URL_LEN));
+        assert_eq!(check_url(&long, false), Err(UrlRefusal::TooLong));
+        assert_eq!(
+            check_url("https://example.com/x#frag", false)
+                .unwrap()
+                .as_str(),
+            "https://example.com/x"
+        );
+    }
+
+    #[test]
+    fn resolved_addresses_are_refused_if_any_is_not_public() {
+        assert_eq!(check_resolved(&[ip("8.8.8.8")], false), Ok(ip("8.8.8.8")));
+        assert!(check_resolved(&[ip("8.8.8.8"), ip("127.0.0.1")], false).is_err());
+        assert!(check_resolved(&[], true).is_err());
+        assert_eq!(
+            check_resolved(&[ip("127.0.0.1")], true),
+            Ok(ip("127.0.0.1"))
+        );
+    }
+
+    #[test]
+    fn the_retry_schedule_doubles_is_capped_and_ends_with_the_window() {
+        let s = RetrySchedule {
+            initial_ms: 5_000,
+            max_step_ms: 3_600_000,
+        };
+        assert_eq!(retry_delay_ms(s, 1, 0.5), 5_000);
+        assert_eq!(retry_delay_ms(s, 2, 0.5), 10_000);
+        assert_eq!(retry_delay_ms(s, 3, 0.5), 20_000);
+        assert_eq!(retry_delay_ms(s, 30, 0.5), 3_600_000);
+        assert_eq!(retry_delay_ms(s, 30, 0.99), 3_600_000);
+        assert_eq!(retry_delay_ms(s, 1, 0.0), 4_000);
+        assert!(retry_delay_ms(s, 1, 0.999) <= 6_000);
+        assert_eq!(retry_delay_ms(s, u32::MAX, 0.5), 3_600_000);
+        let day = 86_400_000;
+        assert_eq!(next_attempt_at(s, 1, 1_000, 1_000, day, 0.5), Some(6_000));
+        assert_eq!(next_attempt_at(s, 9, day, 0, day, 0.5), None);
+        // Retried until at least the end of the window.
+        let mut now = 0;
+        let mut failed = 0;
+        while let Some(next) = next_attempt_at(s, failed + 1, now, 0, day, 0.5) {
+            failed += 1;
+            now = next;
+        }
+        assert!(now >= day, "last try at {now}");
+        assert!(failed < 100);
+    }
+
+    #[test]
+    fn an_endpoint_is_disabled_after_enough_failures_over_enough_time() {
+        let rule = DisableRule {
+            after_failures: 20,
+            after_ms: 3_600_000,
+        };
+        assert!(!should_disable(rule, 19, 0, 10 * 3_600_000));
+        assert!(!should_disable(rule, 20, 0, 3_599_999));
+        assert!(should_disable(rule, 20, 0, 3_600_000));
+        let quick = DisableRule {
+            after_failures: 3,
+            after_ms: 0,
+        };
+        assert!(should_disable(quick, 3, 5, 5));
+    }
+
+    #[test]
+    fn subscriptions_are_stored_sorted_between_commas() {
+        let column = events_column(&[
+            EventKind::JobSucceeded,
+            EventKind::JobFailed,
+            EventKind::JobFailed,
+        ]);
+        assert_eq!(column, ",job.failed,job.succeeded,");
+        assert!(subscribes(&column, EventKind::JobFailed));
+        assert!(!subscribes(&column, EventKind::JobUnknown));
+        assert_eq!(
+            parse_events_column(&column),
+            vec![EventKind::JobFailed, EventKind::JobSucceeded]
+        );
+        assert_eq!(
+            subscription_pattern(EventKind::JobUnknown),
+            "%,job.unknown,%"
+        );
+        assert_eq!(parse_events(&[]), Err(EventsRefusal::Empty));
+        assert!(matches!(
+            parse_events(&["job.done".to_owned()]),
+            Err(EventsRefusal::Unknown(_))
+        ));
+    }
+
+    #[test]
+    fn signatures_follow_standard_webhooks() {
+        // The example from the Standard Webhooks specification.
+        let key = base64_decode("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
+        let body = br#"{"test": 2432232314}"#;
+        let sig = sign_bytes(&key, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, body);
+        assert_eq!(
+            base64_encode(&sig),
+            "g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+        );
+        assert!(verify(
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+            "v1,nope v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=",
+            "msg_p5jXN8AQM9LWM0D4loKWxJek",
+            1614265330,
+            body
+        ));
+        assert!(!verify(
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+            "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=",
+            "msg_p5jXN8AQM9LWM0D4loKWxJek",
+            1614265330,
+            br#"{"test": 2432232315}"#
+        ));
+    }
+
+    #[test]
+    fn secrets_are_derived_per_endpoint_and_generation() {
+        let key = WebhookKey::new(&Secret::new("k".repeat(32)));
+        let a1 = key.endpoint_secret("a", 1).whsec();
+        assert_eq!(a1, key.endpoint_secret("a", 1).whsec());
+        assert_ne!(a1, key.endpoint_secret("a", 2).whsec());
+        assert_ne!(a1, key.endpoint_secret("b", 1).whsec());
+        assert!(a1.expose().starts_with("whsec_"));
+        let header = key.signature_header("a", &[2, 1], "msg_x", 10, b"{}");
+        assert_eq!(header.split(' ').count(), 2);
+        assert!(verify(a1.expose(), &header, "msg_x", 10, b"{}"));
+        assert!(verify(
+            key.endpoint_secret("a", 2).whsec().expose(),
+            &header,
+            "msg_x",
+            10,
+            b"{}"
+        ));
+        assert_eq!(signing_generations(2, Some(100), 99), vec![2, 1]);
+        assert_eq!(signing_generations(2, Some(100), 100), vec![2]);
+        assert_eq!(signing_generations(1, None, 0), vec![1]);
+        assert_eq!(
+            format!("{:?}", key.endpoint_secret("a", 1)),
+            "EndpointSecret(***)"
+        );
+    }
+
+    #[test]
+    fn base64_round_trips() {
+        for n in 0..40 {
+            let bytes: Vec<u8> = (0..n).map(|i| (i * 37 + 11) as u8).collect();
+            assert_eq!(base64_decode(&base64_encode(&bytes)).unwrap(), bytes);
+        }
+        assert_eq!(base64_encode(b"foobar"), "Zm9vYmFy");
+        assert_eq!(base64_encode(b"fo"), "Zm8=");
+        assert_eq!(base64_decode("Zm8"), Some(b"fo".to_vec()));
+        assert_eq!(base64_decode("Zm!="), None);
+    }
+
+    #[test]
+    fn a_response_body_is_cut_at_one_kib_on_a_character_boundary() {
+        let body = "é".repeat(1000);
+        let cut = truncate_response(body.as_bytes());
+        assert!(cut.len() <= MAX_RESPONSE_BODY);
+        assert!(cut.chars().all(|c| c == 'é'));
+        assert_eq!(truncate_response(b"ok"), "ok");
+    }
+}

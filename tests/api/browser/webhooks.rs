@@ -1,0 +1,120 @@
+//! Webhooks in the browser (docs/browser.md, "Webhooks"), in real headless
+//! Chromium with a real receiver on 127.0.0.1: a user registers an
+//! endpoint from the page under their menu and sees its secret once; a
+//! job's page shows the delivery and its status; "Send again" sends the
+//! same event, with the same `webhook-id`; an admin sees every owner's
+//! endpoints.
+
+use std::time::Duration;
+
+use crate::support::harness::{spawn_app_with, summarize, TestBackend};
+use crate::support::webdriver::{Browser, WAIT};
+use crate::support::webhook_receiver::WebhookReceiver;
+use crate::webhooks::webhook_config;
+
+async fn a_user_registers_an_endpoint_sees_a_delivery_on_the_job_page_and_resends_it(
+    backend: TestBackend,
+) {
+    let receiver = WebhookReceiver::start().await;
+    let app = spawn_app_with(backend, webhook_config(|_| {})).await;
+    app.set_password("alice", "alice-pw").await;
+    app.set_password("ada", "ada-pw").await;
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    browser.sign_in(&app, "alice", "alice-pw").await;
+    browser.goto(&app, "/jobs/new").await;
+    browser.click_link("Webhooks").await;
+    browser.wait_for_path(|p| p == "/webhooks").await;
+    assert_eq!(browser.count("#no-endpoints").await, 1);
+
+    // A URL the rules refuse is shown again with why, and stores nothing.
+    browser.fill("input[name=url]", "ftp://example.com/hooks").await;
+    browser.click("#add-endpoint").await;
+    let refusal = browser.wait_for_text("#webhook-error", |t| !t.is_empty()).await;
+    assert!(refusal.contains("http"), "{refusal}");
+    assert_eq!(browser.count(".endpoint-row").await, 0);
+
+    let url = receiver.url("/hooks");
+    browser.replace_text("input[name=url]", &url).await;
+    browser.click("#add-endpoint").await;
+    let secret = browser
+        .wait_for_text("#webhook-secret", |t| t.starts_with("whsec_"))
+        .await;
+    // Shown once: neither the list nor the endpoint's page shows it again.
+    browser.goto(&app, "/webhooks").await;
+    assert_eq!(browser.count(".endpoint-row").await, 1);
+    let listing: String = browser
+        .eval("return document.documentElement.outerHTML")
+        .await
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(!listing.contains(&secret), "the secret is not shown again");
+    assert!(listing.contains(&url));
+
+    let job_id = app
+        .create_job(&app.alice.token, "hooked", &summarize("tell me when"))
+        .await;
+    app.wait_for_status(&job_id, "succeeded", WAIT).await;
+    let first = receiver.wait_for(1, Duration::from_secs(20)).await;
+    let webhook_id = first[0].webhook_id().to_owned();
+    assert_eq!(first[0].json()["type"], "job.succeeded");
+
+    browser.goto(&app, &format!("/jobs/{job_id}")).await;
+    let status = browser
+        .wait_for_text(".delivery-event[data-state=delivered] .delivery-status", |t| {
+            !t.is_empty()
+        })
+        .await;
+    assert!(status.starts_with('2'), "the receiver's own status: {status}");
+    assert_eq!(
+        browser
+            .attr_of(".delivery-event", "data-webhook-id")
+            .await
+            .as_deref(),
+        Some(webhook_id.as_str())
+    );
+    browser.click("button.resend").await;
+    browser
+        .wait_for_path(|p| p == format!("/jobs/{job_id}"))
+        .await;
+    let both = receiver.wait_for(2, Duration::from_secs(20)).await;
+    assert_eq!(both[1].webhook_id(), webhook_id, "a resend keeps the id");
+    assert_eq!(both[1].body, both[0].body, "and the body");
+    // The job page shows both tries once the second is recorded.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        browser.goto(&app, &format!("/jobs/{job_id}")).await;
+        if browser.count("tr.delivery[data-outcome=delivered]").await == 2 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the job page never showed the second delivery"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // The endpoint's page has the same log.
+    browser.goto(&app, "/webhooks").await;
+    browser.click(".endpoint-link").await;
+    browser.wait_for_path(|p| p.starts_with("/webhooks/")).await;
+    assert_eq!(browser.count("tr.delivery").await, 2);
+    assert_eq!(browser.text_of("#endpoint-state").await, "enabled");
+
+    // An admin sees every owner's endpoints.
+    browser.sign_out().await;
+    browser.sign_in(&app, "ada", "ada-pw").await;
+    browser.goto(&app, "/admin/webhooks").await;
+    assert_eq!(
+        browser.count(".endpoint-row[data-owner=alice]").await,
+        1,
+        "alice's endpoint is on the admins' list"
+    );
+    browser.close().await;
+}
+
+on_both_backends!(
+    a_user_registers_an_endpoint_sees_a_delivery_on_the_job_page_and_resends_it,
+);
