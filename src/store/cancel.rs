@@ -67,15 +67,19 @@ pub fn cancel_job(conn: &mut DbConnection, key: &JobKey) -> StoreResult<Cancelle
 /// withdrawn. `None` when the guarded update changed no row (the job was
 /// not in a cancellable status at the version read); else how many
 /// attempts were withdrawn.
-///
-/// EVENTS: this is the one place a cancel changes state; an outbox event
-/// for it (`JobCancelled`) is recorded here, in the same transaction,
-/// after the job's update.
+/// The cancel's `job.cancelled` webhook events are written here, in the
+/// same transaction, after the job's update.
 pub fn mark_cancelled(conn: &mut DbConnection, job: &Job, now: i64) -> StoreResult<Option<usize>> {
     if !cancel_statement(conn, &job.key(), job.version, now)? {
         return Ok(None);
     }
-    // EVENTS: record the `JobCancelled` outbox event here.
+    // Its `job.cancelled` webhook events commit with the cancel.
+    super::webhooks::record_event(
+        conn,
+        &job.key(),
+        crate::domain::webhook::EventKind::JobCancelled,
+        now,
+    )?;
     let withdrawn = diesel::update(
         attempts::table
             .filter(attempts::job_id.eq(&job.id))
