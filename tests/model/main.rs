@@ -24,8 +24,21 @@
 //! a chunk is the soft timeout's `unknown`, and a kill mid-stream the
 //! lease's. Where the chunks are kept (memory, database) is not modelled.
 //!
+//! Cancels and the webhook outbox are modelled: a cancel is
+//! `domain::on_cancel` under the job's lock (the job to `cancelled`, its
+//! version on, its queued attempt withdrawn), so a sent attempt's late
+//! answer loses the compare-and-swap; each state change that has an event
+//! writes its outbox row in its own transaction (`domain::webhook::
+//! records_event`, one endpoint subscribed to every kind), and each
+//! process's delivery loop claims rows by `domain::webhook::
+//! may_claim_event` with a lease, sends, and records the receiver's 2xx
+//! only while its claim holds. A kill loses the loop's deliveries in
+//! memory; a lease that runs out lets another process deliver again (at
+//! least once, deduplicable by `webhook-id`).
+//!
 //! What it does not cover yet:
-//! - the **webhook outbox**, not built yet (issue 24);
+//! - the outbox's retries, backoff and disabling (a failed delivery is a
+//!   lease that runs out), and resends;
 //! - twins in flight (they only spare the database work: each request is
 //!   one atomic step at the database here, which the unique key decides);
 //! - the providers' limits and pauses inside one process (a pause is the
@@ -73,6 +86,24 @@ fn ci_bounds() -> Bounds {
         max_attempts: 3,
         fair: false,
         streams: false,
+        cancels: 0,
+        outbox: false,
+    }
+}
+
+/// Cancels and the webhook outbox: one key, two processes whose delivery
+/// loops race for its events, a kill, a cancel, an operator step.
+fn outbox_bounds() -> Bounds {
+    Bounds {
+        keys: 1,
+        sends_per_key: 1,
+        other_payload: false,
+        operator_steps: 1,
+        retention: false,
+        give_backs: false,
+        cancels: 1,
+        outbox: true,
+        ..ci_bounds()
     }
 }
 
@@ -128,6 +159,7 @@ fn depth(ci: usize) -> usize {
 const CI_DEPTH: usize = 9;
 const DEEP_DEPTH: usize = 12;
 const STREAM_DEPTH: usize = 10;
+const OUTBOX_DEPTH: usize = 11;
 
 struct Run {
     label: String,
@@ -323,6 +355,24 @@ fn streamed_attempts_keep_every_invariant() {
 }
 
 #[test]
+fn cancels_and_the_webhook_outbox_keep_every_invariant() {
+    let run = check(
+        "model, cancels and outbox (2 processes, 1 key, 3 providers, 1 kill, 1 cancel, 1 operator step)",
+        Protocol::new(outbox_bounds(), Bug::None),
+        Some(depth(OUTBOX_DEPTH)),
+        2,
+        HasDiscoveries::AnyFailures,
+    );
+    passes(&run);
+    for example in [
+        "a cancelled job's late answer loses the race",
+        "an event whose delivery lease ran out is delivered again",
+    ] {
+        assert!(run.examples.contains(&example), "not reached: {example}");
+    }
+}
+
+#[test]
 fn the_bigger_configuration_behind_a_flag() {
     if std::env::var_os("ONEJOB_MODEL_BIG").is_none() {
         eprintln!("model: the bigger configuration runs with ONEJOB_MODEL_BIG=1");
@@ -444,5 +494,35 @@ fn failing_over_after_a_released_chunk_is_caught() {
         properties::NO_SPLICE,
         stream_bounds(),
         8,
+    );
+}
+
+#[test]
+fn a_cancel_that_keeps_the_version_is_caught() {
+    rejected(
+        Bug::CancelWithoutVersion,
+        properties::CANCEL_IS_FINAL,
+        outbox_bounds(),
+        8,
+    );
+}
+
+#[test]
+fn an_event_written_after_the_commit_is_caught() {
+    rejected(
+        Bug::EventAfterCommit,
+        properties::EVENT_NEVER_LOST,
+        outbox_bounds(),
+        8,
+    );
+}
+
+#[test]
+fn a_claim_that_ignores_the_lease_is_caught() {
+    rejected(
+        Bug::ClaimIgnoresLease,
+        properties::DELIVERED_ONCE_WHILE_HEALTHY,
+        outbox_bounds(),
+        10,
     );
 }

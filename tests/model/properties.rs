@@ -2,6 +2,7 @@
 //! "Invariants and what enforces them"), and examples the checker must
 //! reach (so that no property holds only because nothing happens).
 
+use onejob::domain::webhook::{EventKind, EventState};
 use onejob::domain::{AttemptEvent, AttemptState, JobStatus, RaceResult};
 use stateright::Property;
 
@@ -20,6 +21,13 @@ pub const FAILOVER_DEFINITE: &str =
 pub const NO_SPLICE: &str =
     "no attempt is failed over to after a chunk of an earlier answer reached the clients";
 pub const UNKNOWN_ENDS: &str = "an unknown attempt ends only by an answer or an operator";
+pub const CANCEL_IS_FINAL: &str = "a cancelled job stays cancelled, with no result and no winner";
+pub const EVENT_NEVER_LOST: &str =
+    "every committed state change that has an event has its outbox row";
+pub const NO_PHANTOM_EVENT: &str =
+    "every outbox row is of a state change that committed, once per occurrence";
+pub const DELIVERED_ONCE_WHILE_HEALTHY: &str =
+    "a receiver gets an event twice only after a delivery's lease ran out";
 pub const EVERY_JOB_ENDS: &str =
     "with no kill and a provider that answers, every job ends succeeded or failed";
 
@@ -105,6 +113,57 @@ pub fn all() -> Vec<Property<Protocol>> {
                     )
             })
         }),
+        Property::always(CANCEL_IS_FINAL, |_: &Protocol, s: &State| {
+            s.jobs.iter().all(|j| {
+                !j.was_cancelled
+                    || (j.status == JobStatus::Cancelled
+                        && j.result.is_none()
+                        && j.completed_by.is_none())
+            })
+        }),
+        Property::always(EVENT_NEVER_LOST, |m: &Protocol, s: &State| {
+            // A row, or (only under the broken variant) one its process
+            // will still write: what a kill then loses is lost for good.
+            let has = |job: u8, kind: EventKind, subject: Option<u8>| {
+                s.outbox
+                    .iter()
+                    .any(|e| e.job == job && e.kind == kind && e.subject == subject)
+                    || s.unrecorded.contains(&(job, kind, subject))
+            };
+            let jobs = s.jobs.iter().enumerate().all(|(j, job)| {
+                let kind = match job.status {
+                    JobStatus::Succeeded => Some(EventKind::JobSucceeded),
+                    JobStatus::Failed => Some(EventKind::JobFailed),
+                    JobStatus::Cancelled => Some(EventKind::JobCancelled),
+                    _ => None,
+                };
+                job.pruned || kind.is_none_or(|kind| has(j as u8, kind, None))
+            });
+            let unknowns = s.attempts.iter().enumerate().all(|(i, a)| {
+                a.deleted || !a.was_unknown || has(a.job, EventKind::JobUnknown, Some(i as u8))
+            });
+            !m.bounds.outbox || (jobs && unknowns)
+        }),
+        Property::always(NO_PHANTOM_EVENT, |_: &Protocol, s: &State| {
+            s.outbox.iter().enumerate().all(|(i, e)| {
+                let job = &s.jobs[e.job as usize];
+                let happened = match e.kind {
+                    EventKind::JobSucceeded => job.status == JobStatus::Succeeded,
+                    EventKind::JobFailed => job.status == JobStatus::Failed,
+                    EventKind::JobCancelled => job.was_cancelled,
+                    EventKind::JobUnknown => e
+                        .subject
+                        .is_some_and(|a| s.attempts[a as usize].was_unknown),
+                };
+                let once = s.outbox[..i]
+                    .iter()
+                    .all(|f| (f.job, f.kind, f.subject) != (e.job, e.kind, e.subject));
+                e.deleted || (happened && once)
+            })
+        }),
+        Property::always(DELIVERED_ONCE_WHILE_HEALTHY, |_: &Protocol, s: &State| {
+            s.outbox.iter().all(|e| e.received <= 1 || e.lapsed)
+        }),
         Property::always(EVERY_JOB_ENDS, |m: &Protocol, s: &State| {
             !m.bounds.fair || all_settled(s) || waits_past_the_bound(m, s) || !m.stuck(s)
         }),
@@ -145,6 +204,22 @@ pub fn all() -> Vec<Property<Protocol>> {
                         && a.state == AttemptState::Failed
                         && s.jobs[a.job as usize].status == JobStatus::Failed
                 })
+            },
+        ),
+        Property::sometimes(
+            "a cancelled job's late answer loses the race",
+            |_: &Protocol, s: &State| {
+                s.attempts.iter().any(|a| {
+                    a.outcome == Some(RaceResult::Lost) && s.jobs[a.job as usize].was_cancelled
+                })
+            },
+        ),
+        Property::sometimes(
+            "an event whose delivery lease ran out is delivered again",
+            |_: &Protocol, s: &State| {
+                s.outbox
+                    .iter()
+                    .any(|e| e.received == 2 && e.lapsed && e.state == EventState::Delivered)
             },
         ),
         Property::sometimes(

@@ -19,11 +19,18 @@
 use onejob::domain::guards;
 use onejob::domain::retry::{next_step, Failure, Made, NextStep};
 use onejob::domain::stream::failure_after;
+use onejob::domain::webhook::{may_claim_event, records_event, EventKind, EventState};
 use onejob::domain::{
-    failover_order, next_provider, AllowedProviders, AttemptEvent, AttemptState, Fingerprint,
-    JobIntent, JobStatus, QualificationStatus, RaceResult, RetryPolicy,
+    failover_order, next_provider, on_cancel, AllowedProviders, AttemptEvent, AttemptState,
+    CancelDecision, Fingerprint, JobIntent, JobStatus, QualificationStatus, RaceResult,
+    RetryPolicy,
 };
 use stateright::{Model, Property};
+
+/// The one endpoint's subscription, as stored: every kind.
+fn subscribed_to_all() -> String {
+    onejob::domain::webhook::events_column(&EventKind::ALL)
+}
 
 /// The task's chain: its primary, a fallback that passed qualification,
 /// and one that did not (the gate keeps it out).
@@ -52,6 +59,15 @@ pub enum Bug {
     /// A definite failure after a released chunk failed over as if
     /// nothing had been released (`domain::stream::failure_after` dropped).
     FailoverAfterChunk,
+    /// A cancel that leaves the job's `version` as it was: a late answer's
+    /// compare-and-swap still matches.
+    CancelWithoutVersion,
+    /// The outbox row written by the process after the state change
+    /// commits, instead of in its transaction.
+    EventAfterCommit,
+    /// The delivery loop claims an event whatever lease is on it
+    /// (`domain::webhook::may_claim_event` without its lease condition).
+    ClaimIgnoresLease,
 }
 
 /// How far the checker looks.
@@ -84,6 +100,11 @@ pub struct Bounds {
     /// Attempts stream: a sent attempt may release chunks of its answer to
     /// the job's followers before the answer ends.
     pub streams: bool,
+    /// Cancels by the client (`POST /v1/responses/{id}/cancel`).
+    pub cancels: u8,
+    /// The webhook outbox: one endpoint subscribed to every event kind,
+    /// and each process's delivery loop.
+    pub outbox: bool,
 }
 
 /// The model of the protocol under `bounds`, with `bug`.
@@ -147,6 +168,8 @@ pub struct JobRow {
     /// Its retention window has ended (`updated_at < cutoff`).
     pub window_ended: bool,
     pub pruned: bool,
+    /// A cancel moved it to `cancelled` once.
+    pub was_cancelled: bool,
 }
 
 /// An `attempts` row, and what the invariants need to know of its past.
@@ -199,6 +222,34 @@ pub struct Call {
     pub phase: Phase,
 }
 
+/// A `webhook_events` row (the outbox) for the one endpoint, and what the
+/// invariants need to know of its past.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct EventRow {
+    pub job: u8,
+    pub kind: EventKind,
+    /// The attempt a `job.unknown` is about.
+    pub subject: Option<u8>,
+    pub state: EventState,
+    pub lease_owner: Option<(u8, u8)>,
+    pub lease_until: Option<u8>,
+    pub deleted: bool,
+    // Not in the schema: the history the invariants read.
+    /// How many times the receiver got it.
+    pub received: u8,
+    /// A claim was taken over from a lease that had run out.
+    pub lapsed: bool,
+}
+
+/// A delivery a process holds in memory (lost when it is killed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Delivery {
+    pub event: u8,
+    pub process: u8,
+    /// The request has reached the receiver.
+    pub sent: bool,
+}
+
 /// An answer a client got: `key` sent as `variant`, answered with `job`
 /// (`201` or a replay), or refused (`409`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -225,6 +276,13 @@ pub struct State {
     pub operator_left: u8,
     /// Sorted and without repeats.
     pub replies: Vec<Reply>,
+    pub cancels_left: u8,
+    pub outbox: Vec<EventRow>,
+    /// Sorted: the delivery loops' requests in memory.
+    pub deliveries: Vec<Delivery>,
+    /// Under [`Bug::EventAfterCommit`]: state changes committed whose
+    /// event process 0 has yet to write.
+    pub unrecorded: Vec<(u8, EventKind, Option<u8>)>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -297,6 +355,28 @@ pub enum Action {
     },
     Prune {
         job: u8,
+    },
+    /// The client cancels the job.
+    Cancel {
+        job: u8,
+    },
+    /// Under [`Bug::EventAfterCommit`]: process 0 writes an event after
+    /// the commit.
+    RecordLater,
+    /// `process`'s delivery loop claims the outbox row `event`.
+    ClaimEvent {
+        process: u8,
+        event: u8,
+    },
+    /// The delivery reaches the receiver.
+    SendEvent {
+        process: u8,
+        event: u8,
+    },
+    /// The receiver's 2xx is recorded, if the claim still holds.
+    AckEvent {
+        process: u8,
+        event: u8,
     },
 }
 
@@ -382,6 +462,52 @@ impl Protocol {
             .iter()
             .enumerate()
             .filter(move |(_, a)| a.job == job && !a.deleted)
+    }
+
+    /// `store::webhooks::record_event`, in the state change's transaction:
+    /// a row for the endpoint if it subscribes (`domain::webhook::
+    /// records_event`), once per (job, kind, subject) as the unique key
+    /// says.
+    fn record_event(&self, state: &mut State, job: u8, kind: EventKind, subject: Option<u8>) {
+        if !self.bounds.outbox || !records_event(true, &subscribed_to_all(), kind) {
+            return;
+        }
+        if self.bug == Bug::EventAfterCommit {
+            state.unrecorded.push((job, kind, subject));
+            return;
+        }
+        Self::write_event(state, job, kind, subject);
+    }
+
+    fn write_event(state: &mut State, job: u8, kind: EventKind, subject: Option<u8>) {
+        let exists = state
+            .outbox
+            .iter()
+            .any(|e| e.job == job && e.kind == kind && e.subject == subject && !e.deleted);
+        if !exists {
+            state.outbox.push(EventRow {
+                job,
+                kind,
+                subject,
+                state: EventState::Pending,
+                lease_owner: None,
+                lease_until: None,
+                deleted: false,
+                received: 0,
+                lapsed: false,
+            });
+        }
+    }
+
+    /// Whether `process`'s loop may claim `event` now.
+    fn event_claimable(&self, state: &State, event: usize) -> bool {
+        let e = &state.outbox[event];
+        let lease = if self.bug == Bug::ClaimIgnoresLease {
+            None
+        } else {
+            e.lease_until.map(i64::from)
+        };
+        !e.deleted && may_claim_event(e.state, 0, lease, true, i64::from(state.clock))
     }
 
     /// `refresh_job_status`: a non-terminal job's status from its live attempt.
@@ -481,6 +607,7 @@ impl Protocol {
             jobrow.status = JobStatus::Succeeded;
             jobrow.version += 1;
             state.attempts[attempt as usize].outcome = Some(RaceResult::Won);
+            self.record_event(state, row.job, EventKind::JobSucceeded, None);
             if !row.state.is_live() {
                 let queued: Vec<u8> = Self::attempts_of(state, row.job)
                     .filter(|(_, a)| a.state == AttemptState::Queued)
@@ -553,7 +680,7 @@ impl Protocol {
                 }
             }
             NextStep::GiveUp(_) => {
-                Self::fail_job(&mut state, job, jobrow.version);
+                self.fail_job(&mut state, job, jobrow.version);
                 return Some(state);
             }
         }
@@ -562,7 +689,7 @@ impl Protocol {
     }
 
     /// `fail_job`, guarded by the version the decision read.
-    fn fail_job(state: &mut State, job: u8, version_read: u8) -> bool {
+    fn fail_job(&self, state: &mut State, job: u8, version_read: u8) -> bool {
         let row = &mut state.jobs[job as usize];
         if !guards::may_fail_job(
             row.status,
@@ -574,6 +701,7 @@ impl Protocol {
         }
         row.status = JobStatus::Failed;
         row.version += 1;
+        self.record_event(state, job, EventKind::JobFailed, None);
         true
     }
 
@@ -603,6 +731,7 @@ impl Protocol {
             logged: false,
             window_ended: false,
             pruned: false,
+            was_cancelled: false,
         });
         self.insert_attempt(&mut state, job, 0, None, Origin::Creation);
         if start {
@@ -697,6 +826,37 @@ impl Protocol {
         if matches!(event, AttemptEvent::GivenBack | AttemptEvent::LeaseExpired) {
             Self::refresh(&mut state, a.job);
         }
+        if event.target() == AttemptState::Unknown {
+            self.record_event(&mut state, a.job, EventKind::JobUnknown, Some(attempt));
+        }
+        Some(state)
+    }
+
+    /// `store::cancel::cancel_job`, under the job's lock: `domain::on_cancel`
+    /// decides; a cancel moves the job to `cancelled` and its version on,
+    /// withdraws its queued attempt and writes `job.cancelled`, in one
+    /// transaction. A sent attempt stays as it is.
+    fn cancel(&self, mut state: State, job: u8) -> Option<State> {
+        if state.jobs[job as usize].pruned {
+            return None;
+        }
+        if on_cancel(state.jobs[job as usize].status) != CancelDecision::Cancel {
+            return Some(state);
+        }
+        let row = &mut state.jobs[job as usize];
+        row.status = JobStatus::Cancelled;
+        row.was_cancelled = true;
+        if self.bug != Bug::CancelWithoutVersion {
+            row.version += 1;
+        }
+        self.record_event(&mut state, job, EventKind::JobCancelled, None);
+        let queued: Vec<u8> = Self::attempts_of(&state, job)
+            .filter(|(_, a)| a.state == AttemptState::Queued)
+            .map(|(i, _)| i as u8)
+            .collect();
+        for q in queued {
+            Self::transition(&mut state, q, AttemptEvent::Skipped);
+        }
         Some(state)
     }
 
@@ -731,6 +891,14 @@ impl Model for Protocol {
             },
             operator_left: self.bounds.operator_steps,
             replies: Vec::new(),
+            cancels_left: if self.bounds.fair {
+                0
+            } else {
+                self.bounds.cancels
+            },
+            outbox: Vec::new(),
+            deliveries: Vec::new(),
+            unrecorded: Vec::new(),
         }]
     }
 
@@ -857,6 +1025,34 @@ impl Model for Protocol {
                 }
                 actions.push(Action::Prune { job: job_id });
             }
+            if state.cancels_left > 0 && !job.status.is_terminal() {
+                actions.push(Action::Cancel { job: job_id });
+            }
+        }
+        if !state.unrecorded.is_empty() {
+            actions.push(Action::RecordLater);
+        }
+        for event in 0..state.outbox.len() {
+            let e = event as u8;
+            if self.event_claimable(state, event) {
+                for process in 0..processes {
+                    let delivering = state
+                        .deliveries
+                        .iter()
+                        .any(|d| d.event == e && d.process == process);
+                    if !delivering {
+                        actions.push(Action::ClaimEvent { process, event: e });
+                    }
+                }
+            }
+        }
+        for d in &state.deliveries {
+            let (process, event) = (d.process, d.event);
+            if d.sent {
+                actions.push(Action::AckEvent { process, event });
+            } else {
+                actions.push(Action::SendEvent { process, event });
+            }
         }
     }
 
@@ -925,6 +1121,11 @@ impl Model for Protocol {
                 if Self::transition(&mut state, attempt, event) && !finished {
                     Self::refresh(&mut state, a.job);
                 }
+                if event.target() == AttemptState::Unknown
+                    && state.attempts[attempt as usize].state == AttemptState::Unknown
+                {
+                    self.record_event(&mut state, a.job, EventKind::JobUnknown, Some(attempt));
+                }
             }
             Action::Renew { attempt } => {
                 let call = Self::call_of(&state, attempt)?;
@@ -953,6 +1154,10 @@ impl Model for Protocol {
                 state.kills_left -= 1;
                 state.generations[process as usize] += 1;
                 state.calls.retain(|c| c.process != process);
+                state.deliveries.retain(|d| d.process != process);
+                if process == 0 {
+                    state.unrecorded.clear();
+                }
             }
             Action::Abandon { attempt } => {
                 state.operator_left -= 1;
@@ -982,7 +1187,7 @@ impl Model for Protocol {
                     return None;
                 }
                 let version = state.jobs[job as usize].version;
-                if !Self::fail_job(&mut state, job, version) {
+                if !self.fail_job(&mut state, job, version) {
                     return None;
                 }
                 state.jobs[job as usize].logged = true;
@@ -998,6 +1203,65 @@ impl Model for Protocol {
                 state.jobs[job as usize].pruned = true;
                 for a in state.attempts.iter_mut().filter(|a| a.job == job) {
                     a.deleted = true;
+                }
+                for e in state.outbox.iter_mut().filter(|e| e.job == job) {
+                    e.deleted = true;
+                }
+            }
+            Action::Cancel { job } => {
+                state.cancels_left -= 1;
+                return self.cancel(state, job);
+            }
+            Action::RecordLater => {
+                let (job, kind, subject) = state.unrecorded.remove(0);
+                Self::write_event(&mut state, job, kind, subject);
+            }
+            Action::ClaimEvent { process, event } => {
+                if !self.event_claimable(&state, event as usize) {
+                    return None;
+                }
+                let owner = Self::lease_owner(&state, process);
+                let until = state.clock + self.bounds.lease;
+                let e = &mut state.outbox[event as usize];
+                if e.lease_until.is_some_and(|at| at < last.clock) {
+                    e.lapsed = true;
+                }
+                e.lease_owner = Some(owner);
+                e.lease_until = Some(until);
+                let d = Delivery {
+                    event,
+                    process,
+                    sent: false,
+                };
+                let at = state.deliveries.binary_search(&d).unwrap_or_else(|at| at);
+                state.deliveries.insert(at, d);
+            }
+            Action::SendEvent { process, event } => {
+                let at = state.deliveries.binary_search(&Delivery {
+                    event,
+                    process,
+                    sent: false,
+                });
+                let mut d = state.deliveries.remove(at.ok()?);
+                d.sent = true;
+                let at = state.deliveries.binary_search(&d).unwrap_or_else(|at| at);
+                state.deliveries.insert(at, d);
+                state.outbox[event as usize].received += 1;
+            }
+            Action::AckEvent { process, event } => {
+                let at = state.deliveries.binary_search(&Delivery {
+                    event,
+                    process,
+                    sent: true,
+                });
+                state.deliveries.remove(at.ok()?);
+                // `record_delivery`: only while this claim holds the row.
+                let me = Self::lease_owner(&state, process);
+                let e = &mut state.outbox[event as usize];
+                if !e.deleted && e.state == EventState::Pending && e.lease_owner == Some(me) {
+                    e.state = EventState::Delivered;
+                    e.lease_owner = None;
+                    e.lease_until = None;
                 }
             }
         }

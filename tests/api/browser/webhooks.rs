@@ -29,9 +29,13 @@ async fn a_user_registers_an_endpoint_sees_a_delivery_on_the_job_page_and_resend
     assert_eq!(browser.count("#no-endpoints").await, 1);
 
     // A URL the rules refuse is shown again with why, and stores nothing.
-    browser.fill("input[name=url]", "ftp://example.com/hooks").await;
+    browser
+        .fill("input[name=url]", "ftp://example.com/hooks")
+        .await;
     browser.click("#add-endpoint").await;
-    let refusal = browser.wait_for_text("#webhook-error", |t| !t.is_empty()).await;
+    let refusal = browser
+        .wait_for_text("#webhook-error", |t| !t.is_empty())
+        .await;
     assert!(refusal.contains("http"), "{refusal}");
     assert_eq!(browser.count(".endpoint-row").await, 0);
 
@@ -63,11 +67,15 @@ async fn a_user_registers_an_endpoint_sees_a_delivery_on_the_job_page_and_resend
 
     browser.goto(&app, &format!("/jobs/{job_id}")).await;
     let status = browser
-        .wait_for_text(".delivery-event[data-state=delivered] .delivery-status", |t| {
-            !t.is_empty()
-        })
+        .wait_for_text(
+            ".delivery-event[data-state=delivered] .delivery-status",
+            |t| !t.is_empty(),
+        )
         .await;
-    assert!(status.starts_with('2'), "the receiver's own status: {status}");
+    assert!(
+        status.starts_with('2'),
+        "the receiver's own status: {status}"
+    );
     assert_eq!(
         browser
             .attr_of(".delivery-event", "data-webhook-id")
@@ -115,6 +123,4 @@ async fn a_user_registers_an_endpoint_sees_a_delivery_on_the_job_page_and_resend
     browser.close().await;
 }
 
-on_both_backends!(
-    a_user_registers_an_endpoint_sees_a_delivery_on_the_job_page_and_resends_it,
-);
+on_both_backends!(a_user_registers_an_endpoint_sees_a_delivery_on_the_job_page_and_resends_it,);
