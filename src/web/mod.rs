@@ -124,6 +124,7 @@ pub fn routes(cfg: &mut web::ServiceConfig, body_limit: usize) {
         resource("/jobs/{id}/attempts", "POST").route(web::post().to(job_pages::start_attempt)),
     )
     .service(resource("/jobs/{id}/fail", "POST").route(web::post().to(job_pages::fail_job)))
+    .service(resource("/jobs/{id}/cancel", "POST").route(web::post().to(job_pages::cancel_job)))
     .service(
         resource("/webhooks", "GET, HEAD, POST")
             .route(read().to(webhook_pages::my_webhooks))

@@ -714,7 +714,83 @@ async fn the_providers_page_shows_the_matrix_and_qualifies_on_demand(backend: Te
     );
 }
 
+/// The owner's "Cancel the job" on the job page of a job whose attempt was
+/// sent: the job is cancelled, the page offers neither a cancel nor a new
+/// attempt and says why, a second cancel changes nothing, another user's
+/// cancel finds no job, and the provider's late answer is discarded.
+async fn the_owner_cancels_a_running_job_from_its_page(backend: TestBackend) {
+    use crate::support::fake_provider::{
+        answer, config_of, strict_task_toml, Behaviour, FakeProvider, ProviderToml, Shape,
+    };
+    let fake = FakeProvider::start(Shape::OpenAi).await;
+    fake.set_default(Behaviour::Hold);
+    let toml = [
+        ProviderToml::openai("held", &fake.base_url)
+            .timeout_ms(600_000)
+            .late_result_ms(600_000)
+            .toml(),
+        strict_task_toml("summarize", &["held"], "Summarize: {{ text }}"),
+    ]
+    .concat();
+    let app = spawn_app_with(backend, config_of(&toml)).await;
+    app.set_password("alice", "alice-password").await;
+    app.set_password("bob", "bob-password").await;
+    let job_id = app
+        .create_job(&app.alice.token, "to-cancel", &summarize("never mind"))
+        .await;
+    let held = fake.wait_held_count(1).await.remove(0);
+    let alice = FormClient::new(&app);
+    let csrf = alice.sign_in("alice", "alice-password").await;
+    let path = format!("/jobs/{job_id}");
+    let page = alice.get(&path).await.text().await.unwrap();
+    assert!(page.contains("id=\"cancel-job\""), "{page}");
+
+    let bob = FormClient::new(&app);
+    let bob_csrf = bob.sign_in("bob", "bob-password").await;
+    let refused = bob
+        .post_form(&format!("{path}/cancel"), &[("csrf", &bob_csrf)])
+        .await;
+    assert_eq!(refused.status(), StatusCode::NOT_FOUND);
+    let job = app.get_job(&app.alice.token, &job_id).await;
+    assert_eq!(
+        job["status"], "running",
+        "another user's cancel changed nothing"
+    );
+
+    for _ in 0..2 {
+        let cancelled = alice
+            .post_form(&format!("{path}/cancel"), &[("csrf", &csrf)])
+            .await;
+        assert_eq!(cancelled.status(), StatusCode::SEE_OTHER);
+        assert_eq!(cancelled.headers()["location"].to_str().unwrap(), path);
+    }
+    let job = app.get_job(&app.alice.token, &job_id).await;
+    assert_eq!(job["status"], "cancelled");
+    let page = alice.get(&path).await.text().await.unwrap();
+    assert!(!page.contains("id=\"cancel-job\""), "no cancel offered now");
+    assert!(
+        !page.contains("id=\"new-attempt\""),
+        "no new attempt offered"
+    );
+    assert!(page.contains("cancelled by its owner"), "{page}");
+
+    // The sent attempt's late answer loses and leaves the job cancelled.
+    fake.release(&held, answer("too late"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let job = app.get_job(&app.alice.token, &job_id).await;
+        if job["attempts"][0]["outcome"] == "lost" {
+            assert_eq!(job["status"], "cancelled");
+            assert!(job["result"].is_null());
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no race: {job:#}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
 on_both_backends!(
+    the_owner_cancels_a_running_job_from_its_page,
     browser_forms_follow_the_configured_body_limit,
     reasons_staff_write_are_escaped_on_the_console_audit_and_job_pages,
     the_submit_form_without_javascript_makes_one_job_however_often_it_is_posted,

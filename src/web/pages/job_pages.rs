@@ -396,6 +396,8 @@ struct JobLive {
     staff: bool,
     chain: Vec<String>,
     can_fail: bool,
+    /// The owner's, while the job is unfinished.
+    can_cancel: bool,
 }
 
 fn pretty(value: &Value) -> String {
@@ -456,6 +458,7 @@ fn job_live(user: &SignedIn, job: &Job, attempts: &[Attempt], allowed: Vec<Strin
             .collect(),
         timeline: timeline::layout(job.created_at, attempts, now_ms()),
         can_fail: staff && live.is_none() && !job.status.is_terminal(),
+        can_cancel: job.owner_id == user.user.id && job.status.is_cancellable(),
         queue_link,
         staff,
         chain: allowed,
@@ -532,6 +535,20 @@ pub async fn start_attempt(
     let job_id = JobId::parse(&path).ok_or_else(PageError::not_found)?;
     let provider = form.provider.clone().filter(|p| !p.is_empty());
     app.start_attempt(&user.user, &job_id, provider).await?;
+    Ok(see_other(&format!("/jobs/{job_id}")))
+}
+
+/// `POST /jobs/{id}/cancel`: the owner cancels their job (docs/design.md,
+/// "Cancelling"); a second cancel changes nothing.
+pub async fn cancel_job(
+    app: web::Data<App>,
+    user: SignedIn,
+    path: web::Path<String>,
+    form: web::Form<crate::web::pages::session::CsrfForm>,
+) -> Result<HttpResponse, PageError> {
+    user.check_csrf(form.csrf.as_deref())?;
+    let job_id = JobId::parse(&path).ok_or_else(PageError::not_found)?;
+    app.cancel_job(&user.user, &job_id).await?;
     Ok(see_other(&format!("/jobs/{job_id}")))
 }
 

@@ -324,7 +324,7 @@ pub async fn sign_in(
 
 #[derive(Deserialize)]
 pub struct CsrfForm {
-    csrf: Option<String>,
+    pub csrf: Option<String>,
 }
 
 pub async fn sign_out(
