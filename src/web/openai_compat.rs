@@ -114,7 +114,7 @@ impl OpenAiError {
     fn not_found(path: &str) -> Self {
         Self::new(
             StatusCode::NOT_FOUND,
-            format!("Unrecognized request URL ({path}). This server answers /v1/chat/completions and /v1/models."),
+            format!("Unrecognized request URL ({path}). This server answers /v1/chat/completions, /v1/responses and /v1/models."),
         )
         .code("unknown_url")
         .retry(Retry::Never)
@@ -219,7 +219,7 @@ impl OpenAiError {
     fn key_reused() -> Self {
         Self::new(
             StatusCode::CONFLICT,
-            "This Idempotency-Key already made a chat completion with a different body. \
+            "This Idempotency-Key already made a request with a different body. \
              Use a new key for a new request.",
         )
         .code("idempotency_key_reused")

@@ -26,6 +26,7 @@ on_both_backends!(
     the_database_refuses_a_live_attempt_and_a_stale_answer_on_a_cancelled_job,
     the_cancel_statement_moves_exactly_the_statuses_the_domain_calls_cancellable,
     a_stream_sends_the_responses_events_in_order_and_a_reconnect_gets_the_same,
+    a_stream_of_a_response_cancelled_midway_ends_with_response_cancelled,
     previous_response_id_continues_the_owners_response_and_refuses_anothers,
     parameters_that_cannot_be_honoured_are_refused_by_name_and_create_nothing,
     input_as_a_string_or_a_list_and_instructions_reach_the_provider,
@@ -588,6 +589,63 @@ async fn a_stream_sends_the_responses_events_in_order_and_a_reconnect_gets_the_s
         .unwrap();
     assert_eq!(events(&third), sent);
     assert_eq!(upstream.total_requests(), 1, "one upstream call");
+}
+
+async fn a_stream_of_a_response_cancelled_midway_ends_with_response_cancelled(
+    backend: TestBackend,
+) {
+    let upstream = FakeProvider::start(Shape::OpenAi).await;
+    upstream.push(Behaviour::Stream(vec![
+        StreamStep::Text("Half".into()),
+        StreamStep::Gate,
+        StreamStep::Text(" and the rest.".into()),
+    ]));
+    let app = spawn_app_with(backend, config(&upstream)).await;
+    let request = json!({"model": "gpt-safe", "input": "Hi", "stream": true});
+    let streaming = create(&app, &app.alice.token, "stream-cancel", &request)
+        .send()
+        .await
+        .unwrap();
+    let job_id = streaming.headers()["x-onejob-job-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let streaming = tokio::spawn(async move { streaming.text().await.unwrap() });
+    upstream.wait_requests(1).await;
+    let attempt = upstream.request_ids().remove(0);
+    upstream.wait_gate(&attempt, 1).await;
+    let id = onejob::domain::responses::ResponseId::of(&JobId::parse(&job_id).unwrap()).to_string();
+    assert_eq!(
+        cancel(&app, &app.alice.token, &id).await.status(),
+        StatusCode::OK
+    );
+    let text = tokio::time::timeout(WAIT, streaming)
+        .await
+        .unwrap()
+        .unwrap();
+    let sent = events(&text);
+    let kinds: Vec<&str> = sent.iter().map(|(k, _, _)| k.as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added",
+            "response.output_text.delta",
+            "response.cancelled",
+        ],
+        "{text}"
+    );
+    assert_eq!(sent[5].2["response"]["status"], "cancelled");
+    // The call goes on upstream; its answer loses and is logged.
+    upstream.open_gate(&attempt);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while stored(&app, &job_id).await.races.is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "no race-log row");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(stored(&app, &job_id).await.job.status, JobStatus::Cancelled);
 }
 
 async fn previous_response_id_continues_the_owners_response_and_refuses_anothers(
