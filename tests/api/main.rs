@@ -56,3 +56,4 @@ mod statement_rules;
 mod storage;
 mod streaming;
 mod twins;
+mod webhooks;
