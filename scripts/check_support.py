@@ -150,7 +150,8 @@ class Onejob:
     """A `onejob serve` process on a fresh SQLite file, with one chat route,
     `route`, to `upstream`, whose key it reads from the variable `key_env`."""
 
-    def __init__(self, binary, workdir, upstream, route, key_env):
+    def __init__(self, binary, workdir, upstream, route, key_env, extra_config="",
+                 extra_env=None):
         self.binary = binary
         self.config = os.path.join(workdir, "onejob.toml")
         self.database = os.path.join(workdir, "onejob.db")
@@ -172,8 +173,9 @@ connect_timeout_ms = 2000
 name = "{route}"
 kind = "chat"
 providers = ["upstream"]
-""")
-        self.env = dict(os.environ, RUST_LOG="warn", **{key_env: upstream.key})
+{extra_config}""")
+        self.env = dict(os.environ, RUST_LOG="warn", **{key_env: upstream.key},
+                        **(extra_env or {}))
         # The database first: `users` refuses to create a new SQLite file.
         self.cli("migrate")
         self.token = self.cli("users", "add", "alice").strip().splitlines()[-1]
@@ -255,7 +257,8 @@ class Checks:
         self(False, refusal)
 
 
-def main(check, sdk, make_upstream, run_checks, route, key_env):
+def main(check, sdk, make_upstream, run_checks, route, key_env, extra_config="",
+         extra_env=None):
     """Parses `--onejob`, starts the upstream and a onejob server with a
     route to it, runs `run_checks(server, upstream)` and prints the figures."""
     parser = argparse.ArgumentParser()
@@ -265,7 +268,8 @@ def main(check, sdk, make_upstream, run_checks, route, key_env):
     print(f"{check.name}: {sdk.__name__} {sdk.__version__}, httpx {httpx.__version__}")
     upstream = make_upstream()
     with tempfile.TemporaryDirectory() as workdir:
-        server = Onejob(os.path.abspath(args.onejob), workdir, upstream, route, key_env)
+        server = Onejob(os.path.abspath(args.onejob), workdir, upstream, route, key_env,
+                        extra_config, extra_env)
         try:
             run_checks(server, upstream)
         finally:

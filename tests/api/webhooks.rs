@@ -849,6 +849,116 @@ async fn the_outbox_sql_agrees_with_the_domain_rules(backend: TestBackend) {
     .await;
 }
 
+/// Every statement of the webhook lifecycle on PostgreSQL, judged by the
+/// Citus statement rule (`store::distribution`): registering, the outbox
+/// rows in the job's transaction, claims, failed and successful deliveries,
+/// resend, rotation, disabling, the metrics and the admin's list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_webhook_statement_can_be_routed_by_owner() {
+    if !crate::support::harness::postgres_available() {
+        return;
+    }
+    let receiver = WebhookReceiver::start().await;
+    receiver.fail_first(1);
+    let log = onejob::store::statement_log::StatementLog::new();
+    let prepared = crate::support::harness::PreparedApp::new(
+        TestBackend::Postgres,
+        webhook_config(|c| c.webhooks.settings.disable_after_failures = 100),
+    )
+    .await;
+    let store = {
+        let (url, settings, log) = (
+            prepared.db.url.clone(),
+            prepared.config.database.clone(),
+            log.clone(),
+        );
+        tokio::task::spawn_blocking(move || {
+            onejob::store::Store::connect_recording(&url, &settings, log)
+        })
+        .await
+        .unwrap()
+        .unwrap()
+    };
+    let app = prepared.with_store(store).start().await;
+    let (endpoint, _) = register_ok(&app, &app.alice.token, &receiver.url("/")).await;
+    let job_id = app
+        .create_job(&app.alice.token, "wh-rules", &summarize("rules"))
+        .await;
+    app.wait_for_status(&job_id, "succeeded", Duration::from_secs(10))
+        .await;
+    receiver.wait_for(2, Duration::from_secs(10)).await;
+    let events_path = format!("/api/v1/webhooks/{endpoint}/events");
+    wait_until("delivered", Duration::from_secs(5), || async {
+        get_json(&app, &app.alice.token, &events_path).await["events"][0]["state"] == "delivered"
+    })
+    .await;
+    let event_id = get_json(&app, &app.alice.token, &events_path).await["events"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let post = |path: String| {
+        let request = app
+            .client
+            .post(app.url(&path))
+            .bearer_auth(&app.alice.token);
+        async move { request.send().await.unwrap().status() }
+    };
+    assert_eq!(
+        post(format!(
+            "/api/v1/webhooks/{endpoint}/events/{event_id}/resend"
+        ))
+        .await,
+        StatusCode::ACCEPTED
+    );
+    receiver.wait_for(3, Duration::from_secs(10)).await;
+    assert_eq!(
+        post(format!("/api/v1/webhooks/{endpoint}/rotate-secret")).await,
+        StatusCode::OK
+    );
+    get_json(
+        &app,
+        &app.alice.token,
+        &format!("/api/v1/webhooks/{endpoint}/deliveries"),
+    )
+    .await;
+    get_json(&app, &app.ada.token, "/api/v1/webhooks?all=true").await;
+    let patched = app
+        .client
+        .patch(app.url(&format!("/api/v1/webhooks/{endpoint}")))
+        .bearer_auth(&app.alice.token)
+        .json(&json!({"enabled": false, "events": ["job.failed"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(patched.status(), StatusCode::OK);
+    assert_eq!(
+        app.get(&app.ada.token, "/metrics").await.status(),
+        StatusCode::OK
+    );
+    let key = JobKey {
+        id: onejob::domain::JobId::parse(&job_id).unwrap(),
+        owner_id: app.alice.id.clone(),
+    };
+    app.with_conn(move |conn| outbox::deliveries_of_job(conn, &key).unwrap())
+        .await;
+    let deleted = app
+        .client
+        .delete(app.url(&format!("/api/v1/webhooks/{endpoint}")))
+        .bearer_auth(&app.alice.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), StatusCode::NO_CONTENT);
+    let statements = log.take();
+    assert!(
+        statements
+            .iter()
+            .any(|s| s.contains("FOR UPDATE SKIP LOCKED") && s.contains("webhook_events")),
+        "the claim locks on PostgreSQL"
+    );
+    crate::statement_rules::judge_all(statements);
+}
+
 /// Real `onejob serve` processes: killed with SIGKILL and restarted, or
 /// three at once on one PostgreSQL.
 mod processes {
