@@ -123,7 +123,37 @@ on_both_backends!(
     resend_keeps_the_same_webhook_id_and_body,
     the_outbox_row_commits_and_rolls_back_with_the_state_change,
     the_outbox_sql_agrees_with_the_domain_rules,
+    an_attempt_going_unknown_is_told_once_then_the_late_success,
 );
+
+/// A soft timeout makes the attempt unknown: one `job.unknown` event naming
+/// it; its late answer then wins, and `job.succeeded` follows.
+async fn an_attempt_going_unknown_is_told_once_then_the_late_success(backend: TestBackend) {
+    let receiver = WebhookReceiver::start().await;
+    let app = spawn_app_with(backend, webhook_config(|_| {})).await;
+    register_ok(&app, &app.alice.token, &receiver.url("/")).await;
+    let body = json!({"task": "summarize", "input": {"text": "slow"}, "provider": "sim-slow"});
+    let job_id = app.create_job(&app.alice.token, "wh-unknown", &body).await;
+    app.wait_for_status(&job_id, "succeeded", Duration::from_secs(15))
+        .await;
+    let got = receiver.wait_for(2, Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let types: Vec<String> = receiver
+        .received()
+        .iter()
+        .map(|r| r.json()["type"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(types, ["job.unknown", "job.succeeded"]);
+    let unknown = got[0].json();
+    assert_eq!(unknown["data"]["status"], "unknown");
+    assert_eq!(unknown["data"]["id"], job_id.as_str());
+    let job = app.get_job(&app.alice.token, &job_id).await;
+    assert_eq!(
+        unknown["data"]["attempt_id"], job["attempts"][0]["id"],
+        "{job}"
+    );
+    assert_ne!(got[0].webhook_id(), got[1].webhook_id());
+}
 
 async fn a_receiver_failing_twice_gets_the_third_try_with_the_same_webhook_id(
     backend: TestBackend,
