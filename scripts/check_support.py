@@ -149,9 +149,11 @@ def free_port():
 class Onejob:
     """A `onejob serve` process on a fresh SQLite file, with one chat route,
     `route`, to `upstream`, whose key it reads from the variable `key_env`;
-    `extra` is more of its configuration file (a `[worker]` table, say)."""
+    `extra_config` is more of its configuration file (a `[worker]` table,
+    say), `extra_env` more of its environment."""
 
-    def __init__(self, binary, workdir, upstream, route, key_env, extra=""):
+    def __init__(self, binary, workdir, upstream, route, key_env, extra_config="",
+                 extra_env=None):
         self.binary = binary
         self.config = os.path.join(workdir, "onejob.toml")
         self.database = os.path.join(workdir, "onejob.db")
@@ -173,8 +175,9 @@ connect_timeout_ms = 2000
 name = "{route}"
 kind = "chat"
 providers = ["upstream"]
-{extra}""")
-        self.env = dict(os.environ, RUST_LOG="warn", **{key_env: upstream.key})
+{extra_config}""")
+        self.env = dict(os.environ, RUST_LOG="warn", **{key_env: upstream.key},
+                        **(extra_env or {}))
         # The database first: `users` refuses to create a new SQLite file.
         self.cli("migrate")
         self.token = self.cli("users", "add", "alice").strip().splitlines()[-1]
@@ -256,9 +259,10 @@ class Checks:
         self(False, refusal)
 
 
-def main(check, sdk, make_upstream, run_checks, route, key_env, extra=""):
+def main(check, sdk, make_upstream, run_checks, route, key_env, extra_config="",
+         extra_env=None):
     """Parses `--onejob`, starts the upstream and a onejob server with a
-    route to it (and `extra` configuration), runs `run_checks(server,
+    route to it (and `extra_config` configuration), runs `run_checks(server,
     upstream)` and prints the figures."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--onejob", default="target/debug/onejob")
@@ -268,7 +272,7 @@ def main(check, sdk, make_upstream, run_checks, route, key_env, extra=""):
     upstream = make_upstream()
     with tempfile.TemporaryDirectory() as workdir:
         server = Onejob(os.path.abspath(args.onejob), workdir, upstream, route, key_env,
-                        extra)
+                        extra_config, extra_env)
         try:
             run_checks(server, upstream)
         finally:

@@ -182,4 +182,4 @@ def run_checks(server, upstream):
 
 if __name__ == "__main__":
     sys.exit(main(check, openai, Upstream, run_checks, "gpt-safe", "RESPONSES_CHECK_UPSTREAM_KEY",
-                  extra="\n[worker]\nconcurrency = 1\n"))
+                  extra_config="\n[worker]\nconcurrency = 1\n"))

@@ -135,6 +135,7 @@ fn sections() -> Vec<(&'static str, String)> {
         ("## `[database]`", format!("[database]\n{UNKNOWN}")),
         ("## `[worker]`", format!("[worker]\n{UNKNOWN}")),
         ("## `[retention]`", format!("[retention]\n{UNKNOWN}")),
+        ("## `[webhooks]`", format!("[webhooks]\n{UNKNOWN}")),
         ("## `[[providers]]`", format!("[[providers]]\n{UNKNOWN}")),
         ("## `[[tasks]]`", format!("[[tasks]]\n{UNKNOWN}")),
         (

@@ -57,3 +57,4 @@ mod statement_rules;
 mod storage;
 mod streaming;
 mod twins;
+mod webhooks;

@@ -84,6 +84,7 @@ impl ServerProcess {
             .env("ONEJOB_CONFIG", config)
             .env("DATABASE_URL", database_url)
             .env("ONEJOB_TEST_FAKE_KEY", FAKE_API_KEY)
+            .env("ONEJOB_TEST_WEBHOOK_KEY", crate::webhooks::WEBHOOK_KEY)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&stdout_path).unwrap())

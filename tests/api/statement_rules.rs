@@ -243,7 +243,7 @@ async fn every_statement_of_a_full_lifecycle_can_be_routed_by_owner() {
 }
 
 /// Judges every statement; fails listing each that breaks the rule.
-fn judge_all(statements: Vec<String>) {
+pub(crate) fn judge_all(statements: Vec<String>) {
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     let mut refused: BTreeMap<String, (distribution::Breach, usize)> = BTreeMap::new();
     for statement in &statements {

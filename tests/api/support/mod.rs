@@ -16,3 +16,4 @@ pub mod metrics;
 pub mod proxy;
 pub mod sse;
 pub mod webdriver;
+pub mod webhook_receiver;
