@@ -34,7 +34,7 @@ pub const WEBHOOK_KEY: &str = "webhook-key-for-tests-0123456789abcdef0123456789"
 
 /// Test settings: the key, private addresses allowed (the receiver is on
 /// 127.0.0.1), short backoff, quick polling.
-fn webhook_config(tweak: impl FnOnce(&mut Config)) -> Config {
+pub(crate) fn webhook_config(tweak: impl FnOnce(&mut Config)) -> Config {
     let mut config = test_config(DEFAULT_TEST_PROVIDERS);
     config.webhooks.key = Some(WebhookKey::new(&Secret::new(WEBHOOK_KEY)));
     let s = &mut config.webhooks.settings;
