@@ -374,6 +374,44 @@ mod tests {
     }
 
     #[test]
+    fn the_webhook_key_is_read_at_start_and_must_be_long_enough() {
+        let toml = |extra: &str| {
+            format!(
+                "[webhooks]\nsigning_key_env = \"WH_KEY\"\n{extra}\n[[providers]]\nname = \"a\"\n\
+                 kind = \"simulated\"\n[[tasks]]\nname = \"t\"\nproviders = [\"a\"]\n"
+            )
+        };
+        let short = Environment::from_pairs([("WH_KEY", "too-short")]);
+        match Config::from_toml(&toml(""), "test", &short) {
+            Err(ConfigError::Invalid { key, message, .. }) => {
+                assert_eq!(key, "webhooks.signing_key_env");
+                assert!(message.contains("at least 32"), "{message}");
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        assert_eq!(invalid_key(&toml("")), "webhooks.signing_key_env");
+        let long = Environment::from_pairs([("WH_KEY", "k0123456789abcdef0123456789abcdef")]);
+        let config = Config::from_toml(&toml(""), "test", &long).unwrap();
+        assert!(config.webhooks.key.is_some());
+        assert_eq!(
+            format!("{:?}", config.webhooks.key),
+            "Some(WebhookKey(***))"
+        );
+        // Commands that read no secrets leave webhooks off.
+        let none = Config::from_toml_with(&toml(""), "test", &long, &SecretsNeeded::None).unwrap();
+        assert!(none.webhooks.key.is_none());
+        assert_eq!(
+            match Config::from_toml(&toml("batch_size = 0"), "test", &long) {
+                Err(ConfigError::Invalid { key, .. }) => key,
+                other => panic!("{other:?}"),
+            },
+            "webhooks.batch_size"
+        );
+        let off = Config::load(None, &no_env()).unwrap();
+        assert!(off.webhooks.key.is_none() && !off.webhooks.settings.allow_private_addresses);
+    }
+
+    #[test]
     fn duplicate_provider_names_are_refused() {
         let toml = r#"
             [[providers]]

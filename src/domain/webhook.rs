@@ -276,7 +276,7 @@ pub enum UrlRefusal {
 /// addresses it resolves to ([`check_resolved`]). Returns the URL as
 /// parsed (normalised), without a fragment.
 pub fn check_url(text: &str, allow_private: bool) -> Result<url::Url, UrlRefusal> {
-    if text.len() > MAX_URL_LEN {
+    if text.chars().count() > MAX_URL_LEN {
         return Err(UrlRefusal::TooLong);
     }
     let mut url = url::Url::parse(text.trim()).map_err(|e| UrlRefusal::Malformed(e.to_string()))?;

@@ -47,8 +47,13 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
 pub struct CreateWebhookRequest {
     /// Where events are POSTed: http or https, no user name or password;
     /// an IP literal must be a public address (a host name is checked at
-    /// each delivery, by what it resolves to).
-    #[schema(min_length = 1, max_length = 2048)]
+    /// each delivery, by what it resolves to). The pattern describes URLs
+    /// by host name; a public IP literal is accepted too.
+    #[schema(
+        min_length = 1,
+        max_length = 2047,
+        pattern = r"^https?://([A-Za-z0-9-]+\.)*[A-Za-z][A-Za-z0-9-]*(:[1-9][0-9]{0,3})?([/?#][A-Za-z0-9._~!$&'()*+,;=:@/?#%-]*)?$"
+    )]
     pub url: String,
     /// The event types to send.
     #[schema(min_items = 1, max_items = 8, inline)]
@@ -56,14 +61,19 @@ pub struct CreateWebhookRequest {
     /// How long an event is retried before it is dead; default
     /// `webhooks.retry_for_seconds` (24 h).
     #[schema(minimum = 1, maximum = 2592000)]
+    #[serde(default, deserialize_with = "whole_number")]
     pub retry_for_seconds: Option<u64>,
 }
 
 /// Body of `PATCH /api/v1/webhooks/{id}`; each field left out is kept.
-#[derive(Debug, Default, Deserialize, ToSchema)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateWebhookRequest {
-    #[schema(min_length = 1, max_length = 2048)]
+    #[schema(
+        min_length = 1,
+        max_length = 2047,
+        pattern = r"^https?://([A-Za-z0-9-]+\.)*[A-Za-z][A-Za-z0-9-]*(:[1-9][0-9]{0,3})?([/?#][A-Za-z0-9._~!$&'()*+,;=:@/?#%-]*)?$"
+    )]
     pub url: Option<String>,
     #[schema(min_items = 1, max_items = 8, inline)]
     pub events: Option<Vec<EventType>>,
@@ -71,6 +81,7 @@ pub struct UpdateWebhookRequest {
     /// failing, or by hand), resetting its failure count; `false` disables it.
     pub enabled: Option<bool>,
     #[schema(minimum = 1, maximum = 2592000)]
+    #[serde(default, deserialize_with = "whole_number")]
     pub retry_for_seconds: Option<u64>,
 }
 
@@ -95,6 +106,23 @@ impl EventType {
             Self::JobUnknown => EventKind::JobUnknown,
             Self::JobCancelled => EventKind::JobCancelled,
         }
+    }
+}
+
+/// A JSON number that is a whole number, written as an integer or not
+/// (`1.0` is the integer 1 to JSON Schema); anything else is refused.
+fn whole_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    let Some(number) = Option::<serde_json::Number>::deserialize(d)? else {
+        return Ok(None);
+    };
+    if let Some(n) = number.as_u64() {
+        return Ok(Some(n));
+    }
+    match number.as_f64() {
+        Some(f) if f.fract() == 0.0 && (0.0..=u64::MAX as f64).contains(&f) => Ok(Some(f as u64)),
+        _ => Err(serde::de::Error::custom(format!(
+            "`retry_for_seconds` must be a whole number of seconds, not {number}"
+        ))),
     }
 }
 
@@ -369,7 +397,7 @@ pub async fn get_webhook(
 #[utoipa::path(
     patch, path = "/api/v1/webhooks/{id}", tag = "webhooks",
     params(("id" = String, Path, description = "Endpoint id")),
-    request_body(content = UpdateWebhookRequest, description = "Optional; an empty body changes nothing"),
+    request_body = UpdateWebhookRequest,
     responses(
         (status = 200, body = WebhookView),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
@@ -393,7 +421,7 @@ pub async fn update_webhook(
         &req,
         payload,
         BodyRules::of(&app.config().server),
-        EmptyBody::Is(UpdateWebhookRequest::default()),
+        EmptyBody::Refuse,
     )
     .await?;
     let endpoint = app
