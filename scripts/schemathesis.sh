@@ -23,6 +23,12 @@ cat > "$work/onejob.toml" <<'TOML'
 [server]
 max_wait_seconds = 2
 
+# Webhooks on, so that their routes are exercised past "not configured";
+# nothing is delivered (endpoints Schemathesis registers point anywhere).
+[webhooks]
+signing_key_env = "ONEJOB_SCHEMATHESIS_WEBHOOK_KEY"
+deliver = false
+
 [[providers]]
 name = "sim-fast"
 kind = "simulated"
@@ -49,6 +55,7 @@ token=$(run users add ada --role admin 2>/dev/null | tail -n 1)
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 # Started directly, not through `run`: `$!` must be onejob itself, or the
 # cleanup would stop a subshell and leave the server running.
+ONEJOB_SCHEMATHESIS_WEBHOOK_KEY="$(python3 -c 'import secrets; print(secrets.token_hex(32))')" \
 RUST_LOG=warn "$onejob" --config "$work/onejob.toml" --database-url "$work/onejob.db" \
   serve --bind "127.0.0.1:$port" >"$work/server.log" 2>&1 &
 server_pid=$!

@@ -43,6 +43,7 @@ impl App {
                 withdrawn,
             } => {
                 tracing::info!(job_id = %job.id, withdrawn, "job cancelled");
+                self.metrics().jobs_cancelled.inc();
                 self.notify_job_finished(&job.id);
                 Ok(Cancellation {
                     job,

@@ -82,6 +82,8 @@ pub struct Metrics {
     pub jobs_created: Counter,
     pub jobs_replayed: Counter,
     pub key_conflicts: Counter,
+    /// Jobs their owner cancelled (a repeated cancel is not counted).
+    pub jobs_cancelled: Counter,
     pub twins_joined: Counter,
     pub attempts: Family<AttemptLabels, Counter>,
     pub races: Counter,
@@ -121,6 +123,7 @@ impl Metrics {
             jobs_created: Counter::default(),
             jobs_replayed: Counter::default(),
             key_conflicts: Counter::default(),
+            jobs_cancelled: Counter::default(),
             twins_joined: Counter::default(),
             attempts: Family::default(),
             races: Counter::default(),
@@ -159,6 +162,11 @@ impl Metrics {
             "onejob_idempotency_conflicts",
             "Requests refused because their key made a job with a different payload",
             metrics.key_conflicts.clone(),
+        );
+        registry.register(
+            "onejob_jobs_cancelled",
+            "Jobs their owner cancelled (each once, however often the cancel was repeated)",
+            metrics.jobs_cancelled.clone(),
         );
         registry.register(
             "onejob_twins_joined",

@@ -766,6 +766,18 @@ async fn the_owner_cancels_a_running_job_from_its_page(backend: TestBackend) {
     }
     let job = app.get_job(&app.alice.token, &job_id).await;
     assert_eq!(job["status"], "cancelled");
+    let metrics = app
+        .get(&app.ada.token, "/metrics")
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "onejob_jobs_cancelled_total 1"),
+        "one cancel counted, not two: {metrics}"
+    );
     let page = alice.get(&path).await.text().await.unwrap();
     assert!(!page.contains("id=\"cancel-job\""), "no cancel offered now");
     assert!(
