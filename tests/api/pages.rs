@@ -766,12 +766,7 @@ async fn the_owner_cancels_a_running_job_from_its_page(backend: TestBackend) {
     }
     let job = app.get_job(&app.alice.token, &job_id).await;
     assert_eq!(job["status"], "cancelled");
-    let metrics = app
-        .get(&app.ada.token, "/metrics")
-        .await
-        .text()
-        .await
-        .unwrap();
+    let metrics = crate::support::metrics::metrics(&app).await;
     assert!(
         metrics
             .lines()

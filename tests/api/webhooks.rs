@@ -226,12 +226,7 @@ async fn a_receiver_failing_twice_gets_the_third_try_with_the_same_webhook_id(
     assert_eq!(events["events"][0]["state"], "delivered");
     assert_eq!(events["events"][0]["webhook_id"], id);
     assert_eq!(events["events"][0]["attempts"], 3);
-    let metrics = app
-        .get(&app.ada.token, "/metrics")
-        .await
-        .text()
-        .await
-        .unwrap();
+    let metrics = crate::support::metrics::metrics(&app).await;
     assert!(
         metrics.contains("onejob_webhook_deliveries_total{outcome=\"delivered\"} 1"),
         "{metrics}"
@@ -560,12 +555,7 @@ async fn an_endpoint_past_the_failure_threshold_is_disabled_and_says_why(backend
         "{shown}"
     );
     assert_eq!(receiver.received().len(), 3, "nothing sent once disabled");
-    let metrics = app
-        .get(&app.ada.token, "/metrics")
-        .await
-        .text()
-        .await
-        .unwrap();
+    let metrics = crate::support::metrics::metrics(&app).await;
     assert!(
         metrics.contains("onejob_webhook_endpoints_disabled 1"),
         "{metrics}"
