@@ -225,6 +225,36 @@ async fn every_statement_of_a_full_lifecycle_can_be_routed_by_owner() {
         );
     }
 
+    // A background response, queued behind the busy slot, polled and
+    // cancelled: the cancel's lock, guarded update, withdrawal and outbox.
+    let created = app
+        .client
+        .post(app.url("/v1/responses"))
+        .bearer_auth(&app.alice.token)
+        .header("Idempotency-Key", "k-response")
+        .json(&json!({"model": "gpt-safe", "input": "hi", "background": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), StatusCode::OK);
+    let response: serde_json::Value = created.json().await.unwrap();
+    let response_id = response["id"].as_str().unwrap().to_owned();
+    let poll = format!("/v1/responses/{response_id}");
+    assert_eq!(
+        app.get(&app.alice.token, &poll).await.status(),
+        StatusCode::OK
+    );
+    let cancelled = app
+        .client
+        .post(app.url(&format!("{poll}/cancel")))
+        .bearer_auth(&app.alice.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cancelled.status(), StatusCode::OK);
+    let cancelled: serde_json::Value = cancelled.json().await.unwrap();
+    assert_eq!(cancelled["status"], "cancelled");
+
     // Retention, as if three days had passed.
     let held = app.get_job(&app.bob.token, &busy).await["attempts"][0]["id"]
         .as_str()
