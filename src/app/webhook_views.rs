@@ -2,9 +2,9 @@
 //! endpoint's delivery log, a job's, and the admins' overview. Writes are
 //! the use cases of [`crate::app::webhooks`].
 
-use super::{require_admin, App, AppResult, Job, User};
+use super::{require_admin, App, AppError, AppResult, Job, User};
 use crate::domain::UserId;
-use crate::store::webhooks::{self, Delivery, Endpoint, Event};
+use crate::store::webhooks::{self, Delivery, Endpoint, EndpointKey, Event};
 
 /// A job's events (every endpoint of its owner), their deliveries, and the
 /// endpoints' URLs by id.
@@ -31,34 +31,47 @@ pub struct WebhooksOverview {
 
 impl App {
     /// The delivery log of a job `user` may see (its owner, or staff), with
-    /// the URLs of its owner's endpoints.
+    /// the URLs of its owner's endpoints: one read of the store.
     pub async fn webhook_log_of_job(&self, user: &User, job: &Job) -> AppResult<JobWebhookLog> {
-        let (events, deliveries) = self.job_webhooks(user, &job.id).await?;
-        let owner = job.owner_id.clone();
-        let endpoints = self
+        if !super::visible_to(job, user) {
+            return Err(AppError::NotFound);
+        }
+        let key = job.key();
+        Ok(self
             .store()
-            .run(move |conn| webhooks::list_endpoints(conn, &owner))
-            .await?
-            .into_iter()
-            .map(|e| (e.id, e.url))
-            .collect();
-        Ok(JobWebhookLog {
-            events,
-            deliveries,
-            endpoints,
-        })
+            .run(move |conn| {
+                Ok(JobWebhookLog {
+                    events: webhooks::events_of_job(conn, &key)?,
+                    deliveries: webhooks::deliveries_of_job(conn, &key)?,
+                    endpoints: webhooks::list_endpoints(conn, &key.owner_id)?
+                        .into_iter()
+                        .map(|e| (e.id, e.url))
+                        .collect(),
+                })
+            })
+            .await?)
     }
 
-    /// One of `user`'s own endpoints and its log; another owner's is not
-    /// found.
+    /// One of `user`'s own endpoints and its log, in one read; another
+    /// owner's is not found.
     pub async fn webhook_log_of_endpoint(&self, user: &User, id: &str) -> AppResult<EndpointLog> {
-        Ok(EndpointLog {
-            endpoint: self.webhook(user, id).await?,
-            events: self.webhook_events(user, id).await?,
-            deliveries: self
-                .webhook_deliveries(user, id, webhooks::LIST_LIMIT)
-                .await?,
-        })
+        let key = EndpointKey {
+            id: super::webhooks::parse_endpoint_id(id).ok_or(AppError::NotFound)?,
+            owner_id: user.id.clone(),
+        };
+        self.store()
+            .run(move |conn| {
+                let Some(endpoint) = webhooks::get_endpoint(conn, &key)? else {
+                    return Ok(None);
+                };
+                Ok(Some(EndpointLog {
+                    endpoint,
+                    events: webhooks::events_of_endpoint(conn, &key)?,
+                    deliveries: webhooks::deliveries_of_endpoint(conn, &key, webhooks::LIST_LIMIT)?,
+                }))
+            })
+            .await?
+            .ok_or(AppError::NotFound)
     }
 
     /// Every owner's endpoints (admins).

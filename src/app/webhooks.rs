@@ -15,7 +15,7 @@ use crate::domain::webhook::{
     check_resolved, check_url, parse_events, signing_generations, truncate_response,
     DeliveryOutcome, EventKind, MAX_RESPONSE_BODY,
 };
-use crate::domain::{JobId, Secret};
+use crate::domain::Secret;
 use crate::store::webhooks::{
     self as outbox, Attempted, Claimed, Delivery, Endpoint, EndpointChange, EndpointKey, Event,
     EventKey, FollowUp, NewEndpoint, Recorded, Resent,
@@ -272,26 +272,6 @@ impl App {
             return Err(AppError::NotFound);
         }
         Ok(resent)
-    }
-
-    /// A job's webhook events and their delivery attempts (every endpoint
-    /// of its owner), for whoever may see the job.
-    pub async fn job_webhooks(
-        &self,
-        user: &User,
-        job_id: &JobId,
-    ) -> AppResult<(Vec<Event>, Vec<Delivery>)> {
-        let (job, _) = self.job_for(user, job_id).await?;
-        let key = job.key();
-        Ok(self
-            .store()
-            .run(move |conn| {
-                Ok((
-                    outbox::events_of_job(conn, &key)?,
-                    outbox::deliveries_of_job(conn, &key)?,
-                ))
-            })
-            .await?)
     }
 }
 
