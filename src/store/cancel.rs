@@ -9,10 +9,10 @@ use diesel::prelude::*;
 
 use super::connection::write_transaction;
 use super::rows::{Attempt, Job};
-use super::schema::{attempts, jobs};
+use super::schema::jobs;
 use super::transitions::{attempts_of, find_owned_job, lock_job, JobKey};
 use super::{now_ms, DbConnection, StoreError, StoreResult};
-use crate::domain::{on_cancel, AttemptEvent, CancelDecision, JobStatus};
+use crate::domain::{on_cancel, CancelDecision, JobStatus};
 
 /// The note on an attempt withdrawn by a cancel.
 pub const WITHDRAWN_NOTE: &str = "not sent: the job was cancelled";
@@ -80,19 +80,8 @@ pub fn mark_cancelled(conn: &mut DbConnection, job: &Job, now: i64) -> StoreResu
         crate::domain::webhook::EventKind::JobCancelled,
         now,
     )?;
-    let withdrawn = diesel::update(
-        attempts::table
-            .filter(attempts::job_id.eq(&job.id))
-            .filter(attempts::owner_id.eq(&job.owner_id))
-            .filter(attempts::state.eq_any(AttemptEvent::Skipped.from_states())),
-    )
-    .set((
-        attempts::state.eq(AttemptEvent::Skipped.target()),
-        attempts::finished_at.eq(now),
-        attempts::lease_expires_at.eq(None::<i64>),
-        attempts::error.eq(WITHDRAWN_NOTE),
-    ))
-    .execute(conn)?;
+    let withdrawn =
+        super::completion::skip_queued_attempts(conn, &job.id, &job.owner_id, WITHDRAWN_NOTE, now)?;
     Ok(Some(withdrawn))
 }
 

@@ -68,7 +68,13 @@ pub fn complete_success(
             // index); only an answer on a non-live attempt (abandoned, say)
             // can find a queued successor to close.
             if !AttemptState::LIVE.contains(&attempt.state) {
-                skip_queued_attempts(conn, &attempt.job_id, &attempt.owner_id, now)?;
+                skip_queued_attempts(
+                    conn,
+                    &attempt.job_id,
+                    &attempt.owner_id,
+                    "not sent: the job had already finished",
+                    now,
+                )?;
             }
             return Ok((Applied::Won, attempt.job_id));
         }
@@ -287,11 +293,13 @@ fn cas_job_result(
     Ok(updated == 1)
 }
 
-/// Once a job is terminal, a queued attempt must never be sent.
-fn skip_queued_attempts(
+/// Once a job is terminal, a queued attempt must never be sent: each is
+/// closed unsent, with `note` saying why.
+pub(super) fn skip_queued_attempts(
     conn: &mut DbConnection,
     job_id: &JobId,
     owner_id: &UserId,
+    note: &str,
     now: i64,
 ) -> QueryResult<usize> {
     diesel::update(
@@ -303,7 +311,8 @@ fn skip_queued_attempts(
     .set((
         attempts::state.eq(AttemptEvent::Skipped.target()),
         attempts::finished_at.eq(now),
-        attempts::error.eq("not sent: the job had already finished"),
+        attempts::lease_expires_at.eq(None::<i64>),
+        attempts::error.eq(note),
     ))
     .execute(conn)
 }
