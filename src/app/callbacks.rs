@@ -103,6 +103,7 @@ impl App {
             Some(contract) => contract.judge(outcome),
             None => outcome,
         };
-        self.apply_outcome(&key, &attempt.provider, outcome).await
+        self.apply_outcome(&key, &attempt.provider, outcome, None)
+            .await
     }
 }

@@ -9,21 +9,23 @@ use serde_json::Value;
 use super::{App, AppError, AppResult, Attempt, Job};
 use crate::domain::retry::Failure;
 use crate::domain::stream::failure_after;
-use crate::domain::{Applied, AttemptId, JobId, Outcome, RetryPolicy};
+use crate::domain::{Applied, AttemptId, JobId, Outcome, RetryPolicy, Usage};
 use crate::store::completion::FailurePlan;
 use crate::store::transitions::AttemptKey;
 use crate::store::{completion, queue, transitions};
 
 impl App {
     /// Applies `outcome` (already held to the task's contract) to the
-    /// attempt, sent to `provider`, in one transaction.
+    /// attempt, sent to `provider`, in one transaction, with the tokens
+    /// the call used (`None`: not known).
     pub async fn apply_outcome(
         &self,
         attempt: &AttemptKey,
         provider: &str,
         outcome: Outcome,
+        usage: Option<Usage>,
     ) -> AppResult<Applied> {
-        self.apply_streamed_outcome(attempt, provider, outcome, 0)
+        self.apply_streamed_outcome(attempt, provider, outcome, 0, usage)
             .await
     }
 
@@ -36,7 +38,9 @@ impl App {
         provider: &str,
         outcome: Outcome,
         released: u64,
+        usage: Option<Usage>,
     ) -> AppResult<Applied> {
+        let _ = usage;
         let attempt_id = &attempt.id;
         let (applied, job_id) = match outcome.printable() {
             Outcome::Succeeded(answer) => {

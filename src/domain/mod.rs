@@ -23,6 +23,7 @@ pub mod secret;
 pub mod state;
 pub mod stream;
 pub mod throttle;
+pub mod usage;
 pub mod webhook;
 
 pub use audit::AuditAction;
@@ -41,3 +42,4 @@ pub use state::{
     may_start_attempt, on_cancel, AttemptEvent, AttemptState, CancelDecision, JobStatus,
     NewAttemptRefusal, TransitionError,
 };
+pub use usage::{Usage, UsageSource};

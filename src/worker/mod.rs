@@ -581,7 +581,7 @@ impl Worker {
         for attempt in 1.. {
             match self
                 .app
-                .apply_streamed_outcome(attempt_id, provider, outcome.clone(), released)
+                .apply_streamed_outcome(attempt_id, provider, outcome.clone(), released, None)
                 .await
             {
                 Ok(_) => return,
