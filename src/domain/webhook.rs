@@ -268,6 +268,72 @@ pub enum UrlRefusal {
          (an operator may allow others with webhooks.allow_private_addresses)"
     )]
     Address(&'static str),
+    #[error(
+        "`url` must read http(s)://host[:port][/path], the host a DNS name \
+         or an IP address, the rest URL-safe characters (percent-encode others)"
+    )]
+    Grammar,
+}
+
+/// The grammar of an endpoint URL as the API documents it (the OpenAPI
+/// `pattern` of `url`); [`check_url`] refuses any text outside it, so
+/// what the document calls invalid is never accepted.
+pub const URL_PATTERN: &str = r"^https?://(([A-Za-z0-9-]+\.)*[A-Za-z][A-Za-z0-9-]*|[0-9]{1,3}(\.[0-9]{1,3}){3}|\[[0-9A-Fa-f:.]+\])(:[1-9][0-9]{0,4})?([/?#][A-Za-z0-9._~!$&'()*+,;=:@/?#%-]*)?$";
+
+/// Whether `text` matches [`URL_PATTERN`], written out by hand.
+pub fn follows_url_grammar(text: &str) -> bool {
+    let Some(rest) = text
+        .strip_prefix("https://")
+        .or_else(|| text.strip_prefix("http://"))
+    else {
+        return false;
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let url_safe = |c: char| c.is_ascii_alphanumeric() || "._~!$&'()*+,;=:@/?#%-".contains(c);
+    if !tail.chars().all(url_safe) {
+        return false;
+    }
+    let (host_ok, port) = match authority.strip_prefix('[') {
+        Some(bracketed) => {
+            let Some((inner, after)) = bracketed.split_once(']') else {
+                return false;
+            };
+            let ok = !inner.is_empty()
+                && inner
+                    .chars()
+                    .all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.');
+            (ok, after)
+        }
+        None => {
+            let split = authority.find(':').unwrap_or(authority.len());
+            let (host, port) = authority.split_at(split);
+            (is_dns_name(host) || is_dotted_quad(host), port)
+        }
+    };
+    host_ok
+        && (port.is_empty()
+            || port.strip_prefix(':').is_some_and(|digits| {
+                (1..=5).contains(&digits.len())
+                    && !digits.starts_with('0')
+                    && digits.chars().all(|c| c.is_ascii_digit())
+            }))
+}
+
+fn is_dns_name(host: &str) -> bool {
+    let labels: Vec<&str> = host.split('.').collect();
+    let last = labels.last().copied().unwrap_or("");
+    labels.iter().all(|label| {
+        !label.is_empty() && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+    }) && last.starts_with(|c: char| c.is_ascii_alphabetic())
+}
+
+fn is_dotted_quad(host: &str) -> bool {
+    let parts: Vec<&str> = host.split('.').collect();
+    parts.len() == 4
+        && parts
+            .iter()
+            .all(|p| (1..=3).contains(&p.len()) && p.chars().all(|c| c.is_ascii_digit()))
 }
 
 /// Checks an endpoint URL at registration: http or https, no credentials,
@@ -279,12 +345,15 @@ pub fn check_url(text: &str, allow_private: bool) -> Result<url::Url, UrlRefusal
     if text.chars().count() > MAX_URL_LEN {
         return Err(UrlRefusal::TooLong);
     }
-    let mut url = url::Url::parse(text.trim()).map_err(|e| UrlRefusal::Malformed(e.to_string()))?;
+    let mut url = url::Url::parse(text).map_err(|e| UrlRefusal::Malformed(e.to_string()))?;
     if !matches!(url.scheme(), "http" | "https") {
         return Err(UrlRefusal::Scheme);
     }
     if !url.username().is_empty() || url.password().is_some() {
         return Err(UrlRefusal::Credentials);
+    }
+    if !follows_url_grammar(text) {
+        return Err(UrlRefusal::Grammar);
     }
     let literal = match url.host() {
         None => return Err(UrlRefusal::NoHost),
@@ -689,6 +758,36 @@ mod tests {
                 .as_str(),
             "https://example.com/x"
         );
+    }
+
+    #[test]
+    fn urls_outside_the_documented_grammar_are_refused() {
+        for good in [
+            "https://hooks.example.com",
+            "http://localhost:65535/in?x=%20y#f",
+            "https://a-b.c0/",
+        ] {
+            assert!(follows_url_grammar(good), "{good}");
+            assert!(check_url(good, true).is_ok(), "{good}");
+        }
+        assert!(check_url("http://127.0.0.1:41234/x", true).is_ok());
+        assert!(check_url("http://[::1]:8080/", true).is_ok());
+        for bad in [
+            "https://q0Z*",
+            " https://example.com",
+            "HTTPS://example.com",
+            "https://example.com:0/",
+            "https://example.com:123456/",
+            "https://exa mple.com/",
+            "https://example.com/a b",
+            "https://example.com/\u{e9}",
+            "https://example.com./",
+            "https://1example.9/",
+            "https://[]/",
+        ] {
+            assert!(!follows_url_grammar(bad), "{bad}");
+            assert!(check_url(bad, true).is_err(), "{bad}");
+        }
     }
 
     #[test]

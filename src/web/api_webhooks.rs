@@ -52,7 +52,7 @@ pub struct CreateWebhookRequest {
     #[schema(
         min_length = 1,
         max_length = 2047,
-        pattern = r"^https?://([A-Za-z0-9-]+\.)*[A-Za-z][A-Za-z0-9-]*(:[1-9][0-9]{0,3})?([/?#][A-Za-z0-9._~!$&'()*+,;=:@/?#%-]*)?$"
+        pattern = r"^https?://(([A-Za-z0-9-]+\.)*[A-Za-z][A-Za-z0-9-]*|[0-9]{1,3}(\.[0-9]{1,3}){3}|\[[0-9A-Fa-f:.]+\])(:[1-9][0-9]{0,4})?([/?#][A-Za-z0-9._~!$&'()*+,;=:@/?#%-]*)?$"
     )]
     pub url: String,
     /// The event types to send.
@@ -72,7 +72,7 @@ pub struct UpdateWebhookRequest {
     #[schema(
         min_length = 1,
         max_length = 2047,
-        pattern = r"^https?://([A-Za-z0-9-]+\.)*[A-Za-z][A-Za-z0-9-]*(:[1-9][0-9]{0,3})?([/?#][A-Za-z0-9._~!$&'()*+,;=:@/?#%-]*)?$"
+        pattern = r"^https?://(([A-Za-z0-9-]+\.)*[A-Za-z][A-Za-z0-9-]*|[0-9]{1,3}(\.[0-9]{1,3}){3}|\[[0-9A-Fa-f:.]+\])(:[1-9][0-9]{0,4})?([/?#][A-Za-z0-9._~!$&'()*+,;=:@/?#%-]*)?$"
     )]
     pub url: Option<String>,
     #[schema(min_items = 1, max_items = 8, inline)]

@@ -597,4 +597,46 @@ mod tests {
             );
         }
     }
+
+    /// The documented `url` pattern is the one the server enforces, and a
+    /// JSON Schema validator reads it as the hand-written check does.
+    #[test]
+    fn the_webhook_url_pattern_is_the_one_enforced() {
+        use crate::domain::webhook::{follows_url_grammar, URL_PATTERN};
+        let doc = serde_json::to_value(super::super::api_webhooks::WebhooksDoc::openapi()).unwrap();
+        for schema in ["CreateWebhookRequest", "UpdateWebhookRequest"] {
+            assert_eq!(
+                doc["components"]["schemas"][schema]["properties"]["url"]["pattern"],
+                json!(URL_PATTERN),
+                "{schema}"
+            );
+        }
+        let validator =
+            jsonschema::validator_for(&json!({"type": "string", "pattern": URL_PATTERN})).unwrap();
+        for url in [
+            "https://hooks.example.com/in?x=1",
+            "http://127.0.0.1:41234/",
+            "http://[::1]:80/x",
+            "https://q0Z*",
+            "https://q0Z",
+            "https://9.example.9",
+            "https://a..b/",
+            "https://example.com:0",
+            "https://example.com:99999/#frag",
+            "https://example.com:100000",
+            " https://example.com",
+            "https://example.com/é",
+            "https://example.com/%zz",
+            "http://[]/",
+            "http://[::1/",
+            "http://1.2.3/",
+            "http://1.2.3.4444/",
+        ] {
+            assert_eq!(
+                validator.is_valid(&json!(url)),
+                follows_url_grammar(url),
+                "{url}"
+            );
+        }
+    }
 }
