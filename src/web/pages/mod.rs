@@ -3,6 +3,7 @@
 //! for htmx requests that are not boosted navigations, handlers return the
 //! partial that changed.
 
+pub mod charts;
 pub mod console;
 pub mod job_pages;
 pub mod live_text;
