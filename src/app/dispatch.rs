@@ -66,7 +66,7 @@ impl Dispatch {
         let reply = self.provider.call(&self.call).await;
         Reply {
             outcome: self.contract.judge(reply.outcome),
-            tokens_used: reply.tokens_used,
+            usage: reply.usage,
         }
     }
 
@@ -76,7 +76,7 @@ impl Dispatch {
         let reply = self.provider.stream(&self.call, sink).await;
         Reply {
             outcome: self.contract.judge(reply.outcome),
-            tokens_used: reply.tokens_used,
+            usage: reply.usage,
         }
     }
 

@@ -74,11 +74,98 @@ pub enum AppError {
          (e.g. `openssl rand -hex 32`) and restarts it"
     )]
     WebhooksOff,
+    /// The owner's monthly budget has no room for this job's reservation.
+    #[error("{0}")]
+    BudgetExceeded(BudgetRefusal),
     /// Busy for now; retrying (with the same idempotency key) is safe.
     #[error("{0}")]
     Unavailable(String),
     #[error("an internal error occurred; it has been logged")]
     Internal,
+}
+
+/// Which of an owner's limits refused a creation, and by how much.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BudgetRefusal {
+    /// `spend_limit` or `token_limit`.
+    pub limit_name: &'static str,
+    /// The limit, in micro-units of `currency` or in tokens.
+    pub limit: i64,
+    /// What the month has spent and unfinished jobs hold.
+    pub committed: i64,
+    /// What this job would hold.
+    pub wanted: i64,
+    /// When the month's spend starts again from zero (Unix ms).
+    pub resets_at: i64,
+    pub currency: String,
+}
+
+impl BudgetRefusal {
+    fn amount(&self, value: i64) -> String {
+        if self.limit_name == "spend_limit" {
+            format!(
+                "{} {}",
+                crate::domain::ledger::format_micros(value),
+                self.currency
+            )
+        } else {
+            format!("{value} tokens")
+        }
+    }
+}
+
+impl std::fmt::Display for BudgetRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = if self.limit_name == "spend_limit" {
+            "spend"
+        } else {
+            "token"
+        };
+        write!(
+            f,
+            "the monthly {what} limit of {} is reached: {} spent or held by unfinished jobs, and \
+             this job could use up to {}; the limit resets at {}",
+            self.amount(self.limit),
+            self.amount(self.committed),
+            self.amount(self.wanted),
+            crate::domain::webhook::rfc3339_ms(self.resets_at),
+        )
+    }
+}
+
+impl AppError {
+    /// The refusal of a creation the owner's budget has no room for.
+    pub fn budget_exceeded(refused: &crate::store::budgets::Refused, currency: &str) -> Self {
+        let spend_hit = refused.limits.spend_micros.is_some_and(|limit| {
+            refused
+                .committed
+                .micros
+                .saturating_add(refused.wanted.micros)
+                > limit
+        });
+        let (limit_name, limit, committed, wanted) = match (spend_hit, refused.limits) {
+            (true, limits) => (
+                "spend_limit",
+                limits.spend_micros.unwrap_or(0),
+                refused.committed.micros,
+                refused.wanted.micros,
+            ),
+            (false, limits) => (
+                "token_limit",
+                limits.tokens.unwrap_or(0),
+                refused.committed.tokens,
+                refused.wanted.tokens,
+            ),
+        };
+        Self::BudgetExceeded(BudgetRefusal {
+            limit_name,
+            limit,
+            committed,
+            wanted,
+            resets_at: refused.resets_at,
+            currency: currency.to_owned(),
+        })
+    }
 }
 
 fn callback_age(age_seconds: i64, window_seconds: u64) -> String {

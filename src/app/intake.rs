@@ -22,8 +22,10 @@ use serde_json::Value;
 use super::twins::{self, Boarding, Landed};
 use super::{App, AppError, AppResult, Attempt, Claim, Job, User};
 use crate::contracts::TaskContract;
+use crate::domain::ledger::TallyKind;
 use crate::domain::{AttemptState, Fingerprint, IdempotencyKey, JobIntent, JsonText};
 use crate::store::jobs::{self as job_store, CreateOutcome, NewJob};
+use crate::store::StoreError;
 
 /// What a client asks for; `input` and `params` as the JSON text it sent.
 #[derive(Debug, Clone)]
@@ -159,6 +161,7 @@ impl App {
                             (**job).clone(),
                             attempts.clone(),
                             &fingerprint,
+                            TallyKind::Joined,
                         );
                     }
                     Some(Landed::Unavailable(detail)) => {
@@ -184,6 +187,9 @@ impl App {
             Some(slot)
         });
         let (owner_id, key_text) = (owner.id.clone(), key.as_str().to_owned());
+        let refusable = new_job
+            .as_ref()
+            .map(|n| (n.task.clone(), n.provider.clone()));
         let found = self
             .store()
             .run(move |conn| match new_job {
@@ -208,7 +214,15 @@ impl App {
                 }
             })
             .await
-            .map_err(AppError::from)
+            .map_err(|error| match error {
+                StoreError::BudgetExceeded(refused) => {
+                    if let Some((task, provider)) = &refusable {
+                        self.count_refused(&owner.id, task, provider);
+                    }
+                    AppError::budget_exceeded(&refused, &self.config().ledger.currency)
+                }
+                other => AppError::from(other),
+            })
             .inspect_err(|error| {
                 if let AppError::Unavailable(detail) = error {
                     leader.land_unavailable(detail);
@@ -234,7 +248,9 @@ impl App {
             }
             // The key had made a job already (perhaps a concurrent request
             // with the same key won the insert).
-            CreateOutcome::Existing(job) => self.replay_or_conflict(job, attempts, &fingerprint),
+            CreateOutcome::Existing(job) => {
+                self.replay_or_conflict(job, attempts, &fingerprint, TallyKind::Replayed)
+            }
         }
     }
 
@@ -243,9 +259,11 @@ impl App {
         job: Job,
         attempts: Vec<Attempt>,
         fingerprint: &Fingerprint,
+        duplicate: TallyKind,
     ) -> AppResult<JobCreation> {
         if same_intent(&job, fingerprint) {
             self.metrics().jobs_replayed.inc();
+            self.count_duplicate(&job, duplicate);
             Ok(JobCreation {
                 job,
                 attempts,
@@ -290,8 +308,11 @@ impl App {
             });
         }
         require_in_chain(&contract, request.provider.as_deref())?;
-        check_input(&contract, &request.input.value())?;
+        let input = request.input.value();
+        check_input(&contract, &input)?;
+        let reservation = self.reservation_for(&contract, &input);
         Ok(NewJob {
+            reservation,
             owner_id: owner.id.clone(),
             key,
             task: contract.name().to_owned(),

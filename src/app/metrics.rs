@@ -63,6 +63,13 @@ pub struct TableLabel {
     pub table: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TokenLabels {
+    pub provider: String,
+    /// prompt | completion | cached (cached tokens are also prompt tokens)
+    pub kind: String,
+}
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn label(provider: &str) -> ProviderLabel {
@@ -108,6 +115,12 @@ pub struct Metrics {
     pub webhook_deliveries: Family<OutcomeLabel, Counter>,
     webhook_outbox_oldest_seconds: Gauge<f64, AtomicU64>,
     webhook_endpoints_disabled: Gauge,
+    /// Tokens of the calls in the usage ledger, by provider and kind.
+    pub tokens: Family<TokenLabels, Counter>,
+    /// Their cost in micro-units of `ledger.currency`, by provider.
+    pub spend: Family<ProviderLabel, Counter>,
+    /// Creations a budget refused.
+    pub budget_refusals: Counter,
 }
 
 impl Default for Metrics {
@@ -146,6 +159,9 @@ impl Metrics {
             webhook_deliveries: Family::default(),
             webhook_outbox_oldest_seconds: Gauge::default(),
             webhook_endpoints_disabled: Gauge::default(),
+            tokens: Family::default(),
+            spend: Family::default(),
+            budget_refusals: Counter::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -289,9 +305,47 @@ impl Metrics {
             "Webhook endpoints disabled now, by their owner or for failing (read at scrape time)",
             metrics.webhook_endpoints_disabled.clone(),
         );
+        registry.register(
+            "onejob_tokens",
+            "Tokens of the provider calls counted in the usage ledger (each call once, winners, \
+             losers and late answers alike), by provider and kind: prompt, completion, and \
+             cached (the prompt tokens read from the provider's cache, also counted as prompt)",
+            metrics.tokens.clone(),
+        );
+        registry.register(
+            "onejob_spend",
+            "Cost of the provider calls counted in the usage ledger, in micro-units \
+             (millionths) of ledger.currency, by provider; calls without a price add nothing",
+            metrics.spend.clone(),
+        );
+        registry.register(
+            "onejob_budget_refusals",
+            "Job creations refused because the owner's monthly budget had no room",
+            metrics.budget_refusals.clone(),
+        );
         Self {
             registry,
             ..metrics
+        }
+    }
+
+    /// Counts a call just written to the usage ledger.
+    pub fn record_ledger(&self, entry: &crate::store::ledger::LedgerEntry) {
+        let tokens = |kind: &str, count: i64| {
+            self.tokens
+                .get_or_create(&TokenLabels {
+                    provider: entry.provider.clone(),
+                    kind: kind.to_owned(),
+                })
+                .inc_by(count.max(0) as u64);
+        };
+        tokens("prompt", entry.prompt_tokens);
+        tokens("completion", entry.completion_tokens);
+        tokens("cached", entry.cached_tokens);
+        if let Some(micros) = entry.cost_micros {
+            self.spend
+                .get_or_create(&label(&entry.provider))
+                .inc_by(micros.max(0) as u64);
         }
     }
 

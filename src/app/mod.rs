@@ -26,6 +26,7 @@ pub mod dispatch;
 pub mod error;
 pub mod gate;
 pub mod intake;
+pub mod ledger;
 pub mod metrics;
 pub mod outcomes;
 pub mod password_queue;
@@ -61,7 +62,7 @@ pub use crate::store::transitions::{AttemptKey, JobKey};
 pub use crate::store::users::User;
 pub use crate::store::{Attempt, Job, QualificationRun, RaceEntry};
 pub use accounts::SignIn;
-pub use error::{AppError, AppResult};
+pub use error::{AppError, AppResult, BudgetRefusal};
 
 use crate::config::Config;
 use crate::providers::Providers;
@@ -97,6 +98,7 @@ struct Inner {
     start_offer: std::sync::RwLock<std::sync::Weak<work::StartOffer>>,
     /// Keys this process is creating jobs for (`twins`).
     key_flights: twins::KeyFlights,
+    tallies: ledger::Tallies,
     /// The streams running in this process, by job.
     streams: streams::StreamHub,
 }
@@ -132,6 +134,7 @@ impl App {
                 metrics,
                 start_offer: Default::default(),
                 key_flights: Default::default(),
+                tallies: Default::default(),
                 streams: Default::default(),
             }),
         }

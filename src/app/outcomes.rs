@@ -9,8 +9,9 @@ use serde_json::Value;
 use super::{App, AppError, AppResult, Attempt, Job};
 use crate::domain::retry::Failure;
 use crate::domain::stream::failure_after;
-use crate::domain::{Applied, AttemptId, JobId, Outcome, RetryPolicy, Usage};
-use crate::store::completion::FailurePlan;
+use crate::domain::{Applied, AttemptId, Outcome, RetryPolicy, Usage};
+use crate::store::completion::{FailurePlan, Recorded};
+use crate::store::ledger::Charge;
 use crate::store::transitions::AttemptKey;
 use crate::store::{completion, queue, transitions};
 
@@ -40,32 +41,37 @@ impl App {
         released: u64,
         usage: Option<Usage>,
     ) -> AppResult<Applied> {
-        let _ = usage;
         let attempt_id = &attempt.id;
+        // Priced now, when the answer is recorded.
+        let charge = self.charge_for(provider, usage);
         let (applied, job_id) = match outcome.printable() {
             Outcome::Succeeded(answer) => {
-                let (applied, job_id) = self.apply_success(attempt, answer).await?;
-                (applied, Some(job_id))
+                let recorded = self.apply_success(attempt, answer, charge).await?;
+                self.count_usage(&recorded);
+                (recorded.applied, Some(recorded.job_id))
             }
             Outcome::Failed(error) => {
-                let (applied, job_id) = self
+                let recorded = self
                     .apply_failure(
                         attempt,
                         error.to_stored(),
                         failure_after(released, Failure::Definite),
+                        charge,
                     )
                     .await?;
-                (applied, Some(job_id))
+                self.count_usage(&recorded);
+                (recorded.applied, Some(recorded.job_id))
             }
             Outcome::Refused(refusal) => {
                 let failure = Failure::NothingHappened {
                     retry_after_ms: refusal.retry_after.map(|d| d.as_millis() as i64),
                 };
                 let failure = failure_after(released, failure);
-                let (applied, job_id) = self
-                    .apply_failure(attempt, refusal.reason.to_stored(), failure)
+                let recorded = self
+                    .apply_failure(attempt, refusal.reason.to_stored(), failure, charge)
                     .await?;
-                (applied, Some(job_id))
+                self.count_usage(&recorded);
+                (recorded.applied, Some(recorded.job_id))
             }
             Outcome::Unknown(reason) => {
                 let (key, reason) = (attempt.clone(), reason.to_stored());
@@ -125,12 +131,19 @@ impl App {
         &self,
         attempt: &AttemptKey,
         answer: Value,
-    ) -> AppResult<(Applied, JobId)> {
+        charge: Charge,
+    ) -> AppResult<Recorded> {
         let key = attempt.clone();
         Ok(self
             .store()
-            .run(move |conn| completion::complete_success(conn, &key, &answer))
+            .run(move |conn| completion::settle_answer(conn, &key, &answer, &charge))
             .await?)
+    }
+
+    fn count_usage(&self, recorded: &Recorded) {
+        if let Some(entry) = &recorded.entry {
+            self.metrics().record_ledger(entry);
+        }
     }
 
     /// An attempt and the job it works for.
@@ -161,7 +174,8 @@ impl App {
         attempt: &AttemptKey,
         error: String,
         failure: Failure,
-    ) -> AppResult<(Applied, JobId)> {
+        charge: Charge,
+    ) -> AppResult<Recorded> {
         let (_, job) = self.attempt_and_job(attempt).await?;
         // Failover goes only where the gate allows; retries within the
         // task's budget.
@@ -175,10 +189,11 @@ impl App {
             jitter: fastrand::f64(),
         };
         let key = attempt.clone();
-        let applied = self
+        Ok(self
             .store()
-            .run(move |conn| completion::complete_failure(conn, &key, &error, failure, &plan))
-            .await?;
-        Ok((applied, job.id))
+            .run(move |conn| {
+                completion::record_failure(conn, &key, &error, failure, &plan, &charge)
+            })
+            .await?)
     }
 }

@@ -266,7 +266,7 @@ async fn golden_check(
     let timed = tokio::time::timeout(provider.soft_timeout(), dispatch.send())
         .await
         .map(|reply| {
-            if let Some(tokens) = reply.tokens_used {
+            if let Some(tokens) = reply.tokens_used() {
                 slot.settle_tokens(tokens);
             }
             reply.outcome

@@ -20,6 +20,8 @@ pub struct ConfigFile {
     #[serde(default)]
     pub webhooks: super::webhooks::WebhookSettings,
     #[serde(default)]
+    pub ledger: super::ledger::LedgerSettings,
+    #[serde(default)]
     pub providers: Vec<ProviderSettings>,
     #[serde(default)]
     pub tasks: Vec<TaskDefinition>,

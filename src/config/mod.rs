@@ -11,12 +11,14 @@
 
 mod checks;
 mod file;
+pub mod ledger;
 pub mod webhooks;
 
 use std::collections::HashMap;
 use std::path::Path;
 
 pub use file::{RetentionSettings, ServerSettings, WorkerSettings};
+pub use ledger::{LedgerConfig, LedgerSettings};
 pub use webhooks::{WebhookConfig, WebhookSettings};
 
 use crate::contracts::Contracts;
@@ -104,6 +106,8 @@ pub struct Config {
     pub callbacks: Option<CallbackSettings>,
     /// `[webhooks]`, with the webhook key when `signing_key_env` names one.
     pub webhooks: WebhookConfig,
+    /// `[ledger]`: the currency and the price table.
+    pub ledger: LedgerConfig,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -261,6 +265,7 @@ fn resolve(
         settings: raw.webhooks,
         key: webhook_key,
     };
+    let ledger = raw.ledger.resolve(&providers)?;
     let mut server = raw.server;
     if server.shutdown_grace_ms == 0 {
         let longest = providers.iter().map(|p| p.timeout_ms).max().unwrap_or(0);
@@ -275,6 +280,7 @@ fn resolve(
         contracts,
         callbacks,
         webhooks,
+        ledger,
     })
 }
 

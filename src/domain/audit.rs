@@ -20,6 +20,10 @@ text_enum! {
         DisableUser = "disable_user",
         EnableUser = "enable_user",
         SetRole = "set_role",
+        /// An admin set an owner's monthly budget.
+        SetBudget = "set_budget",
+        /// An admin removed an owner's budget.
+        RemoveBudget = "remove_budget",
     }
 }
 
@@ -37,6 +41,8 @@ impl AuditAction {
             Self::DisableUser => "disable user",
             Self::EnableUser => "enable user",
             Self::SetRole => "set role",
+            Self::SetBudget => "set budget",
+            Self::RemoveBudget => "remove budget",
         }
     }
 }

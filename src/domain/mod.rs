@@ -13,6 +13,7 @@ pub mod ids;
 pub mod jcs;
 pub mod json_depth;
 pub mod json_text;
+pub mod ledger;
 pub mod outcome;
 pub mod password;
 pub mod reason;

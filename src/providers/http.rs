@@ -223,12 +223,9 @@ impl HttpClient {
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("text/event-stream"));
         if let (Some(sink), true, true) = (sink, status.is_success(), event_stream) {
-            let (outcome, tokens_used) =
+            let (outcome, usage) =
                 streaming::read_stream(self.kind, response, self.max_response_bytes, sink).await;
-            return Reply {
-                outcome,
-                tokens_used,
-            };
+            return Reply { outcome, usage };
         }
         let (bytes, complete) = match read_capped(response, self.max_response_bytes).await {
             Ok(read) => read,
@@ -267,7 +264,10 @@ impl HttpClient {
                 .into()
             }
         };
-        let tokens_used = self.tokens_used(&envelope);
+        let usage = match self.kind {
+            ProviderKind::Anthropic => super::anthropic_usage(&envelope["usage"]),
+            _ => super::openai_usage(&envelope["usage"]),
+        };
         let outcome = if call.chat.is_some() {
             match chat::answer(self.kind, &envelope) {
                 Ok(answer) => {
@@ -296,26 +296,7 @@ impl HttpClient {
                 },
             }
         };
-        Reply {
-            outcome,
-            tokens_used,
-        }
-    }
-
-    /// The tokens the answer's `usage` says the call used, prompt and answer.
-    fn tokens_used(&self, envelope: &Value) -> Option<u64> {
-        let usage = &envelope["usage"];
-        match self.kind {
-            ProviderKind::Anthropic => {
-                Some(usage["input_tokens"].as_u64()? + usage["output_tokens"].as_u64().unwrap_or(0))
-            }
-            _ => usage["total_tokens"].as_u64().or_else(|| {
-                Some(
-                    usage["prompt_tokens"].as_u64()?
-                        + usage["completion_tokens"].as_u64().unwrap_or(0),
-                )
-            }),
-        }
+        Reply { outcome, usage }
     }
 
     /// The model's text out of the provider's response envelope.

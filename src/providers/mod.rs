@@ -24,7 +24,7 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::sync::Notify;
 
-use crate::domain::{Outcome, Secret};
+use crate::domain::{Outcome, Secret, Usage};
 use http::HttpClient;
 use limits::Limiter;
 pub use settings::{MaxTokensField, ProviderKind, ProviderSettings, ScriptStep, SimulatedFailure};
@@ -74,20 +74,61 @@ pub struct CallbackTarget {
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// What a call came back with: its outcome, and the tokens the provider
-/// says it used (prompt and answer), when it says.
+/// says it used, when it says.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Reply {
     pub outcome: Outcome,
-    pub tokens_used: Option<u64>,
+    pub usage: Option<Usage>,
+}
+
+impl Reply {
+    /// Prompt and answer tokens together, when the provider said.
+    pub fn tokens_used(&self) -> Option<u64> {
+        self.usage.map(|usage| usage.total())
+    }
 }
 
 impl From<Outcome> for Reply {
     fn from(outcome: Outcome) -> Self {
         Self {
             outcome,
-            tokens_used: None,
+            usage: None,
         }
     }
+}
+
+/// The usage of an answer in OpenAI's shape (`prompt_tokens`,
+/// `completion_tokens`, `prompt_tokens_details.cached_tokens`; a lone
+/// `total_tokens` counts as prompt).
+pub fn openai_usage(usage: &Value) -> Option<Usage> {
+    let cached = usage["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0);
+    match (
+        usage["prompt_tokens"].as_u64(),
+        usage["completion_tokens"].as_u64(),
+    ) {
+        (Some(prompt), completion) => {
+            Some(Usage::reported(prompt, completion.unwrap_or(0), cached))
+        }
+        (None, _) => usage["total_tokens"]
+            .as_u64()
+            .map(|total| Usage::reported(total, 0, 0)),
+    }
+}
+
+/// The usage of an answer in Anthropic's shape: the prompt is
+/// `input_tokens` plus the tokens written to and read from the cache; the
+/// cached ones are those read.
+pub fn anthropic_usage(usage: &Value) -> Option<Usage> {
+    let input = usage["input_tokens"].as_u64()?;
+    let written = usage["cache_creation_input_tokens"].as_u64().unwrap_or(0);
+    let read = usage["cache_read_input_tokens"].as_u64().unwrap_or(0);
+    Some(Usage::reported(
+        input + written + read,
+        usage["output_tokens"].as_u64().unwrap_or(0),
+        read,
+    ))
 }
 
 /// Something that can be sent a [`Call`].

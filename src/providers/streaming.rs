@@ -108,14 +108,14 @@ impl Assembly {
         self.finish_reason.is_some()
     }
 
+    /// What the stream's usage says the call used.
+    pub fn usage(&self) -> Option<crate::domain::Usage> {
+        super::openai_usage(self.usage.as_ref()?)
+    }
+
     /// The tokens the stream's usage says the call used.
     pub fn tokens_used(&self) -> Option<u64> {
-        let usage = self.usage.as_ref()?;
-        usage["total_tokens"].as_u64().or_else(|| {
-            Some(
-                usage["prompt_tokens"].as_u64()? + usage["completion_tokens"].as_u64().unwrap_or(0),
-            )
-        })
+        self.usage().map(|usage| usage.total())
     }
 
     /// The answer, as a non-streamed call would have given it.
@@ -325,7 +325,7 @@ pub async fn read_stream(
     response: reqwest::Response,
     cap: usize,
     sink: &DeltaSink,
-) -> (Outcome, Option<u64>) {
+) -> (Outcome, Option<crate::domain::Usage>) {
     let mut read = 0usize;
     let bytes = response.bytes_stream().map(move |chunk| {
         let chunk = chunk.map_err(ReadError::Transport)?;
@@ -410,10 +410,10 @@ pub async fn read_stream(
         }
     };
     match outcome {
-        Some(outcome) => (outcome, assembly.tokens_used()),
+        Some(outcome) => (outcome, assembly.usage()),
         None => {
-            let tokens = assembly.tokens_used();
-            (Outcome::Succeeded(assembly.answer()), tokens)
+            let usage = assembly.usage();
+            (Outcome::Succeeded(assembly.answer()), usage)
         }
     }
 }

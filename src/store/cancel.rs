@@ -80,8 +80,26 @@ pub fn mark_cancelled(conn: &mut DbConnection, job: &Job, now: i64) -> StoreResu
         crate::domain::webhook::EventKind::JobCancelled,
         now,
     )?;
+    super::budgets::release(conn, &job.key(), now)?;
     let withdrawn =
         super::completion::skip_queued_attempts(conn, &job.id, &job.owner_id, WITHDRAWN_NOTE, now)?;
+    if withdrawn > 0 {
+        // Requests never sent, counted with the cancel that withdrew them.
+        super::ledger::add_tallies(
+            conn,
+            &[super::ledger::Tally {
+                owner_id: job.owner_id.clone(),
+                day: crate::domain::ledger::day_start_ms(now),
+                task: job.task.clone(),
+                provider: job.provider.clone(),
+                job_id: job.id.as_str().to_owned(),
+                kind: crate::domain::ledger::TallyKind::Withdrawn
+                    .as_str()
+                    .to_owned(),
+                count: withdrawn as i64,
+            }],
+        )?;
+    }
     Ok(Some(withdrawn))
 }
 

@@ -6,6 +6,7 @@ use diesel::prelude::*;
 use serde_json::Value;
 
 use super::connection::write_transaction;
+use super::ledger::{record_call, Charge, LedgerEntry};
 use super::queue::db_clock_ms;
 use super::rows::{Attempt, Job, RaceEntry};
 use super::schema::{attempts, jobs, race_log};
@@ -14,25 +15,53 @@ use super::transitions::{
     lock_attempt_and_job, refresh_job_status, transition, AttemptKey,
 };
 use super::{now_ms, DbConnection, StoreError, StoreResult};
+use crate::domain::ledger::AnswerKind;
 use crate::domain::retry::{next_step, Failure, Made, NextStep};
 use crate::domain::{
     canonical_json, sha256_hex, AllowedProviders, Applied, AttemptEvent, AttemptId, AttemptState,
     JobId, JobStatus, JsonText, RaceResult, RetryPolicy, UserId,
 };
 
-/// Applies a successful answer with the compare-and-swap (docs/design.md,
-/// "First result wins"). Returns what happened and the attempt's job.
+/// [`settle_answer`] of a call not priced, whose usage was not reported.
 pub fn complete_success(
     conn: &mut DbConnection,
     key: &AttemptKey,
     payload: &Value,
 ) -> StoreResult<(Applied, JobId)> {
+    let settled = settle_answer(conn, key, payload, &Charge::unpriced(""))?;
+    Ok((settled.applied, settled.job_id))
+}
+
+/// What recording an outcome did: what happened to the attempt, its job,
+/// and the ledger row written for its call (none when the call was in the
+/// ledger already, or its outcome took no row).
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub applied: Applied,
+    pub job_id: JobId,
+    pub entry: Option<LedgerEntry>,
+}
+
+/// Applies a successful answer with the compare-and-swap (docs/design.md,
+/// "First result wins"), and counts its call in the usage ledger at
+/// `charge`, whether it won or lost.
+pub fn settle_answer(
+    conn: &mut DbConnection,
+    key: &AttemptKey,
+    payload: &Value,
+    charge: &Charge,
+) -> StoreResult<Recorded> {
     write_transaction(conn, |conn| {
         let now = now_ms();
         let attempt = lock_attempt_and_job(conn, key)?.ok_or(StoreError::NotFound)?;
         let payload_text = canonical_json(payload);
+        let recorded = |applied: Applied, entry: Option<LedgerEntry>| Recorded {
+            applied,
+            job_id: attempt.job_id.clone(),
+            entry,
+        };
         if let Some(first) = already_delivered(conn, &attempt, &payload_text)? {
-            return Ok((Applied::Repeated(first), attempt.job_id));
+            return Ok(recorded(Applied::Repeated(first), None));
         }
         if AttemptEvent::ProviderSucceeded
             .apply(attempt.state)
@@ -50,13 +79,30 @@ pub fn complete_success(
                 (state, _) => format!("the attempt was {state} and takes no answer"),
             };
             log_race(conn, &attempt, &job, &payload_text, reason, now)?;
-            return Ok((Applied::Discarded(attempt.state), attempt.job_id));
+            // Billed all the same (counted once: a call already in the
+            // ledger is not counted again).
+            let entry = record_call(
+                conn,
+                &attempt,
+                AnswerKind::Lost,
+                payload_text.len(),
+                charge,
+                now,
+            )?;
+            return Ok(recorded(Applied::Discarded(attempt.state), entry));
         }
         let version_read = attempt.version_read.ok_or_else(|| {
             StoreError::corrupt(format!("attempt {} has a result but never started", key.id))
         })?;
         let won = settle_success(conn, &attempt, version_read, &payload_text, now)?;
+        let kind = if won {
+            AnswerKind::Won
+        } else {
+            AnswerKind::Lost
+        };
+        let entry = record_call(conn, &attempt, kind, payload_text.len(), charge, now)?;
         if won {
+            super::budgets::release(conn, &attempt.job_key(), now)?;
             // The job's `job.succeeded` webhook events commit with its result.
             super::webhooks::record_event(
                 conn,
@@ -76,7 +122,7 @@ pub fn complete_success(
                     now,
                 )?;
             }
-            return Ok((Applied::Won, attempt.job_id));
+            return Ok(recorded(Applied::Won, entry));
         }
         let job = get_job(conn, &attempt.job_key())?;
         let reason = match (&job.completed_by, job.status) {
@@ -86,11 +132,11 @@ pub fn complete_success(
             (None, _) => "the job's version changed since the attempt started".to_owned(),
         };
         log_race(conn, &attempt, &job, &payload_text, reason, now)?;
-        Ok((
+        Ok(recorded(
             Applied::Lost {
                 winner: job.completed_by,
             },
-            attempt.job_id,
+            entry,
         ))
     })
 }
@@ -329,11 +375,7 @@ pub struct FailurePlan {
     pub jitter: f64,
 }
 
-/// Applies a definite failure, then decides what follows by
-/// `domain::retry::next_step`: a new attempt on the next provider of the
-/// gated order, a retry on the same provider once its wait is over (a
-/// queued attempt with `not_before`, by the database's clock), or the job
-/// fails with the reason.
+/// [`record_failure`] of a call not priced, whose usage was not reported.
 pub fn complete_failure(
     conn: &mut DbConnection,
     key: &AttemptKey,
@@ -341,11 +383,33 @@ pub fn complete_failure(
     failure: Failure,
     plan: &FailurePlan,
 ) -> StoreResult<Applied> {
+    Ok(record_failure(conn, key, error, failure, plan, &Charge::unpriced(""))?.applied)
+}
+
+/// Applies a definite failure, then decides what follows by
+/// `domain::retry::next_step`: a new attempt on the next provider of the
+/// gated order, a retry on the same provider once its wait is over (a
+/// queued attempt with `not_before`, by the database's clock), or the job
+/// fails with the reason. The call is counted in the usage ledger (a
+/// refusal in which nothing happened as `rate_limited`).
+pub fn record_failure(
+    conn: &mut DbConnection,
+    key: &AttemptKey,
+    error: &str,
+    failure: Failure,
+    plan: &FailurePlan,
+    charge: &Charge,
+) -> StoreResult<Recorded> {
     write_transaction(conn, |conn| {
         let now = now_ms();
         let attempt: Attempt = lock_attempt_and_job(conn, key)?.ok_or(StoreError::NotFound)?;
+        let job_id = attempt.job_id.clone();
         if AttemptEvent::ProviderFailed.apply(attempt.state).is_err() {
-            return Ok(Applied::Ignored(attempt.state));
+            return Ok(Recorded {
+                applied: Applied::Ignored(attempt.state),
+                job_id,
+                entry: None,
+            });
         }
         transition(
             conn,
@@ -354,6 +418,30 @@ pub fn complete_failure(
             now,
             Some(error),
         )?;
+        let kind = match failure {
+            Failure::NothingHappened { .. } => AnswerKind::RateLimited,
+            Failure::Definite | Failure::PartlyDelivered => AnswerKind::Failed,
+        };
+        let entry = record_call(conn, &attempt, kind, 0, charge, now)?;
+        let applied = decide_after_failure(conn, &attempt, error, failure, plan, now)?;
+        Ok(Recorded {
+            applied,
+            job_id,
+            entry,
+        })
+    })
+}
+
+/// What follows a recorded failure.
+fn decide_after_failure(
+    conn: &mut DbConnection,
+    attempt: &Attempt,
+    error: &str,
+    failure: Failure,
+    plan: &FailurePlan,
+    now: i64,
+) -> StoreResult<Applied> {
+    {
         let job = get_job(conn, &attempt.job_key())?;
         // An operator already decided what follows an abandoned attempt.
         if attempt.state == AttemptState::Abandoned || job.status.is_terminal() {
@@ -423,5 +511,5 @@ pub fn complete_failure(
                 }
             }
         }
-    })
+    }
 }

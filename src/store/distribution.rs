@@ -40,6 +40,10 @@ pub const LAYOUT: Layout = Layout {
         "webhook_endpoints",
         "webhook_events",
         "webhook_deliveries",
+        "usage_ledger",
+        "budgets",
+        "budget_reservations",
+        "usage_tallies",
     ],
     reference: &[
         "users",
@@ -48,7 +52,7 @@ pub const LAYOUT: Layout = Layout {
         "sign_in_throttle",
         "qualifications",
     ],
-    local: &["__diesel_schema_migrations"],
+    local: &["__diesel_schema_migrations", "backlog_samples"],
 };
 
 /// The column the distributed tables are distributed by.

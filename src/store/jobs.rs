@@ -7,7 +7,8 @@ use super::queue::{self, StartNow};
 use super::rows::{Attempt, Job};
 use super::schema::jobs;
 use super::transitions::insert_queued_attempt;
-use super::{now_ms, DbConnection, StoreResult};
+use super::{now_ms, DbConnection, StoreError, StoreResult};
+use crate::domain::ledger::Reservation;
 use crate::domain::{AttemptId, AttemptState, IdempotencyKey, JobId, JobStatus, JsonText, UserId};
 
 pub use super::transitions::{
@@ -31,6 +32,9 @@ pub struct NewJob {
     /// claimed under this lease and confirmed for sending (see
     /// [`queue::insert_started_attempt`]). Otherwise it is queued.
     pub start: Option<StartNow>,
+    /// The most the job can cost, reserved against its owner's budget (if
+    /// the owner has one) in the creating transaction.
+    pub reservation: Reservation,
 }
 
 #[derive(Debug)]
@@ -90,7 +94,8 @@ fn insert_or_read(
         if let Some(attempt) = insert_job_and_attempt(pg, &row, new.start.as_ref(), now)? {
             return Ok((CreateOutcome::Created(row), vec![attempt]));
         }
-        return write_transaction(conn, |conn| existing_by_key(conn, new));
+        // The key had made a job, or the owner has a budget: the
+        // transaction below tells which.
     }
     write_transaction(conn, |conn| {
         let inserted = insert_job_unless_key_exists(conn, &row)?;
@@ -99,8 +104,14 @@ fn insert_or_read(
                 Some(start) => queue::insert_started_attempt(conn, &row, start, now)?,
                 None => insert_queued_attempt(conn, &row.id, &row.owner_id, 1, &row.provider, now)?,
             };
+            // Refused: the error rolls the creation back.
+            if let Some(refused) = super::budgets::reserve(conn, &row.key(), new.reservation, now)?
+            {
+                return Err(StoreError::BudgetExceeded(refused));
+            }
             return Ok((CreateOutcome::Created(row), vec![attempt]));
         }
+        // A replay is never refused for budget.
         existing_by_key(conn, new)
     })
 }
@@ -145,7 +156,8 @@ fn new_job_row(new: &NewJob, now: i64) -> Job {
 /// PostgreSQL: the job and its first attempt in one statement (a
 /// data-modifying `WITH`), atomic by itself, so one round trip instead of
 /// four (`BEGIN`, two inserts, `COMMIT`). The attempt is inserted only if
-/// the job was: `None` when the key had made a job already.
+/// the job was: `None` when the key had made a job already, or when the
+/// owner has a budget (whose reservation needs the transaction).
 fn insert_job_and_attempt(
     conn: &mut diesel::PgConnection,
     job: &Job,
@@ -168,7 +180,8 @@ fn insert_job_and_attempt(
         "WITH job AS (
            INSERT INTO jobs (id, owner_id, idempotency_key, task, provider, requested_provider,
                              input, params, fingerprint, status, version, created_at, updated_at)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12)
+           SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12
+           WHERE NOT EXISTS (SELECT 1 FROM budgets WHERE budgets.owner_id = $2)
            ON CONFLICT (owner_id, idempotency_key) DO NOTHING
            RETURNING id, owner_id, provider
          )

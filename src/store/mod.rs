@@ -3,16 +3,19 @@
 //! [`Store::run`], never on an async worker. The store knows the domain and
 //! nothing above it.
 
+pub mod budgets;
 pub mod cancel;
 pub mod completion;
 pub mod connection;
 pub mod console;
 pub mod distribution;
 pub mod jobs;
+pub mod ledger;
 pub mod migrations;
 pub mod operator;
 pub mod qualifications;
 pub mod queue;
+pub mod reports;
 pub mod retention;
 pub mod rows;
 pub mod schema;
@@ -53,6 +56,10 @@ pub enum StoreError {
     Corrupt(String),
     #[error("a blocking database task was cancelled")]
     Cancelled,
+    /// The owner's budget has no room for the job (its creation was rolled
+    /// back).
+    #[error("the owner's budget is exhausted")]
+    BudgetExceeded(budgets::Refused),
 }
 
 impl StoreError {

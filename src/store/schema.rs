@@ -244,3 +244,74 @@ diesel::allow_tables_to_appear_in_same_query!(
     webhook_deliveries,
     jobs
 );
+
+diesel::table! {
+    /// One row per provider call that answered (docs/design.md, "Usage,
+    /// prices and budgets").
+    usage_ledger (attempt_id, owner_id) {
+        attempt_id -> Text,
+        owner_id -> Text,
+        job_id -> Text,
+        task -> Text,
+        provider -> Text,
+        model -> Text,
+        kind -> Text,
+        late -> Bool,
+        prompt_tokens -> BigInt,
+        completion_tokens -> BigInt,
+        cached_tokens -> BigInt,
+        usage_source -> Text,
+        cost_micros -> Nullable<BigInt>,
+        price_effective_from -> Nullable<BigInt>,
+        currency -> Nullable<Text>,
+        recorded_at -> BigInt,
+    }
+}
+
+diesel::table! {
+    /// An owner's monthly limits and the counters held to them.
+    budgets (owner_id) {
+        owner_id -> Text,
+        spend_limit_micros -> Nullable<BigInt>,
+        token_limit -> Nullable<BigInt>,
+        period_start -> BigInt,
+        spent_micros -> BigInt,
+        spent_tokens -> BigInt,
+        reserved_micros -> BigInt,
+        reserved_tokens -> BigInt,
+        updated_at -> BigInt,
+    }
+}
+
+diesel::table! {
+    /// What an unfinished job holds of its owner's budget.
+    budget_reservations (job_id, owner_id) {
+        job_id -> Text,
+        owner_id -> Text,
+        micros -> BigInt,
+        tokens -> BigInt,
+        created_at -> BigInt,
+    }
+}
+
+diesel::table! {
+    /// Duplicates absorbed and requests never sent, counted per day.
+    usage_tallies (owner_id, day, task, provider, job_id, kind) {
+        owner_id -> Text,
+        day -> BigInt,
+        task -> Text,
+        provider -> Text,
+        job_id -> Text,
+        kind -> Text,
+        count -> BigInt,
+    }
+}
+
+diesel::table! {
+    /// The Unknown backlog, sampled once a minute.
+    backlog_samples (at) {
+        at -> BigInt,
+        unknown_attempts -> BigInt,
+        oldest_unknown_at -> Nullable<BigInt>,
+    }
+}

@@ -394,6 +394,7 @@ pub fn fail_job(conn: &mut DbConnection, job: &Job, reason: &str, now: i64) -> S
     .execute(conn)?;
     if updated == 1 {
         super::webhooks::record_event(conn, &job.key(), EventKind::JobFailed, now)?;
+        super::budgets::release(conn, &job.key(), now)?;
     }
     Ok(updated == 1)
 }

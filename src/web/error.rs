@@ -40,10 +40,11 @@ pub enum ProblemType {
     ServiceUnavailable,
     Internal,
     WebhooksNotConfigured,
+    BudgetExceeded,
 }
 
 impl ProblemType {
-    pub const ALL: [ProblemType; 27] = [
+    pub const ALL: [ProblemType; 28] = [
         Self::Unauthorized,
         Self::Forbidden,
         Self::NotFound,
@@ -71,6 +72,7 @@ impl ProblemType {
         Self::ServiceUnavailable,
         Self::Internal,
         Self::WebhooksNotConfigured,
+        Self::BudgetExceeded,
     ];
 
     /// (slug, status, title, what it means)
@@ -131,6 +133,8 @@ impl ProblemType {
                 "Something failed on the server. Retrying with the same idempotency key is safe."),
             Self::WebhooksNotConfigured => ("webhooks-not-configured", S::CONFLICT, "Webhooks are not enabled on this server",
                 "Endpoint secrets are derived from a server key that is not configured. An operator sets `webhooks.signing_key_env` (docs/configuration.md) to an environment variable holding at least 32 random bytes and restarts the server."),
+            Self::BudgetExceeded => ("budget-exceeded", S::TOO_MANY_REQUESTS, "Monthly budget reached",
+                "The owner's monthly spend or token limit has no room for the most this job could cost (its prompt estimate plus max_tokens at the dearest provider of its route). Nothing was created. `limit` names the limit, `resets_at` when the month starts again; an admin can raise it. A retry of a job already created is never refused."),
         }
     }
 
@@ -224,6 +228,10 @@ impl ResponseError for ApiError {
             ProblemType::ServiceUnavailable => {
                 response.insert_header((header::RETRY_AFTER, "1"));
             }
+            // A 429 that waiting a moment does not cure.
+            ProblemType::BudgetExceeded => {
+                response.insert_header(("x-should-retry", "false"));
+            }
             // The rest of a slow body may still be on its way: nothing more
             // is read from this connection.
             ProblemType::RequestTimeout => {
@@ -242,6 +250,24 @@ impl From<crate::domain::json_depth::TooDeep> for ApiError {
             format!("{too_deep}; send a flatter document"),
         )
         .with("limit", too_deep.limit)
+    }
+}
+
+/// A budget amount as the API shows it: currency units (a decimal string)
+/// for a spend limit, a count for a token limit.
+fn refused_amount(refused: &crate::app::BudgetRefusal, value: i64) -> Value {
+    if refused.limit_name == "spend_limit" {
+        json!(crate::domain::ledger::format_micros(value))
+    } else {
+        json!(value)
+    }
+}
+
+fn refused_unit(refused: &crate::app::BudgetRefusal) -> String {
+    if refused.limit_name == "spend_limit" {
+        refused.currency.clone()
+    } else {
+        "tokens".into()
     }
 }
 
@@ -305,6 +331,16 @@ impl From<AppError> for ApiError {
             AppError::Unavailable(_) => Self::new(ProblemType::ServiceUnavailable, detail),
             AppError::Internal => Self::internal(),
             AppError::WebhooksOff => Self::new(ProblemType::WebhooksNotConfigured, detail),
+            AppError::BudgetExceeded(refused) => Self::new(ProblemType::BudgetExceeded, detail)
+                .with("limit", refused.limit_name)
+                .with("limit_value", refused_amount(&refused, refused.limit))
+                .with("committed", refused_amount(&refused, refused.committed))
+                .with("requested", refused_amount(&refused, refused.wanted))
+                .with("unit", refused_unit(&refused))
+                .with(
+                    "resets_at",
+                    crate::domain::webhook::rfc3339_ms(refused.resets_at),
+                ),
         }
     }
 }

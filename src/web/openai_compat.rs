@@ -278,6 +278,13 @@ impl From<AppError> for OpenAiError {
                 }
             }
             AppError::KeyReused { .. } => Self::key_reused(),
+            AppError::BudgetExceeded(refused) => {
+                let mut error = Self::new(StatusCode::TOO_MANY_REQUESTS, refused.to_string())
+                    .code("budget_exceeded")
+                    .retry(Retry::Never);
+                error.kind = "insufficient_quota";
+                error
+            }
             other => ApiError::from(other).into(),
         }
     }

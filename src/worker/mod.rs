@@ -22,7 +22,7 @@ use tokio_util::task::TaskTracker;
 use crate::app::dispatch::Dispatch;
 use crate::app::work::{Admitted, StartOffer};
 use crate::app::{now_ms, App, AppError, AttemptKey, Claim};
-use crate::domain::{AttemptId, AttemptState, Outcome, UserId};
+use crate::domain::{AttemptId, AttemptState, Outcome, Usage, UserId};
 use crate::providers::limits::{LateHold, SendSlot};
 use crate::providers::Reply;
 
@@ -135,6 +135,10 @@ pub fn spawn(app: App) -> WorkerHandle {
         worker.lease_owner.clone(),
         handle.shutdown.clone(),
     ));
+    let ledger = worker.clone();
+    handle
+        .tracker
+        .spawn(async move { ledger.ledger_loop().await });
     handle
         .tracker
         .spawn(async move { worker.housekeeping_loop().await });
@@ -288,6 +292,33 @@ impl Worker {
         }
     }
 
+    /// Adds the duplicate counts kept in memory to the database every
+    /// `ledger.tally_flush_ms` (and once more at shutdown), and samples the
+    /// Unknown backlog once a minute for the console's chart.
+    async fn ledger_loop(self) {
+        let every = Duration::from_millis(self.app.config().ledger.tally_flush_ms);
+        let mut sampled_minute = None;
+        loop {
+            let stopping = tokio::select! {
+                _ = sleep(every) => false,
+                _ = self.shutdown.cancelled() => true,
+            };
+            if let Err(error) = self.app.flush_tallies().await {
+                tracing::warn!(%error, "adding the duplicate counts failed; kept for the next flush");
+            }
+            if stopping {
+                return;
+            }
+            let minute = now_ms() / 60_000;
+            if sampled_minute != Some(minute) {
+                match self.app.sample_backlog().await {
+                    Ok(()) => sampled_minute = Some(minute),
+                    Err(error) => tracing::warn!(%error, "sampling the unknown backlog failed"),
+                }
+            }
+        }
+    }
+
     /// Reaps the leases of dead processes.
     async fn reaper_loop(self) {
         let every = Duration::from_millis((self.app.config().worker.lease_ms / 2).max(100));
@@ -327,7 +358,8 @@ impl Worker {
             Ok(dispatch) => Arc::new(dispatch),
             Err(not_sent) => {
                 let deadline = Instant::now() + lease;
-                self.apply(&attempt_id, &provider, not_sent, deadline).await;
+                self.apply(&attempt_id, &provider, not_sent, None, deadline)
+                    .await;
                 return;
             }
         };
@@ -412,9 +444,9 @@ impl Worker {
         match answered {
             Some(reply) => {
                 metrics.observe_provider_call(&provider, sent_at.elapsed());
-                let outcome = self.settle(&provider, reply, slot.as_ref());
+                let (outcome, usage) = self.settle(&provider, reply, slot.as_ref());
                 drop(slot);
-                self.apply(&attempt_id, &provider, outcome, lease_until)
+                self.apply(&attempt_id, &provider, outcome, usage, lease_until)
                     .await
             }
             None => {
@@ -427,6 +459,7 @@ impl Worker {
                     &attempt_id,
                     &provider,
                     Outcome::Unknown(reason.into()),
+                    None,
                     lease_until,
                 )
                 .await;
@@ -465,8 +498,13 @@ impl Worker {
     /// What a reply says, with its bookkeeping done: the tokens it used are
     /// counted against the provider's `tokens_per_minute`, a pause it asked
     /// for is counted.
-    fn settle(&self, provider: &str, reply: Reply, slot: Option<&SendSlot>) -> Outcome {
-        if let (Some(tokens), Some(slot)) = (reply.tokens_used, slot) {
+    fn settle(
+        &self,
+        provider: &str,
+        reply: Reply,
+        slot: Option<&SendSlot>,
+    ) -> (Outcome, Option<Usage>) {
+        if let (Some(tokens), Some(slot)) = (reply.tokens_used(), slot) {
             slot.settle_tokens(tokens);
         }
         if let Outcome::Refused(refusal) = &reply.outcome {
@@ -478,7 +516,7 @@ impl Worker {
                 );
             }
         }
-        reply.outcome
+        (reply.outcome, reply.usage)
     }
 
     async fn await_late_result(
@@ -497,14 +535,14 @@ impl Worker {
         let lease = Duration::from_millis(self.app.config().worker.lease_ms);
         tokio::select! {
             reply = call => {
-                let outcome = self.settle(&provider, reply, slot.as_ref());
+                let (outcome, usage) = self.settle(&provider, reply, slot.as_ref());
                 drop(slot);
                 match outcome {
                     Outcome::Unknown(reason) => tracing::warn!(%attempt_id, %reason, "late call ended without an answer"),
                     outcome => {
                         tracing::info!(%attempt_id, "late answer arrived");
                         self.app.metrics().observe_provider_call(&provider, sent_at.elapsed());
-                        self.apply(&attempt_id, &provider, outcome, Instant::now() + lease).await;
+                        self.apply(&attempt_id, &provider, outcome, usage, Instant::now() + lease).await;
                     }
                 }
             },
@@ -561,9 +599,10 @@ impl Worker {
         attempt_id: &AttemptKey,
         provider: &str,
         outcome: Outcome,
+        usage: Option<Usage>,
         lease_until: Instant,
     ) {
-        self.apply_released(attempt_id, provider, outcome, lease_until, 0)
+        self.apply_released(attempt_id, provider, outcome, usage, lease_until, 0)
             .await
     }
 
@@ -574,6 +613,7 @@ impl Worker {
         attempt_id: &AttemptKey,
         provider: &str,
         outcome: Outcome,
+        usage: Option<Usage>,
         lease_until: Instant,
         released: u64,
     ) {
@@ -581,7 +621,7 @@ impl Worker {
         for attempt in 1.. {
             match self
                 .app
-                .apply_streamed_outcome(attempt_id, provider, outcome.clone(), released, None)
+                .apply_streamed_outcome(attempt_id, provider, outcome.clone(), released, usage)
                 .await
             {
                 Ok(_) => return,

@@ -76,6 +76,8 @@ impl Worker {
                 _ = tokio::time::sleep_until(Instant::from_std(deadline)) => break Err(Stop::TimedOut(waiting)),
             }
         };
+        // What the call used, when it answered and said.
+        let mut usage = None;
         let outcome = match answered {
             Ok(reply) => {
                 // The call has ended, so its sender is gone: what is left
@@ -90,7 +92,8 @@ impl Worker {
                 self.app
                     .metrics()
                     .observe_provider_call(&provider, sent_at.elapsed());
-                let outcome = self.settle(&provider, reply, slot.as_ref());
+                let (outcome, reported) = self.settle(&provider, reply, slot.as_ref());
+                usage = reported;
                 if let (Some(held), Outcome::Succeeded(_), None) = (held, &outcome, &refused) {
                     for delta in &held {
                         if let Err(too_large) = writer.release(delta) {
@@ -125,8 +128,15 @@ impl Worker {
         drop(slot);
         writer.flush().await;
         let released = writer.released();
-        self.apply_released(&attempt_id, &provider, outcome, lease_until, released)
-            .await;
+        self.apply_released(
+            &attempt_id,
+            &provider,
+            outcome,
+            usage,
+            lease_until,
+            released,
+        )
+        .await;
         // Dropping the writer tells this process's followers to read the
         // job: its outcome is written.
         drop(writer);

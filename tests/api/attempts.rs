@@ -530,6 +530,7 @@ async fn claimed_by_a_process_that_died(
         .with_conn(move |conn| {
             let new = job_store::NewJob {
                 start: None,
+                reservation: Default::default(),
                 owner_id: owner,
                 key: onejob::domain::IdempotencyKey::parse(key).unwrap(),
                 task: "summarize".into(),

@@ -183,6 +183,7 @@ fn job_with_an_abandoned_attempt(
 ) -> (JobId, AttemptId) {
     let new = NewJob {
         start: None,
+        reservation: Default::default(),
         owner_id: owner.clone(),
         key: onejob::domain::IdempotencyKey::parse(key).unwrap(),
         task: "summarize".into(),

@@ -136,6 +136,11 @@ fn sections() -> Vec<(&'static str, String)> {
         ("## `[worker]`", format!("[worker]\n{UNKNOWN}")),
         ("## `[retention]`", format!("[retention]\n{UNKNOWN}")),
         ("## `[webhooks]`", format!("[webhooks]\n{UNKNOWN}")),
+        ("## `[ledger]`", format!("[ledger]\n{UNKNOWN}")),
+        (
+            "## `[ledger]`",
+            format!("[[ledger.prices]]\nprovider = \"p\"\ninput = 1\noutput = 1\n{UNKNOWN}"),
+        ),
         ("## `[[providers]]`", format!("[[providers]]\n{UNKNOWN}")),
         ("## `[[tasks]]`", format!("[[tasks]]\n{UNKNOWN}")),
         (

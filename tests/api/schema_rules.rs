@@ -410,10 +410,14 @@ async fn the_rules_report_keys_and_tables_that_break_them(backend: TestBackend) 
                     "webhook_endpoints",
                     "webhook_events",
                     "webhook_deliveries",
+                    "usage_ledger",
+                    "budgets",
+                    "budget_reservations",
+                    "usage_tallies",
                     "qualifications",
                 ],
                 reference: &["users", "api_tokens", "sessions", "sign_in_throttle"],
-                local: &["__diesel_schema_migrations", "job_notes"],
+                local: &["__diesel_schema_migrations", "job_notes", "backlog_samples"],
             };
             (offenders(&catalog, &LAYOUT), offenders(&catalog, &wrong))
         })

@@ -405,6 +405,7 @@ pub async fn attempts_of(app: &TestApp, job_id: &str) -> Vec<Attempt> {
 pub fn new_job(owner: &UserId, key: &str) -> NewJob {
     NewJob {
         start: None,
+        reservation: Default::default(),
         owner_id: owner.clone(),
         key: IdempotencyKey::parse(key).unwrap(),
         task: "summarize".into(),

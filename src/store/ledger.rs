@@ -1,0 +1,207 @@
+//! The usage ledger (docs/design.md, "Usage, prices and budgets"): one row
+//! per provider call that answered, written in the transaction that
+//! records the call's outcome, so the compare-and-swap that decides the job
+//! also counts the call, once.
+
+use diesel::prelude::*;
+
+use super::connection::per_backend;
+use super::rows::Attempt;
+use super::schema::{jobs, usage_ledger, usage_tallies};
+use super::{DbConnection, StoreResult};
+use crate::domain::ledger::{is_late, AnswerKind, Price};
+use crate::domain::{AttemptId, JobId, Usage, UserId};
+
+/// What the caller knows of a call's cost before its outcome is recorded:
+/// the tokens the provider reported (`None`: it did not say, and onejob
+/// estimates them), the model, and the price in force now (`None`: the
+/// call is not priced).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Charge {
+    pub usage: Option<Usage>,
+    pub model: String,
+    pub price: Option<Price>,
+    pub currency: String,
+}
+
+impl Charge {
+    /// A call of `model` with no price and no reported usage.
+    pub fn unpriced(model: impl Into<String>) -> Self {
+        Self {
+            usage: None,
+            model: model.into(),
+            price: None,
+            currency: String::new(),
+        }
+    }
+}
+
+/// A ledger row.
+#[derive(Debug, Clone, PartialEq, Eq, Queryable, Selectable, Insertable)]
+#[diesel(table_name = usage_ledger)]
+pub struct LedgerEntry {
+    pub attempt_id: AttemptId,
+    pub owner_id: UserId,
+    pub job_id: JobId,
+    pub task: String,
+    pub provider: String,
+    pub model: String,
+    pub kind: String,
+    pub late: bool,
+    pub prompt_tokens: i64,
+    pub completion_tokens: i64,
+    pub cached_tokens: i64,
+    pub usage_source: String,
+    pub cost_micros: Option<i64>,
+    pub price_effective_from: Option<i64>,
+    pub currency: Option<String>,
+    pub recorded_at: i64,
+}
+
+impl LedgerEntry {
+    pub fn kind(&self) -> Option<AnswerKind> {
+        AnswerKind::parse(&self.kind)
+    }
+
+    pub fn tokens(&self) -> i64 {
+        self.prompt_tokens.saturating_add(self.completion_tokens)
+    }
+}
+
+fn tokens(count: u64) -> i64 {
+    i64::try_from(count).unwrap_or(i64::MAX)
+}
+
+/// Tokens a text of `bytes` bytes is estimated to take when the provider
+/// did not say: one per three bytes, as the context check counts them.
+pub fn estimated_tokens(bytes: usize) -> u64 {
+    bytes.div_ceil(3) as u64
+}
+
+/// Records the call of `attempt` (as it was before this outcome) that
+/// answered as `kind`, with `answer_bytes` of answer: the ledger row, and
+/// its cost added to the owner's budget. Nothing if the attempt's call is
+/// in the ledger already (its news came twice). Returns the row written.
+pub(super) fn record_call(
+    conn: &mut DbConnection,
+    attempt: &Attempt,
+    kind: AnswerKind,
+    answer_bytes: usize,
+    charge: &Charge,
+    now: i64,
+) -> StoreResult<Option<LedgerEntry>> {
+    let (task, input): (String, Option<String>) = if charge.usage.is_some() {
+        let task = jobs::table
+            .filter(jobs::id.eq(&attempt.job_id))
+            .filter(jobs::owner_id.eq(&attempt.owner_id))
+            .select(jobs::task)
+            .first(conn)?;
+        (task, None)
+    } else {
+        let (task, input): (String, String) = jobs::table
+            .filter(jobs::id.eq(&attempt.job_id))
+            .filter(jobs::owner_id.eq(&attempt.owner_id))
+            .select((jobs::task, jobs::input))
+            .first(conn)?;
+        (task, Some(input))
+    };
+    let usage = match (charge.usage, kind, input) {
+        (Some(usage), _, _) => usage,
+        // Refused: nothing was done, nothing used.
+        (None, AnswerKind::RateLimited, _) => Usage::none(),
+        (None, _, input) => Usage::estimated(
+            estimated_tokens(input.map_or(0, |i| i.len())),
+            estimated_tokens(answer_bytes),
+        ),
+    };
+    let price = charge.price.as_ref();
+    let entry = LedgerEntry {
+        attempt_id: attempt.id.clone(),
+        owner_id: attempt.owner_id.clone(),
+        job_id: attempt.job_id.clone(),
+        task,
+        provider: attempt.provider.clone(),
+        model: charge.model.clone(),
+        kind: kind.as_str().to_owned(),
+        late: is_late(attempt.state),
+        prompt_tokens: tokens(usage.prompt_tokens),
+        completion_tokens: tokens(usage.completion_tokens),
+        cached_tokens: tokens(usage.cached_tokens),
+        usage_source: usage.source.as_str().to_owned(),
+        cost_micros: price.map(|p| p.cost_micros(&usage)),
+        price_effective_from: price.map(|p| p.effective_from_ms),
+        currency: price.map(|_| charge.currency.clone()),
+        recorded_at: now,
+    };
+    let key = (usage_ledger::attempt_id, usage_ledger::owner_id);
+    let inserted = per_backend!(conn, |c| diesel::insert_into(usage_ledger::table)
+        .values(&entry)
+        .on_conflict(key)
+        .do_nothing()
+        .execute(c))?;
+    if inserted == 0 {
+        return Ok(None);
+    }
+    if entry.cost_micros.unwrap_or(0) > 0 || entry.tokens() > 0 {
+        super::budgets::spend(
+            conn,
+            &entry.owner_id,
+            entry.cost_micros.unwrap_or(0),
+            entry.tokens(),
+            now,
+        )?;
+    }
+    Ok(Some(entry))
+}
+
+/// The ledger rows of one job's attempts.
+pub fn entries_of_job(
+    conn: &mut DbConnection,
+    job_id: &JobId,
+    owner_id: &UserId,
+) -> StoreResult<Vec<LedgerEntry>> {
+    Ok(usage_ledger::table
+        .filter(usage_ledger::job_id.eq(job_id))
+        .filter(usage_ledger::owner_id.eq(owner_id))
+        .order(usage_ledger::recorded_at.asc())
+        .select(LedgerEntry::as_select())
+        .load(conn)?)
+}
+
+/// A count of duplicates absorbed or requests never sent, for one owner,
+/// day, task, provider and job (`job_id` empty for no job).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Queryable, Selectable, Insertable)]
+#[diesel(table_name = usage_tallies)]
+pub struct Tally {
+    pub owner_id: UserId,
+    pub day: i64,
+    pub task: String,
+    pub provider: String,
+    pub job_id: String,
+    pub kind: String,
+    pub count: i64,
+}
+
+/// Adds counts to the tallies: each row's count is added to the stored
+/// one, or inserted.
+pub fn add_tallies(conn: &mut DbConnection, tallies: &[Tally]) -> StoreResult<()> {
+    use diesel::upsert::excluded;
+    use usage_tallies::dsl as t;
+    for tally in tallies {
+        let key = (
+            t::owner_id,
+            t::day,
+            t::task,
+            t::provider,
+            t::job_id,
+            t::kind,
+        );
+        per_backend!(conn, |c| diesel::insert_into(t::usage_tallies)
+            .values(tally)
+            .on_conflict(key)
+            .do_update()
+            .set(t::count.eq(t::count + excluded(t::count)))
+            .execute(c))?;
+    }
+    Ok(())
+}
