@@ -215,6 +215,45 @@ pub fn is_late(state: super::AttemptState) -> bool {
     )
 }
 
+/// What is known of an attempt's usage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UsageStatus {
+    /// Its call answered and is in the ledger.
+    Recorded,
+    /// Its call is out, not answered yet.
+    Pending,
+    /// Its outcome is unknown (or it was abandoned unanswered): the call may
+    /// have run and been billed. Never shown as zero.
+    Unknown,
+    /// It was never sent (queued, withdrawn, skipped): it used nothing.
+    NotSent,
+}
+
+impl UsageStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UsageStatus::Recorded => "recorded",
+            UsageStatus::Pending => "pending",
+            UsageStatus::Unknown => "unknown",
+            UsageStatus::NotSent => "not_sent",
+        }
+    }
+}
+
+/// What is known of the usage of an attempt in `state`: `sent` when its
+/// call went out, `recorded` when the ledger holds it.
+pub fn usage_status(state: super::AttemptState, sent: bool, recorded: bool) -> UsageStatus {
+    use super::AttemptState as S;
+    match (recorded, sent, state) {
+        (true, _, _) => UsageStatus::Recorded,
+        (false, false, _) => UsageStatus::NotSent,
+        (false, true, S::Running | S::Queued) => UsageStatus::Pending,
+        // Unknown or abandoned; or a definite outcome whose call predates
+        // the ledger.
+        (false, true, _) => UsageStatus::Unknown,
+    }
+}
+
 /// The most a job can cost, reserved against its owner's budget when it
 /// is created: its prompt estimate plus `max_tokens` of answer, at the
 /// dearest provider of its route (`prices`: each provider's price now,

@@ -582,7 +582,7 @@ pub fn message(job: &Job, result: &Value) -> Value {
         (status = 415, description = "Not application/json", body = AnthropicErrorBody),
         (status = 422, description = "A number no double holds exactly, or nesting too deep", body = AnthropicErrorBody),
         (status = 424, description = "The job failed (`api_error`); not retried", body = AnthropicErrorBody),
-        (status = 429, description = "A stream with as many followers as `server.max_followers_per_job` allows (`rate_limit_error`); retried after `Retry-After`", body = AnthropicErrorBody),
+        (status = 429, description = "A stream with as many followers as `server.max_followers_per_job` allows (`rate_limit_error`); retried after `Retry-After`. Or the owner's monthly budget has no room (`rate_limit_error` with `x-should-retry: false`)", body = AnthropicErrorBody),
         (status = 503, description = "Still running when the wait ended, outcome unknown pending support, or database busy (`overloaded_error`); `Retry-After` says when to retry with the same key", body = AnthropicErrorBody,
             headers(("Retry-After" = String, description = "Seconds"))),
     ),

@@ -90,6 +90,7 @@ where
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid body, unknown task or provider, bad input; the key is not reserved", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "The owner's monthly budget has no room for the job (`budget-exceeded`, naming `limit` and `resets_at`); nothing created, not worth retrying before the reset", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Database busy; retry with the same key", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))

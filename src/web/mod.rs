@@ -7,6 +7,7 @@ pub mod anthropic_messages;
 pub mod api_callbacks;
 pub mod api_jobs;
 pub mod api_support;
+pub mod api_usage;
 pub mod api_webhooks;
 pub mod auth;
 pub mod body;
@@ -191,6 +192,7 @@ pub fn routes(cfg: &mut web::ServiceConfig, body_limit: usize) {
             )
             .service(resource("/admin/races", READ).route(read().to(api_support::races)))
             .configure(api_webhooks::routes)
+            .configure(api_usage::routes)
             .default_service(web::to(not_found)),
     )
     // The Anthropic-compatible endpoint, before the OpenAI-compatible

@@ -383,7 +383,7 @@ fn read_request(body: &Value) -> Result<(String, Delivery), OpenAiError> {
         (status = 413, description = "Body too large", body = OpenAiErrorBody),
         (status = 415, description = "Not application/json", body = OpenAiErrorBody),
         (status = 424, description = "The job failed: every provider allowed for the route failed (`job_failed`); not retried", body = OpenAiErrorBody),
-        (status = 429, description = "A stream with as many followers as `server.max_followers_per_job` allows (`too_many_followers`); retried after `Retry-After`", body = OpenAiErrorBody),
+        (status = 429, description = "A stream with as many followers as `server.max_followers_per_job` allows (`too_many_followers`); retried after `Retry-After`. Or the owner's monthly budget has no room (`insufficient_quota`, code `budget_exceeded`, `x-should-retry: false`)", body = OpenAiErrorBody),
         (status = 503, description = "Still running when the wait ended (`job_in_progress`), outcome unknown pending support (`outcome_unknown`, answered at once for a duplicate), or database busy; `Retry-After` says when to retry with the same key", body = OpenAiErrorBody,
             headers(("Retry-After" = String, description = "Seconds"))),
     ),

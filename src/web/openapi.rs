@@ -127,6 +127,7 @@ impl Modify for BearerAuth {
         (name = "health", description = "Liveness and readiness"),
         (name = "openai-compatible", description = "OpenAI Chat Completions wire format: `model` names a chat route; errors in OpenAI's shape"),
         (name = "anthropic-compatible", description = "Anthropic Messages wire format: `model` names a chat route; errors in Anthropic's shape"),
+        (name = "usage", description = "The usage ledger: tokens and spend per call, and owners' monthly budgets"),
     )
 )]
 pub struct ApiDoc;
@@ -155,6 +156,7 @@ pub const NOT_BLANK: &str =
 pub fn document(contracts: &Contracts) -> Value {
     let mut api = ApiDoc::openapi();
     api.merge(super::api_webhooks::WebhooksDoc::openapi());
+    api.merge(super::api_usage::UsageDoc::openapi());
     let mut doc = serde_json::to_value(api).expect("the document is JSON");
     let schemas = &mut doc["components"]["schemas"];
     schemas["CreateJobRequest"] = create_job_schema(contracts);

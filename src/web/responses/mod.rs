@@ -60,7 +60,7 @@ pub fn request_of(job: &Job) -> Option<Value> {
         (status = 413, description = "Body too large", body = OpenAiErrorBody),
         (status = 415, description = "Not application/json", body = OpenAiErrorBody),
         (status = 422, description = "JSON nested too deep, or a number no IEEE double holds exactly", body = OpenAiErrorBody),
-        (status = 429, description = "A stream with as many followers as `server.max_followers_per_job` allows; retried after `Retry-After`", body = OpenAiErrorBody),
+        (status = 429, description = "A stream with as many followers as `server.max_followers_per_job` allows; retried after `Retry-After`. Or the owner's monthly budget has no room (`insufficient_quota`, code `budget_exceeded`, `x-should-retry: false`)", body = OpenAiErrorBody),
         (status = 503, description = "Still running when the wait ended (`job_in_progress`), outcome unknown pending support (`outcome_unknown`), or database busy; `Retry-After` says when to retry with the same key", body = OpenAiErrorBody,
             headers(("Retry-After" = String, description = "Seconds"))),
     ),
