@@ -22,6 +22,7 @@
 pub mod accounts;
 pub mod callbacks;
 pub mod cancel;
+pub mod charts;
 pub mod dispatch;
 pub mod error;
 pub mod gate;

@@ -79,7 +79,7 @@ fn method_not_allowed(req: &actix_web::HttpRequest, allow: &str) -> actix_web::H
 /// Every route; forms are read up to `body_limit` bytes
 /// (`server.body_limit_bytes`, as the JSON API).
 pub fn routes(cfg: &mut web::ServiceConfig, body_limit: usize) {
-    use pages::{console, job_pages, session, webhook_pages};
+    use pages::{console, job_pages, session, usage_pages, webhook_pages};
     cfg.app_data(
         web::FormConfig::default()
             .limit(body_limit)
@@ -146,6 +146,9 @@ pub fn routes(cfg: &mut web::ServiceConfig, body_limit: usize) {
         resource("/admin/attempts/{id}/abandon", "POST").route(web::post().to(console::abandon)),
     )
     .service(resource("/admin/races", READ).route(read().to(console::races)))
+    .service(resource("/admin/usage", READ).route(read().to(usage_pages::admin_usage)))
+    .service(resource("/admin/budgets", "POST").route(web::post().to(usage_pages::budget_act)))
+    .service(resource("/usage", READ).route(read().to(usage_pages::my_usage)))
     .service(resource("/admin/audit", READ).route(read().to(console::audit)))
     .service(
         resource("/admin/users", "GET, HEAD, POST")

@@ -83,7 +83,6 @@ impl Chart {
             "<svg id=\"chart-{id}\" class=\"chart\" role=\"img\" \
              aria-labelledby=\"chart-{id}-title\" viewBox=\"0 0 {w} {h}\" \
              preserveAspectRatio=\"xMidYMid meet\" \
-             style=\"width:100%;height:auto;max-width:100%\" \
              xmlns=\"http://www.w3.org/2000/svg\" \
              font-family=\"system-ui, sans-serif\" font-size=\"{fs}\">",
             w = num(WIDTH),
@@ -1000,10 +999,8 @@ mod tests {
         assert_eq!(attr(root, "role"), Some("img"));
         assert_eq!(attr(root, "viewBox"), Some("0 0 640 240"));
         assert_eq!(attr(root, "preserveAspectRatio"), Some("xMidYMid meet"));
-        assert_eq!(
-            attr(root, "style"),
-            Some("width:100%;height:auto;max-width:100%")
-        );
+        // Sized by the stylesheet (`svg.chart`): the CSP refuses inline styles.
+        assert_eq!(attr(root, "style"), None);
         // No text smaller than 11 units.
         for size in svg.split("font-size=\"").skip(1) {
             let size: f64 = size[..size.find('"').unwrap()].parse().unwrap();

@@ -22,11 +22,13 @@ struct ConsolePage {
     oldest_unknown_age: String,
     races_last_24h: i64,
     is_admin: bool,
+    charts: Vec<super::charts::Chart>,
 }
 
 /// `GET /admin`
 pub async fn console(app: web::Data<App>, user: SignedIn) -> Result<HttpResponse, PageError> {
     let counts = app.console_counts(&user.user).await?;
+    let charts = super::usage_pages::console_charts(&app.console_charts(&user.user).await?);
     let now = now_ms();
     Ok(render(&ConsolePage {
         nav: user.nav(),
@@ -37,6 +39,7 @@ pub async fn console(app: web::Data<App>, user: SignedIn) -> Result<HttpResponse
             .unwrap_or_else(|| "none".into()),
         races_last_24h: counts.races_last_24h,
         is_admin: user.user.role.is_admin(),
+        charts,
     }))
 }
 

@@ -10,6 +10,7 @@ pub mod live_text;
 pub mod paging;
 pub mod session;
 pub mod timeline;
+pub mod usage_pages;
 pub mod webhook_pages;
 
 use actix_web::http::{header, StatusCode};
