@@ -35,6 +35,7 @@ mod history;
 mod hostile;
 mod idempotency;
 mod late_answers;
+mod ledger;
 mod messages;
 mod metrics;
 mod multi_process;

@@ -303,11 +303,38 @@ struct AttemptLine {
     answered: String,
     took: String,
     error: String,
+    /// Its call's tokens and cost, "usage unknown" while its outcome is.
+    usage: String,
+}
+
+/// An attempt's usage in words (docs/design.md, "Usage, prices and budgets").
+fn usage_words(a: &Attempt, entry: Option<&crate::store::ledger::LedgerEntry>) -> String {
+    use crate::domain::ledger::{format_micros, usage_status, UsageStatus};
+    match (usage_status(a.state, a.sent_at.is_some(), entry.is_some()), entry) {
+        (UsageStatus::Recorded, Some(e)) => {
+            let cost = match (e.cost_micros, &e.currency) {
+                (Some(micros), Some(currency)) => format!(", {} {currency}", format_micros(micros)),
+                _ => ", not priced".to_owned(),
+            };
+            let estimated = if e.usage_source == "estimated" {
+                " (estimated)"
+            } else {
+                ""
+            };
+            format!(
+                "{} + {} tokens{estimated}{cost}",
+                e.prompt_tokens, e.completion_tokens
+            )
+        }
+        (UsageStatus::Pending, _) => "call out".to_owned(),
+        (UsageStatus::NotSent, _) => "not sent".to_owned(),
+        _ => "usage unknown".to_owned(),
+    }
 }
 
 impl AttemptLine {
     /// Staff see the provider's own text; the owner sees the reason.
-    fn new(a: &Attempt, staff: bool) -> Self {
+    fn new(a: &Attempt, staff: bool, entry: Option<&crate::store::ledger::LedgerEntry>) -> Self {
         let error = a.error.as_deref().map(|e| {
             if staff {
                 e.to_owned()
@@ -316,6 +343,7 @@ impl AttemptLine {
             }
         });
         Self {
+            usage: usage_words(a, entry),
             number: a.number,
             provider: a.provider.clone(),
             state: a.state.as_str(),
@@ -404,7 +432,13 @@ fn pretty(value: &Value) -> String {
     serde_json::to_string_pretty(value).unwrap_or_default()
 }
 
-fn job_live(user: &SignedIn, job: &Job, attempts: &[Attempt], allowed: Vec<String>) -> JobLive {
+fn job_live(
+    user: &SignedIn,
+    job: &Job,
+    attempts: &[Attempt],
+    allowed: Vec<String>,
+    usage: &[crate::store::ledger::LedgerEntry],
+) -> JobLive {
     let live = attempts.iter().find(|a| a.state.is_live());
     let retry_refusal = match may_start_attempt(job.status, live.map(|a| a.state)) {
         Ok(()) => String::new(),
@@ -454,7 +488,7 @@ fn job_live(user: &SignedIn, job: &Job, attempts: &[Attempt], allowed: Vec<Strin
         failure_reason: job.failure_reason.clone().unwrap_or_default(),
         attempts: attempts
             .iter()
-            .map(|a| AttemptLine::new(a, staff))
+            .map(|a| AttemptLine::new(a, staff, usage.iter().find(|e| e.attempt_id == a.id)))
             .collect(),
         timeline: timeline::layout(job.created_at, attempts, now_ms()),
         can_fail: staff && live.is_none() && !job.status.is_terminal(),
@@ -485,7 +519,8 @@ pub async fn job_page(
 ) -> Result<HttpResponse, PageError> {
     let (job, attempts) = visible_job(&app, &user, &path).await?;
     let allowed = app.allowed_providers(&job).await?.allowed;
-    let live = job_live(&user, &job, &attempts, allowed);
+    let usage = app.job_usage(&job).await?;
+    let live = job_live(&user, &job, &attempts, allowed, &usage);
     if wants_partial(&req) {
         return Ok(render(&live));
     }

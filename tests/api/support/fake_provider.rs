@@ -43,6 +43,9 @@ pub enum Behaviour {
     /// 200 with a well-formed completion whose text content is this raw text
     /// (e.g. prose).
     AnswerText(String),
+    /// As [`Behaviour::Answer`], with this `usage` member (in the
+    /// provider's own shape) instead of the default one.
+    AnswerWithUsage { value: Value, usage: Value },
     /// Any status with this body; `retry_after` adds a `Retry-After: N`
     /// header (seconds).
     Status {
@@ -702,6 +705,12 @@ async fn respond(
         Behaviour::AnswerText(text) => {
             let body = completion(shape, model, &text);
             write_response(&mut stream, 200, None, &body).await
+        }
+        Behaviour::AnswerWithUsage { value, usage } => {
+            let mut body: Value =
+                serde_json::from_str(&completion(shape, model, &value.to_string())).unwrap();
+            body["usage"] = usage;
+            write_response(&mut stream, 200, None, &body.to_string()).await
         }
         Behaviour::Status {
             status,
