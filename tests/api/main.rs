@@ -18,6 +18,7 @@ mod authorization;
 mod bad_input;
 mod browser;
 mod browser_pages;
+mod budget_limits;
 mod callbacks;
 mod classification;
 mod command_line;
