@@ -40,7 +40,8 @@ impl Buckets {
     /// series appear in `order` first, then as found.
     fn fill(&mut self, rows: &[BucketCount], order: &[&str], scale: f64) {
         for name in order {
-            self.series.push(((*name).to_owned(), vec![0.0; self.starts.len()]));
+            self.series
+                .push(((*name).to_owned(), vec![0.0; self.starts.len()]));
         }
         for row in rows {
             let Some(index) = self.starts.iter().position(|s| *s == row.bucket) else {

@@ -65,14 +65,20 @@ async fn ledger_rows(app: &TestApp, job_id: &str) -> Vec<LedgerEntry> {
 }
 
 async fn job_usage(app: &TestApp, token: &str, job_id: &str) -> Value {
-    let response = app.get(token, &format!("/api/v1/jobs/{job_id}/usage")).await;
+    let response = app
+        .get(token, &format!("/api/v1/jobs/{job_id}/usage"))
+        .await;
     assert_eq!(response.status(), StatusCode::OK);
     response.json().await.unwrap()
 }
 
 async fn usage_report(app: &TestApp, token: &str, query: &str) -> Value {
     let response = app.get(token, &format!("/api/v1/usage?{query}")).await;
-    assert_eq!(response.status(), StatusCode::OK, "GET /api/v1/usage?{query}");
+    assert_eq!(
+        response.status(),
+        StatusCode::OK,
+        "GET /api/v1/usage?{query}"
+    );
     response.json().await.unwrap()
 }
 
@@ -152,7 +158,11 @@ async fn usage_and_cost_are_recorded_for_winning_losing_and_late_answers(backend
     assert_eq!(won.currency.as_deref(), Some("EUR"));
     assert_eq!((lost.kind.as_str(), lost.late), ("lost", true));
     assert_eq!(
-        (lost.prompt_tokens, lost.completion_tokens, lost.cached_tokens),
+        (
+            lost.prompt_tokens,
+            lost.completion_tokens,
+            lost.cached_tokens
+        ),
         (3000, 500, 1000)
     );
     // 2000 × 2.0 + 1000 × 1.0 (cached) + 500 × 10.0 per million: 0.01 EUR.
@@ -174,7 +184,12 @@ async fn usage_and_cost_are_recorded_for_winning_losing_and_late_answers(backend
     let late = by_attempt(&first);
     assert_eq!(
         (&late["status"], &late["kind"], &late["late"], &late["cost"]),
-        (&json!("recorded"), &json!("lost"), &json!(true), &json!("0.01"))
+        (
+            &json!("recorded"),
+            &json!("lost"),
+            &json!(true),
+            &json!("0.01")
+        )
     );
 
     // A late answer repeated (the same news again) is not counted twice.
@@ -184,8 +199,14 @@ async fn usage_and_cost_are_recorded_for_winning_losing_and_late_answers(backend
     let total = &report["total"];
     assert_eq!(total["calls"], 2);
     assert_eq!(total["spend"], "0.0118");
-    assert_eq!((&total["lost_calls"], &total["lost_spend"]), (&json!(1), &json!("0.01")));
-    assert_eq!((&total["late_calls"], &total["late_spend"]), (&json!(1), &json!("0.01")));
+    assert_eq!(
+        (&total["lost_calls"], &total["lost_spend"]),
+        (&json!(1), &json!("0.01"))
+    );
+    assert_eq!(
+        (&total["late_calls"], &total["late_spend"]),
+        (&json!(1), &json!("0.01"))
+    );
     assert_eq!(total["prompt_tokens"], 4000);
     assert_eq!(total["cached_tokens"], 1000);
     let providers: Vec<&str> = report["groups"]
@@ -227,7 +248,10 @@ async fn an_unknown_attempt_shows_unknown_usage(backend: TestBackend) {
     let toml = [
         held_provider("slow", &slow.base_url),
         strict_task_toml("summarize", &["slow"], "Summarize: {{ text }}"),
-        PRICES[..PRICES.find("\n[[ledger.prices]]\nprovider = \"fast\"").unwrap()].to_owned(),
+        PRICES[..PRICES
+            .find("\n[[ledger.prices]]\nprovider = \"fast\"")
+            .unwrap()]
+            .to_owned(),
     ]
     .concat();
     let app = spawn_app_with(backend, config_of(&toml)).await;

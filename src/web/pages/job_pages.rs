@@ -310,7 +310,10 @@ struct AttemptLine {
 /// An attempt's usage in words (docs/design.md, "Usage, prices and budgets").
 fn usage_words(a: &Attempt, entry: Option<&crate::store::ledger::LedgerEntry>) -> String {
     use crate::domain::ledger::{format_micros, usage_status, UsageStatus};
-    match (usage_status(a.state, a.sent_at.is_some(), entry.is_some()), entry) {
+    match (
+        usage_status(a.state, a.sent_at.is_some(), entry.is_some()),
+        entry,
+    ) {
         (UsageStatus::Recorded, Some(e)) => {
             let cost = match (e.cost_micros, &e.currency) {
                 (Some(micros), Some(currency)) => format!(", {} {currency}", format_micros(micros)),

@@ -18,23 +18,24 @@ use crate::web::views::rfc3339;
 /// The charts of the console's front page, drawn.
 pub fn console_charts(data: &ConsoleCharts) -> Vec<Chart> {
     let label = |ms: i64, from: usize, to: usize| rfc3339(ms)[from..to].to_owned();
-    let chart = |id: &str, title: String, unit: &str, kind, b: &Buckets, fmt: &dyn Fn(i64) -> String| {
-        Chart {
-            id: id.to_owned(),
-            title,
-            unit: unit.to_owned(),
-            kind,
-            buckets: b.starts.iter().map(|s| fmt(*s)).collect(),
-            series: b
-                .series
-                .iter()
-                .map(|(name, values)| Series {
-                    name: name.clone(),
-                    values: values.clone(),
-                })
-                .collect(),
-        }
-    };
+    let chart =
+        |id: &str, title: String, unit: &str, kind, b: &Buckets, fmt: &dyn Fn(i64) -> String| {
+            Chart {
+                id: id.to_owned(),
+                title,
+                unit: unit.to_owned(),
+                kind,
+                buckets: b.starts.iter().map(|s| fmt(*s)).collect(),
+                series: b
+                    .series
+                    .iter()
+                    .map(|(name, values)| Series {
+                        name: name.clone(),
+                        values: values.clone(),
+                    })
+                    .collect(),
+            }
+        };
     let minute = |ms: i64| label(ms, 11, 16);
     let hour = |ms: i64| label(ms, 5, 13).replace('T', " ") + "h";
     let day = |ms: i64| label(ms, 0, 10);
@@ -77,7 +78,10 @@ pub fn console_charts(data: &ConsoleCharts) -> Vec<Chart> {
     if let Some(spend) = &data.spend {
         charts.push(chart(
             "spend",
-            format!("Spend per day by provider, last 30 days ({})", data.currency),
+            format!(
+                "Spend per day by provider, last 30 days ({})",
+                data.currency
+            ),
             &data.currency,
             ChartKind::StackedBars,
             spend,
@@ -103,10 +107,10 @@ impl From<&BudgetState> for BudgetLine {
     fn from(b: &BudgetState) -> Self {
         Self {
             owner: b.owner.clone(),
-            spend_limit: b
-                .limits
-                .spend_micros
-                .map_or_else(|| "none".into(), |m| format!("{} {}", format_micros(m), b.currency)),
+            spend_limit: b.limits.spend_micros.map_or_else(
+                || "none".into(),
+                |m| format!("{} {}", format_micros(m), b.currency),
+            ),
             token_limit: b
                 .limits
                 .tokens
@@ -285,7 +289,9 @@ pub async fn budget_act(
             text.parse::<i64>()
                 .ok()
                 .filter(|t| (0..=1_000_000_000_000_000).contains(t))
-                .ok_or_else(|| PageError::bad_request("The token limit is a whole number of tokens."))?,
+                .ok_or_else(|| {
+                    PageError::bad_request("The token limit is a whole number of tokens.")
+                })?,
         ),
     };
     let limits = BudgetLimits {
