@@ -426,7 +426,73 @@ async fn admins_set_budgets_and_owners_read_their_own(backend: TestBackend) {
     assert!(audit.contains(&"remove_budget".to_owned()), "{audit:?}");
 }
 
+/// Past the budget, a chat completion is refused in OpenAI's shape, so the
+/// SDKs raise it and do not retry; its replay is still answered.
+async fn a_chat_completion_past_the_budget_is_refused_in_openais_shape(backend: TestBackend) {
+    let upstream = FakeProvider::start(Shape::OpenAi).await;
+    let toml = format!(
+        "{}\n[[tasks]]\nname = \"gpt-safe\"\nkind = \"chat\"\nproviders = [\"up\"]\n\n[[ledger.prices]]\nprovider = \"up\"\ninput = 1.0\noutput = 1.0\n",
+        ProviderToml::openai("up", &format!("{}/v1", upstream.base_url)).toml()
+    );
+    let app = spawn_app_with(backend, config_of(&toml)).await;
+    // The first answer uses 200 tokens: past the limit once recorded.
+    upstream.set_default(Behaviour::AnswerWithUsage {
+        value: json!("hello"),
+        usage: openai_usage(100, 100, 0),
+    });
+    // Room for one request's reservation (its prompt estimate and 20).
+    let set = app
+        .client
+        .put(app.url("/api/v1/budgets/alice"))
+        .bearer_auth(&app.ada.token)
+        .json(&json!({"token_limit": 120, "reason": "test"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(set.status(), StatusCode::OK);
+    let hello = |text: &str| {
+        json!({"model": "gpt-safe", "max_tokens": 20,
+               "messages": [{"role": "user", "content": text}]})
+    };
+    let first = crate::support::harness::chat_request(&app, "first", &hello("hi"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    let refused = crate::support::harness::chat_request(&app, "second", &hello("hi"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        refused
+            .headers()
+            .get("x-should-retry")
+            .and_then(|v| v.to_str().ok()),
+        Some("false")
+    );
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "insufficient_quota", "{body:#}");
+    assert_eq!(body["error"]["code"], "budget_exceeded");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("monthly token limit of 120 tokens") && message.contains("resets at"),
+        "{message}"
+    );
+    let replay = crate::support::harness::chat_request(&app, "first", &hello("hi"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(replay.status(), StatusCode::OK, "a replay is never refused");
+    let exposition = metrics(&app).await;
+    assert_eq!(
+        metric_sum(&exposition, "onejob_budget_refusals_total", &[]),
+        1.0
+    );
+}
+
 on_both_backends!(
+    a_chat_completion_past_the_budget_is_refused_in_openais_shape,
     usage_and_cost_are_recorded_for_winning_losing_and_late_answers,
     an_unknown_attempt_shows_unknown_usage,
     a_price_change_leaves_past_costs_alone,
