@@ -490,7 +490,7 @@ async fn concurrent_creators_on_one_process_never_pass_the_budget(backend: TestB
     let started = Instant::now();
     let answers = race_creators(
         &app.client,
-        &[app.address.clone()],
+        std::slice::from_ref(&app.address),
         &app.alice.token,
         1,
         ATTEMPTS,

@@ -406,7 +406,7 @@ struct Scale {
 impl Scale {
     fn y(&self, v: f64) -> f64 {
         let span = self.hi - self.lo;
-        if !(span.is_finite() && span > 0.0) || !v.is_finite() {
+        if !(span.is_finite() && span > 0.0 && v.is_finite()) {
             return PLOT_BOTTOM;
         }
         let f = ((v - self.lo) / span).clamp(0.0, 1.0);
