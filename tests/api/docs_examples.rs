@@ -404,7 +404,7 @@ on_both_backends!(every_configuration_example_in_the_docs_starts_a_server);
 #[test]
 fn every_screenshot_the_readme_shows_is_taken_by_a_browser_test() {
     let readme: String = documentation().iter().map(|file| read(file)).collect();
-    let browser_tests = ["submit", "console", "users", "job_search"]
+    let browser_tests = ["submit", "console", "users", "job_search", "usage"]
         .iter()
         .map(|page| read(&format!("tests/api/browser/{page}.rs")))
         .collect::<String>()

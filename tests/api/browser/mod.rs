@@ -1,10 +1,11 @@
 //! Real headless Chromium, driven through chromedriver, one module a page:
 //! the Submit form ([`submit`]), the support console's Unknown queue and
-//! race log ([`console`]), Users ([`users`]), job search
-//! ([`job_search`]) and a chat job's live text ([`live_text`]). The browser, the DevTools client, the holding proxy
-//! and the row readers they use are in [`crate::support`]; whether pages
-//! fit at 1280 and 390 px, and the README's screenshots of them, are in
-//! [`crate::browser_pages`].
+//! race log ([`console`]), Users ([`users`]), job search ([`job_search`]),
+//! a chat job's live text ([`live_text`]), and the console's charts and the
+//! usage ledger ([`usage`]). The browser, the DevTools client, the holding
+//! proxy and the row readers they use are in [`crate::support`]; whether
+//! pages fit at 1280 and 390 px, and the README's screenshots of them, are
+//! in [`crate::browser_pages`].
 
 use crate::support::fake_provider::{
     config_of, strict_task_toml, Behaviour, FakeProvider, ProviderToml, Shape,
@@ -15,6 +16,7 @@ mod console;
 mod job_search;
 mod live_text;
 mod submit;
+mod usage;
 mod users;
 mod webhooks;
 
