@@ -153,6 +153,30 @@ pub const FAN_OUT_READS: &[FanOutRead] = &[
         marker: "from (audit_log inner join users on (audit_log.actor_id = users.id)) order by",
     },
     FanOutRead {
+        purpose: "the console's chart of jobs by status (a range of job ids, no lock)",
+        marker: "from jobs t where t.id >= $1 and t.id < $2 group by",
+    },
+    FanOutRead {
+        purpose: "the console's chart of races per hour (a range of lost_at, no lock)",
+        marker: "from race_log t where t.lost_at >= $1 and t.lost_at < $2 group by",
+    },
+    FanOutRead {
+        purpose: "the console's chart of spend per day (a range of recorded_at, no lock)",
+        marker: "from usage_ledger t where t.recorded_at >= $1 and t.recorded_at < $2 group by",
+    },
+    FanOutRead {
+        purpose: "the usage report's ledger sums (a range of recorded_at; an owner's own report names them)",
+        marker: "from usage_ledger t join users u on u.id = t.owner_id where t.recorded_at >= $1",
+    },
+    FanOutRead {
+        purpose: "the usage report's duplicates and refusals (a range of days; the ledger joined per job and owner)",
+        marker: "from usage_tallies t join users u on u.id = t.owner_id left join (",
+    },
+    FanOutRead {
+        purpose: "every owner's budget (admins)",
+        marker: "from budgets order by budgets.owner_id asc limit",
+    },
+    FanOutRead {
         purpose: "the console: job search across owners",
         marker: "from (jobs inner join users on (jobs.owner_id = users.id))",
     },

@@ -90,7 +90,8 @@ pub(super) fn record_call(
     charge: &Charge,
     now: i64,
 ) -> StoreResult<Option<LedgerEntry>> {
-    let (task, input): (String, Option<String>) = if charge.usage.is_some() {
+    let estimates = charge.usage.is_none() && matches!(kind, AnswerKind::Won | AnswerKind::Lost);
+    let (task, input): (String, Option<String>) = if !estimates {
         let task = jobs::table
             .filter(jobs::id.eq(&attempt.job_id))
             .filter(jobs::owner_id.eq(&attempt.owner_id))
@@ -107,8 +108,9 @@ pub(super) fn record_call(
     };
     let usage = match (charge.usage, kind, input) {
         (Some(usage), _, _) => usage,
-        // Refused: nothing was done, nothing used.
-        (None, AnswerKind::RateLimited, _) => Usage::none(),
+        // A refusal, or an error answer that did not say what it used: the
+        // provider did no work that it reported, so none is charged.
+        (None, AnswerKind::RateLimited | AnswerKind::Failed, _) => Usage::none(),
         (None, _, input) => Usage::estimated(
             estimated_tokens(input.map_or(0, |i| i.len())),
             estimated_tokens(answer_bytes),

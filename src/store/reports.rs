@@ -186,13 +186,20 @@ pub fn tally_sums(
     filter: &UsageFilter,
     grouping: UsageGrouping,
 ) -> StoreResult<Vec<TallySums>> {
+    // The winners' costs are read for the tallies' jobs only (a semi-join
+    // on the ledger's job index), joined on the owner too: one shard each.
     let sql = format!(
         "SELECT {grp} AS grp, t.kind AS kind, CAST(SUM(t.count) AS BIGINT) AS count,
-                CAST(COALESCE(SUM(t.count * (
-                  SELECT SUM(l.cost_micros) FROM usage_ledger l
-                  WHERE l.job_id = t.job_id AND l.owner_id = t.owner_id AND l.kind = 'won'
-                )), 0) AS BIGINT) AS estimate_micros
+                CAST(COALESCE(SUM(t.count * w.cost), 0) AS BIGINT) AS estimate_micros
          FROM usage_tallies t JOIN users u ON u.id = t.owner_id
+         LEFT JOIN (
+           SELECT l.job_id AS job_id, l.owner_id AS owner_id, SUM(l.cost_micros) AS cost
+           FROM usage_ledger l
+           WHERE l.kind = 'won' AND (l.job_id, l.owner_id) IN (
+             SELECT t2.job_id, t2.owner_id FROM usage_tallies t2
+             WHERE t2.day >= $1 AND t2.day < $2)
+           GROUP BY l.job_id, l.owner_id
+         ) w ON w.job_id = t.job_id AND w.owner_id = t.owner_id
          WHERE t.day >= $1 AND t.day < $2 AND {FILTERS}
          GROUP BY {grp}, t.kind ORDER BY {grp}, t.kind",
         grp = grouping.expression("day"),

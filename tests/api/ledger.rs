@@ -195,6 +195,26 @@ async fn usage_and_cost_are_recorded_for_winning_losing_and_late_answers(backend
     // A late answer repeated (the same news again) is not counted twice.
     assert_eq!(ledger_rows(&app, &job_id).await.len(), 2);
 
+    // Two replays of the key: duplicates absorbed, each estimated at the
+    // job's own (winning) cost. The counts reach the database within a
+    // flush interval.
+    for _ in 0..2 {
+        let replay = app
+            .post_job(&app.alice.token, "race", &summarize("race"))
+            .await;
+        assert_eq!(replay.status(), StatusCode::OK);
+    }
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let total = loop {
+        let report = usage_report(&app, &app.ada.token, "").await;
+        if report["total"]["replays"] == 2 || tokio::time::Instant::now() > deadline {
+            break report["total"].clone();
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(total["replays"], 2, "{total:#}");
+    assert_eq!(total["duplicates_estimated_spend"], "0.0036");
+
     let report = usage_report(&app, &app.ada.token, "group_by=provider").await;
     let total = &report["total"];
     assert_eq!(total["calls"], 2);

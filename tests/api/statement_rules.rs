@@ -87,6 +87,17 @@ async fn every_statement_of_a_full_lifecycle_can_be_routed_by_owner() {
     let (app, log) = recording_app(&fake).await;
     fake.set_default(answer("done"));
 
+    // Alice has a budget: her creations reserve in their transaction.
+    let budget = app
+        .client
+        .put(app.url("/api/v1/budgets/alice"))
+        .bearer_auth(&app.ada.token)
+        .json(&json!({"spend_limit": 100, "token_limit": 100000000, "reason": "a plan"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(budget.status(), StatusCode::OK);
+
     // Creation, replay and a conflicting payload.
     let done = app
         .create_job(&app.alice.token, "k-done", &summarize("a"))
@@ -213,12 +224,21 @@ async fn every_statement_of_a_full_lifecycle_can_be_routed_by_owner() {
         &format!("/admin/jobs?id={raced}"),
         "/admin/users",
         "/admin/providers",
+        "/admin/usage",
+        "/admin/usage?group_by=owner&provider=up",
+        "/usage",
         "/jobs",
         &format!("/jobs/{raced}"),
     ] {
         assert_eq!(admin.get(page).await.status(), StatusCode::OK, "{page}");
     }
-    for path in ["/api/v1/jobs", &format!("/api/v1/jobs/{late}")] {
+    for path in [
+        "/api/v1/jobs",
+        &format!("/api/v1/jobs/{late}"),
+        &format!("/api/v1/jobs/{late}/usage"),
+        "/api/v1/usage?group_by=task",
+        "/api/v1/budgets/alice",
+    ] {
         assert_eq!(
             app.get(&app.alice.token, path).await.status(),
             StatusCode::OK

@@ -46,11 +46,11 @@ const PALETTE: [&str; 8] = [
 ];
 
 /// The viewBox width; the height grows only with the legend's rows.
-const WIDTH: f64 = 640.0;
+const WIDTH: f64 = 440.0;
 /// The height with a single legend row.
 const BASE_HEIGHT: f64 = 240.0;
 const PLOT_LEFT: f64 = 56.0;
-const PLOT_RIGHT: f64 = 628.0;
+const PLOT_RIGHT: f64 = 428.0;
 const PLOT_TOP: f64 = 24.0;
 const PLOT_BOTTOM: f64 = 190.0;
 const X_LABEL_Y: f64 = 208.0;
@@ -997,7 +997,7 @@ mod tests {
         let root = tags(&svg, "svg")[0];
         assert_eq!(attr(root, "class"), Some("chart"));
         assert_eq!(attr(root, "role"), Some("img"));
-        assert_eq!(attr(root, "viewBox"), Some("0 0 640 240"));
+        assert_eq!(attr(root, "viewBox"), Some("0 0 440 240"));
         assert_eq!(attr(root, "preserveAspectRatio"), Some("xMidYMid meet"));
         // Sized by the stylesheet (`svg.chart`): the CSP refuses inline styles.
         assert_eq!(attr(root, "style"), None);
@@ -1032,7 +1032,7 @@ mod tests {
         let height = BASE_HEIGHT + LEGEND_ROW * (rows.len() - 1) as f64;
         assert_eq!(
             attr(root, "viewBox"),
-            Some(format!("0 0 640 {}", num(height)).as_str())
+            Some(format!("0 0 440 {}", num(height)).as_str())
         );
         let last_row: f64 = rows
             .iter()
