@@ -277,7 +277,7 @@ pub fn most_a_job_can_cost<'a>(
 }
 
 /// What a job holds of its owner's budget until it ends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Reservation {
     pub micros: i64,
     pub tokens: i64,
@@ -292,7 +292,7 @@ pub struct BudgetLimits {
 
 /// An owner's budget row: what this month recorded, and what unfinished
 /// jobs hold.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct BudgetCounters {
     /// The month `spent_*` belong to (Unix ms of its first instant, UTC).
     pub period_start_ms: i64,

@@ -36,6 +36,14 @@
 //! memory; a lease that runs out lets another process deliver again (at
 //! least once, deduplicable by `webhook-id`).
 //!
+//! Owner budgets are modelled: a creation reserves one token under the
+//! budget row's lock if `domain::ledger::may_reserve` says it fits (else
+//! it is refused and nothing is stored), a recorded answer spends one
+//! (`BudgetCounters::spend`), and the job's end — the winning
+//! compare-and-swap, `fail_job`, a cancel — gives its reservation back
+//! (`BudgetCounters::release`), once. The usage ledger's rows are not
+//! modelled (their key makes each call count once, as a unique key).
+//!
 //! What it does not cover yet:
 //! - the outbox's retries, backoff and disabling (a failed delivery is a
 //!   lease that runs out), and resends;
@@ -88,6 +96,22 @@ fn ci_bounds() -> Bounds {
         streams: false,
         cancels: 0,
         outbox: false,
+        budget: None,
+    }
+}
+
+/// An owner's budget that fits one unfinished job: two keys sent twice
+/// each, two processes, a kill, a cancel, an operator step.
+fn budget_bounds() -> Bounds {
+    Bounds {
+        sends_per_key: 2,
+        other_payload: false,
+        operator_steps: 1,
+        retention: false,
+        give_backs: false,
+        cancels: 1,
+        budget: Some(1),
+        ..ci_bounds()
     }
 }
 
@@ -160,6 +184,7 @@ const CI_DEPTH: usize = 9;
 const DEEP_DEPTH: usize = 12;
 const STREAM_DEPTH: usize = 10;
 const OUTBOX_DEPTH: usize = 11;
+const BUDGET_DEPTH: usize = 10;
 
 struct Run {
     label: String,
@@ -370,6 +395,40 @@ fn cancels_and_the_webhook_outbox_keep_every_invariant() {
     ] {
         assert!(run.examples.contains(&example), "not reached: {example}");
     }
+}
+
+#[test]
+fn budgets_keep_every_invariant() {
+    let run = check(
+        "model, budgets (2 processes, 2 keys, a budget of one job, 1 kill, 1 cancel, 1 operator step)",
+        Protocol::new(budget_bounds(), Bug::None),
+        Some(depth(BUDGET_DEPTH)),
+        2,
+        HasDiscoveries::AnyFailures,
+    );
+    passes(&run);
+    let example = "a creation past the budget is refused, and a later one fits again";
+    assert!(run.examples.contains(&example), "not reached: {example}");
+}
+
+#[test]
+fn reserving_without_the_budget_check_is_caught() {
+    rejected(
+        Bug::NoBudgetCheck,
+        properties::BUDGET_HELD,
+        budget_bounds(),
+        BUDGET_DEPTH,
+    );
+}
+
+#[test]
+fn a_win_that_keeps_its_reservation_is_caught() {
+    rejected(
+        Bug::KeepReservation,
+        properties::RESERVATIONS_BALANCE,
+        budget_bounds(),
+        BUDGET_DEPTH,
+    );
 }
 
 #[test]

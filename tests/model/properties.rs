@@ -28,6 +28,9 @@ pub const NO_PHANTOM_EVENT: &str =
     "every outbox row is of a state change that committed, once per occurrence";
 pub const DELIVERED_ONCE_WHILE_HEALTHY: &str =
     "a receiver gets an event twice only after a delivery's lease ran out";
+pub const BUDGET_HELD: &str = "an owner's reservations never pass its budget's limit";
+pub const RESERVATIONS_BALANCE: &str =
+    "a job holds its reservation exactly while it is unfinished, and the budget row holds their sum";
 pub const EVERY_JOB_ENDS: &str =
     "with no kill and a provider that answers, every job ends succeeded or failed";
 
@@ -164,6 +167,19 @@ pub fn all() -> Vec<Property<Protocol>> {
         Property::always(DELIVERED_ONCE_WHILE_HEALTHY, |_: &Protocol, s: &State| {
             s.outbox.iter().all(|e| e.received <= 1 || e.lapsed)
         }),
+        Property::always(BUDGET_HELD, |m: &Protocol, s: &State| {
+            m.bounds
+                .budget
+                .is_none_or(|limit| s.budget.reserved_tokens <= limit)
+        }),
+        Property::always(RESERVATIONS_BALANCE, |m: &Protocol, s: &State| {
+            let held = s.jobs.iter().filter(|j| j.holds).count() as i64;
+            m.bounds.budget.is_none()
+                || (s.budget.reserved_tokens == held
+                    && s.jobs
+                        .iter()
+                        .all(|j| j.holds == !(j.pruned || j.status.is_terminal())))
+        }),
         Property::always(EVERY_JOB_ENDS, |m: &Protocol, s: &State| {
             !m.bounds.fair || all_settled(s) || waits_past_the_bound(m, s) || !m.stuck(s)
         }),
@@ -220,6 +236,12 @@ pub fn all() -> Vec<Property<Protocol>> {
                 s.outbox
                     .iter()
                     .any(|e| e.received == 2 && e.lapsed && e.state == EventState::Delivered)
+            },
+        ),
+        Property::sometimes(
+            "a creation past the budget is refused, and a later one fits again",
+            |_: &Protocol, s: &State| {
+                s.budget_refusals > 0 && s.jobs.iter().filter(|j| !j.pruned).count() > 1
             },
         ),
         Property::sometimes(

@@ -17,6 +17,7 @@
 //! A [`Bug`] removes one guard, to show the checker catches it.
 
 use onejob::domain::guards;
+use onejob::domain::ledger::{may_reserve, BudgetCounters, BudgetLimits, Reservation};
 use onejob::domain::retry::{next_step, Failure, Made, NextStep};
 use onejob::domain::stream::failure_after;
 use onejob::domain::webhook::{may_claim_event, records_event, EventKind, EventState};
@@ -68,6 +69,10 @@ pub enum Bug {
     /// The delivery loop claims an event whatever lease is on it
     /// (`domain::webhook::may_claim_event` without its lease condition).
     ClaimIgnoresLease,
+    /// A creation reserves without asking `domain::ledger::may_reserve`.
+    NoBudgetCheck,
+    /// The winning answer leaves its job's reservation held.
+    KeepReservation,
 }
 
 /// How far the checker looks.
@@ -105,6 +110,9 @@ pub struct Bounds {
     /// The webhook outbox: one endpoint subscribed to every event kind,
     /// and each process's delivery loop.
     pub outbox: bool,
+    /// The owner's monthly token limit, if it has a budget: each job
+    /// reserves one token at creation, each answer recorded spends one.
+    pub budget: Option<i64>,
 }
 
 /// The model of the protocol under `bounds`, with `bug`.
@@ -170,6 +178,8 @@ pub struct JobRow {
     pub pruned: bool,
     /// A cancel moved it to `cancelled` once.
     pub was_cancelled: bool,
+    /// A `budget_reservations` row: what it holds of its owner's budget.
+    pub holds: bool,
 }
 
 /// An `attempts` row, and what the invariants need to know of its past.
@@ -283,7 +293,17 @@ pub struct State {
     /// Under [`Bug::EventAfterCommit`]: state changes committed whose
     /// event process 0 has yet to write.
     pub unrecorded: Vec<(u8, EventKind, Option<u8>)>,
+    /// The owner's `budgets` row (the month never changes here).
+    pub budget: BudgetCounters,
+    /// Creations the budget refused (answered `429`, nothing stored).
+    pub budget_refusals: u8,
 }
+
+/// What one job reserves of its owner's budget here.
+pub const RESERVATION: Reservation = Reservation {
+    micros: 0,
+    tokens: 1,
+};
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Action {
@@ -600,7 +620,11 @@ impl Protocol {
             i64::from(row.version_read.expect("claimed")),
         ) || self.bug == Bug::CasWithoutGuard;
         Self::transition(state, attempt, AttemptEvent::ProviderSucceeded);
+        self.spend(state);
         if won {
+            if self.bug != Bug::KeepReservation {
+                Self::release(state, row.job);
+            }
             let jobrow = &mut state.jobs[job];
             jobrow.result = Some(attempt);
             jobrow.completed_by = Some(attempt);
@@ -688,6 +712,23 @@ impl Protocol {
         Some(state)
     }
 
+    /// `store::budgets::release`: a finishing job gives its reservation
+    /// back, once (its row is deleted with it).
+    fn release(state: &mut State, job: u8) {
+        let row = &mut state.jobs[job as usize];
+        if row.holds {
+            row.holds = false;
+            state.budget = state.budget.release(RESERVATION);
+        }
+    }
+
+    /// `store::budgets::spend`: a recorded answer's tokens.
+    fn spend(&self, state: &mut State) {
+        if self.bounds.budget.is_some() {
+            state.budget = state.budget.spend(0, 0, 1);
+        }
+    }
+
     /// `fail_job`, guarded by the version the decision read.
     fn fail_job(&self, state: &mut State, job: u8, version_read: u8) -> bool {
         let row = &mut state.jobs[job as usize];
@@ -702,6 +743,7 @@ impl Protocol {
         row.status = JobStatus::Failed;
         row.version += 1;
         self.record_event(state, job, EventKind::JobFailed, None);
+        Self::release(state, job);
         true
     }
 
@@ -720,8 +762,28 @@ impl Protocol {
             Self::reply(&mut state, key, variant, job as u8, !replay);
             return state;
         }
+        // The creating transaction reserves under the budget row's lock;
+        // refused, it rolls back and nothing is stored.
+        let holds = match self.bounds.budget {
+            None => false,
+            Some(limit) => {
+                let limits = BudgetLimits {
+                    spend_micros: None,
+                    tokens: Some(limit),
+                };
+                if self.bug != Bug::NoBudgetCheck
+                    && !may_reserve(&limits, &state.budget, 0, RESERVATION)
+                {
+                    state.budget_refusals += 1;
+                    return state;
+                }
+                state.budget = state.budget.reserve(0, RESERVATION);
+                true
+            }
+        };
         let job = state.jobs.len() as u8;
         state.jobs.push(JobRow {
+            holds,
             key,
             variant,
             status: JobStatus::Pending,
@@ -850,6 +912,7 @@ impl Protocol {
             row.version += 1;
         }
         self.record_event(&mut state, job, EventKind::JobCancelled, None);
+        Self::release(&mut state, job);
         let queued: Vec<u8> = Self::attempts_of(&state, job)
             .filter(|(_, a)| a.state == AttemptState::Queued)
             .map(|(i, _)| i as u8)
@@ -899,6 +962,8 @@ impl Model for Protocol {
             outbox: Vec::new(),
             deliveries: Vec::new(),
             unrecorded: Vec::new(),
+            budget: BudgetCounters::default(),
+            budget_refusals: 0,
         }]
     }
 
