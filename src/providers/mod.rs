@@ -309,3 +309,45 @@ impl Providers {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn openai_usage_counts_the_prompt_the_answer_and_the_cached_part() {
+        let usage = openai_usage(&json!({
+            "prompt_tokens": 120, "completion_tokens": 30, "total_tokens": 150,
+            "prompt_tokens_details": {"cached_tokens": 100}
+        }))
+        .unwrap();
+        assert_eq!(usage, Usage::reported(120, 30, 100));
+        // A total alone counts as prompt; nothing is no usage.
+        assert_eq!(
+            openai_usage(&json!({"total_tokens": 7})),
+            Some(Usage::reported(7, 0, 0))
+        );
+        assert_eq!(openai_usage(&json!(null)), None);
+        // Cached beyond the prompt is held to it.
+        assert_eq!(
+            openai_usage(
+                &json!({"prompt_tokens": 5, "prompt_tokens_details": {"cached_tokens": 9}})
+            )
+            .unwrap()
+            .cached_tokens,
+            5
+        );
+    }
+
+    #[test]
+    fn anthropic_usage_adds_the_cache_to_the_prompt() {
+        let usage = anthropic_usage(&json!({
+            "input_tokens": 10, "cache_creation_input_tokens": 200,
+            "cache_read_input_tokens": 1000, "output_tokens": 40
+        }))
+        .unwrap();
+        assert_eq!(usage, Usage::reported(1210, 40, 1000));
+        assert_eq!(anthropic_usage(&json!({"output_tokens": 4})), None);
+    }
+}
