@@ -1,7 +1,8 @@
 -- The bare creation of one job, as onejob's own statements do it: the API
 -- token's look-up, then one statement inserting the job under its
--- idempotency key (ON CONFLICT DO NOTHING) and, only if the job was
--- inserted, its first, queued attempt.
+-- idempotency key (ON CONFLICT DO NOTHING; for an owner without a budget,
+-- whose jobs reserve nothing) and, only if the job was inserted, its
+-- first, queued attempt.
 -- Variables: owner (the user's id), digest (sha-256 of its API token).
 SELECT users.id, users.name, users.role FROM api_tokens
   INNER JOIN users ON api_tokens.user_id = users.id
@@ -15,8 +16,9 @@ SELECT bench_uuid7() AS job_id, bench_uuid7() AS attempt_id, bench_uuid7() AS id
 WITH job AS (
   INSERT INTO jobs (id, owner_id, idempotency_key, task, provider, requested_provider, input,
                     params, fingerprint, status, version, created_at, updated_at)
-    VALUES (:job_id, :owner, :idem_key, 'summarize', 'sim', NULL, '{"text":"pgbench"}', '{}',
-            :fingerprint, 'pending', 0, :now, :now)
+    SELECT :job_id, :owner, :idem_key, 'summarize', 'sim', NULL, '{"text":"pgbench"}', '{}',
+           :fingerprint, 'pending', 0, :now, :now
+    WHERE NOT EXISTS (SELECT 1 FROM budgets WHERE budgets.owner_id = :owner)
     ON CONFLICT (owner_id, idempotency_key) DO NOTHING
     RETURNING id, owner_id, provider
 )

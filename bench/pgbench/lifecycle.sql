@@ -17,8 +17,9 @@ SELECT bench_uuid7() AS job_id, bench_uuid7() AS attempt_id, bench_uuid7() AS id
 WITH job AS (
   INSERT INTO jobs (id, owner_id, idempotency_key, task, provider, requested_provider, input,
                     params, fingerprint, status, version, created_at, updated_at)
-    VALUES (:job_id, :owner, :idem_key, 'summarize', 'sim', NULL, '{"text":"pgbench"}', '{}',
-            :fingerprint, 'running', 0, :now, :now)
+    SELECT :job_id, :owner, :idem_key, 'summarize', 'sim', NULL, '{"text":"pgbench"}', '{}',
+           :fingerprint, 'running', 0, :now, :now
+    WHERE NOT EXISTS (SELECT 1 FROM budgets WHERE budgets.owner_id = :owner)
     ON CONFLICT (owner_id, idempotency_key) DO NOTHING
     RETURNING id, owner_id, provider
 )

@@ -132,10 +132,26 @@ pub fn analyze(database_url: &str) {
         .expect("analyzing the tables");
 }
 
+/// How many times PostgreSQL has synced its WAL to disk, cluster-wide
+/// (`pg_stat_wal.wal_sync`, PostgreSQL 14 and later): `None` where the
+/// server does not keep the count.
+pub fn wal_syncs(database_url: &str) -> Option<i64> {
+    #[derive(QueryableByName)]
+    struct Syncs {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        wal_sync: i64,
+    }
+    diesel::sql_query("SELECT wal_sync::bigint AS wal_sync FROM pg_stat_wal")
+        .get_result::<Syncs>(&mut pg(database_url))
+        .ok()
+        .map(|s| s.wal_sync)
+}
+
 /// Creations per second of a raw loop on one SQLite connection: the same two
-/// inserts in a `BEGIN IMMEDIATE` transaction, `journal_mode=WAL`,
+/// inserts, `per_commit` creations to a `BEGIN IMMEDIATE` transaction
+/// (1: one transaction, one `fsync`, per job), `journal_mode=WAL`,
 /// `synchronous=FULL`, on a database with onejob's schema.
-pub fn sqlite_raw_loop(path: &Path, owner: &str, duration: Duration) -> f64 {
+pub fn sqlite_raw_loop(path: &Path, owner: &str, duration: Duration, per_commit: usize) -> f64 {
     let mut conn = SqliteConnection::establish(&path.display().to_string()).unwrap();
     conn.batch_execute(
         "PRAGMA busy_timeout = 5000; PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; \
@@ -145,22 +161,24 @@ pub fn sqlite_raw_loop(path: &Path, owner: &str, duration: Duration) -> f64 {
     let started = Instant::now();
     let mut done = 0u64;
     while started.elapsed() < duration {
-        let (job, attempt) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
-        let now = chrono::Utc::now().timestamp_millis();
-        let fingerprint = format!("{}{}", job.simple(), attempt.simple());
-        conn.batch_execute(&format!(
-            "BEGIN IMMEDIATE;
-             INSERT INTO jobs (id, owner_id, idempotency_key, task, provider, requested_provider,
-                 input, params, fingerprint, status, version, created_at, updated_at)
-               VALUES ('{job}', '{owner}', 'raw-{job}', 'summarize', 'sim', NULL,
-                 '{{\"text\":\"raw\"}}', '{{}}', '{fingerprint}', 'pending', 0, {now}, {now})
-               ON CONFLICT (owner_id, idempotency_key) DO NOTHING;
-             INSERT INTO attempts (id, job_id, owner_id, number, provider, state, created_at)
-               VALUES ('{attempt}', '{job}', '{owner}', 1, 'sim', 'queued', {now});
-             COMMIT;"
-        ))
-        .expect("the raw SQLite loop");
-        done += 1;
+        let mut batch = String::from("BEGIN IMMEDIATE;");
+        for _ in 0..per_commit.max(1) {
+            let (job, attempt) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
+            let now = chrono::Utc::now().timestamp_millis();
+            let fingerprint = format!("{}{}", job.simple(), attempt.simple());
+            batch.push_str(&format!(
+                "INSERT INTO jobs (id, owner_id, idempotency_key, task, provider, requested_provider,
+                     input, params, fingerprint, status, version, created_at, updated_at)
+                   VALUES ('{job}', '{owner}', 'raw-{job}', 'summarize', 'sim', NULL,
+                     '{{\"text\":\"raw\"}}', '{{}}', '{fingerprint}', 'pending', 0, {now}, {now})
+                   ON CONFLICT (owner_id, idempotency_key) DO NOTHING;
+                 INSERT INTO attempts (id, job_id, owner_id, number, provider, state, created_at)
+                   VALUES ('{attempt}', '{job}', '{owner}', 1, 'sim', 'queued', {now});"
+            ));
+        }
+        batch.push_str("COMMIT;");
+        conn.batch_execute(&batch).expect("the raw SQLite loop");
+        done += per_commit.max(1) as u64;
     }
     done as f64 / started.elapsed().as_secs_f64()
 }

@@ -352,10 +352,21 @@ impl Bench {
         )
         .await;
         ceiling::analyze(&deployment.database_url);
+        let syncs_before = ceiling::wal_syncs(&deployment.database_url);
         let run = self
             .create_load(&servers, &deployment.token, tag, self.seconds())
             .await;
         println!("  onejob creation: {}", run.summary());
+        if let (Some(before), Some(after)) =
+            (syncs_before, ceiling::wal_syncs(&deployment.database_url))
+        {
+            println!(
+                "  WAL syncs: {} for {} jobs = {:.2} per job (pg_stat_wal.wal_sync)",
+                after - before,
+                run.latencies.len(),
+                (after - before) as f64 / run.latencies.len().max(1) as f64
+            );
+        }
         run.rate()
     }
 
@@ -385,7 +396,17 @@ impl Bench {
         run(1);
         ceiling::analyze(&url);
         let since = chrono::Utc::now().timestamp_millis();
-        (run(self.args.seconds), database, since)
+        let syncs_before = ceiling::wal_syncs(&url);
+        let tps = run(self.args.seconds);
+        if let (Some(before), Some(after)) = (syncs_before, ceiling::wal_syncs(&url)) {
+            let transactions = tps * self.args.seconds as f64;
+            println!(
+                "  pgbench {name}: WAL syncs {} for about {transactions:.0} transactions = {:.2} per transaction",
+                after - before,
+                (after - before) as f64 / transactions.max(1.0)
+            );
+        }
+        (tps, database, since)
     }
 
     /// Jobs per second from creation to success: clients create for the
@@ -592,6 +613,10 @@ impl Bench {
             &config(4, 8, SIMULATED),
         );
         let servers = deployment.serve(1).await;
+        // The process's footprint: its start, and its memory idle.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let idle_kib = servers[0].rss_kib().unwrap_or(0);
+        let ready_ms = servers[0].ready_after.as_secs_f64() * 1000.0;
         self.create_load(
             &servers,
             &deployment.token,
@@ -603,6 +628,33 @@ impl Bench {
             .create_load(&servers, &deployment.token, "sqlite", self.seconds())
             .await;
         println!("  onejob creation: {}", run.summary());
+        let loaded_kib = servers[0].rss_kib().unwrap_or(0);
+        println!(
+            "  footprint: start to /readyz {ready_ms:.0} ms; RSS idle {:.1} MB, after the load {:.1} MB",
+            idle_kib as f64 / 1024.0,
+            loaded_kib as f64 / 1024.0
+        );
+        self.push(Ratio {
+            name: "idle RSS (SQLite, one process)".into(),
+            product: format!("{:.1} MB", idle_kib as f64 / 1024.0),
+            ceiling: "30 MB".into(),
+            ratio: idle_kib as f64 / 1024.0 / 30.0,
+            goal: Goal::AtMost(1.0),
+        });
+        self.push(Ratio {
+            name: "RSS after the SQLite load".into(),
+            product: format!("{:.1} MB", loaded_kib as f64 / 1024.0),
+            ceiling: format!("idle {:.1} MB", idle_kib as f64 / 1024.0),
+            ratio: loaded_kib as f64 / idle_kib.max(1) as f64,
+            goal: Goal::None,
+        });
+        self.push(Ratio {
+            name: "start to /readyz (SQLite)".into(),
+            product: format!("{ready_ms:.0} ms"),
+            ceiling: "1000 ms".into(),
+            ratio: ready_ms / 1000.0,
+            goal: Goal::None,
+        });
         drop(servers);
         let raw_path = self.dir().join("raw.db");
         let raw = Deployment::prepare(
@@ -613,15 +665,25 @@ impl Bench {
         );
         let owner = sqlite_owner(&raw_path);
         drop(raw);
-        let ceiling = ceiling::sqlite_raw_loop(&raw_path, &owner, self.seconds());
+        let ceiling = ceiling::sqlite_raw_loop(&raw_path, &owner, self.seconds(), 1);
         println!("  raw SQLite loop: {ceiling:.0} creations/s");
+        let batch = self.args.concurrency;
+        let batched = ceiling::sqlite_raw_loop(&raw_path, &owner, self.seconds(), batch);
+        println!("  raw SQLite loop, {batch} creations per commit: {batched:.0} creations/s");
         let rate = run.rate();
         self.push(Ratio {
             name: "creation (SQLite)".into(),
             product: format!("{rate:.0} jobs/s"),
             ceiling: format!("raw loop {ceiling:.0}/s"),
             ratio: rate / ceiling,
-            goal: Goal::None,
+            goal: Goal::AtLeast(2.0),
+        });
+        self.push(Ratio {
+            name: "creation (SQLite) vs the batched loop".into(),
+            product: format!("{rate:.0} jobs/s"),
+            ceiling: format!("{batch} per commit {batched:.0}/s"),
+            ratio: rate / batched,
+            goal: Goal::AtLeast(0.8),
         });
         let p99 = run.p99();
         let met = p99 <= Duration::from_millis(100) && run.errors == 0;

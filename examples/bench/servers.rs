@@ -127,6 +127,7 @@ impl Deployment {
                 None => None,
             };
             let port = free_port();
+            let started = Instant::now();
             let child = self
                 .command()
                 .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
@@ -137,6 +138,8 @@ impl Deployment {
             let server = Server {
                 child,
                 base: format!("http://127.0.0.1:{port}"),
+                started,
+                ready_after: Duration::ZERO,
                 _budget: budget,
             };
             if let Some(budget) = &server._budget {
@@ -145,23 +148,24 @@ impl Deployment {
             servers.push(server);
         }
         let client = reqwest::Client::new();
-        for server in &servers {
+        for server in &mut servers {
             let deadline = Instant::now() + Duration::from_secs(60);
             loop {
                 let ready = client
-                    .get(format!("{}/healthz", server.base))
+                    .get(format!("{}/readyz", server.base))
                     .send()
                     .await
                     .is_ok_and(|r| r.status().is_success());
                 if ready {
+                    server.ready_after = server.started.elapsed();
                     break;
                 }
                 assert!(
                     Instant::now() < deadline,
-                    "{} never became healthy",
+                    "{} never became ready",
                     server.base
                 );
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                tokio::time::sleep(Duration::from_millis(5)).await;
             }
         }
         Ok(servers)
@@ -173,7 +177,22 @@ impl Deployment {
 pub struct Server {
     child: Child,
     pub base: String,
+    started: Instant,
+    /// From the process's start to its first ready `/readyz` (checked
+    /// every 5 ms, after every process of the batch was started).
+    pub ready_after: Duration,
     _budget: Option<CpuBudget>,
+}
+
+impl Server {
+    /// The process's resident memory now, in KiB (`VmRSS`).
+    pub fn rss_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+    }
 }
 
 impl Drop for Server {
