@@ -99,18 +99,18 @@ impl App {
         let mut races = Buckets::new(now, HOUR_MS, 48);
         let mut spend = Buckets::new(now, DAY_MS, 30);
         let ranges = (
-            (jobs_last_hour.first(), jobs_last_hour.end(MINUTE_MS)),
             (jobs_last_day.first(), jobs_last_day.end(HOUR_MS)),
             (races.first(), races.end(HOUR_MS)),
             (day_start_ms(spend.first()), spend.end(DAY_MS)),
         );
-        let (hour, day, race_rows, spend_rows, samples) = self
+        let (minutes, race_rows, spend_rows, samples) = self
             .store()
             .run(move |conn| {
-                let (h, d, r, s) = ranges;
+                let (d, r, s) = ranges;
                 Ok((
-                    reports::jobs_by_status(conn, h.0, h.1, MINUTE_MS)?,
-                    reports::jobs_by_status(conn, d.0, d.1, HOUR_MS)?,
+                    // One read of the day, by minute: the hour's chart is
+                    // its last 60 minutes, the day's its hours.
+                    reports::jobs_by_status(conn, d.0, d.1, MINUTE_MS)?,
                     if admin {
                         reports::races_by_bucket(conn, r.0, r.1, HOUR_MS)?
                     } else {
@@ -125,9 +125,16 @@ impl App {
                 ))
             })
             .await?;
-        jobs_last_hour.fill(&hour, &STATUSES, 1.0);
+        jobs_last_hour.fill(&minutes, &STATUSES, 1.0);
+        let hours: Vec<BucketCount> = minutes
+            .iter()
+            .map(|row| BucketCount {
+                bucket: row.bucket - row.bucket.rem_euclid(HOUR_MS),
+                ..row.clone()
+            })
+            .collect();
         // Per minute, averaged over each hour.
-        jobs_last_day.fill(&day, &STATUSES, 1.0 / 60.0);
+        jobs_last_day.fill(&hours, &STATUSES, 1.0 / 60.0);
         races.fill(&race_rows, &["races"], 1.0);
         spend.fill(&spend_rows, &[], 1e-6);
         Ok(ConsoleCharts {

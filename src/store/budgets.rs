@@ -139,42 +139,80 @@ pub fn reserve(
 /// Gives back what a finishing job held, in the transaction that finishes
 /// it; once, since the reservation's row is deleted with it.
 pub fn release(conn: &mut DbConnection, job: &JobKey, now: i64) -> StoreResult<()> {
-    let held: Option<(i64, i64)> = budget_reservations::table
-        .filter(budget_reservations::job_id.eq(&job.id))
-        .filter(budget_reservations::owner_id.eq(&job.owner_id))
-        .select((budget_reservations::micros, budget_reservations::tokens))
-        .first(conn)
-        .optional()?;
-    let Some((micros, tokens)) = held else {
-        return Ok(());
-    };
-    diesel::delete(
-        budget_reservations::table
-            .filter(budget_reservations::job_id.eq(&job.id))
-            .filter(budget_reservations::owner_id.eq(&job.owner_id)),
-    )
-    .execute(conn)?;
-    if let Some(row) = lock(conn, &job.owner_id)? {
-        let released = row.counters().release(Reservation { micros, tokens });
-        write(conn, &row.with_counters(released, now))?;
-    }
-    Ok(())
+    settle(conn, job, true, Reservation::default(), now)
 }
 
 /// Adds a recorded call's cost to its owner's month, if the owner has a
 /// budget.
 pub fn spend(
     conn: &mut DbConnection,
-    owner_id: &UserId,
-    micros: i64,
-    tokens: i64,
+    job: &JobKey,
+    spent: Reservation,
     now: i64,
 ) -> StoreResult<()> {
-    if let Some(row) = lock(conn, owner_id)? {
-        let spent = row.counters().spend(month_start_ms(now), micros, tokens);
-        write(conn, &row.with_counters(spent, now))?;
+    settle(conn, job, false, spent, now)
+}
+
+/// What a recorded call and its job's end do to the owner's budget, under
+/// one lock of its row: `release` gives the job's reservation back (its
+/// row deleted, so once), `spent` is added to the month. An owner without
+/// a budget has no reservations (removing a budget removes them): one
+/// read, and nothing to write.
+pub fn settle(
+    conn: &mut DbConnection,
+    job: &JobKey,
+    release: bool,
+    spent: Reservation,
+    now: i64,
+) -> StoreResult<()> {
+    if !release && spent == Reservation::default() {
+        return Ok(());
+    }
+    let Some(row) = lock(conn, &job.owner_id)? else {
+        return Ok(());
+    };
+    let mut counters = row.counters();
+    if release {
+        if let Some(held) = take_reservation(conn, job)? {
+            counters = counters.release(held);
+        }
+    }
+    if spent != Reservation::default() {
+        counters = counters.spend(month_start_ms(now), spent.micros, spent.tokens);
+    }
+    if counters != row.counters() {
+        write(conn, &row.with_counters(counters, now))?;
     }
     Ok(())
+}
+
+#[derive(QueryableByName)]
+struct Held {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    micros: i64,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    tokens: i64,
+}
+
+/// Deletes a job's reservation, returning what it held (one statement).
+fn take_reservation(conn: &mut DbConnection, job: &JobKey) -> StoreResult<Option<Reservation>> {
+    use diesel::sql_types::Text;
+    const SQL: &str = "DELETE FROM budget_reservations WHERE job_id = $1 AND owner_id = $2 \
+                       RETURNING micros, tokens";
+    let held: Vec<Held> = match conn {
+        DbConnection::Postgresql(c) => diesel::sql_query(SQL)
+            .bind::<Text, _>(job.id.as_str())
+            .bind::<Text, _>(job.owner_id.as_str())
+            .load(c)?,
+        DbConnection::Sqlite(c) => diesel::sql_query(SQL.replace('$', "?"))
+            .bind::<Text, _>(job.id.as_str())
+            .bind::<Text, _>(job.owner_id.as_str())
+            .load(c)?,
+    };
+    Ok(held.first().map(|h| Reservation {
+        micros: h.micros,
+        tokens: h.tokens,
+    }))
 }
 
 /// Sets an owner's limits, creating the row if there is none. A new row's

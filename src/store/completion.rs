@@ -87,22 +87,37 @@ pub fn settle_answer(
                 AnswerKind::Lost,
                 payload_text.len(),
                 charge,
+                Some(&job.task),
                 now,
             )?;
+            if let Some(entry) = &entry {
+                super::budgets::spend(conn, &attempt.job_key(), entry.spent(), now)?;
+            }
             return Ok(recorded(Applied::Discarded(attempt.state), entry));
         }
         let version_read = attempt.version_read.ok_or_else(|| {
             StoreError::corrupt(format!("attempt {} has a result but never started", key.id))
         })?;
-        let won = settle_success(conn, &attempt, version_read, &payload_text, now)?;
+        let (won, task) = settle_success(conn, &attempt, version_read, &payload_text, now)?;
         let kind = if won {
             AnswerKind::Won
         } else {
             AnswerKind::Lost
         };
-        let entry = record_call(conn, &attempt, kind, payload_text.len(), charge, now)?;
+        let entry = record_call(
+            conn,
+            &attempt,
+            kind,
+            payload_text.len(),
+            charge,
+            task.as_deref(),
+            now,
+        )?;
+        // The call's cost, and for the winner its job's reservation back,
+        // under one lock of the owner's budget.
+        let spent = entry.as_ref().map(LedgerEntry::spent).unwrap_or_default();
+        super::budgets::settle(conn, &attempt.job_key(), won, spent, now)?;
         if won {
-            super::budgets::release(conn, &attempt.job_key(), now)?;
             // The job's `job.succeeded` webhook events commit with its result.
             super::webhooks::record_event(
                 conn,
@@ -215,7 +230,7 @@ fn settle_success(
     version_read: i64,
     payload: &str,
     now: i64,
-) -> StoreResult<bool> {
+) -> StoreResult<(bool, Option<String>)> {
     if let DbConnection::Postgresql(pg) = conn {
         return settle_success_in_one_statement(pg, attempt, version_read, payload, now);
     }
@@ -248,26 +263,29 @@ fn settle_success(
         attempts::outcome.eq(result),
     ))
     .execute(conn)?;
-    Ok(won)
+    Ok((won, None))
 }
 
 #[derive(QueryableByName)]
 struct Settled {
     #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
     outcome: Option<String>,
+    /// The job's task, when the answer won (for the ledger's row).
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    task: Option<String>,
 }
 
 /// PostgreSQL: the same two guarded updates as one statement (the
 /// versioned update of the job in a data-modifying `WITH`, the attempt's
 /// transition taking `won` or `lost` from whether it changed a row): one
-/// round trip fewer per answer.
+/// round trip fewer per answer. The winner's job's task comes back with it.
 fn settle_success_in_one_statement(
     conn: &mut diesel::PgConnection,
     attempt: &Attempt,
     version_read: i64,
     payload: &str,
     now: i64,
-) -> StoreResult<bool> {
+) -> StoreResult<(bool, Option<String>)> {
     use diesel::sql_types::{Array, BigInt, Text};
     let from_states: Vec<&str> = AttemptEvent::ProviderSucceeded
         .from_states()
@@ -279,13 +297,13 @@ fn settle_success_in_one_statement(
            UPDATE jobs SET result = $1, completed_by = $2, status = '{succeeded}',
                            version = version + 1, updated_at = $3
            WHERE id = $4 AND owner_id = $5 AND version = $6 AND completed_by IS NULL
-           RETURNING id
+           RETURNING id, task
          )
          UPDATE attempts SET state = '{target}', finished_at = $3, lease_expires_at = NULL,
                              outcome = CASE WHEN EXISTS (SELECT 1 FROM cas)
                                             THEN '{won}' ELSE '{lost}' END
          WHERE id = $2 AND owner_id = $5 AND state = ANY($7)
-         RETURNING outcome",
+         RETURNING outcome, (SELECT task FROM cas) AS task",
         succeeded = JobStatus::Succeeded.as_str(),
         target = AttemptEvent::ProviderSucceeded.target().as_str(),
         won = RaceResult::Won.as_str(),
@@ -302,7 +320,8 @@ fn settle_success_in_one_statement(
     match settled.as_slice() {
         [Settled {
             outcome: Some(outcome),
-        }] => Ok(outcome == RaceResult::Won.as_str()),
+            task,
+        }] => Ok((outcome == RaceResult::Won.as_str(), task.clone())),
         // The attempt was read under its job's lock in a state that takes an
         // answer; anything else rolls the transaction back.
         _ => Err(StoreError::corrupt(format!(
@@ -422,7 +441,11 @@ pub fn record_failure(
             Failure::NothingHappened { .. } => AnswerKind::RateLimited,
             Failure::Definite | Failure::PartlyDelivered => AnswerKind::Failed,
         };
-        let entry = record_call(conn, &attempt, kind, 0, charge, now)?;
+        let job = get_job(conn, &attempt.job_key())?;
+        let entry = record_call(conn, &attempt, kind, 0, charge, Some(&job.task), now)?;
+        if let Some(entry) = &entry {
+            super::budgets::spend(conn, &attempt.job_key(), entry.spent(), now)?;
+        }
         let applied = decide_after_failure(conn, &attempt, error, failure, plan, now)?;
         Ok(Recorded {
             applied,

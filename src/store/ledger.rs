@@ -79,24 +79,30 @@ pub fn estimated_tokens(bytes: usize) -> u64 {
 }
 
 /// Records the call of `attempt` (as it was before this outcome) that
-/// answered as `kind`, with `answer_bytes` of answer: the ledger row, and
-/// its cost added to the owner's budget. Nothing if the attempt's call is
-/// in the ledger already (its news came twice). Returns the row written.
+/// answered as `kind`, with `answer_bytes` of answer, for a job of `task`
+/// (read from the job when not given): the ledger row. Nothing if the
+/// attempt's call is in the ledger already (its news came twice). Returns
+/// the row written, whose cost the caller adds to the owner's budget
+/// ([`super::budgets::settle`]).
 pub(super) fn record_call(
     conn: &mut DbConnection,
     attempt: &Attempt,
     kind: AnswerKind,
     answer_bytes: usize,
     charge: &Charge,
+    task: Option<&str>,
     now: i64,
 ) -> StoreResult<Option<LedgerEntry>> {
     let estimates = charge.usage.is_none() && matches!(kind, AnswerKind::Won | AnswerKind::Lost);
     let (task, input): (String, Option<String>) = if !estimates {
-        let task = jobs::table
-            .filter(jobs::id.eq(&attempt.job_id))
-            .filter(jobs::owner_id.eq(&attempt.owner_id))
-            .select(jobs::task)
-            .first(conn)?;
+        let task = match task {
+            Some(task) => task.to_owned(),
+            None => jobs::table
+                .filter(jobs::id.eq(&attempt.job_id))
+                .filter(jobs::owner_id.eq(&attempt.owner_id))
+                .select(jobs::task)
+                .first(conn)?,
+        };
         (task, None)
     } else {
         let (task, input): (String, String) = jobs::table
@@ -143,15 +149,6 @@ pub(super) fn record_call(
         .execute(c))?;
     if inserted == 0 {
         return Ok(None);
-    }
-    if entry.cost_micros.unwrap_or(0) > 0 || entry.tokens() > 0 {
-        super::budgets::spend(
-            conn,
-            &entry.owner_id,
-            entry.cost_micros.unwrap_or(0),
-            entry.tokens(),
-            now,
-        )?;
     }
     Ok(Some(entry))
 }
@@ -206,4 +203,14 @@ pub fn add_tallies(conn: &mut DbConnection, tallies: &[Tally]) -> StoreResult<()
             .execute(c))?;
     }
     Ok(())
+}
+
+impl LedgerEntry {
+    /// What the call spent of its owner's budget.
+    pub fn spent(&self) -> crate::domain::ledger::Reservation {
+        crate::domain::ledger::Reservation {
+            micros: self.cost_micros.unwrap_or(0),
+            tokens: self.tokens(),
+        }
+    }
 }
