@@ -3,7 +3,8 @@
 -- confirmed for sending (one statement), the provider answers at once, and
 -- the compare-and-swap makes the answer the job's result (one transaction:
 -- lock the job, read the attempt under the lock, the versioned update, the
--- attempt's guarded transition).
+-- attempt's guarded transition, the call's usage-ledger row and the look
+-- at the owner's budget row).
 -- Variables: owner, digest.
 SELECT users.id, users.name, users.role FROM api_tokens
   INNER JOIN users ON api_tokens.user_id = users.id
@@ -41,10 +42,18 @@ WITH cas AS (
   UPDATE jobs SET result = '{"summary":"ok"}', completed_by = :attempt_id, status = 'succeeded',
       version = version + 1, updated_at = bench_now_ms()
     WHERE id = :job_id AND owner_id = :owner AND version = 0 AND completed_by IS NULL
-    RETURNING id
+    RETURNING id, task
 )
 UPDATE attempts SET state = 'succeeded', finished_at = bench_now_ms(), lease_expires_at = NULL,
     outcome = CASE WHEN EXISTS (SELECT 1 FROM cas) THEN 'won' ELSE 'lost' END
   WHERE id = :attempt_id AND owner_id = :owner AND state IN ('running', 'unknown', 'abandoned')
-  RETURNING outcome;
+  RETURNING outcome, (SELECT task FROM cas) AS task;
+-- the call in the usage ledger, and the owner's budget row (none here)
+INSERT INTO usage_ledger (attempt_id, owner_id, job_id, task, provider, model, kind, late,
+                          prompt_tokens, completion_tokens, cached_tokens, usage_source,
+                          cost_micros, price_effective_from, currency, recorded_at)
+  VALUES (:attempt_id, :owner, :job_id, 'summarize', 'sim', 'simulated', 'won', false, 12, 30, 0,
+          'estimated', NULL, NULL, NULL, bench_now_ms())
+  ON CONFLICT (attempt_id, owner_id) DO NOTHING;
+SELECT * FROM budgets WHERE owner_id = :owner LIMIT 1 FOR UPDATE;
 COMMIT;

@@ -85,7 +85,25 @@ fn remember(log: &mut VecDeque<String>, id: String, cap: usize) {
 
 impl ProviderClient for SimulatedClient {
     fn call<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Reply> {
-        Box::pin(async move { Reply::from(self.answer(call).await) })
+        Box::pin(async move {
+            let outcome = self.answer(call).await;
+            // It says what it used, as a real provider's `usage` would:
+            // counted as onejob estimates, one token per three bytes.
+            let usage = match &outcome {
+                Outcome::Succeeded(answer) => {
+                    let prompt = match &call.chat {
+                        Some(request) => request.to_string().len(),
+                        None => call.prompt.len(),
+                    };
+                    Some(crate::domain::Usage::estimated(
+                        prompt.div_ceil(3) as u64,
+                        answer.to_string().len().div_ceil(3) as u64,
+                    ))
+                }
+                _ => None,
+            };
+            Reply { outcome, usage }
+        })
     }
 
     fn sent_request_ids(&self) -> Vec<String> {
