@@ -178,7 +178,7 @@ pub fn all() -> Vec<Property<Protocol>> {
                 || (s.budget.reserved_tokens == held
                     && s.jobs
                         .iter()
-                        .all(|j| j.holds == !(j.pruned || j.status.is_terminal())))
+                        .all(|j| j.holds != (j.pruned || j.status.is_terminal())))
         }),
         Property::always(EVERY_JOB_ENDS, |m: &Protocol, s: &State| {
             !m.bounds.fair || all_settled(s) || waits_past_the_bound(m, s) || !m.stuck(s)
