@@ -276,12 +276,26 @@ pub enum UrlRefusal {
 }
 
 /// The grammar of an endpoint URL as the API documents it (the OpenAPI
-/// `pattern` of `url`); [`check_url`] refuses any text outside it, so
-/// what the document calls invalid is never accepted.
-pub const URL_PATTERN: &str = r"^https?://(([A-Za-z0-9-]+\.)*[A-Za-z][A-Za-z0-9-]*|[0-9]{1,3}(\.[0-9]{1,3}){3}|\[[0-9A-Fa-f:.]+\])(:[1-9][0-9]{0,4})?([/?#][A-Za-z0-9._~!$&'()*+,;=:@/?#%-]*)?$";
+/// `pattern` of `url`): http(s), a DNS name, a port from 1 to 65535, a
+/// path of URL-safe characters. [`check_url`] refuses any text outside it,
+/// so what the document calls invalid is never accepted, and accepts every
+/// text inside it. Beyond it, for local setups and tests, it also takes an
+/// IP literal as the host (judged by its address: refused unless public or
+/// `webhooks.allow_private_addresses`).
+pub const URL_PATTERN: &str = r"^https?://([A-Za-z0-9-]+\.)*[A-Za-z][A-Za-z0-9-]*(:(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3}))?([/?#][A-Za-z0-9._~!$&'()*+,;=:@/?#%-]*)?$";
 
 /// Whether `text` matches [`URL_PATTERN`], written out by hand.
-pub fn follows_url_grammar(text: &str) -> bool {
+pub fn follows_url_pattern(text: &str) -> bool {
+    url_grammar(text, false)
+}
+
+/// [`URL_PATTERN`], or the same with an IP literal (dotted IPv4 or a
+/// bracketed IPv6) as the host.
+fn follows_url_grammar(text: &str) -> bool {
+    url_grammar(text, true)
+}
+
+fn url_grammar(text: &str, ip_literals: bool) -> bool {
     let Some(rest) = text
         .strip_prefix("https://")
         .or_else(|| text.strip_prefix("http://"))
@@ -299,7 +313,8 @@ pub fn follows_url_grammar(text: &str) -> bool {
             let Some((inner, after)) = bracketed.split_once(']') else {
                 return false;
             };
-            let ok = !inner.is_empty()
+            let ok = ip_literals
+                && !inner.is_empty()
                 && inner
                     .chars()
                     .all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.');
@@ -308,15 +323,21 @@ pub fn follows_url_grammar(text: &str) -> bool {
         None => {
             let split = authority.find(':').unwrap_or(authority.len());
             let (host, port) = authority.split_at(split);
-            (is_dns_name(host) || is_dotted_quad(host), port)
+            (
+                is_dns_name(host) || (ip_literals && is_dotted_quad(host)),
+                port,
+            )
         }
     };
     host_ok
         && (port.is_empty()
             || port.strip_prefix(':').is_some_and(|digits| {
-                (1..=5).contains(&digits.len())
-                    && !digits.starts_with('0')
+                !digits.starts_with('0')
+                    && (1..=5).contains(&digits.len())
                     && digits.chars().all(|c| c.is_ascii_digit())
+                    && digits
+                        .parse::<u32>()
+                        .is_ok_and(|p| (1..=65_535).contains(&p))
             }))
 }
 
@@ -767,9 +788,11 @@ mod tests {
             "http://localhost:65535/in?x=%20y#f",
             "https://a-b.c0/",
         ] {
-            assert!(follows_url_grammar(good), "{good}");
+            assert!(follows_url_pattern(good), "{good}");
             assert!(check_url(good, true).is_ok(), "{good}");
         }
+        // IP literals: outside the documented pattern, taken all the same.
+        assert!(!follows_url_pattern("http://127.0.0.1:41234/x"));
         assert!(check_url("http://127.0.0.1:41234/x", true).is_ok());
         assert!(check_url("http://[::1]:8080/", true).is_ok());
         for bad in [
@@ -778,6 +801,7 @@ mod tests {
             "HTTPS://example.com",
             "https://example.com:0/",
             "https://example.com:123456/",
+            "https://example.com:65536/",
             "https://exa mple.com/",
             "https://example.com/a b",
             "https://example.com/\u{e9}",

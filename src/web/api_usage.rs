@@ -22,11 +22,13 @@ use crate::store::users as user_store;
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct UsageQuery {
-    /// Start of the range, inclusive: `YYYY-MM-DD` (UTC) or an RFC 3339
-    /// time. Default: 30 days before `to`.
+    /// The first day of the range (UTC), inclusive. Default: 30 days
+    /// before `to`. A range is at most 93 days: an earlier `from` is moved
+    /// up (the answer's `from` says where it starts).
+    #[param(format = Date)]
     pub from: Option<String>,
-    /// End of the range, exclusive; same forms. Default: now. At most 93
-    /// days after `from`.
+    /// The day after the range (UTC), exclusive. Default: now.
+    #[param(format = Date)]
     pub to: Option<String>,
     /// Only this owner's calls (a user name; admins only: others see their
     /// own).
@@ -35,7 +37,8 @@ pub struct UsageQuery {
     pub provider: Option<String>,
     /// Only this task's calls.
     pub task: Option<String>,
-    /// `day` (default), `owner` (admins), `provider` or `task`.
+    /// `day` (default), `owner`, `provider` or `task`.
+    #[param(pattern = "^(day|owner|provider|task)$")]
     pub group_by: Option<String>,
 }
 
@@ -148,23 +151,23 @@ impl UsageReportView {
     }
 }
 
-/// A time from a query: `YYYY-MM-DD` (midnight UTC) or RFC 3339.
+/// A day from a query, `YYYY-MM-DD` exactly (as the document's `date`
+/// format says): its first instant, UTC.
 pub fn parse_time(text: &str, name: &str) -> Result<i64, ApiError> {
-    let parsed = chrono::NaiveDate::parse_from_str(text, "%Y-%m-%d")
-        .ok()
+    let shaped = text.len() == 10
+        && text.char_indices().all(|(i, c)| match i {
+            4 | 7 => c == '-',
+            _ => c.is_ascii_digit(),
+        });
+    shaped
+        .then(|| chrono::NaiveDate::parse_from_str(text, "%Y-%m-%d").ok())
+        .flatten()
         .and_then(|d| d.and_hms_opt(0, 0, 0))
         .map(|t| t.and_utc().timestamp_millis())
-        .or_else(|| {
-            chrono::DateTime::parse_from_rfc3339(text)
-                .ok()
-                .map(|t| t.timestamp_millis())
-        });
-    parsed
-        .filter(|ms| (0..=253_402_300_799_999).contains(ms))
         .ok_or_else(|| {
             ApiError::new(
                 ProblemType::InvalidQuery,
-                format!("`{name}` must be a date (YYYY-MM-DD) or an RFC 3339 time"),
+                format!("`{name}` must be a date, YYYY-MM-DD"),
             )
             .with("field", name)
         })
@@ -184,6 +187,11 @@ pub fn usage_filter(
         Some(from) => parse_time(from, "from")?,
         None => to - 30 * DAY_MS,
     };
+    // At most MAX_REPORT_DAYS, ending at `to`; a `from` after `to` is an
+    // empty range.
+    let from = from
+        .max(to.saturating_sub(crate::app::ledger::MAX_REPORT_DAYS * DAY_MS))
+        .min(to);
     let grouping = match query.group_by.as_deref() {
         None => UsageGrouping::Day,
         Some(text) => UsageGrouping::parse(text).ok_or_else(|| {
@@ -233,7 +241,6 @@ pub async fn owner_filter(app: &App, name: Option<&str>) -> Result<String, ApiEr
         (status = 400, description = "A malformed time, an unknown group_by or parameter", body = Problem, content_type = "application/problem+json"),
         (status = 401, body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such owner (admins)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "`from` not before `to`, a range over 93 days, or group_by=owner for a non-admin", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
@@ -405,13 +412,15 @@ impl From<&BudgetState> for BudgetView {
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SetBudgetRequest {
-    /// The monthly spend limit in currency units (at most 6 decimals); null
-    /// or absent: none.
+    /// The monthly spend limit in currency units (rounded to a millionth);
+    /// null or absent: none. With neither limit the month is tracked and
+    /// nothing is refused.
     #[schema(minimum = 0, maximum = 1_000_000_000_000.0)]
     pub spend_limit: Option<f64>,
     /// The monthly token limit; null or absent: none.
     #[schema(minimum = 0, maximum = 1_000_000_000_000_000i64)]
-    pub token_limit: Option<i64>,
+    #[serde(default, deserialize_with = "super::api_webhooks::whole_number")]
+    pub token_limit: Option<u64>,
     /// Why (written to the audit log): not blank, at most 2000 characters.
     #[schema(
         pattern = r"[^\t-\r \u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]",
@@ -432,8 +441,8 @@ pub struct RemoveBudgetRequest {
     pub reason: String,
 }
 
-/// A spend limit in micro-units, refused when negative, not finite, past
-/// the bound or finer than a micro-unit.
+/// A spend limit in micro-units (rounded to the nearest), refused when
+/// negative, not finite or past the bound.
 pub fn spend_micros(limit: f64) -> Result<i64, ApiError> {
     let refuse = |detail: &str| {
         ApiError::new(ProblemType::InvalidBody, detail.to_owned()).with("field", "spend_limit")
@@ -443,11 +452,7 @@ pub fn spend_micros(limit: f64) -> Result<i64, ApiError> {
             "`spend_limit` must be between 0 and 1000000000000 currency units",
         ));
     }
-    let micros = limit * 1e6;
-    if (micros - micros.round()).abs() > 1e-3 {
-        return Err(refuse("`spend_limit` has at most 6 decimals"));
-    }
-    Ok(micros.round() as i64)
+    Ok((limit * 1e6).round() as i64)
 }
 
 /// Sets an owner's monthly budget (admins); audited. A new budget starts
@@ -464,7 +469,7 @@ pub fn spend_micros(limit: f64) -> Result<i64, ApiError> {
         (status = 404, description = "No such user", body = Problem, content_type = "application/problem+json"),
         (status = 413, body = Problem, content_type = "application/problem+json"),
         (status = 415, body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "No limit, a limit out of range, or a blank reason", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A limit out of range, or a blank reason", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
@@ -486,14 +491,14 @@ pub async fn set_budget(
     let limits = BudgetLimits {
         spend_micros: body.spend_limit.map(spend_micros).transpose()?,
         tokens: match body.token_limit {
-            Some(t) if !(0..=1_000_000_000_000_000).contains(&t) => {
+            Some(t) if t > 1_000_000_000_000_000 => {
                 return Err(ApiError::new(
                     ProblemType::InvalidBody,
                     "`token_limit` must be between 0 and 10^18",
                 )
                 .with("field", "token_limit"))
             }
-            other => other,
+            other => other.map(|t| t as i64),
         },
     };
     let budget = app

@@ -52,7 +52,7 @@ pub struct CreateWebhookRequest {
     #[schema(
         min_length = 1,
         max_length = 2047,
-        pattern = r"^https?://(([A-Za-z0-9-]+\.)*[A-Za-z][A-Za-z0-9-]*|[0-9]{1,3}(\.[0-9]{1,3}){3}|\[[0-9A-Fa-f:.]+\])(:[1-9][0-9]{0,4})?([/?#][A-Za-z0-9._~!$&'()*+,;=:@/?#%-]*)?$"
+        pattern = r"^https?://([A-Za-z0-9-]+\.)*[A-Za-z][A-Za-z0-9-]*(:(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3}))?([/?#][A-Za-z0-9._~!$&'()*+,;=:@/?#%-]*)?$"
     )]
     pub url: String,
     /// The event types to send.
@@ -72,7 +72,7 @@ pub struct UpdateWebhookRequest {
     #[schema(
         min_length = 1,
         max_length = 2047,
-        pattern = r"^https?://(([A-Za-z0-9-]+\.)*[A-Za-z][A-Za-z0-9-]*|[0-9]{1,3}(\.[0-9]{1,3}){3}|\[[0-9A-Fa-f:.]+\])(:[1-9][0-9]{0,4})?([/?#][A-Za-z0-9._~!$&'()*+,;=:@/?#%-]*)?$"
+        pattern = r"^https?://([A-Za-z0-9-]+\.)*[A-Za-z][A-Za-z0-9-]*(:(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3}))?([/?#][A-Za-z0-9._~!$&'()*+,;=:@/?#%-]*)?$"
     )]
     pub url: Option<String>,
     #[schema(min_items = 1, max_items = 8, inline)]
@@ -111,7 +111,9 @@ impl EventType {
 
 /// A JSON number that is a whole number, written as an integer or not
 /// (`1.0` is the integer 1 to JSON Schema); anything else is refused.
-fn whole_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+pub(super) fn whole_number<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<u64>, D::Error> {
     let Some(number) = Option::<serde_json::Number>::deserialize(d)? else {
         return Ok(None);
     };
@@ -121,7 +123,7 @@ fn whole_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D
     match number.as_f64() {
         Some(f) if f.fract() == 0.0 && (0.0..=u64::MAX as f64).contains(&f) => Ok(Some(f as u64)),
         _ => Err(serde::de::Error::custom(format!(
-            "`retry_for_seconds` must be a whole number of seconds, not {number}"
+            "expected a whole number, not {number}"
         ))),
     }
 }

@@ -415,10 +415,20 @@ async fn admins_set_budgets_and_owners_read_their_own(backend: TestBackend) {
     );
     let bad = put(
         app.ada.token.clone(),
-        json!({"spend_limit": 0.0000001, "reason": "too fine"}),
+        json!({"spend_limit": -1, "reason": "negative"}),
     )
     .await;
     assert_eq!(bad.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    // Finer than a millionth: rounded; a whole number written as 1000.0.
+    let fine = put(
+        app.ada.token.clone(),
+        json!({"spend_limit": 12.3456789, "token_limit": 1000.0, "reason": "rounded"}),
+    )
+    .await;
+    assert_eq!(fine.status(), StatusCode::OK);
+    let fine: Value = fine.json().await.unwrap();
+    assert_eq!(fine["spend_limit"], "12.345679");
+    assert_eq!(fine["token_limit"], 1000);
     let removed = app
         .client
         .delete(app.url("/api/v1/budgets/alice"))

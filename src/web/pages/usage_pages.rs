@@ -172,9 +172,22 @@ pub async fn admin_usage(
 async fn usage_page(
     app: &App,
     user: &SignedIn,
-    query: UsageQuery,
+    mut query: UsageQuery,
     admin: bool,
 ) -> Result<HttpResponse, PageError> {
+    // The form sends its empty fields: empty is absent.
+    for field in [
+        &mut query.from,
+        &mut query.to,
+        &mut query.owner,
+        &mut query.provider,
+        &mut query.task,
+        &mut query.group_by,
+    ] {
+        if field.as_deref().is_some_and(|v| v.trim().is_empty()) {
+            *field = None;
+        }
+    }
     let owner = if admin {
         owner_filter(app, query.owner.as_deref())
             .await
