@@ -446,7 +446,7 @@ pub fn record_failure(
         if let Some(entry) = &entry {
             super::budgets::spend(conn, &attempt.job_key(), entry.spent(), now)?;
         }
-        let applied = decide_after_failure(conn, &attempt, error, failure, plan, now)?;
+        let applied = decide_after_failure(conn, &attempt, &job, error, failure, plan, now)?;
         Ok(Recorded {
             applied,
             job_id,
@@ -455,83 +455,81 @@ pub fn record_failure(
     })
 }
 
-/// What follows a recorded failure.
+/// What follows a recorded failure of `attempt`, whose `job` was read
+/// after it.
 fn decide_after_failure(
     conn: &mut DbConnection,
     attempt: &Attempt,
+    job: &Job,
     error: &str,
     failure: Failure,
     plan: &FailurePlan,
     now: i64,
 ) -> StoreResult<Applied> {
-    {
-        let job = get_job(conn, &attempt.job_key())?;
-        // An operator already decided what follows an abandoned attempt.
-        if attempt.state == AttemptState::Abandoned || job.status.is_terminal() {
-            return Ok(Applied::Recorded);
-        }
-        let attempts = attempts_of(conn, &job.key())?;
-        let made: Vec<Made> = attempts
-            .iter()
-            .map(|a| Made {
-                provider: &a.provider,
-                waited_ms: a.waited_ms(),
+    // An operator already decided what follows an abandoned attempt.
+    if attempt.state == AttemptState::Abandoned || job.status.is_terminal() {
+        return Ok(Applied::Recorded);
+    }
+    let attempts = attempts_of(conn, &job.key())?;
+    let made: Vec<Made> = attempts
+        .iter()
+        .map(|a| Made {
+            provider: &a.provider,
+            waited_ms: a.waited_ms(),
+        })
+        .collect();
+    let order: Vec<&str> = plan.gate.allowed.iter().map(String::as_str).collect();
+    let number = attempts.len() as i32 + 1;
+    let step = next_step(
+        &plan.policy,
+        &order,
+        &made,
+        &attempt.provider,
+        failure,
+        plan.jitter,
+    );
+    match step {
+        NextStep::FailOver(provider) => {
+            let next = insert_queued_attempt(conn, &job.id, &job.owner_id, number, provider, now)?;
+            refresh_job_status(conn, &job.key(), now)?;
+            Ok(Applied::FailedOver {
+                attempt_id: next.id,
+                provider: provider.to_owned(),
             })
-            .collect();
-        let order: Vec<&str> = plan.gate.allowed.iter().map(String::as_str).collect();
-        let number = attempts.len() as i32 + 1;
-        let step = next_step(
-            &plan.policy,
-            &order,
-            &made,
-            &attempt.provider,
-            failure,
-            plan.jitter,
-        );
-        match step {
-            NextStep::FailOver(provider) => {
-                let next =
-                    insert_queued_attempt(conn, &job.id, &job.owner_id, number, provider, now)?;
-                refresh_job_status(conn, &job.key(), now)?;
-                Ok(Applied::FailedOver {
-                    attempt_id: next.id,
-                    provider: provider.to_owned(),
-                })
-            }
-            NextStep::RetryLater { provider, wait_ms } => {
-                // One clock for the wait and for every claim that judges it.
-                let db_now = db_clock_ms(conn)?;
-                let not_before = db_now + wait_ms;
-                let next = insert_waiting_attempt(
-                    conn,
-                    &job.id,
-                    &job.owner_id,
-                    number,
-                    provider,
-                    db_now,
-                    Some(not_before),
-                )?;
-                refresh_job_status(conn, &job.key(), now)?;
-                Ok(Applied::RetryScheduled {
-                    attempt_id: next.id,
-                    provider: provider.to_owned(),
-                    not_before,
-                })
-            }
-            NextStep::GiveUp(give_up) => {
-                // The job's reason is for its owner: the provider's own text
-                // stays on the attempt, for support.
-                let tried: Vec<String> = attempts.iter().map(|a| a.provider.clone()).collect();
-                let reason = give_up.reason(
-                    &tried,
-                    &plan.gate.skipped,
-                    &crate::domain::outcome::Reason::from_stored(error).for_owner(),
-                );
-                if fail_job(conn, &job, &reason, now)? {
-                    Ok(Applied::JobFailed { reason })
-                } else {
-                    Ok(Applied::Recorded)
-                }
+        }
+        NextStep::RetryLater { provider, wait_ms } => {
+            // One clock for the wait and for every claim that judges it.
+            let db_now = db_clock_ms(conn)?;
+            let not_before = db_now + wait_ms;
+            let next = insert_waiting_attempt(
+                conn,
+                &job.id,
+                &job.owner_id,
+                number,
+                provider,
+                db_now,
+                Some(not_before),
+            )?;
+            refresh_job_status(conn, &job.key(), now)?;
+            Ok(Applied::RetryScheduled {
+                attempt_id: next.id,
+                provider: provider.to_owned(),
+                not_before,
+            })
+        }
+        NextStep::GiveUp(give_up) => {
+            // The job's reason is for its owner: the provider's own text
+            // stays on the attempt, for support.
+            let tried: Vec<String> = attempts.iter().map(|a| a.provider.clone()).collect();
+            let reason = give_up.reason(
+                &tried,
+                &plan.gate.skipped,
+                &crate::domain::outcome::Reason::from_stored(error).for_owner(),
+            );
+            if fail_job(conn, job, &reason, now)? {
+                Ok(Applied::JobFailed { reason })
+            } else {
+                Ok(Applied::Recorded)
             }
         }
     }
