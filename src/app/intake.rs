@@ -24,6 +24,7 @@ use super::{App, AppError, AppResult, Attempt, Claim, Job, User};
 use crate::contracts::TaskContract;
 use crate::domain::ledger::TallyKind;
 use crate::domain::{AttemptState, Fingerprint, IdempotencyKey, JobIntent, JsonText};
+use crate::store::group_commit::{AfterCommit, Created};
 use crate::store::jobs::{self as job_store, CreateOutcome, NewJob};
 use crate::store::StoreError;
 
@@ -190,44 +191,54 @@ impl App {
         let refusable = new_job
             .as_ref()
             .map(|n| (n.task.clone(), n.provider.clone()));
-        let found = self
-            .store()
-            .run(move |conn| match new_job {
-                Some(new_job) => {
-                    let (outcome, attempts) = job_store::create_job_with_attempts(conn, &new_job)?;
-                    if let (CreateOutcome::Created(job), Some(start), [attempt]) =
-                        (&outcome, start, attempts.as_slice())
-                    {
-                        start.run(Claim {
-                            attempt: attempt.clone(),
-                            job: job.clone(),
-                        });
-                    }
-                    Ok(Some((outcome, attempts)))
+        let found = match new_job {
+            Some(new_job) => {
+                // Once the creation is durable, a started attempt goes to the
+                // worker (on the committing thread, even if this request is
+                // gone by then).
+                let after_commit = start.map(|start| -> AfterCommit {
+                    Box::new(move |(outcome, attempts): &Created| {
+                        if let (CreateOutcome::Created(job), [attempt]) =
+                            (outcome, attempts.as_slice())
+                        {
+                            start.run(Claim {
+                                attempt: attempt.clone(),
+                                job: job.clone(),
+                            });
+                        }
+                    })
+                });
+                self.store()
+                    .create_job(new_job, after_commit)
+                    .await
+                    .map(Some)
+            }
+            None => {
+                self.store()
+                    .run(move |conn| {
+                        let Some(job) = job_store::find_by_key(conn, &owner_id, &key_text)? else {
+                            return Ok(None);
+                        };
+                        let (job, attempts) = job_store::with_attempts(conn, job)?;
+                        Ok(Some((CreateOutcome::Existing(job), attempts)))
+                    })
+                    .await
+            }
+        }
+        .map_err(|error| match error {
+            StoreError::BudgetExceeded(refused) => {
+                if let Some((task, provider)) = &refusable {
+                    self.count_refused(&owner.id, task, provider);
                 }
-                None => {
-                    let Some(job) = job_store::find_by_key(conn, &owner_id, &key_text)? else {
-                        return Ok(None);
-                    };
-                    let (job, attempts) = job_store::with_attempts(conn, job)?;
-                    Ok(Some((CreateOutcome::Existing(job), attempts)))
-                }
-            })
-            .await
-            .map_err(|error| match error {
-                StoreError::BudgetExceeded(refused) => {
-                    if let Some((task, provider)) = &refusable {
-                        self.count_refused(&owner.id, task, provider);
-                    }
-                    AppError::budget_exceeded(&refused, &self.config().ledger.currency)
-                }
-                other => AppError::from(other),
-            })
-            .inspect_err(|error| {
-                if let AppError::Unavailable(detail) = error {
-                    leader.land_unavailable(detail);
-                }
-            })?;
+                AppError::budget_exceeded(&refused, &self.config().ledger.currency)
+            }
+            other => AppError::from(other),
+        })
+        .inspect_err(|error| {
+            if let AppError::Unavailable(detail) = error {
+                leader.land_unavailable(detail);
+            }
+        })?;
         let Some((outcome, attempts)) = found else {
             return Err(validated.expect_err("only a refused request looks its key up alone"));
         };

@@ -115,6 +115,8 @@ pub struct Metrics {
     pub webhook_deliveries: Family<OutcomeLabel, Counter>,
     webhook_outbox_oldest_seconds: Gauge<f64, AtomicU64>,
     webhook_endpoints_disabled: Gauge,
+    group_commits: Gauge,
+    group_commit_rows: Gauge,
     /// Tokens of the calls in the usage ledger, by provider and kind.
     pub tokens: Family<TokenLabels, Counter>,
     /// Their cost in micro-units of `ledger.currency`, by provider.
@@ -158,6 +160,8 @@ impl Metrics {
             oldest_unknown_seconds: Gauge::default(),
             webhook_deliveries: Family::default(),
             webhook_outbox_oldest_seconds: Gauge::default(),
+            group_commits: Gauge::default(),
+            group_commit_rows: Gauge::default(),
             webhook_endpoints_disabled: Gauge::default(),
             tokens: Family::default(),
             spend: Family::default(),
@@ -304,6 +308,18 @@ impl Metrics {
             "onejob_webhook_endpoints_disabled",
             "Webhook endpoints disabled now, by their owner or for failing (read at scrape time)",
             metrics.webhook_endpoints_disabled.clone(),
+        );
+        registry.register(
+            "onejob_group_commits",
+            "SQLite: commits that carried batched job creations since the start (read at \
+             scrape time); with onejob_group_commit_rows, the rows each flush carried",
+            metrics.group_commits.clone(),
+        );
+        registry.register(
+            "onejob_group_commit_rows",
+            "SQLite: job creations those commits carried (each creation, replay or \
+             refusal once)",
+            metrics.group_commit_rows.clone(),
         );
         registry.register(
             "onejob_tokens",
@@ -540,6 +556,9 @@ impl App {
             .webhook_outbox_oldest_seconds
             .set(oldest_webhook.map_or(0.0, |t| (now - t).max(0) as f64 / 1000.0));
         metrics.webhook_endpoints_disabled.set(disabled);
+        let (commits, rows) = self.store().group_commit_counts();
+        metrics.group_commits.set(commits as i64);
+        metrics.group_commit_rows.set(rows as i64);
         Ok(metrics.encode())
     }
 }

@@ -122,6 +122,12 @@ fn check_database(file: &ConfigFile) -> Checked {
     if file.database.pool_size == 0 {
         return invalid("database.pool_size", "must be at least 1");
     }
+    if file.database.group_commit_rows == 0 {
+        return invalid(
+            "database.group_commit_rows",
+            "must be at least 1 (1: no batching)",
+        );
+    }
     if file.database.pool_timeout_ms == 0 {
         return invalid("database.pool_timeout_ms", "must be greater than 0");
     }

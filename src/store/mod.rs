@@ -9,6 +9,7 @@ pub mod completion;
 pub mod connection;
 pub mod console;
 pub mod distribution;
+pub mod group_commit;
 pub mod jobs;
 pub mod ledger;
 pub mod migrations;
@@ -143,6 +144,10 @@ pub struct DatabaseSettings {
     pub postgres_statement_timeout_ms: u64,
     /// PostgreSQL `idle_in_transaction_session_timeout`.
     pub postgres_idle_in_transaction_timeout_ms: u64,
+    /// SQLite: the most creations one commit carries (1: each its own).
+    pub group_commit_rows: usize,
+    /// SQLite: how long a batch of creations keeps taking newcomers.
+    pub group_commit_ms: u64,
 }
 
 impl DatabaseSettings {
@@ -165,6 +170,8 @@ impl Default for DatabaseSettings {
             postgres_lock_timeout_ms: 5_000,
             postgres_statement_timeout_ms: 30_000,
             postgres_idle_in_transaction_timeout_ms: 60_000,
+            group_commit_rows: 64,
+            group_commit_ms: 5,
         }
     }
 }
@@ -181,6 +188,9 @@ pub struct Store {
     /// SQLite only: this process's writers take turns here (see
     /// [`connection::WriterTurn`]).
     writers: Option<connection::WriterTurn>,
+    /// SQLite only, unless off: creations share commits (see
+    /// [`group_commit`]).
+    creations: Option<group_commit::GroupCommit>,
 }
 
 impl Store {
@@ -226,6 +236,12 @@ impl Store {
             backend,
             pool_wait: None,
             writers: (backend == Backend::Sqlite).then(connection::WriterTurn::default),
+            creations: (backend == Backend::Sqlite && settings.group_commit_rows > 1).then(|| {
+                group_commit::GroupCommit::new(group_commit::BatchLimits {
+                    max_rows: settings.group_commit_rows,
+                    max_wait: Duration::from_millis(settings.group_commit_ms),
+                })
+            }),
         })
     }
 
@@ -243,6 +259,51 @@ impl Store {
     /// A pooled connection, for blocking code such as the CLI and tests.
     pub fn conn(&self) -> StoreResult<diesel::r2d2::PooledConnection<DbConnectionManager>> {
         self.pool.get().map_err(StoreError::PoolExhausted)
+    }
+
+    /// This process's SQLite writers' turn (none on PostgreSQL).
+    pub(crate) fn writer_turn(&self) -> Option<&connection::WriterTurn> {
+        self.writers.as_ref()
+    }
+
+    /// Creates the job, or finds the one its key already made
+    /// ([`jobs::create_job_with_attempts`]), sharing a commit with the
+    /// creations beside it where the store batches them. `after_commit`
+    /// runs once the creation is durable, even if the caller has gone.
+    pub async fn create_job(
+        &self,
+        new: jobs::NewJob,
+        after_commit: Option<group_commit::AfterCommit>,
+    ) -> StoreResult<group_commit::Created> {
+        if let Some(group) = &self.creations {
+            return group.create(self, new, after_commit).await;
+        }
+        self.run(move |conn| {
+            let created = jobs::create_job_with_attempts(conn, &new)?;
+            if let Some(after_commit) = after_commit {
+                after_commit(&created);
+            }
+            Ok(created)
+        })
+        .await
+    }
+
+    /// How many commits the batched creations took, and how many rows they
+    /// carried (zeros when creations are not batched).
+    pub fn group_commit_counts(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.creations.as_ref().map_or((0, 0), |group| {
+            let counts = group.counts();
+            (counts.commits.load(Relaxed), counts.rows.load(Relaxed))
+        })
+    }
+
+    /// Creations queued for batches since the start; `None` when creations
+    /// are not batched.
+    pub fn creations_queued(&self) -> Option<u64> {
+        self.creations
+            .as_ref()
+            .map(group_commit::GroupCommit::queued)
     }
 
     /// Runs `f` with a pooled connection on tokio's blocking pool.

@@ -121,6 +121,7 @@ async fn the_built_in_demo_at_a_persons_pace_in_the_browser(backend: TestBackend
             "Exactly once, at a person's pace.",
         )
         .await;
+    let sent = Instant::now();
     let job_path = browser.click_and_wait("#submit-button", is_job_path).await;
     let job_id = job_path.trim_start_matches("/jobs/").to_owned();
     let status = browser
@@ -128,7 +129,8 @@ async fn the_built_in_demo_at_a_persons_pace_in_the_browser(backend: TestBackend
         .await;
     assert!(
         status == "running" || status == "pending",
-        "sim-slow is still working: {status}"
+        "sim-slow is still working {:?} after the submit: {status}",
+        sent.elapsed()
     );
 
     // After the 5 s soft timeout, the page (refreshing itself) says
@@ -186,6 +188,13 @@ async fn the_built_in_demo_at_a_persons_pace_in_the_browser(backend: TestBackend
     pause().await;
 
     // The next attempt goes to the next untried provider and wins.
+    // The scenario needs the new attempt to win before the late answer
+    // comes: say so if this machine was too slow for it.
+    let before_new_attempt = sent.elapsed();
+    assert!(
+        before_new_attempt < Duration::from_millis(DEMO_LATE_ANSWER_MS as u64),
+        "the steps before the new attempt took {before_new_attempt:?}"
+    );
     browser.click("#new-attempt").await;
     browser
         .wait_for_text("#job-status", |s| s == "succeeded")
@@ -196,7 +205,8 @@ async fn the_built_in_demo_at_a_persons_pace_in_the_browser(backend: TestBackend
             (1, "sim-slow", "abandoned", None),
             (2, "sim-fast", "succeeded", Some("won")),
         ],
-        "the late answer has not come yet"
+        "the late answer has not come yet ({:?} after the submit)",
+        sent.elapsed()
     );
     pause().await;
 

@@ -29,6 +29,7 @@ mod deploys;
 mod docs_check;
 mod docs_examples;
 mod edges;
+mod group_commit;
 mod guard_agreement;
 mod guards;
 mod health;

@@ -1,0 +1,438 @@
+//! Group commit (docs/design.md, "Group commit"): creations waiting for
+//! SQLite's write lock share one transaction, each in its own savepoint,
+//! and each request is answered only after the commit that holds its row.
+//!
+//! A batch is made by holding the database's write lock from a connection
+//! of the test's own while the requests arrive: they queue, and the
+//! transaction after the lock is released takes them all.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use diesel::prelude::*;
+use onejob::domain::{Role, UserId};
+use onejob::store::schema::{attempts, jobs};
+use onejob::store::{users as user_store, Backend, DbConnection, Store};
+use reqwest::StatusCode;
+use serde_json::Value;
+
+use crate::server_process::ServerProcess;
+use crate::support::harness::{
+    assert_problem, record_figures, spawn_app, summarize, test_config, TestApp, TestBackend,
+    TestDb, DEFAULT_TEST_PROVIDERS,
+};
+
+/// The database's write lock, held by a connection outside the app until
+/// released: SQLite's `BEGIN IMMEDIATE`; on PostgreSQL a lock on `jobs`
+/// that lets reads through and stops inserts.
+struct WriteLock {
+    release: std::sync::mpsc::Sender<()>,
+    held: std::thread::JoinHandle<()>,
+}
+
+impl WriteLock {
+    fn take(store: &Store) -> Self {
+        let store = store.clone();
+        let (taken_tx, taken) = std::sync::mpsc::channel();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let held = std::thread::spawn(move || {
+            let mut conn = store.conn().unwrap();
+            let conn: &mut DbConnection = &mut conn;
+            let lock = match store.backend() {
+                Backend::Sqlite => "BEGIN IMMEDIATE",
+                Backend::Postgres => "BEGIN; LOCK TABLE jobs IN SHARE ROW EXCLUSIVE MODE",
+            };
+            diesel::connection::SimpleConnection::batch_execute(conn, lock).unwrap();
+            taken_tx.send(()).unwrap();
+            let _ = released.recv();
+            diesel::connection::SimpleConnection::batch_execute(conn, "COMMIT").unwrap();
+        });
+        taken.recv().unwrap();
+        Self { release, held }
+    }
+
+    fn release(self) {
+        self.release.send(()).unwrap();
+        self.held.join().unwrap();
+    }
+}
+
+/// The owner's stored jobs: key → (id, input text), and their attempts'
+/// count per job id.
+async fn stored_jobs(
+    app: &TestApp,
+    owner: &UserId,
+) -> (HashMap<String, (String, String)>, HashMap<String, i64>) {
+    let owner = owner.as_str().to_owned();
+    app.with_conn(move |conn| {
+        let rows: Vec<(String, String, String)> = jobs::table
+            .filter(jobs::owner_id.eq(&owner))
+            .select((jobs::idempotency_key, jobs::id, jobs::input))
+            .load(conn)
+            .unwrap();
+        let attempts: Vec<String> = attempts::table
+            .filter(attempts::owner_id.eq(&owner))
+            .select(attempts::job_id)
+            .load(conn)
+            .unwrap();
+        let mut per_job = HashMap::new();
+        for job in attempts {
+            *per_job.entry(job).or_insert(0) += 1;
+        }
+        let jobs = rows
+            .into_iter()
+            .map(|(key, id, input)| (key, (id, input)))
+            .collect();
+        (jobs, per_job)
+    })
+    .await
+}
+
+async fn a_batch_with_a_replay_and_a_reused_key_answers_each_and_stores_the_right_rows(
+    backend: TestBackend,
+) {
+    const NEW: usize = 6;
+    let app = Arc::new(spawn_app(backend).await);
+    let token = app.alice.token.clone();
+    let replayed = app
+        .create_job(&token, "made-before", &summarize("made before"))
+        .await;
+    let reused = app
+        .create_job(&token, "reused", &summarize("the first payload"))
+        .await;
+    let batches_before = app.store.group_commit_counts();
+
+    // The lock is held while every request arrives: they queue behind it.
+    let lock = WriteLock::take(&app.store);
+    let mut requests = Vec::new();
+    let mut send = |key: String, text: &str| {
+        let (app, token, body) = (app.clone(), token.clone(), summarize(text));
+        requests.push((
+            key.clone(),
+            tokio::spawn(async move { app.post_job(&token, &key, &body).await }),
+        ));
+    };
+    for i in 0..NEW {
+        send(format!("new-{i}"), &format!("new job {i}"));
+    }
+    send("made-before".into(), "made before");
+    send("reused".into(), "another payload");
+    let everyone = requests.len();
+    match app.store.creations_queued() {
+        Some(before) => {
+            let everyone = before + everyone as u64;
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while app.store.creations_queued() != Some(everyone) {
+                assert!(
+                    Instant::now() < deadline,
+                    "the requests never queued: {:?} of {everyone}",
+                    app.store.creations_queued()
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            // The last comer is in the queue, and the leader (or the writers
+            // ahead of it) waits for the lock.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        None => tokio::time::sleep(Duration::from_millis(1_000)).await,
+    }
+    for (_, request) in &requests {
+        assert!(
+            !request.is_finished(),
+            "nothing is answered before its commit"
+        );
+    }
+    lock.release();
+
+    let mut created = HashMap::new();
+    for (key, request) in requests {
+        let response = request.await.unwrap();
+        match key.as_str() {
+            "made-before" => {
+                assert_eq!(response.status(), StatusCode::OK, "a replay");
+                let job: Value = response.json().await.unwrap();
+                assert_eq!(job["id"], replayed.as_str());
+            }
+            "reused" => {
+                assert_problem(response, StatusCode::CONFLICT, "idempotency-key-reused").await;
+            }
+            _ => {
+                assert_eq!(response.status(), StatusCode::CREATED, "{key}");
+                let job: Value = response.json().await.unwrap();
+                created.insert(key, job["id"].as_str().unwrap().to_owned());
+            }
+        }
+    }
+
+    // Exactly the right rows: the six new jobs, the two made before (the
+    // reused key's with its first payload), one attempt each.
+    let (stored, attempts) = stored_jobs(&app, &app.alice.id).await;
+    assert_eq!(stored.len(), NEW + 2, "{stored:?}");
+    for (key, id) in &created {
+        assert_eq!(&stored[key].0, id, "{key}");
+    }
+    assert_eq!(stored["made-before"].0, replayed);
+    assert_eq!(stored["reused"].0, reused);
+    assert!(
+        stored["reused"].1.contains("the first payload"),
+        "{:?}",
+        stored["reused"]
+    );
+    assert_eq!(attempts.len(), NEW + 2);
+    assert!(attempts.values().all(|n| *n == 1), "{attempts:?}");
+
+    if backend == TestBackend::Sqlite {
+        let (commits, rows) = app.store.group_commit_counts();
+        assert_eq!(
+            (commits - batches_before.0, rows - batches_before.1),
+            (1, everyone as u64),
+            "one commit carried every request of the batch"
+        );
+    }
+}
+
+/// The two group-commit gauges of a server's `/metrics`.
+async fn group_commit_gauges(base: &str, admin: &str) -> (f64, f64) {
+    let text = reqwest::Client::new()
+        .get(format!("{base}/metrics"))
+        .bearer_auth(admin)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let gauge = |name: &str| {
+        text.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+            .parse::<f64>()
+            .unwrap()
+    };
+    (
+        gauge("onejob_group_commits"),
+        gauge("onejob_group_commit_rows"),
+    )
+}
+
+/// What a creator heard for one key.
+enum Heard {
+    Created(String),
+    Other(StatusCode),
+    Nothing,
+}
+
+/// 32 creators post new keys to a real `onejob serve` until it is killed
+/// (SIGKILL) while requests are in flight. After a restart every
+/// acknowledged job is stored under its key with the id it was
+/// acknowledged with, nothing is stored under a key never sent, and a
+/// retry of each key that got no answer finds or makes exactly one job.
+async fn a_kill_9_mid_batch_loses_no_acknowledged_job(backend: TestBackend) {
+    const CREATORS: usize = 32;
+    let db = TestDb::create(backend);
+    let url = db.url.as_str().to_owned();
+    let dir = tempfile::tempdir().unwrap();
+    let store = {
+        let url = db.url.clone();
+        tokio::task::spawn_blocking(move || {
+            onejob::startup::open_store(&url, &test_config(DEFAULT_TEST_PROVIDERS)).unwrap()
+        })
+        .await
+        .unwrap()
+    };
+    let (owner, token, admin) = tokio::task::spawn_blocking({
+        let store = store.clone();
+        move || {
+            let mut conn = store.conn().unwrap();
+            let (user, token) = user_store::add_user(&mut conn, "creator", Role::User).unwrap();
+            let (_, admin) = user_store::add_user(&mut conn, "ops", Role::Admin).unwrap();
+            (user.id, token.0, admin.0)
+        }
+    })
+    .await
+    .unwrap();
+    // Nothing is sent: the attempts stay queued, the creations are all
+    // there is.
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!("{DEFAULT_TEST_PROVIDERS}\n[worker]\nconcurrency = 0\n"),
+    )
+    .unwrap();
+    let mut first = ServerProcess::spawn(dir.path(), "first", &config, &url);
+    first.wait_ready().await;
+
+    let killed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let client = reqwest::Client::new();
+    let creators: Vec<_> = (0..CREATORS)
+        .map(|c| {
+            let (client, base, token, killed) = (
+                client.clone(),
+                first.base.clone(),
+                token.clone(),
+                killed.clone(),
+            );
+            tokio::spawn(async move {
+                let mut heard = Vec::new();
+                for n in 0.. {
+                    let key = format!("c{c}-{n}");
+                    let answer = client
+                        .post(format!("{base}/api/v1/jobs"))
+                        .bearer_auth(&token)
+                        .header("Idempotency-Key", &key)
+                        .json(&summarize(&key))
+                        .timeout(Duration::from_secs(10))
+                        .send()
+                        .await;
+                    let got = match answer {
+                        Ok(response) if response.status() == StatusCode::CREATED => {
+                            match response.json::<Value>().await {
+                                Ok(job) => Heard::Created(job["id"].as_str().unwrap().to_owned()),
+                                Err(_) => Heard::Nothing,
+                            }
+                        }
+                        Ok(response) => Heard::Other(response.status()),
+                        Err(_) => Heard::Nothing,
+                    };
+                    let nothing = matches!(got, Heard::Nothing);
+                    heard.push((key, got));
+                    if nothing && killed.load(std::sync::atomic::Ordering::SeqCst) {
+                        return heard;
+                    }
+                }
+                unreachable!()
+            })
+        })
+        .collect();
+
+    // Kill it once creations are flowing (and, on SQLite, batched).
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let (commits, rows) = group_commit_gauges(&first.base, &admin).await;
+    if backend == TestBackend::Sqlite {
+        assert!(
+            rows > commits && commits > 0.0,
+            "creations share commits: {rows} rows in {commits} commits"
+        );
+    }
+    killed.store(true, std::sync::atomic::Ordering::SeqCst);
+    first.kill();
+    first.wait_exit(Duration::from_secs(10)).await;
+
+    let mut heard = Vec::new();
+    for creator in creators {
+        heard.extend(creator.await.unwrap());
+    }
+    let sent: HashSet<&str> = heard.iter().map(|(key, _)| key.as_str()).collect();
+    let acknowledged: Vec<(&str, &str)> = heard
+        .iter()
+        .filter_map(|(key, got)| match got {
+            Heard::Created(id) => Some((key.as_str(), id.as_str())),
+            _ => None,
+        })
+        .collect();
+    let unanswered: Vec<&str> = heard
+        .iter()
+        .filter(|(_, got)| matches!(got, Heard::Nothing))
+        .map(|(key, _)| key.as_str())
+        .collect();
+    for (key, got) in &heard {
+        if let Heard::Other(status) = got {
+            panic!("{key} was answered {status}");
+        }
+    }
+    assert!(
+        !unanswered.is_empty(),
+        "the kill came while requests were in flight"
+    );
+
+    let mut second = ServerProcess::spawn(dir.path(), "second", &config, &url);
+    second.wait_ready().await;
+    let stored: HashMap<String, String> = {
+        let (store, owner) = (store.clone(), owner.as_str().to_owned());
+        tokio::task::spawn_blocking(move || {
+            jobs::table
+                .filter(jobs::owner_id.eq(&owner))
+                .select((jobs::idempotency_key, jobs::id))
+                .load::<(String, String)>(&mut store.conn().unwrap())
+                .unwrap()
+                .into_iter()
+                .collect()
+        })
+        .await
+        .unwrap()
+    };
+    for (key, id) in &acknowledged {
+        assert_eq!(
+            stored.get(*key).map(String::as_str),
+            Some(*id),
+            "acknowledged {key} is stored with the id it was given"
+        );
+    }
+    for key in stored.keys() {
+        assert!(sent.contains(key.as_str()), "{key} was never sent");
+    }
+    let stored_unanswered = unanswered
+        .iter()
+        .filter(|key| stored.contains_key(**key))
+        .count();
+
+    // Each unanswered key, retried: its job, or a new one; never two.
+    for key in &unanswered {
+        let response = client
+            .post(format!("{}/api/v1/jobs", second.base))
+            .bearer_auth(&token)
+            .header("Idempotency-Key", *key)
+            .json(&summarize(key))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status();
+        let job: Value = response.json().await.unwrap();
+        match stored.get(*key) {
+            Some(id) => {
+                assert_eq!(status, StatusCode::OK, "{key} was stored: a replay");
+                assert_eq!(job["id"], id.as_str());
+            }
+            None => assert_eq!(status, StatusCode::CREATED, "{key}"),
+        }
+    }
+    let (jobs_now, attempts_now): (i64, i64) = {
+        let (store, owner) = (store.clone(), owner.as_str().to_owned());
+        tokio::task::spawn_blocking(move || {
+            let mut conn = store.conn().unwrap();
+            (
+                jobs::table
+                    .filter(jobs::owner_id.eq(&owner))
+                    .count()
+                    .get_result(&mut conn)
+                    .unwrap(),
+                attempts::table
+                    .filter(attempts::owner_id.eq(&owner))
+                    .count()
+                    .get_result(&mut conn)
+                    .unwrap(),
+            )
+        })
+        .await
+        .unwrap()
+    };
+    assert_eq!(jobs_now as usize, sent.len(), "one job per key");
+    assert_eq!(attempts_now, jobs_now, "one attempt per job");
+    record_figures(
+        &format!("kill-mid-batch-{backend:?}"),
+        &format!(
+            "kill -9 mid-batch: {} acknowledged, all stored; {} in flight at the kill, {} of them \
+             stored (committed, unanswered), the rest created on retry; before the kill {rows} \
+             creations in {commits} commits\n",
+            acknowledged.len(),
+            unanswered.len(),
+            stored_unanswered,
+        ),
+    );
+}
+
+on_both_backends!(
+    a_batch_with_a_replay_and_a_reused_key_answers_each_and_stores_the_right_rows,
+    a_kill_9_mid_batch_loses_no_acknowledged_job,
+);
