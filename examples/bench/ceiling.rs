@@ -12,6 +12,9 @@ use diesel::prelude::*;
 pub const FUNCTIONS: &str = include_str!("../../bench/pgbench/functions.sql");
 pub const CREATE: &str = include_str!("../../bench/pgbench/create.sql");
 pub const LIFECYCLE: &str = include_str!("../../bench/pgbench/lifecycle.sql");
+/// Group commit's multi-row creation, [`CREATE_BATCH_ROWS`] jobs a statement.
+pub const CREATE_BATCHED: &str = include_str!("../../bench/pgbench/create_batched.sql");
+pub const CREATE_BATCH_ROWS: usize = 32;
 
 /// A PostgreSQL server: where each step's fresh database is made.
 #[derive(Clone)]

@@ -311,13 +311,13 @@ impl Metrics {
         );
         registry.register(
             "onejob_group_commits",
-            "SQLite: commits that carried batched job creations since the start (read at \
+            "Commits that carried batched job creations since the start (read at \
              scrape time); with onejob_group_commit_rows, the rows each flush carried",
             metrics.group_commits.clone(),
         );
         registry.register(
             "onejob_group_commit_rows",
-            "SQLite: job creations those commits carried (each creation, replay or \
+            "Job creations those commits carried (each creation, replay or \
              refusal once)",
             metrics.group_commit_rows.clone(),
         );

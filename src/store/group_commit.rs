@@ -1,4 +1,4 @@
-//! Group commit for creations on SQLite.
+//! Group commit for creations.
 //!
 //! Each SQLite commit in `synchronous = FULL` waits for its own flush, and
 //! this process's writers queue for the write lock one at a time (see
@@ -15,6 +15,11 @@
 //! rolls back only its savepoint. If the commit itself fails, nothing of
 //! the batch was stored, and each creation is tried again in a
 //! transaction of its own.
+//!
+//! On PostgreSQL, which flushes concurrent commits together by itself, a
+//! batch is one multi-row statement per owner instead: one round trip and
+//! one commit for many creations, each then given its own verdict
+//! ([`jobs::create_many_of_one_owner`]).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -25,6 +30,7 @@ use tokio::sync::oneshot;
 use super::connection::write_transaction;
 use super::jobs::{self, CreateOutcome, NewJob};
 use super::{Attempt, DbConnection, Store, StoreError, StoreResult};
+use crate::domain::UserId;
 
 /// A creation's outcome and its job's attempts.
 pub type Created = (CreateOutcome, Vec<Attempt>);
@@ -170,7 +176,10 @@ impl GroupCommit {
             if batch.is_empty() {
                 return;
             }
-            self.commit(conn, batch);
+            match conn {
+                DbConnection::Sqlite(_) => self.commit(conn, batch),
+                DbConnection::Postgresql(_) => self.insert_by_owner(conn, batch),
+            }
         };
         match store.writer_turn() {
             Some(turn) => turn.within(|| run(&mut conn)),
@@ -220,6 +229,28 @@ impl GroupCommit {
                     self.count(1);
                     answer(waiting, outcome);
                 }
+            }
+        }
+    }
+
+    /// PostgreSQL: one multi-row statement per owner in the batch (each
+    /// names its owner, so a distributed database routes it to one shard);
+    /// each statement commits by itself.
+    fn insert_by_owner(&self, conn: &mut DbConnection, batch: Vec<Waiting>) {
+        let mut owners: Vec<(UserId, Vec<Waiting>)> = Vec::new();
+        for waiting in batch {
+            let owner = waiting.job.owner_id.clone();
+            match owners.iter_mut().find(|(o, _)| *o == owner) {
+                Some((_, group)) => group.push(waiting),
+                None => owners.push((owner, vec![waiting])),
+            }
+        }
+        for (owner, group) in owners {
+            let news: Vec<&NewJob> = group.iter().map(|waiting| &waiting.job).collect();
+            let outcomes = jobs::create_many_of_one_owner(conn, &owner, &news);
+            self.count(group.len());
+            for (waiting, outcome) in group.into_iter().zip(outcomes) {
+                answer(waiting, outcome);
             }
         }
     }

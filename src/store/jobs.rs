@@ -218,6 +218,132 @@ fn insert_job_and_attempt(
     Ok(inserted.into_iter().next())
 }
 
+/// PostgreSQL: the creations of one owner in one statement, the
+/// multi-row form of [`insert_job_and_attempt`] (one round trip and one
+/// commit for them all). A creation the statement did not insert (its key
+/// had made a job, the same key came twice, or the owner has a budget) is
+/// then made or found alone by [`create_job_with_attempts`]: one verdict
+/// per creation, and none fails another.
+pub fn create_many_of_one_owner(
+    conn: &mut DbConnection,
+    owner: &UserId,
+    news: &[&NewJob],
+) -> Vec<StoreResult<(CreateOutcome, Vec<Attempt>)>> {
+    let now = now_ms();
+    let rows: Vec<Job> = news.iter().map(|new| new_job_row(new, now)).collect();
+    let inserted = match conn {
+        DbConnection::Postgresql(pg) => insert_jobs_and_attempts(pg, owner, news, &rows, now),
+        DbConnection::Sqlite(_) => Ok(Vec::new()),
+    };
+    let mut firsts: std::collections::HashMap<String, Attempt> = match inserted {
+        Ok(attempts) => attempts
+            .into_iter()
+            .map(|a| (a.job_id.as_str().to_owned(), a))
+            .collect(),
+        // Nothing was inserted: each alone says why.
+        Err(error) => {
+            tracing::warn!(%error, "a multi-row creation failed; creating each alone");
+            Default::default()
+        }
+    };
+    news.iter()
+        .zip(rows)
+        .map(|(new, row)| match firsts.remove(row.id.as_str()) {
+            Some(attempt) => Ok((CreateOutcome::Created(row), vec![attempt])),
+            None => create_job_with_attempts(conn, new),
+        })
+        .collect()
+}
+
+fn insert_jobs_and_attempts(
+    conn: &mut diesel::PgConnection,
+    owner: &UserId,
+    news: &[&NewJob],
+    rows: &[Job],
+    now: i64,
+) -> StoreResult<Vec<Attempt>> {
+    use diesel::pg::sql_types::Array;
+    use diesel::sql_types::{BigInt, Nullable, Text};
+    let texts = |f: &dyn Fn(&Job) -> String| rows.iter().map(f).collect::<Vec<String>>();
+    let starts: Vec<Option<&StartNow>> = news.iter().map(|new| new.start.as_ref()).collect();
+    let started = |f: &dyn Fn(&StartNow) -> i64| {
+        starts
+            .iter()
+            .map(|start| start.map(f))
+            .collect::<Vec<Option<i64>>>()
+    };
+    let states: Vec<String> = starts
+        .iter()
+        .map(|start| match start {
+            Some(_) => AttemptState::Running.as_str().to_owned(),
+            None => AttemptState::Queued.as_str().to_owned(),
+        })
+        .collect();
+    let statement = format!(
+        "WITH input AS (
+           SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+                                $7::text[], $8::text[], $9::text[], $10::text[], $11::text[],
+                                $12::text[], $13::text[], $14::bigint[], $15::bigint[],
+                                $16::bigint[])
+             AS i(id, idempotency_key, task, provider, requested_provider, input, params,
+                  fingerprint, status, attempt_id, state, lease_owner, lease_ms, started_at,
+                  soft_timeout_ms)
+         ),
+         job AS (
+           INSERT INTO jobs (id, owner_id, idempotency_key, task, provider, requested_provider,
+                             input, params, fingerprint, status, version, created_at, updated_at)
+           SELECT id, $1, idempotency_key, task, provider, requested_provider, input, params,
+                  fingerprint, status, 0, $17, $17
+           FROM input
+           WHERE NOT EXISTS (SELECT 1 FROM budgets WHERE budgets.owner_id = $1)
+           ON CONFLICT (owner_id, idempotency_key) DO NOTHING
+           RETURNING id, owner_id, provider
+         )
+         INSERT INTO attempts (id, job_id, owner_id, number, provider, state, version_read,
+                               lease_owner, lease_expires_at, created_at, started_at, timeout_at,
+                               sent_at)
+         SELECT input.attempt_id, job.id, job.owner_id, 1, job.provider, input.state,
+                CASE WHEN input.started_at IS NULL THEN NULL ELSE 0 END, input.lease_owner,
+                {now_ms} + input.lease_ms, $17, input.started_at,
+                input.started_at + input.soft_timeout_ms, input.started_at
+         FROM job JOIN input ON input.id = job.id
+         RETURNING *",
+        now_ms = queue::PG_NOW_MS,
+    );
+    Ok(diesel::sql_query(statement)
+        .bind::<Text, _>(owner.as_str())
+        .bind::<Array<Text>, _>(texts(&|j| j.id.as_str().to_owned()))
+        .bind::<Array<Text>, _>(texts(&|j| j.idempotency_key.clone()))
+        .bind::<Array<Text>, _>(texts(&|j| j.task.clone()))
+        .bind::<Array<Text>, _>(texts(&|j| j.provider.clone()))
+        .bind::<Array<Nullable<Text>>, _>(
+            rows.iter()
+                .map(|j| j.requested_provider.clone())
+                .collect::<Vec<_>>(),
+        )
+        .bind::<Array<Text>, _>(texts(&|j| j.input.as_str().to_owned()))
+        .bind::<Array<Text>, _>(texts(&|j| j.params.as_str().to_owned()))
+        .bind::<Array<Text>, _>(texts(&|j| j.fingerprint.clone()))
+        .bind::<Array<Text>, _>(texts(&|j| j.status.as_str().to_owned()))
+        .bind::<Array<Text>, _>(
+            rows.iter()
+                .map(|_| AttemptId::new().as_str().to_owned())
+                .collect::<Vec<_>>(),
+        )
+        .bind::<Array<Text>, _>(states)
+        .bind::<Array<Nullable<Text>>, _>(
+            starts
+                .iter()
+                .map(|start| start.map(|s| s.lease_owner.clone()))
+                .collect::<Vec<_>>(),
+        )
+        .bind::<Array<Nullable<BigInt>>, _>(started(&|s| s.lease_ms))
+        .bind::<Array<Nullable<BigInt>>, _>(started(&|_| now))
+        .bind::<Array<Nullable<BigInt>>, _>(started(&|s| s.soft_timeout_ms))
+        .bind::<BigInt, _>(now)
+        .load(conn)?)
+}
+
 /// The job an owner's key made, if any.
 pub fn find_by_key(
     conn: &mut DbConnection,

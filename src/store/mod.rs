@@ -144,7 +144,7 @@ pub struct DatabaseSettings {
     pub postgres_statement_timeout_ms: u64,
     /// PostgreSQL `idle_in_transaction_session_timeout`.
     pub postgres_idle_in_transaction_timeout_ms: u64,
-    /// SQLite: the most creations one commit carries (1: each its own).
+    /// The most creations one commit carries (1: each its own).
     pub group_commit_rows: usize,
     /// SQLite: how long a batch of creations keeps taking newcomers.
     pub group_commit_ms: u64,
@@ -188,7 +188,7 @@ pub struct Store {
     /// SQLite only: this process's writers take turns here (see
     /// [`connection::WriterTurn`]).
     writers: Option<connection::WriterTurn>,
-    /// SQLite only, unless off: creations share commits (see
+    /// Unless off: creations share commits (see
     /// [`group_commit`]).
     creations: Option<group_commit::GroupCommit>,
 }
@@ -236,7 +236,7 @@ impl Store {
             backend,
             pool_wait: None,
             writers: (backend == Backend::Sqlite).then(connection::WriterTurn::default),
-            creations: (backend == Backend::Sqlite && settings.group_commit_rows > 1).then(|| {
+            creations: (settings.group_commit_rows > 1).then(|| {
                 group_commit::GroupCommit::new(group_commit::BatchLimits {
                     max_rows: settings.group_commit_rows,
                     max_wait: Duration::from_millis(settings.group_commit_ms),
