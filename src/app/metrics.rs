@@ -311,14 +311,15 @@ impl Metrics {
         );
         registry.register(
             "onejob_group_commits",
-            "Commits that carried batched job creations since the start (read at \
-             scrape time); with onejob_group_commit_rows, the rows each flush carried",
+            "Commits (on PostgreSQL, multi-row statements) that carried batched writes since \
+             the start (read at scrape time); with onejob_group_commit_rows, the writes each \
+             flush carried",
             metrics.group_commits.clone(),
         );
         registry.register(
             "onejob_group_commit_rows",
-            "Job creations those commits carried (each creation, replay or \
-             refusal once)",
+            "Writes those commits carried: job creations (each creation, replay or refusal \
+             once) and, on SQLite, compare-and-swaps",
             metrics.group_commit_rows.clone(),
         );
         registry.register(

@@ -136,7 +136,7 @@ impl App {
         let key = attempt.clone();
         Ok(self
             .store()
-            .run(move |conn| completion::settle_answer(conn, &key, &answer, &charge))
+            .write_batched(move |conn| completion::settle_answer(conn, &key, &answer, &charge))
             .await?)
     }
 
@@ -191,7 +191,7 @@ impl App {
         let key = attempt.clone();
         Ok(self
             .store()
-            .run(move |conn| {
+            .write_batched(move |conn| {
                 completion::record_failure(conn, &key, &error, failure, &plan, &charge)
             })
             .await?)

@@ -1,25 +1,25 @@
-//! Group commit for creations.
+//! Group commit: many writes, one commit.
 //!
 //! Each SQLite commit in `synchronous = FULL` waits for its own flush, and
 //! this process's writers queue for the write lock one at a time (see
-//! [`super::connection::WriterTurn`]). So creations queue here instead: the first
-//! to arrive leads, and its one transaction takes every creation waiting
-//! behind it, each in its own savepoint, until the batch holds
-//! [`BatchLimits::max_rows`] or has been open [`BatchLimits::max_wait`].
-//! One commit, one flush, for all of them; each request is answered only
-//! after that commit.
+//! [`super::connection::WriterTurn`]). So creations and compare-and-swaps
+//! queue here instead: the first to arrive leads, and its one transaction
+//! takes every write waiting behind it, each in its own savepoint, until
+//! the batch holds [`BatchLimits::max_rows`] or has been open
+//! [`BatchLimits::max_wait`]. One commit, one flush, for all of them; each
+//! request is answered only after that commit.
 //!
-//! Nothing about idempotency changes: every creation is the same
-//! [`jobs::create_job_with_attempts`] it would be alone, so the unique key
-//! still decides. One creation's failure (a budget refusal, a constraint)
-//! rolls back only its savepoint. If the commit itself fails, nothing of
-//! the batch was stored, and each creation is tried again in a
+//! Nothing about idempotency or the compare-and-swap changes: every write
+//! is the same statements it would be alone, so the unique key and the
+//! versioned update still decide. One write's failure (a budget refusal, a
+//! constraint) rolls back only its savepoint. If the commit itself fails,
+//! nothing of the batch was stored, and each write runs again in a
 //! transaction of its own.
 //!
-//! On PostgreSQL, which flushes concurrent commits together by itself, a
-//! batch is one multi-row statement per owner instead: one round trip and
-//! one commit for many creations, each then given its own verdict
-//! ([`jobs::create_many_of_one_owner`]).
+//! On PostgreSQL, which flushes concurrent commits together by itself,
+//! only creations queue, and a batch is one multi-row statement per owner:
+//! one round trip and one commit for many creations, each then given its
+//! own verdict ([`jobs::create_many_of_one_owner`]).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -49,10 +49,87 @@ pub struct BatchLimits {
     pub max_wait: Duration,
 }
 
-struct Waiting {
+/// A write of another kind, run in the batch as the creations are.
+trait Write: Send {
+    fn run(&mut self, conn: &mut DbConnection);
+    fn answer(self: Box<Self>);
+    fn refuse(self: Box<Self>, detail: &str);
+}
+
+/// Any write: its work, its outcome once run, and who waits for it.
+struct Queued<T> {
+    work: Box<dyn Fn(&mut DbConnection) -> StoreResult<T> + Send>,
+    outcome: Option<StoreResult<T>>,
+    reply: oneshot::Sender<StoreResult<T>>,
+}
+
+impl<T: Send + 'static> Write for Queued<T> {
+    fn run(&mut self, conn: &mut DbConnection) {
+        // Its own savepoint in the batch (its own transaction alone).
+        self.outcome = Some(write_transaction(conn, |conn| (self.work)(conn)));
+    }
+
+    fn answer(self: Box<Self>) {
+        let outcome = self.outcome.unwrap_or(Err(StoreError::Cancelled));
+        let _ = self.reply.send(outcome);
+    }
+
+    fn refuse(self: Box<Self>, detail: &str) {
+        let _ = self.reply.send(Err(StoreError::Busy(detail.to_owned())));
+    }
+}
+
+/// A creation, kept apart from other writes: PostgreSQL inserts a batch's
+/// creations in one statement.
+struct Creation {
     job: NewJob,
     after_commit: Option<AfterCommit>,
+    outcome: Option<StoreResult<Created>>,
     reply: oneshot::Sender<StoreResult<Created>>,
+}
+
+enum Waiting {
+    Creation(Creation),
+    Write(Box<dyn Write>),
+}
+
+impl Waiting {
+    /// Runs it: in a savepoint of the batch's transaction, or alone.
+    fn run(&mut self, conn: &mut DbConnection) {
+        match self {
+            Self::Creation(creation) => {
+                creation.outcome = Some(jobs::create_job_with_attempts(conn, &creation.job));
+            }
+            Self::Write(write) => write.run(conn),
+        }
+    }
+
+    /// Once its outcome is durable: hands a creation on, then answers the
+    /// request (which may have gone away: the answer is then dropped).
+    fn answer(self) {
+        match self {
+            Self::Creation(creation) => {
+                let outcome = creation.outcome.unwrap_or(Err(StoreError::Cancelled));
+                if let (Ok(created), Some(after_commit)) = (&outcome, creation.after_commit) {
+                    after_commit(created);
+                }
+                let _ = creation.reply.send(outcome);
+            }
+            Self::Write(write) => write.answer(),
+        }
+    }
+
+    /// Answers with a failure before anything ran.
+    fn refuse(self, detail: &str) {
+        match self {
+            Self::Creation(creation) => {
+                let _ = creation
+                    .reply
+                    .send(Err(StoreError::Busy(detail.to_owned())));
+            }
+            Self::Write(write) => write.refuse(detail),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -70,7 +147,7 @@ pub struct BatchCounts {
     pub rows: std::sync::atomic::AtomicU64,
 }
 
-/// The creations queue of one store.
+/// The batched writes' queue of one store.
 #[derive(Clone)]
 pub struct GroupCommit {
     queue: Arc<Mutex<Queue>>,
@@ -91,15 +168,15 @@ impl GroupCommit {
         &self.counts
     }
 
-    /// Creations queued since the start, taken into a transaction or not.
+    /// Writes queued since the start, taken into a transaction or not.
     pub fn queued(&self) -> u64 {
         self.counts
             .queued
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Queues `job`, leading the batches if no one is, and waits for the
-    /// commit that holds it.
+    /// Queues the creation of `job`, leading the batches if no one is, and
+    /// waits for the commit that holds it.
     pub async fn create(
         &self,
         store: &Store,
@@ -107,13 +184,42 @@ impl GroupCommit {
         after_commit: Option<AfterCommit>,
     ) -> StoreResult<Created> {
         let (reply, answer) = oneshot::channel();
-        let lead = {
-            let mut queue = self.lock();
-            queue.waiting.push_back(Waiting {
+        self.queue(
+            store,
+            Waiting::Creation(Creation {
                 job,
                 after_commit,
+                outcome: None,
                 reply,
-            });
+            }),
+        );
+        answer.await.map_err(|_| StoreError::Cancelled)?
+    }
+
+    /// Queues `work` (SQLite only), which runs in a savepoint of a batch's
+    /// transaction, and waits for the commit that holds it. `work` may run
+    /// twice: the second time alone, if the batch's commit failed.
+    pub async fn write<T: Send + 'static>(
+        &self,
+        store: &Store,
+        work: impl Fn(&mut DbConnection) -> StoreResult<T> + Send + 'static,
+    ) -> StoreResult<T> {
+        let (reply, answer) = oneshot::channel();
+        self.queue(
+            store,
+            Waiting::Write(Box::new(Queued {
+                work: Box::new(work),
+                outcome: None,
+                reply,
+            })),
+        );
+        answer.await.map_err(|_| StoreError::Cancelled)?
+    }
+
+    fn queue(&self, store: &Store, waiting: Waiting) {
+        let lead = {
+            let mut queue = self.lock();
+            queue.waiting.push_back(waiting);
             !std::mem::replace(&mut queue.leading, true)
         };
         self.counts
@@ -123,7 +229,6 @@ impl GroupCommit {
             let (group, store) = (self.clone(), store.clone());
             tokio::task::spawn_blocking(move || group.lead(&store));
         }
-        answer.await.map_err(|_| StoreError::Cancelled)?
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
@@ -164,9 +269,7 @@ impl GroupCommit {
             Ok(conn) => conn,
             Err(_) => {
                 for waiting in self.take(usize::MAX, true) {
-                    let _ = waiting.reply.send(Err(StoreError::Busy(
-                        "no database connection became free in time".into(),
-                    )));
+                    waiting.refuse("no database connection became free in time");
                 }
                 return;
             }
@@ -189,18 +292,18 @@ impl GroupCommit {
 
     /// One transaction for `batch` and whoever queues while it is open.
     fn commit(&self, conn: &mut DbConnection, batch: Vec<Waiting>) {
-        let mut done: Vec<(Waiting, StoreResult<Created>)> = Vec::with_capacity(batch.len());
+        let mut done: Vec<Waiting> = Vec::with_capacity(batch.len());
         let mut pending = batch;
         let committed = write_transaction(conn, |conn| {
             // From the lock's taking: how long newcomers may still join.
             let opened = Instant::now();
             let mut next = std::mem::take(&mut pending);
             loop {
-                for waiting in next {
+                for mut waiting in next {
                     // A savepoint each (the transaction is open): a refusal
-                    // or an error undoes this creation alone.
-                    let outcome = jobs::create_job_with_attempts(conn, &waiting.job);
-                    done.push((waiting, outcome));
+                    // or an error undoes this write alone.
+                    waiting.run(conn);
+                    done.push(waiting);
                 }
                 let room = self.limits.max_rows.saturating_sub(done.len());
                 if room == 0 || opened.elapsed() >= self.limits.max_wait {
@@ -215,19 +318,18 @@ impl GroupCommit {
         match committed {
             Ok(()) => {
                 self.count(done.len());
-                for (waiting, outcome) in done {
-                    answer(waiting, outcome);
+                for waiting in done {
+                    waiting.answer();
                 }
             }
             Err(error) => {
                 // Nothing of the batch was stored: each on its own.
                 let rows = done.len() + pending.len();
-                tracing::warn!(%error, rows, "a batch of creations did not commit; trying each alone");
-                let unanswered = done.into_iter().map(|(waiting, _)| waiting);
-                for waiting in unanswered.chain(pending) {
-                    let outcome = jobs::create_job_with_attempts(conn, &waiting.job);
+                tracing::warn!(%error, rows, "a batch of writes did not commit; running each alone");
+                for mut waiting in done.into_iter().chain(pending) {
+                    waiting.run(conn);
                     self.count(1);
-                    answer(waiting, outcome);
+                    waiting.answer();
                 }
             }
         }
@@ -235,22 +337,31 @@ impl GroupCommit {
 
     /// PostgreSQL: one multi-row statement per owner in the batch (each
     /// names its owner, so a distributed database routes it to one shard);
-    /// each statement commits by itself.
+    /// each statement commits by itself. Only creations queue here.
     fn insert_by_owner(&self, conn: &mut DbConnection, batch: Vec<Waiting>) {
-        let mut owners: Vec<(UserId, Vec<Waiting>)> = Vec::new();
+        let mut owners: Vec<(UserId, Vec<Creation>)> = Vec::new();
         for waiting in batch {
-            let owner = waiting.job.owner_id.clone();
-            match owners.iter_mut().find(|(o, _)| *o == owner) {
-                Some((_, group)) => group.push(waiting),
-                None => owners.push((owner, vec![waiting])),
+            let creation = match waiting {
+                Waiting::Creation(creation) => creation,
+                Waiting::Write(mut write) => {
+                    write.run(conn);
+                    write.answer();
+                    continue;
+                }
+            };
+            let owner = &creation.job.owner_id;
+            match owners.iter_mut().find(|(o, _)| o == owner) {
+                Some((_, group)) => group.push(creation),
+                None => owners.push((owner.clone(), vec![creation])),
             }
         }
         for (owner, group) in owners {
-            let news: Vec<&NewJob> = group.iter().map(|waiting| &waiting.job).collect();
+            let news: Vec<&NewJob> = group.iter().map(|creation| &creation.job).collect();
             let outcomes = jobs::create_many_of_one_owner(conn, &owner, &news);
             self.count(group.len());
-            for (waiting, outcome) in group.into_iter().zip(outcomes) {
-                answer(waiting, outcome);
+            for (mut creation, outcome) in group.into_iter().zip(outcomes) {
+                creation.outcome = Some(outcome);
+                Waiting::Creation(creation).answer();
             }
         }
     }
@@ -260,13 +371,4 @@ impl GroupCommit {
         self.counts.commits.fetch_add(1, Relaxed);
         self.counts.rows.fetch_add(rows as u64, Relaxed);
     }
-}
-
-/// Hands a committed creation on, then answers its request (which may
-/// have gone away: the answer is then dropped).
-fn answer(waiting: Waiting, outcome: StoreResult<Created>) {
-    if let (Ok(created), Some(after_commit)) = (&outcome, waiting.after_commit) {
-        after_commit(created);
-    }
-    let _ = waiting.reply.send(outcome);
 }

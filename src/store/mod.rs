@@ -144,9 +144,9 @@ pub struct DatabaseSettings {
     pub postgres_statement_timeout_ms: u64,
     /// PostgreSQL `idle_in_transaction_session_timeout`.
     pub postgres_idle_in_transaction_timeout_ms: u64,
-    /// The most creations one commit carries (1: each its own).
+    /// The most writes one commit carries (1: each its own).
     pub group_commit_rows: usize,
-    /// SQLite: how long a batch of creations keeps taking newcomers.
+    /// SQLite: how long a batch keeps taking newcomers.
     pub group_commit_ms: u64,
 }
 
@@ -188,9 +188,8 @@ pub struct Store {
     /// SQLite only: this process's writers take turns here (see
     /// [`connection::WriterTurn`]).
     writers: Option<connection::WriterTurn>,
-    /// Unless off: creations share commits (see
-    /// [`group_commit`]).
-    creations: Option<group_commit::GroupCommit>,
+    /// Unless off: writes share commits (see [`group_commit`]).
+    batches: Option<group_commit::GroupCommit>,
 }
 
 impl Store {
@@ -236,7 +235,7 @@ impl Store {
             backend,
             pool_wait: None,
             writers: (backend == Backend::Sqlite).then(connection::WriterTurn::default),
-            creations: (settings.group_commit_rows > 1).then(|| {
+            batches: (settings.group_commit_rows > 1).then(|| {
                 group_commit::GroupCommit::new(group_commit::BatchLimits {
                     max_rows: settings.group_commit_rows,
                     max_wait: Duration::from_millis(settings.group_commit_ms),
@@ -275,7 +274,7 @@ impl Store {
         new: jobs::NewJob,
         after_commit: Option<group_commit::AfterCommit>,
     ) -> StoreResult<group_commit::Created> {
-        if let Some(group) = &self.creations {
+        if let Some(group) = &self.batches {
             return group.create(self, new, after_commit).await;
         }
         self.run(move |conn| {
@@ -288,22 +287,36 @@ impl Store {
         .await
     }
 
-    /// How many commits the batched creations took, and how many rows they
-    /// carried (zeros when creations are not batched).
+    /// Runs `work`, a write transaction's body, on SQLite in a savepoint of
+    /// a batch's shared transaction (group commit); on PostgreSQL, which
+    /// flushes concurrent commits together itself, in a transaction of its
+    /// own. `work` may run twice on SQLite: again alone, if the batch's
+    /// commit failed.
+    pub async fn write_batched<T, F>(&self, work: F) -> StoreResult<T>
+    where
+        F: Fn(&mut DbConnection) -> StoreResult<T> + Send + 'static,
+        T: Send + 'static,
+    {
+        match &self.batches {
+            Some(group) if self.backend == Backend::Sqlite => group.write(self, work).await,
+            _ => self.run(move |conn| work(conn)).await,
+        }
+    }
+
+    /// How many commits the batches took, and how many writes they carried
+    /// (zeros when nothing is batched).
     pub fn group_commit_counts(&self) -> (u64, u64) {
         use std::sync::atomic::Ordering::Relaxed;
-        self.creations.as_ref().map_or((0, 0), |group| {
+        self.batches.as_ref().map_or((0, 0), |group| {
             let counts = group.counts();
             (counts.commits.load(Relaxed), counts.rows.load(Relaxed))
         })
     }
 
-    /// Creations queued for batches since the start; `None` when creations
-    /// are not batched.
-    pub fn creations_queued(&self) -> Option<u64> {
-        self.creations
-            .as_ref()
-            .map(group_commit::GroupCommit::queued)
+    /// Writes queued for batches since the start; `None` when nothing is
+    /// batched.
+    pub fn batched_writes_queued(&self) -> Option<u64> {
+        self.batches.as_ref().map(group_commit::GroupCommit::queued)
     }
 
     /// Runs `f` with a pooled connection on tokio's blocking pool.

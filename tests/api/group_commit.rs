@@ -20,7 +20,7 @@ use serde_json::Value;
 
 use crate::server_process::ServerProcess;
 use crate::support::harness::{
-    assert_problem, record_figures, spawn_app, summarize, test_config, TestApp, TestBackend,
+    assert_problem, record_figures, spawn_app_with, summarize, test_config, TestApp, TestBackend,
     TestDb, DEFAULT_TEST_PROVIDERS,
 };
 
@@ -94,7 +94,10 @@ async fn a_batch_with_a_replay_and_a_reused_key_answers_each_and_stores_the_righ
     backend: TestBackend,
 ) {
     const NEW: usize = 6;
-    let app = Arc::new(spawn_app(backend).await);
+    // Nothing is sent, so no compare-and-swap joins the batch.
+    let mut config = test_config(DEFAULT_TEST_PROVIDERS);
+    config.worker.concurrency = 0;
+    let app = Arc::new(spawn_app_with(backend, config).await);
     let token = app.alice.token.clone();
     let replayed = app
         .create_job(&token, "made-before", &summarize("made before"))
@@ -120,13 +123,17 @@ async fn a_batch_with_a_replay_and_a_reused_key_answers_each_and_stores_the_righ
     send("made-before".into(), "made before");
     send("reused".into(), "another payload");
     let everyone = requests.len();
-    let queued = app.store.creations_queued().expect("creations are batched") + everyone as u64;
+    let queued = app
+        .store
+        .batched_writes_queued()
+        .expect("creations are batched")
+        + everyone as u64;
     let deadline = Instant::now() + Duration::from_secs(10);
-    while app.store.creations_queued() != Some(queued) {
+    while app.store.batched_writes_queued() != Some(queued) {
         assert!(
             Instant::now() < deadline,
             "the requests never queued: {:?} of {queued}",
-            app.store.creations_queued()
+            app.store.batched_writes_queued()
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
