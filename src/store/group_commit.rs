@@ -56,9 +56,12 @@ trait Write: Send {
     fn refuse(self: Box<Self>, detail: &str);
 }
 
+/// A write transaction's body, which may run twice (again alone).
+type Work<T> = Box<dyn Fn(&mut DbConnection) -> StoreResult<T> + Send>;
+
 /// Any write: its work, its outcome once run, and who waits for it.
 struct Queued<T> {
-    work: Box<dyn Fn(&mut DbConnection) -> StoreResult<T> + Send>,
+    work: Work<T>,
     outcome: Option<StoreResult<T>>,
     reply: oneshot::Sender<StoreResult<T>>,
 }
@@ -89,7 +92,7 @@ struct Creation {
 }
 
 enum Waiting {
-    Creation(Creation),
+    Creation(Box<Creation>),
     Write(Box<dyn Write>),
 }
 
@@ -186,12 +189,12 @@ impl GroupCommit {
         let (reply, answer) = oneshot::channel();
         self.queue(
             store,
-            Waiting::Creation(Creation {
+            Waiting::Creation(Box::new(Creation {
                 job,
                 after_commit,
                 outcome: None,
                 reply,
-            }),
+            })),
         );
         answer.await.map_err(|_| StoreError::Cancelled)?
     }
@@ -265,14 +268,11 @@ impl GroupCommit {
             }
         }
         let _abdicate = Abdicate(self);
-        let mut conn = match store.conn() {
-            Ok(conn) => conn,
-            Err(_) => {
-                for waiting in self.take(usize::MAX, true) {
-                    waiting.refuse("no database connection became free in time");
-                }
-                return;
+        let Ok(mut conn) = store.conn() else {
+            for waiting in self.take(usize::MAX, true) {
+                waiting.refuse("no database connection became free in time");
             }
+            return;
         };
         let run = |conn: &mut DbConnection| loop {
             let batch = self.take(self.limits.max_rows, true);
@@ -339,7 +339,7 @@ impl GroupCommit {
     /// names its owner, so a distributed database routes it to one shard);
     /// each statement commits by itself. Only creations queue here.
     fn insert_by_owner(&self, conn: &mut DbConnection, batch: Vec<Waiting>) {
-        let mut owners: Vec<(UserId, Vec<Creation>)> = Vec::new();
+        let mut owners: Vec<(UserId, Vec<Box<Creation>>)> = Vec::new();
         for waiting in batch {
             let creation = match waiting {
                 Waiting::Creation(creation) => creation,
