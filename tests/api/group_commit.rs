@@ -23,6 +23,7 @@ use crate::support::harness::{
     assert_problem, record_figures, spawn_app_with, summarize, test_config, TestApp, TestBackend,
     TestDb, DEFAULT_TEST_PROVIDERS,
 };
+use crate::support::metrics::metric_sum;
 
 /// The database's write lock, held by a connection outside the app until
 /// released: SQLite's `BEGIN IMMEDIATE`; on PostgreSQL a lock on `jobs`
@@ -207,16 +208,9 @@ async fn group_commit_gauges(base: &str, admin: &str) -> (f64, f64) {
         .text()
         .await
         .unwrap();
-    let gauge = |name: &str| {
-        text.lines()
-            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
-            .unwrap_or_else(|| panic!("no {name} in {text}"))
-            .parse::<f64>()
-            .unwrap()
-    };
     (
-        gauge("onejob_group_commits"),
-        gauge("onejob_group_commit_rows"),
+        metric_sum(&text, "onejob_group_commits", &[]),
+        metric_sum(&text, "onejob_group_commit_rows", &[]),
     )
 }
 
@@ -237,14 +231,7 @@ async fn a_kill_9_mid_batch_loses_no_acknowledged_job(backend: TestBackend) {
     let db = TestDb::create(backend);
     let url = db.url.as_str().to_owned();
     let dir = tempfile::tempdir().unwrap();
-    let store = {
-        let url = db.url.clone();
-        tokio::task::spawn_blocking(move || {
-            onejob::startup::open_store(&url, &test_config(DEFAULT_TEST_PROVIDERS)).unwrap()
-        })
-        .await
-        .unwrap()
-    };
+    let store = db.open_store().await;
     let (owner, token, admin) = tokio::task::spawn_blocking({
         let store = store.clone();
         move || {

@@ -15,9 +15,7 @@ use crate::server_process::ServerProcess;
 use crate::support::fake_provider::{
     strict_task_toml, Behaviour, FakeProvider, ProviderToml, Shape,
 };
-use crate::support::harness::{
-    postgres_available, summarize, test_config, TestBackend, TestDb, DEFAULT_TEST_PROVIDERS,
-};
+use crate::support::harness::{postgres_available, summarize, TestBackend, TestDb};
 
 const PROCESSES: usize = 3;
 const CONCURRENCY: usize = 2;
@@ -81,14 +79,7 @@ async fn three_processes_start_together_share_the_queue_and_never_send_an_attemp
         .filter(|s| s.stderr().contains("onejob created the first user"))
         .count();
     assert_eq!(announced, 1, "exactly one process created the first admin");
-    let store = {
-        let url = db.url.clone();
-        tokio::task::spawn_blocking(move || {
-            onejob::startup::open_store(&url, &test_config(DEFAULT_TEST_PROVIDERS)).unwrap()
-        })
-        .await
-        .unwrap()
-    };
+    let store = db.open_store().await;
     let (admins, migrations, token) = {
         let store = store.clone();
         tokio::task::spawn_blocking(move || {

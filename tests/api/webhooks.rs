@@ -992,7 +992,7 @@ mod processes {
 
     use crate::server_process::ServerProcess;
     use crate::support::harness::{
-        postgres_available, summarize, test_config, TestBackend, TestDb, DEFAULT_TEST_PROVIDERS,
+        postgres_available, summarize, TestBackend, TestDb, DEFAULT_TEST_PROVIDERS,
     };
     use crate::support::webhook_receiver::WebhookReceiver;
 
@@ -1020,12 +1020,7 @@ timeout_ms = 2000
     }
 
     async fn open(db: &TestDb) -> Store {
-        let url = db.url.clone();
-        tokio::task::spawn_blocking(move || {
-            onejob::startup::open_store(&url, &test_config(DEFAULT_TEST_PROVIDERS)).unwrap()
-        })
-        .await
-        .unwrap()
+        db.open_store().await
     }
 
     async fn admin_token(store: &Store) -> String {

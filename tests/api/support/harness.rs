@@ -119,6 +119,17 @@ impl TestDb {
         }
     }
 
+    /// The store over this database, opened as the server opens it (on a
+    /// blocking thread: opening checks a connection).
+    pub async fn open_store(&self) -> Store {
+        let url = self.url.clone();
+        tokio::task::spawn_blocking(move || {
+            onejob::startup::open_store(&url, &test_config(DEFAULT_TEST_PROVIDERS)).unwrap()
+        })
+        .await
+        .unwrap()
+    }
+
     /// The PostgreSQL database's name (none for SQLite).
     pub fn postgres_name(&self) -> Option<&str> {
         self.pg_name.as_deref()
