@@ -422,6 +422,14 @@ mod tests {
     }
 
     #[test]
+    fn group_commits_multi_row_creation_names_its_owner() {
+        assert_eq!(
+            judge(&crate::store::jobs::multi_row_creation_statement()),
+            Verdict::Routed
+        );
+    }
+
+    #[test]
     fn other_tables_and_inserts_pass_and_unlisted_fan_outs_do_not() {
         assert_eq!(
             judge("SELECT * FROM users WHERE id = $1 FOR UPDATE"),

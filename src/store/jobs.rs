@@ -283,37 +283,7 @@ fn insert_jobs_and_attempts(
             None => AttemptState::Queued.as_str().to_owned(),
         })
         .collect();
-    let statement = format!(
-        "WITH input AS (
-           SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-                                $7::text[], $8::text[], $9::text[], $10::text[], $11::text[],
-                                $12::text[], $13::text[], $14::bigint[], $15::bigint[],
-                                $16::bigint[])
-             AS i(id, idempotency_key, task, provider, requested_provider, input, params,
-                  fingerprint, status, attempt_id, state, lease_owner, lease_ms, started_at,
-                  soft_timeout_ms)
-         ),
-         job AS (
-           INSERT INTO jobs (id, owner_id, idempotency_key, task, provider, requested_provider,
-                             input, params, fingerprint, status, version, created_at, updated_at)
-           SELECT id, $1, idempotency_key, task, provider, requested_provider, input, params,
-                  fingerprint, status, 0, $17, $17
-           FROM input
-           WHERE NOT EXISTS (SELECT 1 FROM budgets WHERE budgets.owner_id = $1)
-           ON CONFLICT (owner_id, idempotency_key) DO NOTHING
-           RETURNING id, owner_id, provider
-         )
-         INSERT INTO attempts (id, job_id, owner_id, number, provider, state, version_read,
-                               lease_owner, lease_expires_at, created_at, started_at, timeout_at,
-                               sent_at)
-         SELECT input.attempt_id, job.id, job.owner_id, 1, job.provider, input.state,
-                CASE WHEN input.started_at IS NULL THEN NULL ELSE 0 END, input.lease_owner,
-                {now_ms} + input.lease_ms, $17, input.started_at,
-                input.started_at + input.soft_timeout_ms, input.started_at
-         FROM job JOIN input ON input.id = job.id
-         RETURNING *",
-        now_ms = queue::PG_NOW_MS,
-    );
+    let statement = multi_row_creation_statement();
     Ok(diesel::sql_query(statement)
         .bind::<Text, _>(owner.as_str())
         .bind::<Array<Text>, _>(texts(&|j| j.id.as_str().to_owned()))
@@ -346,6 +316,42 @@ fn insert_jobs_and_attempts(
         .bind::<Array<Nullable<BigInt>>, _>(started(&|s| s.soft_timeout_ms))
         .bind::<BigInt, _>(now)
         .load(conn)?)
+}
+
+/// The statement of [`insert_jobs_and_attempts`]: `$1` the owner, `$2`…
+/// `$16` the rows' columns as arrays, `$17` the time of creation.
+pub(crate) fn multi_row_creation_statement() -> String {
+    format!(
+        "WITH input AS (
+           SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+                                $7::text[], $8::text[], $9::text[], $10::text[], $11::text[],
+                                $12::text[], $13::text[], $14::bigint[], $15::bigint[],
+                                $16::bigint[])
+             AS i(id, idempotency_key, task, provider, requested_provider, input, params,
+                  fingerprint, status, attempt_id, state, lease_owner, lease_ms, started_at,
+                  soft_timeout_ms)
+         ),
+         job AS (
+           INSERT INTO jobs (id, owner_id, idempotency_key, task, provider, requested_provider,
+                             input, params, fingerprint, status, version, created_at, updated_at)
+           SELECT id, $1, idempotency_key, task, provider, requested_provider, input, params,
+                  fingerprint, status, 0, $17, $17
+           FROM input
+           WHERE NOT EXISTS (SELECT 1 FROM budgets WHERE budgets.owner_id = $1)
+           ON CONFLICT (owner_id, idempotency_key) DO NOTHING
+           RETURNING id, owner_id, provider
+         )
+         INSERT INTO attempts (id, job_id, owner_id, number, provider, state, version_read,
+                               lease_owner, lease_expires_at, created_at, started_at, timeout_at,
+                               sent_at)
+         SELECT input.attempt_id, job.id, job.owner_id, 1, job.provider, input.state,
+                CASE WHEN input.started_at IS NULL THEN NULL ELSE 0 END, input.lease_owner,
+                {now_ms} + input.lease_ms, $17, input.started_at,
+                input.started_at + input.soft_timeout_ms, input.started_at
+         FROM job JOIN input ON input.id = job.id
+         RETURNING *",
+        now_ms = queue::PG_NOW_MS,
+    )
 }
 
 /// The job an owner's key made, if any.
