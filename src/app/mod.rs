@@ -89,10 +89,10 @@ struct Inner {
     /// has finished; the failover gate waits for it.
     startup_qualified: watch::Sender<bool>,
     metrics: metrics::Metrics,
-    /// The id of every job that finishes in this process: a waiter re-reads
-    /// its job when its id comes by (jobs other processes finish are seen
-    /// by polling).
-    job_finished: broadcast::Sender<JobId>,
+    /// Every job that finishes in this process: a waiter answers from the
+    /// row that comes with it, or re-reads its job when only its id comes
+    /// by (jobs other processes finish are seen by polling).
+    job_finished: broadcast::Sender<waiting::Finished>,
     /// Argon2 runs here, a few at a time (see `accounts`).
     password_queue: Arc<password_queue::PasswordQueue>,
     /// This process's worker's offer to start new jobs at once (`work`).
@@ -165,7 +165,19 @@ impl App {
     /// Tells waiting requests that this job finished.
     pub fn notify_job_finished(&self, job_id: &JobId) {
         // No receiver: nobody is waiting.
-        let _ = self.inner.job_finished.send(job_id.clone());
+        let _ = self.inner.job_finished.send(waiting::Finished {
+            id: job_id.clone(),
+            row: None,
+        });
+    }
+
+    /// Tells waiting requests that this job finished, as `job` (the row its
+    /// finishing statement returned).
+    pub fn notify_job_finished_as(&self, job: Job) {
+        let _ = self.inner.job_finished.send(waiting::Finished {
+            id: job.id.clone(),
+            row: Some(Arc::new(job)),
+        });
     }
 
     /// Resolves when an attempt is queued (or was, since the last wait).

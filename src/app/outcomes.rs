@@ -44,10 +44,12 @@ impl App {
         let attempt_id = &attempt.id;
         // Priced now, when the answer is recorded.
         let charge = self.charge_for(provider, usage);
+        let mut finished = None;
         let (applied, job_id) = match outcome.printable() {
             Outcome::Succeeded(answer) => {
                 let recorded = self.apply_success(attempt, answer, charge).await?;
                 self.count_usage(&recorded);
+                finished = recorded.finished;
                 (recorded.applied, Some(recorded.job_id))
             }
             Outcome::Failed(error) => {
@@ -84,7 +86,10 @@ impl App {
         };
         self.metrics().record_applied(provider, &applied);
         if let (Applied::Won | Applied::JobFailed { .. }, Some(job_id)) = (&applied, &job_id) {
-            self.notify_job_finished(job_id);
+            match finished {
+                Some(job) => self.notify_job_finished_as(job),
+                None => self.notify_job_finished(job_id),
+            }
         }
         match &applied {
             Applied::Won => {

@@ -1,14 +1,17 @@
 //! Waiting for a job to finish, for `Prefer: wait=N` and chat completions.
 //! A waiting request holds no database connection while it waits. It hears
-//! the id of every job this process finishes and reads its own job again
-//! only when that job's id comes by (or it fell behind), or every short
-//! poll interval (another process may finish it).
+//! every job this process finishes and reads its own job again only when
+//! that job comes by (or it fell behind), or every short poll interval
+//! (another process may finish it). When the job comes with the row its
+//! compare-and-swap returned, a request that answers from the job alone
+//! (an AI endpoint) takes that row and reads nothing.
 //!
 //! The watch is taken *before* the job is created or first read, and the
 //! wait starts from that row: no extra read, and a job that finishes in
 //! between (a free worker can finish one before its creator's response is
 //! written) is still heard.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::broadcast::{self, error::RecvError};
@@ -21,8 +24,25 @@ use crate::store::jobs as job_store;
 /// How often a waiter looks again for a job another process may finish.
 const POLL: Duration = Duration::from_millis(200);
 
-/// The ids of the jobs this process finishes, from when it was taken.
-pub struct FinishWatch(broadcast::Receiver<JobId>);
+/// A job this process finished: its id, and the row as it finished when
+/// the statement that finished it returned one.
+#[derive(Clone, Debug)]
+pub struct Finished {
+    pub id: JobId,
+    pub row: Option<Arc<Job>>,
+}
+
+/// The jobs this process finishes, from when it was taken.
+pub struct FinishWatch(broadcast::Receiver<Finished>);
+
+/// What a wait must bring back of a job that finished.
+#[derive(Clone, Copy, PartialEq)]
+enum Wanted {
+    /// The job and its attempts as stored.
+    JobAndAttempts,
+    /// The job as stored; attempts only while it is unfinished.
+    Job,
+}
 
 impl App {
     /// Starts hearing finished jobs; take it before creating or reading the
@@ -36,10 +56,36 @@ impl App {
     /// after `watch` was taken.
     pub async fn wait_for_job(
         &self,
+        watch: FinishWatch,
+        job: Job,
+        attempts: Vec<Attempt>,
+        within: Duration,
+    ) -> AppResult<(Job, Vec<Attempt>)> {
+        self.wait(watch, job, attempts, within, Wanted::JobAndAttempts)
+            .await
+    }
+
+    /// [`App::wait_for_job`] for a request that answers from the job alone
+    /// once it is finished: a job this process finished comes with its row,
+    /// and the attempts then stay as they were passed in (an unfinished
+    /// job's attempts are read with it, to tell whether it needs support).
+    pub async fn wait_for_answer(
+        &self,
+        watch: FinishWatch,
+        job: Job,
+        attempts: Vec<Attempt>,
+        within: Duration,
+    ) -> AppResult<(Job, Vec<Attempt>)> {
+        self.wait(watch, job, attempts, within, Wanted::Job).await
+    }
+
+    async fn wait(
+        &self,
         mut watch: FinishWatch,
         mut job: Job,
         mut attempts: Vec<Attempt>,
         within: Duration,
+        wanted: Wanted,
     ) -> AppResult<(Job, Vec<Attempt>)> {
         let deadline = Instant::now() + within;
         let mut next_poll = Instant::now() + POLL;
@@ -49,7 +95,12 @@ impl App {
             }
             let read_again = tokio::select! {
                 heard = watch.0.recv() => match heard {
-                    Ok(finished) => finished == job.id,
+                    Ok(Finished { id, row: Some(row) })
+                        if id == job.id && wanted == Wanted::Job && row.status.is_terminal() =>
+                    {
+                        return Ok((Arc::unwrap_or_clone(row), attempts));
+                    }
+                    Ok(finished) => finished.id == job.id,
                     Err(RecvError::Lagged(_)) => true,
                     // The application holds the sender; only polling is left.
                     Err(RecvError::Closed) => {

@@ -40,6 +40,10 @@ pub struct Recorded {
     pub applied: Applied,
     pub job_id: JobId,
     pub entry: Option<LedgerEntry>,
+    /// The job as a winning compare-and-swap left it, when its statement
+    /// returned the row (SQLite): a waiter in this process answers from it
+    /// without reading the job again. `None` otherwise.
+    pub finished: Option<Job>,
 }
 
 /// Applies a successful answer with the compare-and-swap (docs/design.md,
@@ -59,6 +63,7 @@ pub fn settle_answer(
             applied,
             job_id: attempt.job_id.clone(),
             entry,
+            finished: None,
         };
         if let Some(first) = already_delivered(conn, &attempt, &payload_text)? {
             return Ok(recorded(Applied::Repeated(first), None));
@@ -98,7 +103,8 @@ pub fn settle_answer(
         let version_read = attempt.version_read.ok_or_else(|| {
             StoreError::corrupt(format!("attempt {} has a result but never started", key.id))
         })?;
-        let (won, task) = settle_success(conn, &attempt, version_read, &payload_text, now)?;
+        let (won, task, finished) =
+            settle_success(conn, &attempt, version_read, &payload_text, now)?;
         let kind = if won {
             AnswerKind::Won
         } else {
@@ -137,7 +143,10 @@ pub fn settle_answer(
                     now,
                 )?;
             }
-            return Ok(recorded(Applied::Won, entry));
+            return Ok(Recorded {
+                finished,
+                ..recorded(Applied::Won, entry)
+            });
         }
         let job = get_job(conn, &attempt.job_key())?;
         let reason = match (&job.completed_by, job.status) {
@@ -223,18 +232,24 @@ fn log_race(
 
 /// The single conditional statement that decides the winner.
 /// The compare-and-swap and the attempt's transition with its place in the
-/// race, under the job's lock. Whether the answer won.
+/// race, under the job's lock. Whether the answer won, the winner's job's
+/// task and, where the statement returns it, the job as it left it.
 fn settle_success(
     conn: &mut DbConnection,
     attempt: &Attempt,
     version_read: i64,
     payload: &str,
     now: i64,
-) -> StoreResult<(bool, Option<String>)> {
-    if let DbConnection::Postgresql(pg) = conn {
-        return settle_success_in_one_statement(pg, attempt, version_read, payload, now);
-    }
-    let won = cas_job_result(
+) -> StoreResult<(bool, Option<String>, Option<Job>)> {
+    let conn = match conn {
+        DbConnection::Postgresql(pg) => {
+            let (won, task) =
+                settle_success_in_one_statement(pg, attempt, version_read, payload, now)?;
+            return Ok((won, task, None));
+        }
+        DbConnection::Sqlite(sqlite) => sqlite,
+    };
+    let finished = cas_job_result(
         conn,
         &attempt.job_id,
         &attempt.owner_id,
@@ -243,6 +258,7 @@ fn settle_success(
         payload,
         now,
     )?;
+    let won = finished.is_some();
     let result = if won {
         RaceResult::Won
     } else {
@@ -263,7 +279,8 @@ fn settle_success(
         attempts::outcome.eq(result),
     ))
     .execute(conn)?;
-    Ok((won, None))
+    let task = finished.as_ref().map(|job| job.task.clone());
+    Ok((won, task, finished))
 }
 
 #[derive(QueryableByName)]
@@ -332,15 +349,15 @@ fn settle_success_in_one_statement(
 }
 
 fn cas_job_result(
-    conn: &mut DbConnection,
+    conn: &mut diesel::SqliteConnection,
     job_id: &JobId,
     owner_id: &UserId,
     version_read: i64,
     attempt_id: &AttemptId,
     payload: &str,
     now: i64,
-) -> QueryResult<bool> {
-    let updated = diesel::update(
+) -> QueryResult<Option<Job>> {
+    diesel::update(
         jobs::table
             .filter(jobs::id.eq(job_id))
             .filter(jobs::owner_id.eq(owner_id))
@@ -354,8 +371,9 @@ fn cas_job_result(
         jobs::version.eq(jobs::version + 1),
         jobs::updated_at.eq(now),
     ))
-    .execute(conn)?;
-    Ok(updated == 1)
+    .returning(Job::as_returning())
+    .get_result(conn)
+    .optional()
 }
 
 /// Once a job is terminal, a queued attempt must never be sent: each is
@@ -428,6 +446,7 @@ pub fn record_failure(
                 applied: Applied::Ignored(attempt.state),
                 job_id,
                 entry: None,
+                finished: None,
             });
         }
         transition(
@@ -451,6 +470,7 @@ pub fn record_failure(
             applied,
             job_id,
             entry,
+            finished: None,
         })
     })
 }

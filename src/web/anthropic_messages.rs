@@ -626,7 +626,7 @@ pub async fn create_message(
     let (job, attempts) = if created.job.status == JobStatus::Unknown || stuck {
         (created.job, created.attempts)
     } else {
-        app.wait_for_job(watch, created.job, created.attempts, app.max_wait())
+        app.wait_for_answer(watch, created.job, created.attempts, app.max_wait())
             .await?
     };
     answer(&job, needs_support(&job, &attempts), created.replayed)

@@ -441,7 +441,7 @@ pub async fn chat_completions(
     {
         (created.job, created.attempts)
     } else {
-        app.wait_for_job(watch, created.job, created.attempts, app.max_wait())
+        app.wait_for_answer(watch, created.job, created.attempts, app.max_wait())
             .await?
     };
     answer(&job, &attempts, created.replayed)

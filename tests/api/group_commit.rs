@@ -107,6 +107,12 @@ async fn a_batch_with_a_replay_and_a_reused_key_answers_each_and_stores_the_righ
         .create_job(&token, "reused", &summarize("the first payload"))
         .await;
     let batches_before = app.store.group_commit_counts();
+    // Read before any request is sent: a request queues as soon as it is
+    // spawned, so a count read after them could already hold one.
+    let queued_before = app
+        .store
+        .batched_writes_queued()
+        .expect("creations are batched");
 
     // The lock is held while every request arrives: they queue behind it.
     let lock = WriteLock::take(&app.store);
@@ -124,11 +130,7 @@ async fn a_batch_with_a_replay_and_a_reused_key_answers_each_and_stores_the_righ
     send("made-before".into(), "made before");
     send("reused".into(), "another payload");
     let everyone = requests.len();
-    let queued = app
-        .store
-        .batched_writes_queued()
-        .expect("creations are batched")
-        + everyone as u64;
+    let queued = queued_before + everyone as u64;
     let deadline = Instant::now() + Duration::from_secs(10);
     while app.store.batched_writes_queued() != Some(queued) {
         assert!(

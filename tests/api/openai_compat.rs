@@ -839,3 +839,55 @@ async fn a_duplicate_of_an_unknown_job_or_one_waiting_for_support_is_answered_at
     error_of(first, StatusCode::CONFLICT, "job_needs_support").await;
     assert_eq!(upstream.total_requests(), 1, "one call in all");
 }
+
+/// On SQLite the compare-and-swap returns the job's row, and a request
+/// waiting in the same process answers from it: after the statement that
+/// decides the job, nothing reads the job again for that request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_sqlite_a_waiter_answers_from_the_row_its_compare_and_swap_returned() {
+    use crate::support::harness::{PreparedApp, TestBackend};
+    use onejob::store::statement_log::StatementLog;
+    use onejob::store::Store;
+    let upstream = FakeProvider::start(Shape::OpenAi).await;
+    let prepared = PreparedApp::new(TestBackend::Sqlite, chat_config(&upstream, 10)).await;
+    let log = StatementLog::new();
+    let store = {
+        let (url, database, log) = (
+            prepared.db.url.clone(),
+            prepared.config.database.clone(),
+            log.clone(),
+        );
+        tokio::task::spawn_blocking(move || Store::connect_recording(&url, &database, log))
+            .await
+            .unwrap()
+            .unwrap()
+    };
+    let app = prepared.with_store(store).start().await;
+    // The first request warms the worker; the second is the one looked at.
+    assert_eq!(chat(&app, Some("warm"), &hello("hi")).await.status(), 200);
+    log.take();
+    let response = chat(&app, Some("looked-at"), &hello("hello")).await;
+    assert_eq!(response.status(), 200);
+    let job_id = response.headers()["X-Onejob-Job-Id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let answer: Value = response.json().await.unwrap();
+    assert!(
+        answer["choices"][0]["message"]["content"].is_string(),
+        "{answer}"
+    );
+    let statements = log.take();
+    let cas = statements
+        .iter()
+        .position(|s| s.starts_with("UPDATE `jobs`") && s.contains("RETURNING"))
+        .unwrap_or_else(|| panic!("no compare-and-swap among {statements:#?}"));
+    let reads_after: Vec<&String> = statements[cas..]
+        .iter()
+        .filter(|s| s.starts_with("SELECT") && s.contains("FROM `jobs`"))
+        .collect();
+    assert!(
+        reads_after.is_empty(),
+        "job {job_id} was read again after its compare-and-swap: {reads_after:#?}"
+    );
+}

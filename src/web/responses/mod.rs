@@ -106,7 +106,7 @@ pub async fn create_response(
     {
         (created.job, created.attempts)
     } else {
-        app.wait_for_job(watch, created.job, created.attempts, app.max_wait())
+        app.wait_for_answer(watch, created.job, created.attempts, app.max_wait())
             .await?
     };
     if !request.background {
