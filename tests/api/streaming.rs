@@ -172,6 +172,20 @@ async fn chunks_reach_the_client_before_the_upstream_has_finished(backend: TestB
     // streams it again with the same ids.
     let job_id = job_id_of(&seen);
     assert_eq!(stored_content(&app, &job_id).await, "one two three");
+    // The streamed usage is the ledger's: 3 prompt tokens, 5 completion.
+    let ledger: Value = app
+        .get(&app.alice.token, &format!("/api/v1/jobs/{job_id}/usage"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let call = &ledger["attempts"][0];
+    assert_eq!(
+        (&call["prompt_tokens"], &call["completion_tokens"]),
+        (&json!(3), &json!(5)),
+        "{ledger:#}"
+    );
+    assert_eq!(ledger["incomplete"], false, "{ledger:#}");
     let mut replay = open_stream(chat_request(&app, "count", &body)).await;
     let replayed = replay.rest().await;
     assert_eq!(
