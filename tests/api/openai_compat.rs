@@ -847,22 +847,14 @@ async fn a_duplicate_of_an_unknown_job_or_one_waiting_for_support_is_answered_at
 async fn on_sqlite_a_waiter_answers_from_the_row_its_compare_and_swap_returned() {
     use crate::support::harness::{PreparedApp, TestBackend};
     use onejob::store::statement_log::StatementLog;
-    use onejob::store::Store;
     let upstream = FakeProvider::start(Shape::OpenAi).await;
-    let prepared = PreparedApp::new(TestBackend::Sqlite, chat_config(&upstream, 10)).await;
     let log = StatementLog::new();
-    let store = {
-        let (url, database, log) = (
-            prepared.db.url.clone(),
-            prepared.config.database.clone(),
-            log.clone(),
-        );
-        tokio::task::spawn_blocking(move || Store::connect_recording(&url, &database, log))
-            .await
-            .unwrap()
-            .unwrap()
-    };
-    let app = prepared.with_store(store).start().await;
+    let app = PreparedApp::new(TestBackend::Sqlite, chat_config(&upstream, 10))
+        .await
+        .recording(&log)
+        .await
+        .start()
+        .await;
     // The first request warms the worker; the second is the one looked at.
     assert_eq!(chat(&app, Some("warm"), &hello("hi")).await.status(), 200);
     log.take();

@@ -317,25 +317,14 @@ async fn the_send_paths_new_statements_keep_the_distribution_rule(backend: TestB
     use onejob::store::jobs::{create_job, CreateOutcome};
     use onejob::store::queue::{self, ClaimRules};
     use onejob::store::statement_log::StatementLog;
-    use onejob::store::Store;
+    let log = StatementLog::new();
     let prepared = crate::support::harness::PreparedApp::new(
         backend,
         crate::support::harness::test_config(crate::support::harness::DEFAULT_TEST_PROVIDERS),
     )
+    .await
+    .recording(&log)
     .await;
-    let log = StatementLog::new();
-    let store = {
-        let (url, database, log) = (
-            prepared.db.url.clone(),
-            prepared.config.database.clone(),
-            log.clone(),
-        );
-        tokio::task::spawn_blocking(move || Store::connect_recording(&url, &database, log))
-            .await
-            .unwrap()
-            .unwrap()
-    };
-    let prepared = prepared.with_store(store);
     let owner = prepared.alice.id.clone();
     let checked = prepared
         .with_conn(move |conn| {

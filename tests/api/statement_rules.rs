@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use onejob::store::distribution::{self, Verdict};
 use onejob::store::statement_log::StatementLog;
-use onejob::store::Store;
 use reqwest::StatusCode;
 use serde_json::json;
 
@@ -61,19 +60,12 @@ providers = ["up"]
 
 async fn recording_app(fake: &FakeProvider) -> (TestApp, StatementLog) {
     let log = StatementLog::new();
-    let prepared = PreparedApp::new(TestBackend::Postgres, lifecycle_config(fake)).await;
-    let store = {
-        let (url, settings, log) = (
-            prepared.db.url.clone(),
-            prepared.config.database.clone(),
-            log.clone(),
-        );
-        tokio::task::spawn_blocking(move || Store::connect_recording(&url, &settings, log))
-            .await
-            .unwrap()
-            .unwrap()
-    };
-    let app = prepared.with_store(store).start().await;
+    let app = PreparedApp::new(TestBackend::Postgres, lifecycle_config(fake))
+        .await
+        .recording(&log)
+        .await
+        .start()
+        .await;
     (app, log)
 }
 

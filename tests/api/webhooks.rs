@@ -885,21 +885,10 @@ async fn every_webhook_statement_can_be_routed_by_owner() {
         TestBackend::Postgres,
         webhook_config(|c| c.webhooks.settings.disable_after_failures = 100),
     )
+    .await
+    .recording(&log)
     .await;
-    let store = {
-        let (url, settings, log) = (
-            prepared.db.url.clone(),
-            prepared.config.database.clone(),
-            log.clone(),
-        );
-        tokio::task::spawn_blocking(move || {
-            onejob::store::Store::connect_recording(&url, &settings, log)
-        })
-        .await
-        .unwrap()
-        .unwrap()
-    };
-    let app = prepared.with_store(store).start().await;
+    let app = prepared.start().await;
     let (endpoint, _) = register_ok(&app, &app.alice.token, &receiver.url("/")).await;
     let job_id = app
         .create_job(&app.alice.token, "wh-rules", &summarize("rules"))

@@ -420,6 +420,22 @@ impl PreparedApp {
         self
     }
 
+    /// The same database and users, served through a store that records
+    /// every statement its connections send into `log`.
+    pub async fn recording(self, log: &onejob::store::statement_log::StatementLog) -> Self {
+        let (url, settings, log) = (
+            self.db.url.clone(),
+            self.config.database.clone(),
+            log.clone(),
+        );
+        let store =
+            tokio::task::spawn_blocking(move || Store::connect_recording(&url, &settings, log))
+                .await
+                .unwrap()
+                .unwrap();
+        self.with_store(store)
+    }
+
     pub async fn start(self) -> TestApp {
         let (address, app, server) = start_instance(self.config.clone(), self.store.clone()).await;
         let providers = app.providers().clone();
