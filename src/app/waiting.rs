@@ -36,11 +36,15 @@ pub struct Finished {
 pub struct FinishWatch(broadcast::Receiver<Finished>);
 
 /// What a wait must bring back of a job that finished.
-#[derive(Clone, Copy, PartialEq)]
-enum Wanted {
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub enum Wanted {
     /// The job and its attempts as stored.
     JobAndAttempts,
-    /// The job as stored; attempts only while it is unfinished.
+    /// The job as stored, for a request that answers from the job alone
+    /// once it is finished: a job this process finished comes with its
+    /// row, and the attempts then stay as they were passed in (an
+    /// unfinished job's attempts are read with it, to tell whether it
+    /// needs support).
     Job,
 }
 
@@ -52,34 +56,10 @@ impl App {
     }
 
     /// The job and its attempts once it is finished, or as they are when
-    /// `within` has passed. `job` and `attempts` are as created or read
-    /// after `watch` was taken.
+    /// `within` has passed; `wanted` says what of a finished job must be
+    /// read. `job` and `attempts` are as created or read after `watch` was
+    /// taken.
     pub async fn wait_for_job(
-        &self,
-        watch: FinishWatch,
-        job: Job,
-        attempts: Vec<Attempt>,
-        within: Duration,
-    ) -> AppResult<(Job, Vec<Attempt>)> {
-        self.wait(watch, job, attempts, within, Wanted::JobAndAttempts)
-            .await
-    }
-
-    /// [`App::wait_for_job`] for a request that answers from the job alone
-    /// once it is finished: a job this process finished comes with its row,
-    /// and the attempts then stay as they were passed in (an unfinished
-    /// job's attempts are read with it, to tell whether it needs support).
-    pub async fn wait_for_answer(
-        &self,
-        watch: FinishWatch,
-        job: Job,
-        attempts: Vec<Attempt>,
-        within: Duration,
-    ) -> AppResult<(Job, Vec<Attempt>)> {
-        self.wait(watch, job, attempts, within, Wanted::Job).await
-    }
-
-    async fn wait(
         &self,
         mut watch: FinishWatch,
         mut job: Job,

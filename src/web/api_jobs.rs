@@ -14,6 +14,7 @@ use super::views::{
 };
 use std::time::Duration;
 
+use crate::app::waiting::Wanted;
 use crate::app::{App, Attempt, Job};
 use crate::domain::{IdempotencyKey, IdempotencyKeyError, JobId};
 
@@ -67,7 +68,9 @@ where
     };
     let watch = app.watch_finishes();
     let (job, attempts) = read.await?;
-    let (job, attempts) = app.wait_for_job(watch, job, attempts, wait).await?;
+    let (job, attempts) = app
+        .wait_for_job(watch, job, attempts, wait, Wanted::JobAndAttempts)
+        .await?;
     Ok((job, attempts, Some(format!("wait={}", wait.as_secs()))))
 }
 

@@ -25,6 +25,7 @@ use super::body::{json_text, BodyRules};
 use super::error::{ApiError, ProblemType};
 use crate::app::intake::JobRequest;
 use crate::app::streams::FollowRefused;
+use crate::app::waiting::Wanted;
 use crate::app::{App, AppError, Attempt, Job};
 use crate::domain::{IdempotencyKey, IdempotencyKeyError, JobStatus};
 
@@ -441,8 +442,14 @@ pub async fn chat_completions(
     {
         (created.job, created.attempts)
     } else {
-        app.wait_for_answer(watch, created.job, created.attempts, app.max_wait())
-            .await?
+        app.wait_for_job(
+            watch,
+            created.job,
+            created.attempts,
+            app.max_wait(),
+            Wanted::Job,
+        )
+        .await?
     };
     answer(&job, &attempts, created.replayed)
 }
