@@ -106,6 +106,18 @@ impl App {
         }
     }
 
+    /// [`App::wait_for_job`] for an AI endpoint's answer: as long as a
+    /// request may wait, wanting only the job once it is finished.
+    pub async fn wait_for_answer(
+        &self,
+        watch: FinishWatch,
+        job: Job,
+        attempts: Vec<Attempt>,
+    ) -> AppResult<(Job, Vec<Attempt>)> {
+        self.wait_for_job(watch, job, attempts, self.max_wait(), Wanted::Job)
+            .await
+    }
+
     /// The longest a request may wait, from configuration.
     pub fn max_wait(&self) -> Duration {
         Duration::from_secs(self.config().server.max_wait_seconds)

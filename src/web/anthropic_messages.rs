@@ -41,7 +41,6 @@ use super::error::ApiError;
 use super::openai_compat::{idempotency_key, job_error, needs_support, OpenAiError};
 use crate::app::intake::JobRequest;
 use crate::app::streams::{Followed, Follower};
-use crate::app::waiting::Wanted;
 use crate::app::{App, AppError, Job};
 use crate::domain::{JobStatus, JsonText};
 use crate::providers::chat::messages_stop_reason;
@@ -627,14 +626,8 @@ pub async fn create_message(
     let (job, attempts) = if created.job.status == JobStatus::Unknown || stuck {
         (created.job, created.attempts)
     } else {
-        app.wait_for_job(
-            watch,
-            created.job,
-            created.attempts,
-            app.max_wait(),
-            Wanted::Job,
-        )
-        .await?
+        app.wait_for_answer(watch, created.job, created.attempts)
+            .await?
     };
     answer(&job, needs_support(&job, &attempts), created.replayed)
 }

@@ -25,7 +25,6 @@ use super::body::{json_text, BodyRules};
 use super::error::{ApiError, ProblemType};
 use crate::app::intake::JobRequest;
 use crate::app::streams::FollowRefused;
-use crate::app::waiting::Wanted;
 use crate::app::{App, AppError, Attempt, Job};
 use crate::domain::{IdempotencyKey, IdempotencyKeyError, JobStatus};
 
@@ -442,14 +441,8 @@ pub async fn chat_completions(
     {
         (created.job, created.attempts)
     } else {
-        app.wait_for_job(
-            watch,
-            created.job,
-            created.attempts,
-            app.max_wait(),
-            Wanted::Job,
-        )
-        .await?
+        app.wait_for_answer(watch, created.job, created.attempts)
+            .await?
     };
     answer(&job, &attempts, created.replayed)
 }

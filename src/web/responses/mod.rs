@@ -30,7 +30,6 @@ use super::auth::Caller;
 use super::body::{json_text, BodyRules};
 use super::openai_compat::{idempotency_key, job_error, needs_support, OpenAiError};
 use crate::app::intake::JobRequest;
-use crate::app::waiting::Wanted;
 use crate::app::{App, AppError, Attempt, Job};
 use crate::domain::responses::{self as rules, ResponseId};
 use crate::domain::{JobStatus, JsonText};
@@ -107,14 +106,8 @@ pub async fn create_response(
     {
         (created.job, created.attempts)
     } else {
-        app.wait_for_job(
-            watch,
-            created.job,
-            created.attempts,
-            app.max_wait(),
-            Wanted::Job,
-        )
-        .await?
+        app.wait_for_answer(watch, created.job, created.attempts)
+            .await?
     };
     if !request.background {
         refuse_unfinished(&job, &attempts)?;
