@@ -27,6 +27,7 @@ on_both_backends!(
     undeclared_methods_answer_405_with_allow,
     a_replay_is_answered_whatever_todays_routes,
     a_duplicate_of_an_unknown_job_or_one_waiting_for_support_is_answered_at_once,
+    a_waiter_reads_no_more_than_its_answer_needs,
 );
 
 /// One OpenAI-compatible upstream behind the chat route `gpt-safe`, a
@@ -840,16 +841,18 @@ async fn a_duplicate_of_an_unknown_job_or_one_waiting_for_support_is_answered_at
     assert_eq!(upstream.total_requests(), 1, "one call in all");
 }
 
-/// On SQLite the compare-and-swap returns the job's row, and a request
-/// waiting in the same process answers from it: after the statement that
-/// decides the job, nothing reads the job again for that request.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn on_sqlite_a_waiter_answers_from_the_row_its_compare_and_swap_returned() {
-    use crate::support::harness::{PreparedApp, TestBackend};
+/// A request waiting for its answer reads no more than the answer needs.
+/// On SQLite the compare-and-swap returns the job's row and the waiter in
+/// the same process answers from it: nothing reads the job after the
+/// statement that decided it. On PostgreSQL (whose one-statement
+/// compare-and-swap returns only its outcome) the waiter reads the finished
+/// job once, and not its attempts.
+async fn a_waiter_reads_no_more_than_its_answer_needs(backend: TestBackend) {
+    use crate::support::harness::PreparedApp;
     use onejob::store::statement_log::StatementLog;
     let upstream = FakeProvider::start(Shape::OpenAi).await;
     let log = StatementLog::new();
-    let app = PreparedApp::new(TestBackend::Sqlite, chat_config(&upstream, 10))
+    let app = PreparedApp::new(backend, chat_config(&upstream, 10))
         .await
         .recording(&log)
         .await
@@ -870,16 +873,42 @@ async fn on_sqlite_a_waiter_answers_from_the_row_its_compare_and_swap_returned()
         "{answer}"
     );
     let statements = log.take();
+    // The compare-and-swap: how it starts, and what else it holds.
+    let (cas_starts, cas_holds, jobs, attempts, reads_expected) = match backend {
+        TestBackend::Sqlite => (
+            "UPDATE `jobs`",
+            "RETURNING",
+            "FROM `jobs`",
+            "FROM `attempts`",
+            0,
+        ),
+        TestBackend::Postgres => (
+            "WITH cas AS",
+            "UPDATE attempts",
+            "FROM \"jobs\"",
+            "FROM \"attempts\"",
+            1,
+        ),
+    };
     let cas = statements
         .iter()
-        .position(|s| s.starts_with("UPDATE `jobs`") && s.contains("RETURNING"))
+        .position(|s| s.starts_with(cas_starts) && s.contains(cas_holds))
         .unwrap_or_else(|| panic!("no compare-and-swap among {statements:#?}"));
-    let reads_after: Vec<&String> = statements[cas..]
-        .iter()
-        .filter(|s| s.starts_with("SELECT") && s.contains("FROM `jobs`"))
-        .collect();
+    let reads_after = |table: &str| -> Vec<&String> {
+        statements[cas..]
+            .iter()
+            .filter(|s| s.starts_with("SELECT") && s.contains(table) && s.contains(&job_id))
+            .collect()
+    };
+    assert_eq!(
+        reads_after(jobs).len(),
+        reads_expected,
+        "job {job_id}'s reads after its compare-and-swap: {:#?}",
+        reads_after(jobs)
+    );
     assert!(
-        reads_after.is_empty(),
-        "job {job_id} was read again after its compare-and-swap: {reads_after:#?}"
+        reads_after(attempts).is_empty(),
+        "its attempts were read after its compare-and-swap: {:#?}",
+        reads_after(attempts)
     );
 }
