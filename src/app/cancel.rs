@@ -44,7 +44,7 @@ impl App {
             } => {
                 tracing::info!(job_id = %job.id, withdrawn, "job cancelled");
                 self.metrics().jobs_cancelled.inc();
-                self.notify_job_finished(&job.id);
+                self.notify_job_finished(&job.id, None);
                 Ok(Cancellation {
                     job,
                     attempts,

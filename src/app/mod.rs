@@ -162,21 +162,13 @@ impl App {
         self.inner.queued.notify_one();
     }
 
-    /// Tells waiting requests that this job finished.
-    pub fn notify_job_finished(&self, job_id: &JobId) {
+    /// Tells waiting requests that this job finished, with its row when
+    /// the statement that finished it returned one.
+    pub fn notify_job_finished(&self, job_id: &JobId, row: Option<Job>) {
         // No receiver: nobody is waiting.
         let _ = self.inner.job_finished.send(waiting::Finished {
             id: job_id.clone(),
-            row: None,
-        });
-    }
-
-    /// Tells waiting requests that this job finished, as `job` (the row its
-    /// finishing statement returned).
-    pub fn notify_job_finished_as(&self, job: Job) {
-        let _ = self.inner.job_finished.send(waiting::Finished {
-            id: job.id.clone(),
-            row: Some(Arc::new(job)),
+            row: row.map(Arc::new),
         });
     }
 

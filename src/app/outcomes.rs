@@ -86,10 +86,7 @@ impl App {
         };
         self.metrics().record_applied(provider, &applied);
         if let (Applied::Won | Applied::JobFailed { .. }, Some(job_id)) = (&applied, &job_id) {
-            match finished {
-                Some(job) => self.notify_job_finished_as(job),
-                None => self.notify_job_finished(job_id),
-            }
+            self.notify_job_finished(job_id, finished);
         }
         match &applied {
             Applied::Won => {

@@ -51,7 +51,7 @@ impl App {
                 ))
             })
             .await??;
-        self.notify_job_finished(&job.id);
+        self.notify_job_finished(&job.id, None);
         tracing::info!(job_id = %job.id, actor = %actor.name, "job marked failed by support");
         Ok(job)
     }
