@@ -153,6 +153,8 @@ async fn chunks_reach_the_client_before_the_upstream_has_finished(backend: TestB
     upstream.open_gate(&request_id);
     seen.extend(reader.until_content().await);
     assert_eq!(content_of(&seen), "one two ");
+    // The upstream counts a chunk once written: at its next gate, as above.
+    upstream.wait_gate(&request_id, 2).await;
     assert_eq!(upstream.chunks_sent(&request_id), 2);
     upstream.open_gate(&request_id);
     seen.extend(reader.rest().await);
