@@ -57,8 +57,13 @@ text_enum! {
 /// The most kinds one subscription may name (each known kind once).
 pub const MAX_EVENTS: usize = EventKind::ALL.len();
 
-/// The longest URL an endpoint may have.
+/// The longest URL an endpoint may have, as stored.
 pub const MAX_URL_LEN: usize = 2048;
+
+/// The longest URL a client may send: one less than [`MAX_URL_LEN`],
+/// because parsing may add a `/` (`https://host` becomes `https://host/`)
+/// and the stored form must still fit. The API's schema states this limit.
+pub const MAX_URL_INPUT_LEN: usize = MAX_URL_LEN - 1;
 
 /// The most bytes of an answer's body a delivery row keeps.
 pub const MAX_RESPONSE_BODY: usize = 1024;
@@ -253,7 +258,7 @@ fn classify_v6(ip: Ipv6Addr) -> AddressClass {
 /// Why an endpoint URL was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum UrlRefusal {
-    #[error("`url` is longer than {MAX_URL_LEN} characters")]
+    #[error("`url` is longer than {MAX_URL_INPUT_LEN} characters")]
     TooLong,
     #[error("`url` is not a URL: {0}")]
     Malformed(String),
@@ -363,7 +368,7 @@ fn is_dotted_quad(host: &str) -> bool {
 /// addresses it resolves to ([`check_resolved`]). Returns the URL as
 /// parsed (normalised), without a fragment.
 pub fn check_url(text: &str, allow_private: bool) -> Result<url::Url, UrlRefusal> {
-    if text.chars().count() > MAX_URL_LEN {
+    if text.chars().count() > MAX_URL_INPUT_LEN {
         return Err(UrlRefusal::TooLong);
     }
     let mut url = url::Url::parse(text).map_err(|e| UrlRefusal::Malformed(e.to_string()))?;
@@ -773,6 +778,18 @@ mod tests {
         ));
         let long = format!("https://example.com/{}", "a".repeat(MAX_URL_LEN));
         assert_eq!(check_url(&long, false), Err(UrlRefusal::TooLong));
+        // The schema's `maxLength` is the input limit: one character more
+        // is refused even when the fragment it sits in would be dropped.
+        let prefix = "https://example.com/x#";
+        let at_limit = format!("{prefix}{}", "a".repeat(MAX_URL_INPUT_LEN - prefix.len()));
+        assert!(check_url(&at_limit, false).is_ok());
+        let over = format!("{at_limit}a");
+        assert_eq!(check_url(&over, false), Err(UrlRefusal::TooLong));
+        let bare_host = format!("https://{}.com", "a".repeat(MAX_URL_INPUT_LEN - 12));
+        assert_eq!(bare_host.len(), MAX_URL_INPUT_LEN);
+        // Its stored form gains a `/` and still fits.
+        let stored = check_url(&bare_host, false).unwrap();
+        assert_eq!(stored.as_str().len(), MAX_URL_LEN);
         assert_eq!(
             check_url("https://example.com/x#frag", false)
                 .unwrap()

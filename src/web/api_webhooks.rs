@@ -16,7 +16,7 @@ use super::views::{rfc3339, Problem};
 use super::{read, resource, READ};
 use crate::app::webhooks::{NewWebhook, WebhookChange, WithSecret};
 use crate::app::App;
-use crate::domain::webhook::{EventKind, MAX_URL_LEN};
+use crate::domain::webhook::{EventKind, MAX_URL_INPUT_LEN};
 use crate::store::webhooks::{Delivery, Endpoint, Event, Resent};
 
 /// The webhook routes, inside the `/api/v1` scope (bearer tokens).
@@ -596,4 +596,5 @@ pub async fn resend_event(
 )]
 pub struct WebhooksDoc;
 
-const _: () = assert!(MAX_URL_LEN == 2048);
+// The schema's `max_length` above is this limit, written out.
+const _: () = assert!(MAX_URL_INPUT_LEN == 2047);

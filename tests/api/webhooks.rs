@@ -117,6 +117,7 @@ on_both_backends!(
     a_receiver_failing_twice_gets_the_third_try_with_the_same_webhook_id,
     endpoints_are_owner_scoped_and_the_secret_is_shown_once,
     a_loopback_url_is_refused_unless_allowed,
+    a_url_over_the_schemas_length_is_refused_even_in_its_fragment,
     redirects_are_not_followed,
     a_rotated_secret_signs_with_both_during_the_overlap_then_only_the_new,
     an_endpoint_past_the_failure_threshold_is_disabled_and_says_why,
@@ -355,6 +356,34 @@ async fn endpoints_are_owner_scoped_and_the_secret_is_shown_once(backend: TestBa
             .contains("webhooks.signing_key_env"),
         "{problem}"
     );
+}
+
+/// The schema says `maxLength: 2047`; a URL one character longer is refused,
+/// even when the extra characters sit in a fragment that would be dropped,
+/// and nothing is stored. One at the limit is accepted.
+async fn a_url_over_the_schemas_length_is_refused_even_in_its_fragment(backend: TestBackend) {
+    let app = spawn_app_with(backend, webhook_config(|_| {})).await;
+    let prefix = "https://hooks.example.com/in#";
+    let at_limit = format!("{prefix}{}", "f".repeat(2047 - prefix.len()));
+    let over = format!("{at_limit}f");
+    let problem = assert_problem(
+        register(
+            &app,
+            &app.alice.token,
+            json!({"url": over, "events": ["job.succeeded"]}),
+        )
+        .await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid-body",
+    )
+    .await;
+    assert!(
+        problem["detail"].as_str().unwrap().contains("2047"),
+        "{problem}"
+    );
+    let listed = get_json(&app, &app.alice.token, "/api/v1/webhooks").await;
+    assert_eq!(listed["webhooks"].as_array().unwrap().len(), 0, "{listed}");
+    register_ok(&app, &app.alice.token, &at_limit).await;
 }
 
 async fn a_loopback_url_is_refused_unless_allowed(backend: TestBackend) {
