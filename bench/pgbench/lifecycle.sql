@@ -42,12 +42,28 @@ WITH cas AS (
   UPDATE jobs SET result = '{"summary":"ok"}', completed_by = :attempt_id, status = 'succeeded',
       version = version + 1, updated_at = bench_now_ms()
     WHERE id = :job_id AND owner_id = :owner AND version = 0 AND completed_by IS NULL
-    RETURNING id, task
+    RETURNING *
 )
 UPDATE attempts SET state = 'succeeded', finished_at = bench_now_ms(), lease_expires_at = NULL,
     outcome = CASE WHEN EXISTS (SELECT 1 FROM cas) THEN 'won' ELSE 'lost' END
   WHERE id = :attempt_id AND owner_id = :owner AND state IN ('running', 'unknown', 'abandoned')
-  RETURNING outcome, (SELECT task FROM cas) AS task;
+  RETURNING outcome,
+    (SELECT id FROM cas) AS id,
+    (SELECT owner_id FROM cas) AS owner_id,
+    (SELECT idempotency_key FROM cas) AS idempotency_key,
+    (SELECT task FROM cas) AS task,
+    (SELECT provider FROM cas) AS provider,
+    (SELECT requested_provider FROM cas) AS requested_provider,
+    (SELECT input FROM cas) AS input,
+    (SELECT params FROM cas) AS params,
+    (SELECT fingerprint FROM cas) AS fingerprint,
+    (SELECT status FROM cas) AS status,
+    (SELECT version FROM cas) AS version,
+    (SELECT result FROM cas) AS result,
+    (SELECT completed_by FROM cas) AS completed_by,
+    (SELECT failure_reason FROM cas) AS failure_reason,
+    (SELECT created_at FROM cas) AS created_at,
+    (SELECT updated_at FROM cas) AS updated_at;
 -- the call in the usage ledger, and the owner's budget row (none here)
 INSERT INTO usage_ledger (attempt_id, owner_id, job_id, task, provider, model, kind, late,
                           prompt_tokens, completion_tokens, cached_tokens, usage_source,

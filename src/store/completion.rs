@@ -3,6 +3,7 @@
 //! and a definite failure's failover or the job's end.
 
 use diesel::prelude::*;
+use diesel::sql_types::{BigInt, Nullable, Text};
 use serde_json::Value;
 
 use super::connection::write_transaction;
@@ -40,9 +41,9 @@ pub struct Recorded {
     pub applied: Applied,
     pub job_id: JobId,
     pub entry: Option<LedgerEntry>,
-    /// The job as a winning compare-and-swap left it, when its statement
-    /// returned the row (SQLite): a waiter in this process answers from it
-    /// without reading the job again. `None` otherwise.
+    /// The job as a winning compare-and-swap left it (its statement returns
+    /// the row on both backends): a waiter in this process answers from it
+    /// without reading the job again. `None` when the answer did not win.
     pub finished: Option<Job>,
 }
 
@@ -243,9 +244,10 @@ fn settle_success(
 ) -> StoreResult<(bool, Option<String>, Option<Job>)> {
     let conn = match conn {
         DbConnection::Postgresql(pg) => {
-            let (won, task) =
+            let (won, finished) =
                 settle_success_in_one_statement(pg, attempt, version_read, payload, now)?;
-            return Ok((won, task, None));
+            let task = finished.as_ref().map(|job| job.task.clone());
+            return Ok((won, task, finished));
         }
         DbConnection::Sqlite(sqlite) => sqlite,
     };
@@ -283,44 +285,128 @@ fn settle_success(
     Ok((won, task, finished))
 }
 
+/// What the one-statement compare-and-swap returns: the attempt's place in
+/// the race and, when it won, every column of its job as the update left it
+/// (each read from the `cas` step, so all are NULL when the answer lost).
 #[derive(QueryableByName)]
 struct Settled {
-    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    #[diesel(sql_type = Nullable<Text>)]
     outcome: Option<String>,
-    /// The job's task, when the answer won (for the ledger's row).
-    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    #[diesel(sql_type = Nullable<Text>)]
+    id: Option<JobId>,
+    #[diesel(sql_type = Nullable<Text>)]
+    owner_id: Option<UserId>,
+    #[diesel(sql_type = Nullable<Text>)]
+    idempotency_key: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
     task: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    provider: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    requested_provider: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    input: Option<JsonText>,
+    #[diesel(sql_type = Nullable<Text>)]
+    params: Option<JsonText>,
+    #[diesel(sql_type = Nullable<Text>)]
+    fingerprint: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    status: Option<JobStatus>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    version: Option<i64>,
+    #[diesel(sql_type = Nullable<Text>)]
+    result: Option<JsonText>,
+    #[diesel(sql_type = Nullable<Text>)]
+    completed_by: Option<AttemptId>,
+    #[diesel(sql_type = Nullable<Text>)]
+    failure_reason: Option<String>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    created_at: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    updated_at: Option<i64>,
 }
+
+impl Settled {
+    /// The job as the winning update left it; `None` when the answer lost
+    /// (the `cas` step changed no row, so its columns came back NULL).
+    fn into_job(self) -> Option<Job> {
+        Some(Job {
+            id: self.id?,
+            owner_id: self.owner_id?,
+            idempotency_key: self.idempotency_key?,
+            task: self.task?,
+            provider: self.provider?,
+            requested_provider: self.requested_provider,
+            input: self.input?,
+            params: self.params?,
+            fingerprint: self.fingerprint?,
+            status: self.status?,
+            version: self.version?,
+            result: self.result,
+            completed_by: self.completed_by,
+            failure_reason: self.failure_reason,
+            created_at: self.created_at?,
+            updated_at: self.updated_at?,
+        })
+    }
+}
+
+/// The job's columns, in the order [`Settled`] names them.
+const JOB_COLUMNS: [&str; 16] = [
+    "id",
+    "owner_id",
+    "idempotency_key",
+    "task",
+    "provider",
+    "requested_provider",
+    "input",
+    "params",
+    "fingerprint",
+    "status",
+    "version",
+    "result",
+    "completed_by",
+    "failure_reason",
+    "created_at",
+    "updated_at",
+];
 
 /// PostgreSQL: the same two guarded updates as one statement (the
 /// versioned update of the job in a data-modifying `WITH`, the attempt's
 /// transition taking `won` or `lost` from whether it changed a row): one
-/// round trip fewer per answer. The winner's job's task comes back with it.
+/// round trip fewer per answer. The winner's job comes back with it, each
+/// column by a scalar subquery on `cas` (the statement keeps the shape that
+/// names its owner in both steps), so a waiter answers without reading it.
 fn settle_success_in_one_statement(
     conn: &mut diesel::PgConnection,
     attempt: &Attempt,
     version_read: i64,
     payload: &str,
     now: i64,
-) -> StoreResult<(bool, Option<String>)> {
-    use diesel::sql_types::{Array, BigInt, Text};
+) -> StoreResult<(bool, Option<Job>)> {
+    use diesel::sql_types::Array;
     let from_states: Vec<&str> = AttemptEvent::ProviderSucceeded
         .from_states()
         .iter()
         .map(|state| state.as_str())
         .collect();
+    let job_columns = JOB_COLUMNS
+        .iter()
+        .map(|column| format!("(SELECT {column} FROM cas) AS {column}"))
+        .collect::<Vec<_>>()
+        .join(", ");
     let settled: Vec<Settled> = diesel::sql_query(format!(
         "WITH cas AS (
            UPDATE jobs SET result = $1, completed_by = $2, status = '{succeeded}',
                            version = version + 1, updated_at = $3
            WHERE id = $4 AND owner_id = $5 AND version = $6 AND completed_by IS NULL
-           RETURNING id, task
+           RETURNING *
          )
          UPDATE attempts SET state = '{target}', finished_at = $3, lease_expires_at = NULL,
                              outcome = CASE WHEN EXISTS (SELECT 1 FROM cas)
                                             THEN '{won}' ELSE '{lost}' END
          WHERE id = $2 AND owner_id = $5 AND state = ANY($7)
-         RETURNING outcome, (SELECT task FROM cas) AS task",
+         RETURNING outcome, {job_columns}",
         succeeded = JobStatus::Succeeded.as_str(),
         target = AttemptEvent::ProviderSucceeded.target().as_str(),
         won = RaceResult::Won.as_str(),
@@ -334,11 +420,19 @@ fn settle_success_in_one_statement(
     .bind::<BigInt, _>(version_read)
     .bind::<Array<Text>, _>(from_states)
     .load(conn)?;
-    match settled.as_slice() {
-        [Settled {
-            outcome: Some(outcome),
-            task,
-        }] => Ok((outcome == RaceResult::Won.as_str(), task.clone())),
+    let mut rows = settled.into_iter();
+    match (rows.next(), rows.next()) {
+        (Some(row), None) if row.outcome.is_some() => {
+            let won = row.outcome.as_deref() == Some(RaceResult::Won.as_str());
+            let job = row.into_job();
+            if won != job.is_some() {
+                return Err(StoreError::corrupt(format!(
+                    "attempt {} won without its job's row, or lost with it",
+                    attempt.id
+                )));
+            }
+            Ok((won, job))
+        }
         // The attempt was read under its job's lock in a state that takes an
         // answer; anything else rolls the transaction back.
         _ => Err(StoreError::corrupt(format!(
