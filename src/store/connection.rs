@@ -366,6 +366,38 @@ mod tests {
         );
     }
 
+    /// With the query planner stability guarantee (`.cargo/config.toml`
+    /// builds SQLite with it on), a bound `LIMIT ?` is read at run time,
+    /// from a register: binding it again leaves the prepared statement
+    /// valid. Without it SQLite plans with the value bound when it
+    /// prepared, as a constant, and every new binding expires the statement
+    /// (diesel binds each `.first()`'s limit, so each ran re-parsed).
+    #[test]
+    fn a_bound_limit_does_not_expire_sqlite_statements() {
+        #[derive(QueryableByName)]
+        struct Step {
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            opcode: String,
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let url = DatabaseUrl::parse(dir.path().join("plan.db").to_str().unwrap()).unwrap();
+        let mut conn = DbConnectionManager::new(url, &DatabaseSettings::default())
+            .establish()
+            .unwrap();
+        let DbConnection::Sqlite(sqlite) = &mut conn else {
+            unreachable!("a file path is a SQLite database")
+        };
+        let steps: Vec<Step> = diesel::sql_query("EXPLAIN SELECT 1 LIMIT ?")
+            .bind::<diesel::sql_types::BigInt, _>(1)
+            .load(sqlite)
+            .unwrap();
+        let opcodes: Vec<&str> = steps.iter().map(|step| step.opcode.as_str()).collect();
+        assert!(
+            opcodes.contains(&"Variable"),
+            "the limit was planned as a constant: {opcodes:?}"
+        );
+    }
+
     #[test]
     fn passwords_are_redacted_for_logs() {
         let url = DatabaseUrl::parse("postgres://app:s3cret@db:5432/onejob").unwrap();
