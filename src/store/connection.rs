@@ -197,9 +197,13 @@ impl DbConnectionManager {
                     SqliteSynchronous::Normal => "NORMAL",
                 };
                 // busy_timeout first: switching to WAL itself needs the lock.
+                // temp_store = MEMORY keeps each savepoint's journal in
+                // memory: group commit opens one per write, and on disk each
+                // page a write first touched went out in a pwrite of its own.
                 conn.batch_execute(&format!(
                     "PRAGMA busy_timeout = {}; PRAGMA journal_mode = WAL; \
-                     PRAGMA synchronous = {synchronous}; PRAGMA foreign_keys = ON;",
+                     PRAGMA synchronous = {synchronous}; PRAGMA foreign_keys = ON; \
+                     PRAGMA temp_store = MEMORY;",
                     self.busy_timeout_ms
                 ))
                 .map_err(|source| ConnectError::Pragmas {
