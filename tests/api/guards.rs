@@ -407,8 +407,51 @@ async fn a_job_read_across_its_attempts_finish_is_read_again(backend: TestBacken
         .await;
 }
 
+/// The winning compare-and-swap hands back the job's row as it stored it
+/// (SQLite's `UPDATE … RETURNING`, PostgreSQL's one statement reading each
+/// column from its `cas` step), which a waiter answers from: it must be
+/// the row a read finds afterwards, column for column. An answer that does
+/// not win hands back none.
+async fn the_winning_compare_and_swap_returns_the_row_it_stored(backend: TestBackend) {
+    use onejob::store::completion::settle_answer;
+    use onejob::store::ledger::Charge;
+    use onejob::store::transitions::{get_job, AttemptKey, JobKey};
+
+    let prepared = PreparedApp::new(backend, test_config(DEFAULT_TEST_PROVIDERS)).await;
+    let owner = prepared.alice.id.clone();
+    prepared
+        .with_conn(move |conn| {
+            queued_job(conn, &owner, "returned-row");
+            let claimed = claim(conn, "w1", 60_000, true);
+            let key = AttemptKey {
+                id: claimed[0].attempt.id.clone(),
+                owner_id: owner.clone(),
+            };
+            let answer = serde_json::json!({"summary": "the stored one"});
+            let won = settle_answer(conn, &key, &answer, &Charge::unpriced("m")).unwrap();
+            let returned = won.finished.expect("the winner's row comes back");
+            let stored = get_job(
+                conn,
+                &JobKey {
+                    id: claimed[0].job.id.clone(),
+                    owner_id: owner.clone(),
+                },
+            )
+            .unwrap();
+            assert_eq!(returned, stored);
+            assert_eq!(stored.version, claimed[0].job.version + 1);
+            assert_eq!(stored.completed_by.as_ref(), Some(&key.id));
+
+            let again = serde_json::json!({"summary": "a second, different answer"});
+            let late = settle_answer(conn, &key, &again, &Charge::unpriced("m")).unwrap();
+            assert!(late.finished.is_none(), "{:?}", late.applied);
+        })
+        .await;
+}
+
 on_both_backends!(
     a_second_confirmation_of_one_claim_is_not_granted,
+    the_winning_compare_and_swap_returns_the_row_it_stored,
     a_job_read_across_its_attempts_finish_is_read_again,
     a_claim_whose_lease_ran_out_is_requeued_with_sent_at_still_null,
     an_unknown_jobs_page_offers_no_new_attempt,
