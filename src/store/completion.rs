@@ -104,8 +104,8 @@ pub fn settle_answer(
         let version_read = attempt.version_read.ok_or_else(|| {
             StoreError::corrupt(format!("attempt {} has a result but never started", key.id))
         })?;
-        let (won, task, finished) =
-            settle_success(conn, &attempt, version_read, &payload_text, now)?;
+        let finished = settle_success(conn, &attempt, version_read, &payload_text, now)?;
+        let won = finished.is_some();
         let kind = if won {
             AnswerKind::Won
         } else {
@@ -117,7 +117,7 @@ pub fn settle_answer(
             kind,
             payload_text.len(),
             charge,
-            task.as_deref(),
+            finished.as_ref().map(|job| job.task.as_str()),
             now,
         )?;
         // The call's cost, and for the winner its job's reservation back,
@@ -233,21 +233,18 @@ fn log_race(
 
 /// The single conditional statement that decides the winner.
 /// The compare-and-swap and the attempt's transition with its place in the
-/// race, under the job's lock. Whether the answer won, the winner's job's
-/// task and, where the statement returns it, the job as it left it.
+/// race, under the job's lock. The job as the winning update left it, or
+/// `None` when the answer lost.
 fn settle_success(
     conn: &mut DbConnection,
     attempt: &Attempt,
     version_read: i64,
     payload: &str,
     now: i64,
-) -> StoreResult<(bool, Option<String>, Option<Job>)> {
+) -> StoreResult<Option<Job>> {
     let conn = match conn {
         DbConnection::Postgresql(pg) => {
-            let (won, finished) =
-                settle_success_in_one_statement(pg, attempt, version_read, payload, now)?;
-            let task = finished.as_ref().map(|job| job.task.clone());
-            return Ok((won, task, finished));
+            return settle_success_in_one_statement(pg, attempt, version_read, payload, now);
         }
         DbConnection::Sqlite(sqlite) => sqlite,
     };
@@ -260,8 +257,7 @@ fn settle_success(
         payload,
         now,
     )?;
-    let won = finished.is_some();
-    let result = if won {
+    let result = if finished.is_some() {
         RaceResult::Won
     } else {
         RaceResult::Lost
@@ -281,8 +277,7 @@ fn settle_success(
         attempts::outcome.eq(result),
     ))
     .execute(conn)?;
-    let task = finished.as_ref().map(|job| job.task.clone());
-    Ok((won, task, finished))
+    Ok(finished)
 }
 
 /// What the one-statement compare-and-swap returns: the attempt's place in
@@ -371,31 +366,14 @@ const JOB_COLUMNS: [&str; 16] = [
     "updated_at",
 ];
 
-/// PostgreSQL: the same two guarded updates as one statement (the
-/// versioned update of the job in a data-modifying `WITH`, the attempt's
-/// transition taking `won` or `lost` from whether it changed a row): one
-/// round trip fewer per answer. The winner's job comes back with it, each
-/// column by a scalar subquery on `cas` (the statement keeps the shape that
-/// names its owner in both steps), so a waiter answers without reading it.
-fn settle_success_in_one_statement(
-    conn: &mut diesel::PgConnection,
-    attempt: &Attempt,
-    version_read: i64,
-    payload: &str,
-    now: i64,
-) -> StoreResult<(bool, Option<Job>)> {
-    use diesel::sql_types::Array;
-    let from_states: Vec<&str> = AttemptEvent::ProviderSucceeded
-        .from_states()
-        .iter()
-        .map(|state| state.as_str())
-        .collect();
+/// [`settle_success_in_one_statement`]'s text, written once.
+static SETTLE_IN_ONE_STATEMENT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     let job_columns = JOB_COLUMNS
         .iter()
         .map(|column| format!("(SELECT {column} FROM cas) AS {column}"))
         .collect::<Vec<_>>()
         .join(", ");
-    let settled: Vec<Settled> = diesel::sql_query(format!(
+    format!(
         "WITH cas AS (
            UPDATE jobs SET result = $1, completed_by = $2, status = '{succeeded}',
                            version = version + 1, updated_at = $3
@@ -411,15 +389,37 @@ fn settle_success_in_one_statement(
         target = AttemptEvent::ProviderSucceeded.target().as_str(),
         won = RaceResult::Won.as_str(),
         lost = RaceResult::Lost.as_str(),
-    ))
-    .bind::<Text, _>(payload)
-    .bind::<Text, _>(attempt.id.as_str())
-    .bind::<BigInt, _>(now)
-    .bind::<Text, _>(attempt.job_id.as_str())
-    .bind::<Text, _>(attempt.owner_id.as_str())
-    .bind::<BigInt, _>(version_read)
-    .bind::<Array<Text>, _>(from_states)
-    .load(conn)?;
+    )
+});
+
+/// PostgreSQL: the same two guarded updates as one statement (the
+/// versioned update of the job in a data-modifying `WITH`, the attempt's
+/// transition taking `won` or `lost` from whether it changed a row): one
+/// round trip fewer per answer. The winner's job comes back with it, each
+/// column by a scalar subquery on `cas` (the statement keeps the shape that
+/// names its owner in both steps), so a waiter answers without reading it.
+fn settle_success_in_one_statement(
+    conn: &mut diesel::PgConnection,
+    attempt: &Attempt,
+    version_read: i64,
+    payload: &str,
+    now: i64,
+) -> StoreResult<Option<Job>> {
+    use diesel::sql_types::Array;
+    let from_states: Vec<&str> = AttemptEvent::ProviderSucceeded
+        .from_states()
+        .iter()
+        .map(|state| state.as_str())
+        .collect();
+    let settled: Vec<Settled> = diesel::sql_query(SETTLE_IN_ONE_STATEMENT.as_str())
+        .bind::<Text, _>(payload)
+        .bind::<Text, _>(attempt.id.as_str())
+        .bind::<BigInt, _>(now)
+        .bind::<Text, _>(attempt.job_id.as_str())
+        .bind::<Text, _>(attempt.owner_id.as_str())
+        .bind::<BigInt, _>(version_read)
+        .bind::<Array<Text>, _>(from_states)
+        .load(conn)?;
     let mut rows = settled.into_iter();
     match (rows.next(), rows.next()) {
         (Some(row), None) if row.outcome.is_some() => {
@@ -431,7 +431,7 @@ fn settle_success_in_one_statement(
                     attempt.id
                 )));
             }
-            Ok((won, job))
+            Ok(job)
         }
         // The attempt was read under its job's lock in a state that takes an
         // answer; anything else rolls the transaction back.
