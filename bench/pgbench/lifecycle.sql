@@ -4,7 +4,8 @@
 -- the compare-and-swap makes the answer the job's result (one transaction:
 -- lock the job, read the attempt under the lock, the versioned update, the
 -- attempt's guarded transition, the call's usage-ledger row and the look
--- at the owner's budget row).
+-- at the owner's budget row; the owner has no webhook endpoint, which the
+-- compare-and-swap's statement finds out itself).
 -- Variables: owner, digest.
 SELECT users.id, users.name, users.role FROM api_tokens
   INNER JOIN users ON api_tokens.user_id = users.id
@@ -63,7 +64,9 @@ UPDATE attempts SET state = 'succeeded', finished_at = bench_now_ms(), lease_exp
     (SELECT completed_by FROM cas) AS completed_by,
     (SELECT failure_reason FROM cas) AS failure_reason,
     (SELECT created_at FROM cas) AS created_at,
-    (SELECT updated_at FROM cas) AS updated_at;
+    (SELECT updated_at FROM cas) AS updated_at,
+    EXISTS (SELECT 1 FROM webhook_endpoints WHERE owner_id = :owner
+            AND enabled = TRUE AND events LIKE '%,job.succeeded,%') AS subscribed;
 -- the call in the usage ledger, and the owner's budget row (none here)
 INSERT INTO usage_ledger (attempt_id, owner_id, job_id, task, provider, model, kind, late,
                           prompt_tokens, completion_tokens, cached_tokens, usage_source,

@@ -104,7 +104,10 @@ pub fn settle_answer(
         let version_read = attempt.version_read.ok_or_else(|| {
             StoreError::corrupt(format!("attempt {} has a result but never started", key.id))
         })?;
-        let finished = settle_success(conn, &attempt, version_read, &payload_text, now)?;
+        let Settlement {
+            finished,
+            subscribed,
+        } = settle_success(conn, &attempt, version_read, &payload_text, now)?;
         let won = finished.is_some();
         let kind = if won {
             AnswerKind::Won
@@ -125,13 +128,17 @@ pub fn settle_answer(
         let spent = entry.as_ref().map(LedgerEntry::spent).unwrap_or_default();
         super::budgets::settle(conn, &attempt.job_key(), won, spent, now)?;
         if won {
-            // The job's `job.succeeded` webhook events commit with its result.
-            super::webhooks::record_event(
-                conn,
-                &attempt.job_key(),
-                crate::domain::webhook::EventKind::JobSucceeded,
-                now,
-            )?;
+            // The job's `job.succeeded` webhook events commit with its
+            // result (no look-up when the compare-and-swap found no
+            // endpoint for them).
+            if subscribed != Some(false) {
+                super::webhooks::record_event(
+                    conn,
+                    &attempt.job_key(),
+                    crate::domain::webhook::EventKind::JobSucceeded,
+                    now,
+                )?;
+            }
             // A live attempt is the job's only one (the one-live-attempt
             // index); only an answer on a non-live attempt (abandoned, say)
             // can find a queued successor to close.
@@ -231,17 +238,26 @@ fn log_race(
     Ok(())
 }
 
+/// What the compare-and-swap decided.
+struct Settlement {
+    /// The job as the winning update left it, or `None` when the answer
+    /// lost.
+    finished: Option<Job>,
+    /// Whether the owner has an endpoint for `job.succeeded`, when the
+    /// statement found out (PostgreSQL); `None`: not asked.
+    subscribed: Option<bool>,
+}
+
 /// The single conditional statement that decides the winner.
 /// The compare-and-swap and the attempt's transition with its place in the
-/// race, under the job's lock. The job as the winning update left it, or
-/// `None` when the answer lost.
+/// race, under the job's lock.
 fn settle_success(
     conn: &mut DbConnection,
     attempt: &Attempt,
     version_read: i64,
     payload: &str,
     now: i64,
-) -> StoreResult<Option<Job>> {
+) -> StoreResult<Settlement> {
     let conn = match conn {
         DbConnection::Postgresql(pg) => {
             return settle_success_in_one_statement(pg, attempt, version_read, payload, now);
@@ -277,12 +293,16 @@ fn settle_success(
         attempts::outcome.eq(result),
     ))
     .execute(conn)?;
-    Ok(finished)
+    Ok(Settlement {
+        finished,
+        subscribed: None,
+    })
 }
 
 /// What the one-statement compare-and-swap returns: the attempt's place in
 /// the race and, when it won, every column of its job as the update left it
-/// (each read from the `cas` step, so all are NULL when the answer lost).
+/// (each read from the `cas` step, so all are NULL when the answer lost);
+/// and whether the owner has an endpoint for `job.succeeded`.
 #[derive(QueryableByName)]
 struct Settled {
     #[diesel(sql_type = Nullable<Text>)]
@@ -319,6 +339,8 @@ struct Settled {
     created_at: Option<i64>,
     #[diesel(sql_type = Nullable<BigInt>)]
     updated_at: Option<i64>,
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    subscribed: bool,
 }
 
 impl Settled {
@@ -384,7 +406,8 @@ static SETTLE_IN_ONE_STATEMENT: std::sync::LazyLock<String> = std::sync::LazyLoc
                              outcome = CASE WHEN EXISTS (SELECT 1 FROM cas)
                                             THEN '{won}' ELSE '{lost}' END
          WHERE id = $2 AND owner_id = $5 AND state = ANY($7)
-         RETURNING outcome, {job_columns}",
+         RETURNING outcome, {job_columns}, {subscribed} AS subscribed",
+        subscribed = super::webhooks::any_endpoint_subscribed_sql("$5", "$8"),
         succeeded = JobStatus::Succeeded.as_str(),
         target = AttemptEvent::ProviderSucceeded.target().as_str(),
         won = RaceResult::Won.as_str(),
@@ -398,13 +421,15 @@ static SETTLE_IN_ONE_STATEMENT: std::sync::LazyLock<String> = std::sync::LazyLoc
 /// round trip fewer per answer. The winner's job comes back with it, each
 /// column by a scalar subquery on `cas` (the statement keeps the shape that
 /// names its owner in both steps), so a waiter answers without reading it.
+/// It also says whether the owner has an endpoint for `job.succeeded`, so
+/// that a winner with none skips the webhook look-up's round trip.
 fn settle_success_in_one_statement(
     conn: &mut diesel::PgConnection,
     attempt: &Attempt,
     version_read: i64,
     payload: &str,
     now: i64,
-) -> StoreResult<Option<Job>> {
+) -> StoreResult<Settlement> {
     use diesel::sql_types::Array;
     let from_states: Vec<&str> = AttemptEvent::ProviderSucceeded
         .from_states()
@@ -419,19 +444,26 @@ fn settle_success_in_one_statement(
         .bind::<Text, _>(attempt.owner_id.as_str())
         .bind::<BigInt, _>(version_read)
         .bind::<Array<Text>, _>(from_states)
+        .bind::<Text, _>(crate::domain::webhook::subscription_pattern(
+            crate::domain::webhook::EventKind::JobSucceeded,
+        ))
         .load(conn)?;
     let mut rows = settled.into_iter();
     match (rows.next(), rows.next()) {
         (Some(row), None) if row.outcome.is_some() => {
             let won = row.outcome.as_deref() == Some(RaceResult::Won.as_str());
-            let job = row.into_job();
-            if won != job.is_some() {
+            let subscribed = Some(row.subscribed);
+            let finished = row.into_job();
+            if won != finished.is_some() {
                 return Err(StoreError::corrupt(format!(
                     "attempt {} won without its job's row, or lost with it",
                     attempt.id
                 )));
             }
-            Ok(job)
+            Ok(Settlement {
+                finished,
+                subscribed,
+            })
         }
         // The attempt was read under its job's lock in a state that takes an
         // answer; anything else rolls the transaction back.

@@ -379,6 +379,18 @@ pub fn rotate_secret(
 /// For [`EventKind::JobUnknown`] the subject is the job's unknown attempt;
 /// an occurrence already recorded (same endpoint, job, kind and subject)
 /// is left as it is. Returns how many rows it wrote.
+/// [`record_event`]'s look-up of the endpoints an event goes to, as a SQL
+/// condition for a statement that already runs in the same transaction
+/// (PostgreSQL's compare-and-swap answers it, a round trip fewer when it
+/// is false): `owner` and `pattern` are the statement's placeholders for
+/// the owner and for [`subscription_pattern`] of the event's kind.
+pub(super) fn any_endpoint_subscribed_sql(owner: &str, pattern: &str) -> String {
+    format!(
+        "EXISTS (SELECT 1 FROM webhook_endpoints WHERE owner_id = {owner} \
+         AND enabled = TRUE AND events LIKE {pattern})"
+    )
+}
+
 pub fn record_event(
     conn: &mut DbConnection,
     job_key: &JobKey,

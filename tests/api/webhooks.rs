@@ -125,6 +125,7 @@ on_both_backends!(
     the_outbox_row_commits_and_rolls_back_with_the_state_change,
     the_outbox_sql_agrees_with_the_domain_rules,
     an_attempt_going_unknown_is_told_once_then_the_late_success,
+    a_winner_with_no_endpoint_for_it_looks_none_up,
 );
 
 /// A soft timeout makes the attempt unknown: one `job.unknown` event naming
@@ -648,6 +649,94 @@ async fn resend_keeps_the_same_webhook_id_and_body(backend: TestBackend) {
     assert_eq!(again[1].webhook_id(), first[0].webhook_id());
     assert_eq!(again[1].body, first[0].body);
     assert_eq!(verifying(&secret, &again[1]), 1);
+}
+
+/// On PostgreSQL the compare-and-swap's statement also says whether the
+/// owner has an enabled endpoint for `job.succeeded`; a winner with none
+/// skips the endpoints' look-up (a round trip) and records no event, while
+/// another owner's endpoint, or one for other events, does not count. Once
+/// the endpoint subscribes, the next winner's event is recorded. SQLite,
+/// with no round trips to save, looks up as before.
+async fn a_winner_with_no_endpoint_for_it_looks_none_up(backend: TestBackend) {
+    use crate::support::harness::PreparedApp;
+    let receiver = WebhookReceiver::start().await;
+    let log = onejob::store::statement_log::StatementLog::new();
+    let app = PreparedApp::new(backend, webhook_config(|_| {}))
+        .await
+        .recording(&log)
+        .await
+        .start()
+        .await;
+    let only_failures = register(
+        &app,
+        &app.alice.token,
+        json!({"url": receiver.url("/"), "events": ["job.failed"]}),
+    )
+    .await;
+    assert_eq!(only_failures.status(), StatusCode::CREATED);
+    let endpoint = only_failures.json::<Value>().await.unwrap()["webhook"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    register_ok(&app, &app.bob.token, &receiver.url("/")).await;
+    let look_ups = |statements: &[String]| {
+        statements
+            .iter()
+            .filter(|s| {
+                s.contains("FROM \"webhook_endpoints\"") || s.contains("FROM `webhook_endpoints`")
+            })
+            .filter(|s| s.contains("LIKE"))
+            .count()
+    };
+    let events_path = format!("/api/v1/webhooks/{endpoint}/events");
+    let finish = |key: &'static str| {
+        let app = &app;
+        async move {
+            let job_id = app.create_job(&app.alice.token, key, &summarize(key)).await;
+            app.wait_for_status(&job_id, "succeeded", Duration::from_secs(10))
+                .await;
+            job_id
+        }
+    };
+
+    log.take();
+    finish("wh-none").await;
+    let expected = match backend {
+        TestBackend::Postgres => 0,
+        TestBackend::Sqlite => 1,
+    };
+    assert_eq!(
+        look_ups(&log.take()),
+        expected,
+        "endpoint look-ups for a winner"
+    );
+    assert_eq!(
+        get_json(&app, &app.alice.token, &events_path).await["events"],
+        json!([]),
+        "no event for an endpoint that does not subscribe to it"
+    );
+
+    let patched = app
+        .client
+        .patch(app.url(&format!("/api/v1/webhooks/{endpoint}")))
+        .bearer_auth(&app.alice.token)
+        .json(&json!({"events": ["job.succeeded"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(patched.status(), StatusCode::OK);
+    log.take();
+    let job_id = finish("wh-some").await;
+    assert_eq!(
+        look_ups(&log.take()),
+        1,
+        "the look-up once an endpoint subscribes"
+    );
+    let events = get_json(&app, &app.alice.token, &events_path).await;
+    let events = events["events"].as_array().unwrap();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0]["type"], "job.succeeded", "{events:?}");
+    assert_eq!(events[0]["job_id"], job_id.as_str(), "{events:?}");
 }
 
 /// Bypassing the application: `fail_job` in a transaction that rolls back
