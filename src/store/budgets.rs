@@ -11,6 +11,7 @@
 use diesel::prelude::*;
 
 use super::connection::DbConnection;
+use super::prepared::KeepPrepared;
 use super::schema::{budget_reservations, budgets};
 use super::transitions::JobKey;
 use super::{StoreError, StoreResult};
@@ -94,7 +95,9 @@ fn lock(conn: &mut DbConnection, owner_id: &UserId) -> StoreResult<Option<Budget
 fn write(conn: &mut DbConnection, row: &BudgetRow) -> StoreResult<()> {
     diesel::update(budgets::table.filter(budgets::owner_id.eq(&row.owner_id)))
         .set(row)
-        .execute(conn)?;
+        .returning(budgets::owner_id)
+        .keep_prepared()
+        .load::<String>(conn)?;
     Ok(())
 }
 
@@ -203,10 +206,12 @@ fn take_reservation(conn: &mut DbConnection, job: &JobKey) -> StoreResult<Option
         DbConnection::Postgresql(c) => diesel::sql_query(SQL)
             .bind::<Text, _>(job.id.as_str())
             .bind::<Text, _>(job.owner_id.as_str())
+            .keep_prepared()
             .load(c)?,
         DbConnection::Sqlite(c) => diesel::sql_query(SQL.replace('$', "?"))
             .bind::<Text, _>(job.id.as_str())
             .bind::<Text, _>(job.owner_id.as_str())
+            .keep_prepared()
             .load(c)?,
     };
     Ok(held.first().map(|h| Reservation {

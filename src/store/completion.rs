@@ -8,6 +8,7 @@ use serde_json::Value;
 
 use super::connection::write_transaction;
 use super::ledger::{record_call, Charge, LedgerEntry};
+use super::prepared::KeepPrepared;
 use super::queue::db_clock_ms;
 use super::rows::{Attempt, Job, RaceEntry};
 use super::schema::{attempts, jobs, race_log};
@@ -292,7 +293,9 @@ fn settle_success(
         attempts::lease_expires_at.eq(None::<i64>),
         attempts::outcome.eq(result),
     ))
-    .execute(conn)?;
+    .returning(attempts::id)
+    .keep_prepared()
+    .load::<AttemptId>(conn)?;
     Ok(Settlement {
         finished,
         subscribed: None,
@@ -447,6 +450,7 @@ fn settle_success_in_one_statement(
         .bind::<Text, _>(crate::domain::webhook::subscription_pattern(
             crate::domain::webhook::EventKind::JobSucceeded,
         ))
+        .keep_prepared()
         .load(conn)?;
     let mut rows = settled.into_iter();
     match (rows.next(), rows.next()) {
@@ -498,6 +502,7 @@ fn cas_job_result(
         jobs::updated_at.eq(now),
     ))
     .returning(Job::as_returning())
+    .keep_prepared()
     .get_result(conn)
     .optional()
 }

@@ -3,6 +3,7 @@
 use diesel::prelude::*;
 
 use super::connection::{per_backend, write_transaction};
+use super::prepared::KeepPrepared;
 use super::queue::{self, StartNow};
 use super::rows::{Attempt, Job};
 use super::schema::jobs;
@@ -214,6 +215,7 @@ fn insert_job_and_attempt(
         .bind::<Nullable<BigInt>, _>(lease_ms)
         .bind::<Nullable<BigInt>, _>(started)
         .bind::<Nullable<BigInt>, _>(timeout)
+        .keep_prepared()
         .load(conn)?;
     Ok(inserted.into_iter().next())
 }
@@ -372,11 +374,14 @@ pub fn find_by_key(
 /// connection, so the same statement runs on the concrete one.
 fn insert_job_unless_key_exists(conn: &mut DbConnection, row: &Job) -> QueryResult<usize> {
     let target = (jobs::owner_id, jobs::idempotency_key);
-    per_backend!(conn, |c| diesel::insert_into(jobs::table)
+    let inserted: Vec<String> = per_backend!(conn, |c| diesel::insert_into(jobs::table)
         .values(row)
         .on_conflict(target)
         .do_nothing()
-        .execute(c))
+        .returning(jobs::id)
+        .keep_prepared()
+        .load(c))?;
+    Ok(inserted.len())
 }
 
 /// The owner's jobs, newest first (ids are time-ordered), `limit` at a time,

@@ -6,6 +6,7 @@
 use diesel::prelude::*;
 
 use super::connection::per_backend;
+use super::prepared::KeepPrepared;
 use super::rows::Attempt;
 use super::schema::{jobs, usage_ledger, usage_tallies};
 use super::{DbConnection, StoreResult};
@@ -142,12 +143,14 @@ pub(super) fn record_call(
         recorded_at: now,
     };
     let key = (usage_ledger::attempt_id, usage_ledger::owner_id);
-    let inserted = per_backend!(conn, |c| diesel::insert_into(usage_ledger::table)
+    let inserted: Vec<String> = per_backend!(conn, |c| diesel::insert_into(usage_ledger::table)
         .values(&entry)
         .on_conflict(key)
         .do_nothing()
-        .execute(c))?;
-    if inserted == 0 {
+        .returning(usage_ledger::attempt_id)
+        .keep_prepared()
+        .load(c))?;
+    if inserted.is_empty() {
         return Ok(None);
     }
     Ok(Some(entry))

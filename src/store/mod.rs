@@ -14,6 +14,7 @@ pub mod jobs;
 pub mod ledger;
 pub mod migrations;
 pub mod operator;
+pub mod prepared;
 pub mod qualifications;
 pub mod queue;
 pub mod reports;

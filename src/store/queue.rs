@@ -12,6 +12,7 @@ use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Nullable};
 
 use super::connection::{per_backend, write_transaction};
+use super::prepared::KeepPrepared;
 use super::rows::{Attempt, Job};
 use super::schema::{attempts, jobs};
 use super::transitions::{
@@ -46,8 +47,13 @@ fn db_now(conn: &DbConnection) -> Millis {
     sql::<Nullable<BigInt>>(db_now_ms(conn))
 }
 
-fn db_now_plus(conn: &DbConnection, ms: i64) -> Millis {
-    sql::<Nullable<BigInt>>(&format!("({}) + {ms}", db_now_ms(conn)))
+/// The clock `ms` ahead; `ms` is bound, so the statement's text stays the
+/// same whatever it is (`store::prepared`).
+fn db_now_plus(
+    conn: &DbConnection,
+    ms: i64,
+) -> diesel::expression::UncheckedBind<Millis, diesel::dsl::AsExprOf<i64, BigInt>> {
+    sql::<Nullable<BigInt>>(&format!("({}) + ", db_now_ms(conn))).bind::<BigInt, _>(ms)
 }
 
 /// A queued attempt this process now holds, with the job it works for.
@@ -162,6 +168,7 @@ pub fn claim_batch(conn: &mut DbConnection, rules: ClaimRules<'_>) -> StoreResul
                 attempts::provider,
             ))
             .limit(limit * 2)
+            .keep_prepared()
             .load(conn)?;
         // One owner at a time, each statement naming the owner (one shard).
         let mut owners: Vec<UserId> = Vec::new();
@@ -220,6 +227,7 @@ pub fn claim_batch(conn: &mut DbConnection, rules: ClaimRules<'_>) -> StoreResul
                 ));
                 let rows: Vec<Attempt> = per_backend!(conn, |c| claim
                     .returning(Attempt::as_returning())
+                    .keep_prepared()
                     .load(c)?);
                 claimed.extend(rows);
             }
@@ -236,8 +244,10 @@ pub fn claim_batch(conn: &mut DbConnection, rules: ClaimRules<'_>) -> StoreResul
                 jobs::status.eq(JobStatus::for_live_attempt(Some(AttemptState::Running))),
                 jobs::updated_at.eq(now),
             ));
-            let rows: Vec<Job> =
-                per_backend!(conn, |c| running.returning(Job::as_returning()).load(c)?);
+            let rows: Vec<Job> = per_backend!(conn, |c| running
+                .returning(Job::as_returning())
+                .keep_prepared()
+                .load(c)?);
             let mut jobs: HashMap<JobId, Job> =
                 rows.into_iter().map(|job| (job.id.clone(), job)).collect();
             for attempt in claimed {
@@ -321,6 +331,7 @@ pub fn insert_started_attempt(
     ));
     Ok(per_backend!(conn, |c| insert
         .returning(Attempt::as_returning())
+        .keep_prepared()
         .get_result(c)?))
 }
 

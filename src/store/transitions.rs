@@ -6,6 +6,8 @@
 
 use diesel::prelude::*;
 
+use super::connection::per_backend;
+use super::prepared::KeepPrepared;
 use super::rows::{Attempt, Job};
 use super::schema::{attempts, jobs};
 use super::{DbConnection, StoreError, StoreResult};
@@ -367,9 +369,12 @@ pub fn insert_waiting_attempt(
         sent_at: None,
         not_before,
     };
-    diesel::insert_into(attempts::table)
+    // `DEFAULT` for what is unset on PostgreSQL: kept prepared all the same.
+    let _: Vec<String> = per_backend!(conn, |c| diesel::insert_into(attempts::table)
         .values(&row)
-        .execute(conn)?;
+        .returning(attempts::id)
+        .keep_prepared()
+        .load(c))?;
     Ok(row)
 }
 

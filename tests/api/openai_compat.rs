@@ -28,6 +28,7 @@ on_both_backends!(
     a_replay_is_answered_whatever_todays_routes,
     a_duplicate_of_an_unknown_job_or_one_waiting_for_support_is_answered_at_once,
     a_waiter_reads_no_more_than_its_answer_needs,
+    every_statement_of_an_answer_is_prepared_once,
 );
 
 /// One OpenAI-compatible upstream behind the chat route `gpt-safe`, a
@@ -839,6 +840,73 @@ async fn a_duplicate_of_an_unknown_job_or_one_waiting_for_support_is_answered_at
     let (_, first) = first.await.unwrap();
     error_of(first, StatusCode::CONFLICT, "job_needs_support").await;
     assert_eq!(upstream.total_requests(), 1, "one call in all");
+}
+
+/// Every statement a chat completion sends, from the token's look-up to
+/// the compare-and-swap, is prepared once per connection and kept: none is
+/// parsed and planned again on the next request. (diesel keeps no
+/// `UPDATE`, no `IN` list and no raw SQL prepared unless told to:
+/// `store::prepared`.) Transaction control (`BEGIN`, savepoints) is the
+/// exception, as short as a statement gets. The owner has a budget, so
+/// its reservation and settlement are on the path too.
+async fn every_statement_of_an_answer_is_prepared_once(backend: TestBackend) {
+    use crate::support::harness::PreparedApp;
+    use onejob::domain::ledger::{BudgetLimits, Reservation};
+    use onejob::store::statement_log::StatementLog;
+    let upstream = FakeProvider::start(Shape::OpenAi).await;
+    let log = StatementLog::new();
+    let prepared = PreparedApp::new(backend, chat_config(&upstream, 10)).await;
+    // Set before the recording starts: only the answers' statements count.
+    let (store, alice) = (prepared.store.clone(), prepared.alice.id.clone());
+    tokio::task::spawn_blocking(move || {
+        let limits = BudgetLimits {
+            spend_micros: None,
+            tokens: Some(1_000_000_000),
+        };
+        let now = onejob::store::now_ms();
+        onejob::store::budgets::set_limits(
+            &mut store.conn().unwrap(),
+            &alice,
+            limits,
+            Reservation::default(),
+            now,
+        )
+        .unwrap();
+    })
+    .await
+    .unwrap();
+    let app = prepared.recording(&log).await.start().await;
+    for n in 0..3 {
+        let key = format!("prepared-{n}");
+        assert_eq!(chat(&app, Some(&key), &hello("hi")).await.status(), 200);
+    }
+    let cached: std::collections::HashSet<String> = log.take_cached().into_iter().collect();
+    let control = [
+        "BEGIN",
+        "COMMIT",
+        "ROLLBACK",
+        "SAVEPOINT",
+        "RELEASE",
+        "SET ",
+        "PRAGMA",
+    ];
+    let mut prepared_each_time: Vec<String> = log
+        .take()
+        .iter()
+        .map(|sent| sent.split(" -- binds: ").next().unwrap_or(sent).to_owned())
+        .filter(|sql| !control.iter().any(|c| sql.to_uppercase().starts_with(c)))
+        .filter(|sql| !cached.contains(sql))
+        .collect();
+    prepared_each_time.sort();
+    prepared_each_time.dedup();
+    assert!(
+        prepared_each_time.is_empty(),
+        "prepared anew on every run: {prepared_each_time:#?}"
+    );
+    assert!(
+        cached.iter().any(|sql| sql.contains("budget_reservations")),
+        "no budget statement was on the path: {cached:#?}"
+    );
 }
 
 /// A request waiting for its answer reads no more than the answer needs.
