@@ -44,13 +44,13 @@ impl App {
         let attempt_id = &attempt.id;
         // Priced now, when the answer is recorded.
         let charge = self.charge_for(provider, usage);
-        let mut finished = None;
         let (applied, job_id) = match outcome.printable() {
             Outcome::Succeeded(answer) => {
-                let recorded = self.apply_success(attempt, answer, charge).await?;
-                self.count_usage(&recorded);
-                finished = recorded.finished;
-                (recorded.applied, Some(recorded.job_id))
+                // Counted, and its waiters told, on the committing thread.
+                let applied = self
+                    .apply_success(attempt, provider, answer, charge)
+                    .await?;
+                return Ok(self.log_applied(attempt_id, applied));
             }
             Outcome::Failed(error) => {
                 let recorded = self
@@ -85,9 +85,14 @@ impl App {
             }
         };
         self.metrics().record_applied(provider, &applied);
-        if let (Applied::Won | Applied::JobFailed { .. }, Some(job_id)) = (&applied, &job_id) {
-            self.notify_job_finished(job_id, finished);
+        if let (Applied::JobFailed { .. }, Some(job_id)) = (&applied, &job_id) {
+            self.notify_job_finished(job_id, None);
         }
+        Ok(self.log_applied(attempt_id, applied))
+    }
+
+    /// Logs what applying an outcome did, and hands it back.
+    fn log_applied(&self, attempt_id: &AttemptId, applied: Applied) -> Applied {
         match &applied {
             Applied::Won => {
                 tracing::info!(%attempt_id, "attempt won: its answer is the job's result")
@@ -126,20 +131,37 @@ impl App {
                 tracing::warn!(%attempt_id, %state, "outcome ignored: the attempt was already finished")
             }
         }
-        Ok(applied)
+        applied
     }
 
+    /// The compare-and-swap. What it did is counted, and a winner's
+    /// waiters hear of it with the row it returned, on the thread that
+    /// committed it: the waiter answers without waiting for this task to
+    /// be woken, and the counts are up to date when it does.
     async fn apply_success(
         &self,
         attempt: &AttemptKey,
+        provider: &str,
         answer: Value,
         charge: Charge,
-    ) -> AppResult<Recorded> {
+    ) -> AppResult<Applied> {
         let key = attempt.clone();
-        Ok(self
+        let (app, provider) = (self.clone(), provider.to_owned());
+        let tell = Box::new(move |recorded: &Recorded| {
+            app.count_usage(recorded);
+            app.metrics().record_applied(&provider, &recorded.applied);
+            if recorded.applied == Applied::Won {
+                app.notify_job_finished(&recorded.job_id, recorded.finished.clone());
+            }
+        });
+        let recorded = self
             .store()
-            .write_batched(move |conn| completion::settle_answer(conn, &key, &answer, &charge))
-            .await?)
+            .write_batched_then(
+                move |conn| completion::settle_answer(conn, &key, &answer, &charge),
+                Some(tell),
+            )
+            .await?;
+        Ok(recorded.applied)
     }
 
     fn count_usage(&self, recorded: &Recorded) {

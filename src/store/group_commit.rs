@@ -59,9 +59,14 @@ trait Write: Send {
 /// A write transaction's body, which may run twice (again alone).
 type Work<T> = Box<dyn Fn(&mut DbConnection) -> StoreResult<T> + Send>;
 
+/// Run on the committing thread with a write's outcome once it is durable,
+/// before its waiter hears of it.
+pub type ThenCommitted<T> = Box<dyn FnOnce(&T) + Send>;
+
 /// Any write: its work, its outcome once run, and who waits for it.
 struct Queued<T> {
     work: Work<T>,
+    then: Option<ThenCommitted<T>>,
     outcome: Option<StoreResult<T>>,
     reply: oneshot::Sender<StoreResult<T>>,
 }
@@ -74,6 +79,9 @@ impl<T: Send + 'static> Write for Queued<T> {
 
     fn answer(self: Box<Self>) {
         let outcome = self.outcome.unwrap_or(Err(StoreError::Cancelled));
+        if let (Ok(value), Some(then)) = (&outcome, self.then) {
+            then(value);
+        }
         let _ = self.reply.send(outcome);
     }
 
@@ -202,16 +210,19 @@ impl GroupCommit {
     /// Queues `work` (SQLite only), which runs in a savepoint of a batch's
     /// transaction, and waits for the commit that holds it. `work` may run
     /// twice: the second time alone, if the batch's commit failed.
+    /// `then` runs with its outcome on the committing thread, once durable.
     pub async fn write<T: Send + 'static>(
         &self,
         store: &Store,
         work: impl Fn(&mut DbConnection) -> StoreResult<T> + Send + 'static,
+        then: Option<ThenCommitted<T>>,
     ) -> StoreResult<T> {
         let (reply, answer) = oneshot::channel();
         self.queue(
             store,
             Waiting::Write(Box::new(Queued {
                 work: Box::new(work),
+                then,
                 outcome: None,
                 reply,
             })),

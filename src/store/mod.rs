@@ -298,9 +298,34 @@ impl Store {
         F: Fn(&mut DbConnection) -> StoreResult<T> + Send + 'static,
         T: Send + 'static,
     {
+        self.write_batched_then(work, None).await
+    }
+
+    /// [`Store::write_batched`], and `then` with its outcome on the thread
+    /// that committed it, as soon as it is durable: before the caller's
+    /// task is woken, which saves a hand-off for news that others await.
+    pub async fn write_batched_then<T, F>(
+        &self,
+        work: F,
+        then: Option<group_commit::ThenCommitted<T>>,
+    ) -> StoreResult<T>
+    where
+        F: Fn(&mut DbConnection) -> StoreResult<T> + Send + 'static,
+        T: Send + 'static,
+    {
         match &self.batches {
-            Some(group) if self.backend == Backend::Sqlite => group.write(self, work).await,
-            _ => self.run(move |conn| work(conn)).await,
+            Some(group) if self.backend == Backend::Sqlite => group.write(self, work, then).await,
+            // `work` commits its own transaction before it returns.
+            _ => {
+                self.run(move |conn| {
+                    let value = work(conn)?;
+                    if let Some(then) = then {
+                        then(&value);
+                    }
+                    Ok(value)
+                })
+                .await
+            }
         }
     }
 
