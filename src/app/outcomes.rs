@@ -147,11 +147,11 @@ impl App {
     ) -> AppResult<Applied> {
         let key = attempt.clone();
         let (app, provider) = (self.clone(), provider.to_owned());
-        let tell = Box::new(move |recorded: &Recorded| {
+        let tell = Box::new(move |recorded: &mut Recorded| {
             app.count_usage(recorded);
             app.metrics().record_applied(&provider, &recorded.applied);
             if recorded.applied == Applied::Won {
-                app.notify_job_finished(&recorded.job_id, recorded.finished.clone());
+                app.notify_job_finished(&recorded.job_id, recorded.finished.take());
             }
         });
         let recorded = self

@@ -61,7 +61,8 @@ type Work<T> = Box<dyn Fn(&mut DbConnection) -> StoreResult<T> + Send>;
 
 /// Run on the committing thread with a write's outcome once it is durable,
 /// before its waiter hears of it.
-pub type ThenCommitted<T> = Box<dyn FnOnce(&T) + Send>;
+/// It may take what it hands on out of the outcome.
+pub type ThenCommitted<T> = Box<dyn FnOnce(&mut T) + Send>;
 
 /// Any write: its work, its outcome once run, and who waits for it.
 struct Queued<T> {
@@ -78,8 +79,8 @@ impl<T: Send + 'static> Write for Queued<T> {
     }
 
     fn answer(self: Box<Self>) {
-        let outcome = self.outcome.unwrap_or(Err(StoreError::Cancelled));
-        if let (Ok(value), Some(then)) = (&outcome, self.then) {
+        let mut outcome = self.outcome.unwrap_or(Err(StoreError::Cancelled));
+        if let (Ok(value), Some(then)) = (&mut outcome, self.then) {
             then(value);
         }
         let _ = self.reply.send(outcome);

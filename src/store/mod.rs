@@ -318,9 +318,9 @@ impl Store {
             // `work` commits its own transaction before it returns.
             _ => {
                 self.run(move |conn| {
-                    let value = work(conn)?;
+                    let mut value = work(conn)?;
                     if let Some(then) = then {
-                        then(&value);
+                        then(&mut value);
                     }
                     Ok(value)
                 })
