@@ -154,6 +154,13 @@ fn new_job_row(new: &NewJob, now: i64) -> Job {
     }
 }
 
+/// The attempt's columns a creating statement returns, named: a prepared
+/// statement that returned `*` would fail once a migration added a column
+/// while it was kept ("cached plan must not change result type").
+const ATTEMPT_COLUMNS: &str = "id, job_id, owner_id, number, provider, state, outcome, \
+     version_read, lease_owner, lease_expires_at, created_at, started_at, timeout_at, \
+     finished_at, error, sent_at, not_before";
+
 /// PostgreSQL: the job and its first attempt in one statement (a
 /// data-modifying `WITH`), atomic by itself, so one round trip instead of
 /// four (`BEGIN`, two inserts, `COMMIT`). The attempt is inserted only if
@@ -192,7 +199,7 @@ fn insert_job_and_attempt(
          SELECT $13, job.id, job.owner_id, 1, job.provider, $14, $15, $16,
                 {now_ms} + $17, $12, $18, $19, $18
          FROM job
-         RETURNING *",
+         RETURNING {ATTEMPT_COLUMNS}",
         now_ms = queue::PG_NOW_MS,
     );
     let inserted: Vec<Attempt> = diesel::sql_query(statement)
@@ -351,7 +358,7 @@ pub(crate) fn multi_row_creation_statement() -> String {
                 {now_ms} + input.lease_ms, $17, input.started_at,
                 input.started_at + input.soft_timeout_ms, input.started_at
          FROM job JOIN input ON input.id = job.id
-         RETURNING *",
+         RETURNING {ATTEMPT_COLUMNS}",
         now_ms = queue::PG_NOW_MS,
     )
 }

@@ -3,7 +3,8 @@
 //! diesel caches a connection's prepared statements, but refuses any
 //! statement holding a part whose text may vary with its values: every
 //! `UPDATE` (a changeset may leave columns out), an `IN` list, an
-//! `ON CONFLICT … DO UPDATE`, a `sql()` fragment and a `sql_query`. Those are
+//! `ON CONFLICT … DO UPDATE`, an insert with a `DEFAULT` (PostgreSQL), a
+//! `sql()` fragment and a `sql_query`. Those are
 //! parsed and planned again each time: on SQLite in this process, on
 //! PostgreSQL by the server. The compare-and-swap and the started attempt's
 //! insert are such statements, on the path of every answer.
@@ -18,7 +19,9 @@
 //! Run a wrapped statement with `load` or `get_result` (give it a
 //! `RETURNING` if it has nothing to return): diesel's `execute` hands the
 //! statement on by reference, and a reference asks the statement's own
-//! parts whether it may be cached, not this wrapper.
+//! parts whether it may be cached, not this wrapper. Name the columns it
+//! returns (no `RETURNING *`): PostgreSQL refuses to run a kept statement
+//! whose result gained a column (a migration while this process runs).
 
 use diesel::backend::Backend;
 use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
