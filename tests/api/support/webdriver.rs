@@ -485,38 +485,45 @@ impl Browser {
     }
 
     pub async fn value_of(&self, css: &str) -> String {
-        self.client
-            .find(Locator::Css(css))
+        self.read_fresh(css, |element| async move { element.prop("value").await })
             .await
-            .unwrap()
-            .prop("value")
-            .await
-            .unwrap()
             .unwrap_or_default()
     }
 
     /// The text of the element matching `css`.
     pub async fn text_of(&self, css: &str) -> String {
-        let path = self.path().await;
-        self.client
-            .find(Locator::Css(css))
+        self.read_fresh(css, |element| async move { element.text().await })
             .await
-            .unwrap_or_else(|e| panic!("no {css} on {path}: {e}"))
-            .text()
-            .await
-            .unwrap()
     }
 
     /// An attribute of the element matching `css`.
     pub async fn attr_of(&self, css: &str, name: &str) -> Option<String> {
+        self.read_fresh(css, |element| async move { element.attr(name).await })
+            .await
+    }
+
+    /// `read` of the element matching `css`. An element the page swaps
+    /// between the look-up and the read (htmx refreshing a job's status,
+    /// say) has gone stale: it is looked up again.
+    async fn read_fresh<T, F, Fut>(&self, css: &str, read: F) -> T
+    where
+        F: Fn(fantoccini::elements::Element) -> Fut,
+        Fut: std::future::Future<Output = Result<T, fantoccini::error::CmdError>>,
+    {
         let path = self.path().await;
-        self.client
-            .find(Locator::Css(css))
-            .await
-            .unwrap_or_else(|e| panic!("no {css} on {path}: {e}"))
-            .attr(name)
-            .await
-            .unwrap()
+        for _ in 0..10 {
+            let element = self
+                .client
+                .find(Locator::Css(css))
+                .await
+                .unwrap_or_else(|e| panic!("no {css} on {path}: {e}"));
+            match read(element).await {
+                Ok(value) => return value,
+                Err(e) if e.is_stale_element_reference() => continue,
+                Err(e) => panic!("reading {css} on {path}: {e}"),
+            }
+        }
+        panic!("{css} on {path} was swapped before every one of ten reads")
     }
 
     /// Chooses the option with this value in the `<select>` matching `css`.
