@@ -1,5 +1,10 @@
 use clap::Parser;
 
+/// Many small allocations per request, on several threads at once: glibc's
+/// allocator spent a fifth of the server's CPU on them (docs/benchmarks.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() {
     // The log filter is the one environment variable read outside the

@@ -639,10 +639,26 @@ impl Bench {
             Duration::from_secs(1),
         )
         .await;
+        let cpu_before = (servers[0].cpu_time(), servers::cpu_time_of("self"));
         let run = self
             .create_load(&servers, &deployment.token, "sqlite", self.seconds())
             .await;
         println!("  onejob creation: {}", run.summary());
+        // Where the two cores went: the server's CPU and the load
+        // generator's (this process), per job.
+        let cpu_after = (servers[0].cpu_time(), servers::cpu_time_of("self"));
+        let per_job = |before: Option<Duration>, after: Option<Duration>| {
+            before.zip(after).map_or("?".to_owned(), |(before, after)| {
+                let spent = (after - before).as_secs_f64();
+                let jobs = run.latencies.len().max(1) as f64;
+                format!("{spent:.2} s = {:.1} µs per job", spent * 1e6 / jobs)
+            })
+        };
+        println!(
+            "  CPU over the run: server {}; load generator {}",
+            per_job(cpu_before.0, cpu_after.0),
+            per_job(cpu_before.1, cpu_after.1)
+        );
         let loaded_kib = servers[0].rss_kib().unwrap_or(0);
         println!(
             "  footprint: start to /readyz {ready_ms:.0} ms; RSS idle {:.1} MB, after the load {:.1} MB",

@@ -193,6 +193,22 @@ impl Server {
             .find_map(|line| line.strip_prefix("VmRSS:"))
             .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
     }
+
+    /// The CPU time the process has used so far.
+    pub fn cpu_time(&self) -> Option<Duration> {
+        cpu_time_of(&self.child.id().to_string())
+    }
+}
+
+/// The CPU time process `pid` (or `self`) has used so far, user and
+/// system, from `/proc/<pid>/stat`, in clock ticks of 10 ms as Linux counts
+/// them.
+pub fn cpu_time_of(pid: &str) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command's name, which is in parentheses.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 10))
 }
 
 impl Drop for Server {
