@@ -1,6 +1,7 @@
 //! Real headless Chromium, driven through chromedriver, one module a page:
 //! the Submit form ([`submit`]), the support console's Unknown queue and
-//! race log ([`console`]), Users ([`users`]), job search ([`job_search`]),
+//! race log ([`console`]), Users ([`users`]), job search ([`job_search`]), the job page's
+//! forms while it refreshes itself ([`job_forms`]),
 //! a chat job's live text ([`live_text`]), and the console's charts and the
 //! usage ledger ([`usage`]). The browser, the DevTools client, the holding
 //! proxy and the row readers they use are in [`crate::support`]; whether
@@ -13,6 +14,7 @@ use crate::support::fake_provider::{
 use crate::support::harness::{spawn_app_with, TestApp, TestBackend};
 
 mod console;
+mod job_forms;
 mod job_search;
 mod live_text;
 mod submit;
