@@ -362,10 +362,7 @@ async fn an_unknown_jobs_page_offers_no_new_attempt(backend: TestBackend) {
     assert!(!partial.contains("id=\"new-attempt\""), "{partial}");
 
     let response = sue
-        .post_form(
-            &format!("/admin/attempts/{attempt}/abandon"),
-            &[("csrf", &csrf), ("reason", "provider outage")],
-        )
+        .abandon_attempt(&csrf, &attempt, "provider outage")
         .await;
     assert_eq!(response.status(), StatusCode::SEE_OTHER);
     let html = alice.get(&page).await.text().await.unwrap();

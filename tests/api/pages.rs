@@ -612,10 +612,7 @@ async fn support_can_mark_a_resolved_job_failed_with_an_audited_reason(backend: 
         .await;
     assert_eq!(response.status(), StatusCode::CONFLICT);
     let response = sue
-        .post_form(
-            &format!("/admin/attempts/{attempt}/abandon"),
-            &[("csrf", &csrf), ("reason", "provider outage")],
-        )
+        .abandon_attempt(&csrf, &attempt, "provider outage")
         .await;
     assert_eq!(response.status(), StatusCode::SEE_OTHER);
     assert_eq!(

@@ -54,10 +54,7 @@ async fn what_support_types_on_a_job_page_survives_its_refresh(backend: TestBack
     let sue = FormClient::new(&app);
     let csrf = sue.sign_in("sue", "sue-pw").await;
     let response = sue
-        .post_form(
-            &format!("/admin/attempts/{attempt}/abandon"),
-            &[("csrf", &csrf), ("reason", "provider outage")],
-        )
+        .abandon_attempt(&csrf, &attempt, "provider outage")
         .await;
     assert_eq!(response.status(), StatusCode::SEE_OTHER);
 

@@ -691,6 +691,16 @@ impl FormClient {
             .unwrap()
     }
 
+    /// Abandons an unknown attempt from the console's Unknown queue, as
+    /// support does, giving `reason`.
+    pub async fn abandon_attempt(&self, csrf: &str, attempt: &str, reason: &str) -> Response {
+        self.post_form(
+            &format!("/admin/attempts/{attempt}/abandon"),
+            &[("csrf", csrf), ("reason", reason)],
+        )
+        .await
+    }
+
     /// Signs in through the sign-in form; returns the session's CSRF token.
     pub async fn sign_in(&self, name: &str, password: &str) -> String {
         let page = self.get("/login").await.text().await.unwrap();
