@@ -271,7 +271,9 @@ pub fn transition_guarded(
     if guard.never_sent {
         guarded = guarded.filter(attempts::sent_at.is_null());
     }
-    let changed = if target == AttemptState::Queued {
+    // Each form is kept prepared (`store::prepared`): its text varies only
+    // with the guards and the `IN` list of the event's states, a fixed few.
+    let changed: Vec<AttemptId> = if target == AttemptState::Queued {
         guarded
             .set((
                 attempts::state.eq(target),
@@ -281,7 +283,9 @@ pub fn transition_guarded(
                 attempts::started_at.eq(None::<i64>),
                 attempts::timeout_at.eq(None::<i64>),
             ))
-            .execute(conn)?
+            .returning(attempts::id)
+            .keep_prepared()
+            .load(conn)?
     } else {
         let moved = (
             attempts::state.eq(target),
@@ -291,23 +295,31 @@ pub fn transition_guarded(
         if event == AttemptEvent::ClosedUnsent {
             // Its request never left: the row must not say it did, even
             // where the claim had recorded `sent_at` for a send to come.
-            return Ok(guarded
+            guarded
                 .set((
                     moved,
                     attempts::sent_at.eq(None::<i64>),
                     attempts::error.eq(error.map(str::to_owned)),
                 ))
-                .execute(conn)?
-                == 1);
-        }
-        match error {
-            Some(error) => guarded
-                .set((moved, attempts::error.eq(error.to_owned())))
-                .execute(conn)?,
-            None => guarded.set(moved).execute(conn)?,
+                .returning(attempts::id)
+                .keep_prepared()
+                .load(conn)?
+        } else {
+            match error {
+                Some(error) => guarded
+                    .set((moved, attempts::error.eq(error.to_owned())))
+                    .returning(attempts::id)
+                    .keep_prepared()
+                    .load(conn)?,
+                None => guarded
+                    .set(moved)
+                    .returning(attempts::id)
+                    .keep_prepared()
+                    .load(conn)?,
+            }
         }
     };
-    Ok(changed == 1)
+    Ok(changed.len() == 1)
 }
 
 /// Re-derives a non-terminal job's status from its live attempt. Terminal jobs
@@ -396,7 +408,10 @@ pub fn fail_job(conn: &mut DbConnection, job: &Job, reason: &str, now: i64) -> S
         jobs::version.eq(jobs::version + 1),
         jobs::updated_at.eq(now),
     ))
-    .execute(conn)?;
+    .returning(jobs::id)
+    .keep_prepared()
+    .load::<JobId>(conn)?
+    .len();
     if updated == 1 {
         super::webhooks::record_event(conn, &job.key(), EventKind::JobFailed, now)?;
         super::budgets::release(conn, &job.key(), now)?;

@@ -29,6 +29,7 @@ on_both_backends!(
     a_duplicate_of_an_unknown_job_or_one_waiting_for_support_is_answered_at_once,
     a_waiter_reads_no_more_than_its_answer_needs,
     every_statement_of_an_answer_is_prepared_once,
+    every_statement_of_a_refused_call_is_prepared_once,
 );
 
 /// One OpenAI-compatible upstream behind the chat route `gpt-safe`, a
@@ -880,6 +881,18 @@ async fn every_statement_of_an_answer_is_prepared_once(backend: TestBackend) {
         let key = format!("prepared-{n}");
         assert_eq!(chat(&app, Some(&key), &hello("hi")).await.status(), 200);
     }
+    let cached = assert_every_statement_was_kept(&log);
+    assert!(
+        cached.iter().any(|sql| sql.contains("budget_reservations")),
+        "no budget statement was on the path: {cached:#?}"
+    );
+}
+
+/// Asserts that every statement `log` recorded, but transaction control,
+/// came from diesel's statement cache; returns those it cached.
+fn assert_every_statement_was_kept(
+    log: &onejob::store::statement_log::StatementLog,
+) -> std::collections::HashSet<String> {
     let cached: std::collections::HashSet<String> = log.take_cached().into_iter().collect();
     let control = [
         "BEGIN",
@@ -903,9 +916,38 @@ async fn every_statement_of_an_answer_is_prepared_once(backend: TestBackend) {
         prepared_each_time.is_empty(),
         "prepared anew on every run: {prepared_each_time:#?}"
     );
+    cached
+}
+
+/// A call the provider refuses takes the failure's path: the attempt and
+/// its job recorded failed, and the call counted in the usage ledger. Each
+/// of its statements, too, is prepared once per connection and kept.
+async fn every_statement_of_a_refused_call_is_prepared_once(backend: TestBackend) {
+    use crate::support::harness::PreparedApp;
+    use onejob::store::statement_log::StatementLog;
+    let upstream = FakeProvider::start(Shape::OpenAi).await;
+    upstream.set_default(Behaviour::Status {
+        status: 400,
+        retry_after: None,
+        body: r#"{"error":{"message":"refused"}}"#.into(),
+    });
+    let log = StatementLog::new();
+    let app = PreparedApp::new(backend, chat_config(&upstream, 10))
+        .await
+        .recording(&log)
+        .await
+        .start()
+        .await;
+    for n in 0..3 {
+        let key = format!("refused-{n}");
+        let response = chat(&app, Some(&key), &hello("hi")).await;
+        assert_eq!(response.status(), StatusCode::FAILED_DEPENDENCY);
+    }
+    assert_eq!(upstream.total_requests(), 3, "one call a job, none retried");
+    let cached = assert_every_statement_was_kept(&log);
     assert!(
-        cached.iter().any(|sql| sql.contains("budget_reservations")),
-        "no budget statement was on the path: {cached:#?}"
+        cached.iter().any(|sql| sql.contains("usage_ledger")),
+        "the refused calls were not counted: {cached:#?}"
     );
 }
 
