@@ -627,6 +627,9 @@ impl Bench {
             &path.display().to_string(),
             &config(0, 8, SIMULATED),
         );
+        // An admin, to read the server's own count of its commits.
+        let admin = deployment.cli(&["users", "add", "bench-admin", "--role", "admin"]);
+        let admin = admin.lines().last().unwrap_or_default().trim().to_owned();
         let servers = deployment.serve(1).await;
         // The process's footprint: its start, and its memory idle.
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -640,10 +643,25 @@ impl Bench {
         )
         .await;
         let cpu_before = (servers[0].cpu_time(), servers::cpu_time_of("self"));
+        let commits_before = self.group_commits(&servers[0].base, &admin).await;
         let run = self
             .create_load(&servers, &deployment.token, "sqlite", self.seconds())
             .await;
         println!("  onejob creation: {}", run.summary());
+        // Each SQLite commit is one flush of the WAL (synchronous=FULL).
+        if let (Some(before), Some(after)) = (
+            commits_before,
+            self.group_commits(&servers[0].base, &admin).await,
+        ) {
+            let (commits, rows) = (after.0 - before.0, after.1 - before.1);
+            println!(
+                "  commits (one WAL flush each): {commits:.0} for {} jobs = {:.3} per job, \
+                 {:.1} creations a commit (onejob_group_commits, onejob_group_commit_rows)",
+                run.latencies.len(),
+                commits / run.latencies.len().max(1) as f64,
+                rows / commits.max(1.0)
+            );
+        }
         // Where the two cores went: the server's CPU and the load
         // generator's (this process), per job.
         let cpu_after = (servers[0].cpu_time(), servers::cpu_time_of("self"));
@@ -725,6 +743,30 @@ impl Bench {
             ratio: p99.as_secs_f64() / 0.05,
             goal: Goal::Other("≤ 1.0, no errors", met),
         });
+    }
+
+    /// The server's commits that carried batched writes and the writes
+    /// they carried, from its metrics (read with an admin's token).
+    async fn group_commits(&self, base: &str, admin: &str) -> Option<(f64, f64)> {
+        let text = self
+            .client
+            .get(format!("{base}/metrics"))
+            .bearer_auth(admin)
+            .send()
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        let value = |name: &str| {
+            text.lines()
+                .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+                .and_then(|value| value.trim().parse::<f64>().ok())
+        };
+        Some((
+            value("onejob_group_commits")?,
+            value("onejob_group_commit_rows")?,
+        ))
     }
 
     /// 256 requests at once under one key vs 256 under their own keys.
