@@ -919,11 +919,25 @@ fn assert_every_statement_was_kept(
     cached
 }
 
+/// onejob on [`chat_config`] with a wait of 10 s, every statement it sends
+/// recorded in `log`.
+async fn recording_chat_app(
+    backend: TestBackend,
+    upstream: &FakeProvider,
+    log: &onejob::store::statement_log::StatementLog,
+) -> TestApp {
+    crate::support::harness::PreparedApp::new(backend, chat_config(upstream, 10))
+        .await
+        .recording(log)
+        .await
+        .start()
+        .await
+}
+
 /// A call the provider refuses takes the failure's path: the attempt and
 /// its job recorded failed, and the call counted in the usage ledger. Each
 /// of its statements, too, is prepared once per connection and kept.
 async fn every_statement_of_a_refused_call_is_prepared_once(backend: TestBackend) {
-    use crate::support::harness::PreparedApp;
     use onejob::store::statement_log::StatementLog;
     let upstream = FakeProvider::start(Shape::OpenAi).await;
     upstream.set_default(Behaviour::Status {
@@ -932,12 +946,7 @@ async fn every_statement_of_a_refused_call_is_prepared_once(backend: TestBackend
         body: r#"{"error":{"message":"refused"}}"#.into(),
     });
     let log = StatementLog::new();
-    let app = PreparedApp::new(backend, chat_config(&upstream, 10))
-        .await
-        .recording(&log)
-        .await
-        .start()
-        .await;
+    let app = recording_chat_app(backend, &upstream, &log).await;
     for n in 0..3 {
         let key = format!("refused-{n}");
         let response = chat(&app, Some(&key), &hello("hi")).await;
@@ -957,16 +966,10 @@ async fn every_statement_of_a_refused_call_is_prepared_once(backend: TestBackend
 /// the same process answers from it: nothing reads the job, or its
 /// attempts, after the statement that decided it.
 async fn a_waiter_reads_no_more_than_its_answer_needs(backend: TestBackend) {
-    use crate::support::harness::PreparedApp;
     use onejob::store::statement_log::StatementLog;
     let upstream = FakeProvider::start(Shape::OpenAi).await;
     let log = StatementLog::new();
-    let app = PreparedApp::new(backend, chat_config(&upstream, 10))
-        .await
-        .recording(&log)
-        .await
-        .start()
-        .await;
+    let app = recording_chat_app(backend, &upstream, &log).await;
     // The first request warms the worker; the second is the one looked at.
     assert_eq!(chat(&app, Some("warm"), &hello("hi")).await.status(), 200);
     log.take();

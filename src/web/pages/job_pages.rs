@@ -431,6 +431,22 @@ struct JobLive {
     can_cancel: bool,
 }
 
+impl JobLive {
+    /// Whether a form on the page asks for something to fill in (a reason
+    /// to mark the job failed, staff's choice of provider), rather than a
+    /// button alone.
+    fn asks_for_input(&self) -> bool {
+        self.can_fail || (self.staff && self.retry_refusal.is_empty())
+    }
+
+    /// Whether the page reloads itself where JavaScript is off (a meta
+    /// refresh): while the job is live, unless a reload would wipe what
+    /// someone is filling in; that page offers a link to refresh instead.
+    fn reloads_without_javascript(&self) -> bool {
+        self.is_live && !self.asks_for_input()
+    }
+}
+
 fn pretty(value: &Value) -> String {
     serde_json::to_string_pretty(value).unwrap_or_default()
 }

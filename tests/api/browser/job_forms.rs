@@ -5,7 +5,9 @@ use std::time::Instant;
 
 use reqwest::StatusCode;
 
-use crate::support::harness::{spawn_app_with, summarize, test_config, FormClient, TestBackend};
+use crate::support::harness::{
+    spawn_app_with, summarize, test_config, FormClient, TestApp, TestBackend,
+};
 use crate::support::webdriver::{is_job_path, Browser, WAIT};
 
 /// Marks the job page's live section, then waits until its refresh has
@@ -38,26 +40,38 @@ async fn wait_for_a_refresh(browser: &Browser) {
     }
 }
 
-/// Support chooses a provider and types a reason on an open job's page; the
-/// page refreshes itself meanwhile, and neither is lost: the reason that
-/// support then submits is the one stored.
-async fn what_support_types_on_a_job_page_survives_its_refresh(backend: TestBackend) {
-    let app = spawn_app_with(backend, test_config(crate::attempts::HANGING_PRIMARY)).await;
+/// alice's job whose only attempt went unknown and support (sue, whose
+/// password is `sue-pw`) abandoned: open, with no live attempt, so its page
+/// offers a new attempt and marking it failed, and still refreshes itself.
+async fn an_open_job_waiting_for_support(app: &TestApp) -> String {
     app.set_password("sue", "sue-pw").await;
     let job_id = app
         .create_job(&app.alice.token, "typed-reason", &summarize("x"))
         .await;
     let job = app.wait_for_status(&job_id, "unknown", WAIT).await;
     let attempt = job["attempts"][0]["id"].as_str().unwrap().to_owned();
-    // Abandoned, the job is open with no live attempt: the page offers a
-    // new attempt and marking it failed, and still refreshes itself.
-    let sue = FormClient::new(&app);
+    let sue = FormClient::new(app);
     let csrf = sue.sign_in("sue", "sue-pw").await;
     let response = sue
         .abandon_attempt(&csrf, &attempt, "provider outage")
         .await;
     assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    job_id
+}
 
+/// The reason stored for `job_id`'s failure.
+async fn failure_reason(app: &TestApp, job_id: &str) -> String {
+    let job = app.get_job(&app.alice.token, job_id).await;
+    assert_eq!(job["status"], "failed", "{job}");
+    job["failure_reason"].as_str().unwrap().to_owned()
+}
+
+/// Support chooses a provider and types a reason on an open job's page; the
+/// page refreshes itself meanwhile, and neither is lost: the reason that
+/// support then submits is the one stored.
+async fn what_support_types_on_a_job_page_survives_its_refresh(backend: TestBackend) {
+    let app = spawn_app_with(backend, test_config(crate::attempts::HANGING_PRIMARY)).await;
+    let job_id = an_open_job_waiting_for_support(&app).await;
     let Some(browser) = Browser::start().await else {
         return;
     };
@@ -80,16 +94,39 @@ async fn what_support_types_on_a_job_page_survives_its_refresh(backend: TestBack
     let landed = browser.click_and_wait("#mark-failed", is_job_path).await;
     assert_eq!(landed, format!("/jobs/{job_id}"));
     assert_eq!(browser.text_of("#job-status").await, "failed");
-    let job = app.get_job(&app.alice.token, &job_id).await;
-    assert_eq!(job["status"], "failed");
+    let reason = failure_reason(&app, &job_id).await;
     assert!(
-        job["failure_reason"]
-            .as_str()
-            .unwrap()
-            .contains("the customer gave up"),
-        "the reason typed before the refreshes is the one stored: {job}"
+        reason.contains("the customer gave up"),
+        "the reason typed before the refreshes is the one stored: {reason}"
     );
     browser.close().await;
 }
 
-on_both_backends!(what_support_types_on_a_job_page_survives_its_refresh,);
+/// Without JavaScript, the page of an open job reloads itself, but not
+/// while it waits for support to type a reason: what was typed stays, and
+/// the page says how to refresh it by hand.
+async fn without_javascript_the_page_does_not_reload_what_support_types_away(backend: TestBackend) {
+    let app = spawn_app_with(backend, test_config(crate::attempts::HANGING_PRIMARY)).await;
+    let job_id = an_open_job_waiting_for_support(&app).await;
+    let Some(browser) = Browser::start_without_javascript().await else {
+        return;
+    };
+    browser.sign_in(&app, "sue", "sue-pw").await;
+    browser.goto(&app, &format!("/jobs/{job_id}")).await;
+    assert_eq!(browser.count("#refresh-by-hand").await, 1);
+    let reason = format!("form[action='/jobs/{job_id}/fail'] input[name=reason]");
+    browser.fill(&reason, "typed without scripts").await;
+    // Longer than the reload of a page that reloads itself (2 s).
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    assert_eq!(browser.value_of(&reason).await, "typed without scripts");
+    let landed = browser.click_and_wait("#mark-failed", is_job_path).await;
+    assert_eq!(landed, format!("/jobs/{job_id}"));
+    let stored = failure_reason(&app, &job_id).await;
+    assert!(stored.contains("typed without scripts"), "{stored}");
+    browser.close().await;
+}
+
+on_both_backends!(
+    what_support_types_on_a_job_page_survives_its_refresh,
+    without_javascript_the_page_does_not_reload_what_support_types_away,
+);
