@@ -59,6 +59,21 @@ async fn an_open_job_waiting_for_support(app: &TestApp) -> String {
     job_id
 }
 
+/// onejob with [`an_open_job_waiting_for_support`], and the browser that
+/// `start` starts, signed in as sue on that job's page; `None` where no
+/// browser could start (skipped loudly outside CI).
+async fn sue_on_an_open_jobs_page(
+    backend: TestBackend,
+    start: impl std::future::Future<Output = Option<Browser>>,
+) -> Option<(TestApp, String, Browser)> {
+    let app = spawn_app_with(backend, test_config(crate::attempts::HANGING_PRIMARY)).await;
+    let job_id = an_open_job_waiting_for_support(&app).await;
+    let browser = start.await?;
+    browser.sign_in(&app, "sue", "sue-pw").await;
+    browser.goto(&app, &format!("/jobs/{job_id}")).await;
+    Some((app, job_id, browser))
+}
+
 /// The reason stored for `job_id`'s failure.
 async fn failure_reason(app: &TestApp, job_id: &str) -> String {
     let job = app.get_job(&app.alice.token, job_id).await;
@@ -70,13 +85,10 @@ async fn failure_reason(app: &TestApp, job_id: &str) -> String {
 /// page refreshes itself meanwhile, and neither is lost: the reason that
 /// support then submits is the one stored.
 async fn what_support_types_on_a_job_page_survives_its_refresh(backend: TestBackend) {
-    let app = spawn_app_with(backend, test_config(crate::attempts::HANGING_PRIMARY)).await;
-    let job_id = an_open_job_waiting_for_support(&app).await;
-    let Some(browser) = Browser::start().await else {
+    let Some((app, job_id, browser)) = sue_on_an_open_jobs_page(backend, Browser::start()).await
+    else {
         return;
     };
-    browser.sign_in(&app, "sue", "sue-pw").await;
-    browser.goto(&app, &format!("/jobs/{job_id}")).await;
     assert_eq!(
         browser.attr_of("#job-live", "hx-trigger").await.as_deref(),
         Some("every 1s"),
@@ -106,13 +118,11 @@ async fn what_support_types_on_a_job_page_survives_its_refresh(backend: TestBack
 /// while it waits for support to type a reason: what was typed stays, and
 /// the page says how to refresh it by hand.
 async fn without_javascript_the_page_does_not_reload_what_support_types_away(backend: TestBackend) {
-    let app = spawn_app_with(backend, test_config(crate::attempts::HANGING_PRIMARY)).await;
-    let job_id = an_open_job_waiting_for_support(&app).await;
-    let Some(browser) = Browser::start_without_javascript().await else {
+    let Some((app, job_id, browser)) =
+        sue_on_an_open_jobs_page(backend, Browser::start_without_javascript()).await
+    else {
         return;
     };
-    browser.sign_in(&app, "sue", "sue-pw").await;
-    browser.goto(&app, &format!("/jobs/{job_id}")).await;
     assert_eq!(browser.count("#refresh-by-hand").await, 1);
     let reason = format!("form[action='/jobs/{job_id}/fail'] input[name=reason]");
     browser.fill(&reason, "typed without scripts").await;
