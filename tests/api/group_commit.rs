@@ -98,6 +98,10 @@ async fn a_batch_with_a_replay_and_a_reused_key_answers_each_and_stores_the_righ
     // Nothing is sent, so no compare-and-swap joins the batch.
     let mut config = test_config(DEFAULT_TEST_PROVIDERS);
     config.worker.concurrency = 0;
+    // The leader may take the first comers before the lock is freed and the
+    // rest once its transaction is open: a slow machine must not close the
+    // batch between the two (the default keeps it open 5 ms).
+    config.database.group_commit_ms = 2_000;
     let app = Arc::new(spawn_app_with(backend, config).await);
     let token = app.alice.token.clone();
     let replayed = app
