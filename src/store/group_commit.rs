@@ -4,15 +4,18 @@
 //! this process's writers queue for the write lock one at a time (see
 //! [`super::connection::WriterTurn`]). So creations and compare-and-swaps
 //! queue here instead: the first to arrive leads, and its one transaction
-//! takes every write waiting behind it, each in its own savepoint, until
-//! the batch holds [`BatchLimits::max_rows`] or has been open
-//! [`BatchLimits::max_wait`]. One commit, one flush, for all of them; each
-//! request is answered only after that commit.
+//! takes every write waiting behind it, until the batch holds
+//! [`BatchLimits::max_rows`] or has been open [`BatchLimits::max_wait`].
+//! Each compare-and-swap runs in its own savepoint; each owner's creations
+//! in one, as multi-row inserts ([`jobs::create_many_of_one_owner`]). One
+//! commit, one flush, for all of them; each request is answered only after
+//! that commit.
 //!
-//! Nothing about idempotency or the compare-and-swap changes: every write
-//! is the same statements it would be alone, so the unique key and the
-//! versioned update still decide. One write's failure (a budget refusal, a
-//! constraint) rolls back only its savepoint. If the commit itself fails,
+//! Nothing about idempotency or the compare-and-swap changes: the unique
+//! key and the versioned update still decide, and a creation the
+//! multi-row insert left out is made or found alone. One write's failure
+//! (a budget refusal, a constraint) rolls back only its savepoint. If the
+//! commit itself fails,
 //! nothing of the batch was stored, and each write runs again in a
 //! transaction of its own.
 //!
@@ -311,12 +314,9 @@ impl GroupCommit {
             let opened = Instant::now();
             let mut next = std::mem::take(&mut pending);
             loop {
-                for mut waiting in next {
-                    // A savepoint each (the transaction is open): a refusal
-                    // or an error undoes this write alone.
-                    waiting.run(conn);
-                    done.push(waiting);
-                }
+                // Savepoints (the transaction is open): a refusal or an
+                // error undoes one write, or one owner's multi-row insert.
+                done.extend(run_grouped(conn, next).into_iter().flatten());
                 let room = self.limits.max_rows.saturating_sub(done.len());
                 if room == 0 || opened.elapsed() >= self.limits.max_wait {
                     return Ok::<_, StoreError>(());
@@ -351,29 +351,10 @@ impl GroupCommit {
     /// names its owner, so a distributed database routes it to one shard);
     /// each statement commits by itself. Only creations queue here.
     fn insert_by_owner(&self, conn: &mut DbConnection, batch: Vec<Waiting>) {
-        let mut owners: Vec<(UserId, Vec<Box<Creation>>)> = Vec::new();
-        for waiting in batch {
-            let creation = match waiting {
-                Waiting::Creation(creation) => creation,
-                Waiting::Write(mut write) => {
-                    write.run(conn);
-                    write.answer();
-                    continue;
-                }
-            };
-            let owner = &creation.job.owner_id;
-            match owners.iter_mut().find(|(o, _)| o == owner) {
-                Some((_, group)) => group.push(creation),
-                None => owners.push((owner.clone(), vec![creation])),
-            }
-        }
-        for (owner, group) in owners {
-            let news: Vec<&NewJob> = group.iter().map(|creation| &creation.job).collect();
-            let outcomes = jobs::create_many_of_one_owner(conn, &owner, &news);
+        for group in run_grouped(conn, batch) {
             self.count(group.len());
-            for (mut creation, outcome) in group.into_iter().zip(outcomes) {
-                creation.outcome = Some(outcome);
-                Waiting::Creation(creation).answer();
+            for waiting in group {
+                waiting.answer();
             }
         }
     }
@@ -383,4 +364,36 @@ impl GroupCommit {
         self.counts.commits.fetch_add(1, Relaxed);
         self.counts.rows.fetch_add(rows as u64, Relaxed);
     }
+}
+
+/// Runs `batch`: each other write alone, then each owner's creations
+/// together ([`jobs::create_many_of_one_owner`]: multi-row statements,
+/// then a verdict each). Returns them run, one group per statement.
+fn run_grouped(conn: &mut DbConnection, batch: Vec<Waiting>) -> Vec<Vec<Waiting>> {
+    let mut groups: Vec<Vec<Waiting>> = Vec::new();
+    let mut owners: Vec<(UserId, Vec<Box<Creation>>)> = Vec::new();
+    for waiting in batch {
+        match waiting {
+            Waiting::Creation(creation) => {
+                let owner = &creation.job.owner_id;
+                match owners.iter_mut().find(|(o, _)| o == owner) {
+                    Some((_, group)) => group.push(creation),
+                    None => owners.push((owner.clone(), vec![creation])),
+                }
+            }
+            mut write => {
+                write.run(conn);
+                groups.push(vec![write]);
+            }
+        }
+    }
+    for (owner, mut group) in owners {
+        let news: Vec<&NewJob> = group.iter().map(|creation| &creation.job).collect();
+        let outcomes = jobs::create_many_of_one_owner(conn, &owner, &news);
+        for (creation, outcome) in group.iter_mut().zip(outcomes) {
+            creation.outcome = Some(outcome);
+        }
+        groups.push(group.into_iter().map(Waiting::Creation).collect());
+    }
+    groups
 }

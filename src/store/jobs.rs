@@ -227,9 +227,10 @@ fn insert_job_and_attempt(
     Ok(inserted.into_iter().next())
 }
 
-/// PostgreSQL: the creations of one owner in one statement, the
-/// multi-row form of [`insert_job_and_attempt`] (one round trip and one
-/// commit for them all). A creation the statement did not insert (its key
+/// The creations of one owner together: on PostgreSQL in one statement,
+/// the multi-row form of [`insert_job_and_attempt`] (one round trip and one
+/// commit for them all); on SQLite as multi-row inserts in a savepoint of
+/// the caller's transaction. A creation the statement did not insert (its key
 /// had made a job, the same key came twice, or the owner has a budget) is
 /// then made or found alone by [`create_job_with_attempts`]: one verdict
 /// per creation, and none fails another.
@@ -246,7 +247,13 @@ pub fn create_many_of_one_owner(
     let rows: Vec<Job> = news.iter().map(|new| new_job_row(new, now)).collect();
     let inserted = match conn {
         DbConnection::Postgresql(pg) => insert_jobs_and_attempts(pg, owner, news, &rows, now),
-        DbConnection::Sqlite(_) => Ok(Vec::new()),
+        // Two statements, undone together if the second fails.
+        DbConnection::Sqlite(_) => write_transaction(conn, |conn| match conn {
+            DbConnection::Sqlite(lite) => {
+                insert_jobs_and_attempts_sqlite(lite, owner, news, &rows, now)
+            }
+            DbConnection::Postgresql(_) => Ok(Vec::new()),
+        }),
     };
     let mut firsts: std::collections::HashMap<String, Attempt> = match inserted {
         Ok(attempts) => attempts
@@ -325,6 +332,151 @@ fn insert_jobs_and_attempts(
         .bind::<Array<Nullable<BigInt>>, _>(started(&|s| s.soft_timeout_ms))
         .bind::<BigInt, _>(now)
         .load(conn)?)
+}
+
+/// SQLite: the creations of one owner as two multi-row inserts (the jobs,
+/// then the attempts of those inserted), in the caller's transaction. Most
+/// of a lone creation's cost on SQLite is per statement, not per row: a
+/// batch of 32 runs 2 to 4 statements instead of 160 (a savepoint, two
+/// inserts, the budget's read and the release, each). Rows go in chunks of
+/// a power of two, so that a connection keeps at most a few texts prepared.
+fn insert_jobs_and_attempts_sqlite(
+    conn: &mut diesel::SqliteConnection,
+    owner: &UserId,
+    news: &[&NewJob],
+    rows: &[Job],
+    now: i64,
+) -> StoreResult<Vec<Attempt>> {
+    use diesel::sql_types::{BigInt, Nullable, Text};
+    let mut inserted: std::collections::HashSet<String> = std::collections::HashSet::new();
+    for (news, rows) in
+        power_of_two_chunks(news.len()).map(|(from, to)| (&news[from..to], &rows[from..to]))
+    {
+        let mut insert = diesel::sql_query(sqlite_jobs_statement(rows.len()))
+            .into_boxed::<diesel::sqlite::Sqlite>()
+            .bind::<Text, _>(owner.as_str())
+            .bind::<BigInt, _>(now);
+        for (new, job) in news.iter().zip(rows) {
+            insert = insert
+                .bind::<Text, _>(job.id.as_str())
+                .bind::<Text, _>(new.key.as_str())
+                .bind::<Text, _>(job.task.as_str())
+                .bind::<Text, _>(job.provider.as_str())
+                .bind::<Nullable<Text>, _>(job.requested_provider.as_deref())
+                .bind::<Text, _>(job.input.as_str())
+                .bind::<Text, _>(job.params.as_str())
+                .bind::<Text, _>(job.fingerprint.as_str())
+                .bind::<Text, _>(job.status.as_str());
+        }
+        let ids: Vec<InsertedId> = insert.keep_prepared().load(conn)?;
+        inserted.extend(ids.into_iter().map(|row| row.id));
+    }
+    let made: Vec<(&NewJob, &Job)> = news
+        .iter()
+        .zip(rows)
+        .filter(|(_, job)| inserted.contains(job.id.as_str()))
+        .map(|(new, job)| (*new, job))
+        .collect();
+    let mut attempts = Vec::with_capacity(made.len());
+    for made in power_of_two_chunks(made.len()).map(|(from, to)| &made[from..to]) {
+        let mut insert = diesel::sql_query(sqlite_attempts_statement(made.len()))
+            .into_boxed::<diesel::sqlite::Sqlite>()
+            .bind::<Text, _>(owner.as_str())
+            .bind::<BigInt, _>(now);
+        for (new, job) in made {
+            let start = new.start.as_ref();
+            let state = match start {
+                Some(_) => AttemptState::Running,
+                None => AttemptState::Queued,
+            };
+            insert = insert
+                .bind::<Text, _>(AttemptId::new().as_str().to_owned())
+                .bind::<Text, _>(job.id.as_str())
+                .bind::<Text, _>(job.provider.as_str())
+                .bind::<Text, _>(state.as_str())
+                .bind::<Nullable<BigInt>, _>(start.map(|_| job.version))
+                .bind::<Nullable<Text>, _>(start.map(|s| s.lease_owner.as_str()))
+                .bind::<Nullable<BigInt>, _>(start.map(|s| s.lease_ms))
+                .bind::<Nullable<BigInt>, _>(start.map(|_| now))
+                .bind::<Nullable<BigInt>, _>(start.map(|s| now + s.soft_timeout_ms));
+        }
+        let chunk: Vec<Attempt> = insert.keep_prepared().load(conn)?;
+        attempts.extend(chunk);
+    }
+    Ok(attempts)
+}
+
+#[derive(QueryableByName)]
+struct InsertedId {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    id: String,
+}
+
+/// `0..n` cut into runs whose lengths are powers of two, longest first.
+fn power_of_two_chunks(n: usize) -> impl Iterator<Item = (usize, usize)> {
+    let mut from = 0;
+    std::iter::from_fn(move || {
+        let left = n - from;
+        (left > 0).then(|| {
+            let len = 1 << left.ilog2();
+            from += len;
+            (from - len, from)
+        })
+    })
+}
+
+/// `rows` rows of `?N` placeholders, `per_row` each, numbered after the
+/// statement's two shared ones (`?1` the owner, `?2` the time); `row`
+/// writes one row from its placeholders.
+fn numbered_rows(rows: usize, per_row: usize, row: impl Fn(&[String]) -> String) -> String {
+    (0..rows)
+        .map(|r| {
+            let marks: Vec<String> = (0..per_row)
+                .map(|c| format!("?{}", 3 + r * per_row + c))
+                .collect();
+            row(&marks)
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The jobs' insert of [`insert_jobs_and_attempts_sqlite`], `rows` rows.
+/// SQLite needs the `WHERE` to read `ON CONFLICT` as the upsert's.
+fn sqlite_jobs_statement(rows: usize) -> String {
+    let values = numbered_rows(rows, 9, |m| {
+        format!(
+            "({}, ?1, {}, {}, {}, {}, {}, {}, {}, {}, 0, ?2, ?2)",
+            m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7], m[8]
+        )
+    });
+    format!(
+        "INSERT INTO jobs (id, owner_id, idempotency_key, task, provider, requested_provider,
+                           input, params, fingerprint, status, version, created_at, updated_at)
+         SELECT * FROM (VALUES {values})
+         WHERE NOT EXISTS (SELECT 1 FROM budgets WHERE budgets.owner_id = ?1)
+         ON CONFLICT (owner_id, idempotency_key) DO NOTHING
+         RETURNING id"
+    )
+}
+
+/// The attempts' insert of [`insert_jobs_and_attempts_sqlite`], `rows`
+/// rows: queued, or started as [`queue::insert_started_attempt`] starts
+/// one (its lease on the database's clock).
+fn sqlite_attempts_statement(rows: usize) -> String {
+    let clock = queue::SQLITE_NOW_MS;
+    let values = numbered_rows(rows, 9, |m| {
+        format!(
+            "({}, {}, ?1, 1, {}, {}, {}, {}, {clock} + {}, ?2, {}, {}, {})",
+            m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7], m[8], m[7]
+        )
+    });
+    format!(
+        "INSERT INTO attempts (id, job_id, owner_id, number, provider, state, version_read,
+                               lease_owner, lease_expires_at, created_at, started_at, timeout_at,
+                               sent_at)
+         VALUES {values}
+         RETURNING {ATTEMPT_COLUMNS}"
+    )
 }
 
 /// The statement of [`insert_jobs_and_attempts`]: `$1` the owner, `$2`…

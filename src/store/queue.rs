@@ -32,11 +32,15 @@ use crate::domain::{Applied, AttemptEvent, AttemptId, AttemptState, JobId, JobSt
 /// on a distributed table; see `store::distribution`).
 pub(crate) const PG_NOW_MS: &str = "(EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT";
 
+/// SQLite's clock in Unix milliseconds, as SQL.
+pub(crate) const SQLITE_NOW_MS: &str =
+    "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
+
 /// The database's clock in Unix milliseconds, as SQL for this backend.
 pub fn db_now_ms(conn: &DbConnection) -> &'static str {
     match conn {
         DbConnection::Postgresql(_) => PG_NOW_MS,
-        DbConnection::Sqlite(_) => "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+        DbConnection::Sqlite(_) => SQLITE_NOW_MS,
     }
 }
 

@@ -14,14 +14,14 @@ use std::time::{Duration, Instant};
 use diesel::prelude::*;
 use onejob::domain::{Role, UserId};
 use onejob::store::schema::{attempts, jobs};
-use onejob::store::{users as user_store, Backend, DbConnection, Store};
+use onejob::store::{users as user_store, Attempt, Backend, DbConnection, Job, Store};
 use reqwest::StatusCode;
 use serde_json::Value;
 
 use crate::server_process::ServerProcess;
 use crate::support::harness::{
-    assert_problem, record_figures, spawn_app_with, summarize, test_config, TestApp, TestBackend,
-    TestDb, DEFAULT_TEST_PROVIDERS,
+    assert_problem, record_figures, spawn_app_with, summarize, test_config, PreparedApp, TestApp,
+    TestBackend, TestDb, DEFAULT_TEST_PROVIDERS,
 };
 use crate::support::metrics::metric_sum;
 
@@ -427,7 +427,178 @@ async fn a_kill_9_mid_batch_loses_no_acknowledged_job(backend: TestBackend) {
     );
 }
 
+/// What a creation stores, less what differs between any two (ids, keys,
+/// the clock): the job's status and version, and its attempt's columns,
+/// its times as offsets from its creation.
+fn shape(job: &Job, attempt: &Attempt, lease_ms: i64) -> String {
+    let since = |at: Option<i64>| at.map(|at| at - attempt.created_at);
+    // The lease runs on the database's clock, the rest on the process's.
+    let lease_off = attempt
+        .lease_expires_at
+        .map(|at| (at - attempt.created_at - lease_ms).abs() < 2_000);
+    format!(
+        "{:?} v{} created={} | #{} {} {:?} {:?} read={:?} lease={:?}/{lease_off:?} \
+         started={:?} timeout={:?} sent={:?} finished={:?} not_before={:?} error={:?}",
+        job.status,
+        job.version,
+        job.created_at == job.updated_at && job.created_at == attempt.created_at,
+        attempt.number,
+        attempt.provider,
+        attempt.state,
+        attempt.outcome,
+        attempt.version_read,
+        attempt.lease_owner,
+        since(attempt.started_at),
+        since(attempt.timeout_at),
+        since(attempt.sent_at),
+        attempt.finished_at,
+        attempt.not_before,
+        attempt.error,
+    )
+}
+
+/// One owner's creations in a batch go in together (multi-row statements
+/// on both backends), yet each job and attempt stored is the row that
+/// creation would make alone, started or queued; a key given twice in the
+/// batch makes one job, the second hearing of it; and on SQLite the batch
+/// is a few statements, not a savepoint, two inserts, a budget's read and
+/// a release per creation.
+async fn one_owners_batch_stores_what_each_creation_alone_would(backend: TestBackend) {
+    use onejob::domain::{IdempotencyKey, JsonText};
+    use onejob::store::connection::write_transaction;
+    use onejob::store::jobs::{
+        create_job_with_attempts, create_many_of_one_owner, CreateOutcome, NewJob,
+    };
+    use onejob::store::queue::StartNow;
+    use onejob::store::statement_log::StatementLog;
+    use onejob::store::StoreError;
+
+    const LEASE_MS: i64 = 30_000;
+    let mut config = test_config(DEFAULT_TEST_PROVIDERS);
+    config.worker.concurrency = 0;
+    let log = StatementLog::new();
+    let prepared = PreparedApp::new(backend, config)
+        .await
+        .recording(&log)
+        .await;
+    let owner = prepared.alice.id.clone();
+    let new_job = move |key: &str, started: bool| NewJob {
+        owner_id: owner.clone(),
+        key: IdempotencyKey::parse(key).unwrap(),
+        task: "summarize".into(),
+        provider: "alpha".into(),
+        requested_provider: None,
+        input: JsonText::parse(format!("{{\"text\":\"{key}\"}}")).unwrap(),
+        params: JsonText::parse("{}").unwrap(),
+        // A digest's length, as the table requires; unique to the key.
+        fingerprint: format!(
+            "{:0<64}",
+            key.bytes().map(|b| format!("{b:02x}")).collect::<String>()
+        ),
+        start: started.then(|| StartNow {
+            lease_owner: "pid1-test".into(),
+            lease_ms: LEASE_MS,
+            soft_timeout_ms: 7_000,
+        }),
+        reservation: Default::default(),
+    };
+    let owner = prepared.alice.id.clone();
+    let (outcomes, statements, rows) = prepared
+        .with_conn(move |conn| {
+            for (key, started) in [("alone-started", true), ("alone-queued", false)] {
+                create_job_with_attempts(conn, &new_job(key, started)).unwrap();
+            }
+            let mut news: Vec<NewJob> = (0..4)
+                .map(|i| new_job(&format!("started-{i}"), true))
+                .chain((0..3).map(|i| new_job(&format!("queued-{i}"), false)))
+                .collect();
+            news.push(new_job("started-1", true));
+            let news: Vec<&NewJob> = news.iter().collect();
+            log.take();
+            // As the batch's leader runs it: in its transaction on SQLite,
+            // a statement committing by itself on PostgreSQL.
+            let outcomes = match conn {
+                DbConnection::Sqlite(_) => write_transaction(conn, |conn| {
+                    Ok::<_, StoreError>(create_many_of_one_owner(conn, &owner, &news))
+                })
+                .unwrap(),
+                DbConnection::Postgresql(_) => create_many_of_one_owner(conn, &owner, &news),
+            };
+            let statements = log.take();
+            let jobs: Vec<Job> = jobs::table
+                .filter(jobs::owner_id.eq(&owner))
+                .select(Job::as_select())
+                .load(conn)
+                .unwrap();
+            let attempts: Vec<Attempt> = attempts::table
+                .filter(attempts::owner_id.eq(&owner))
+                .select(Attempt::as_select())
+                .load(conn)
+                .unwrap();
+            let rows: HashMap<String, (Job, Attempt)> = jobs
+                .into_iter()
+                .map(|job| {
+                    let mut of_job = attempts.iter().filter(|a| a.job_id == job.id);
+                    let attempt = of_job.next().expect("an attempt").clone();
+                    assert!(of_job.next().is_none(), "one attempt for {job:?}");
+                    (job.idempotency_key.clone(), (job, attempt))
+                })
+                .collect();
+            (outcomes, statements, rows)
+        })
+        .await;
+
+    assert_eq!(rows.len(), 9, "two alone, seven in the batch: {rows:?}");
+    let keys = ["started-0", "started-1", "started-2", "started-3"]
+        .into_iter()
+        .chain(["queued-0", "queued-1", "queued-2", "started-1"]);
+    for (key, outcome) in keys.zip(&outcomes) {
+        let (job, attempt) = &rows[key];
+        match outcome.as_ref().unwrap() {
+            (CreateOutcome::Created(made), made_attempts) => {
+                assert_eq!(
+                    (made, made_attempts.as_slice()),
+                    (job, std::slice::from_ref(attempt))
+                );
+            }
+            (CreateOutcome::Existing(found), _) => {
+                assert_eq!(key, "started-1", "only the second comer finds a job");
+                assert_eq!(found, job);
+            }
+        }
+    }
+    let made = outcomes
+        .iter()
+        .filter(|o| matches!(o, Ok((CreateOutcome::Created(_), _))))
+        .count();
+    assert_eq!(made, 7, "the repeated key was made once");
+    let alone = |key: &str| shape(&rows[key].0, &rows[key].1, LEASE_MS);
+    for key in ["started-0", "started-1", "started-2", "started-3"] {
+        assert_eq!(
+            shape(&rows[key].0, &rows[key].1, LEASE_MS),
+            alone("alone-started"),
+            "{key}"
+        );
+    }
+    for key in ["queued-0", "queued-1", "queued-2"] {
+        assert_eq!(
+            shape(&rows[key].0, &rows[key].1, LEASE_MS),
+            alone("alone-queued"),
+            "{key}"
+        );
+    }
+    // Alone, the eight would be eight savepoints of five statements each.
+    if backend == TestBackend::Sqlite {
+        assert!(
+            statements.len() <= 16,
+            "{} statements: {statements:#?}",
+            statements.len()
+        );
+    }
+}
+
 on_both_backends!(
+    one_owners_batch_stores_what_each_creation_alone_would,
     a_batch_with_a_replay_and_a_reused_key_answers_each_and_stores_the_right_rows,
     a_kill_9_mid_batch_loses_no_acknowledged_job,
 );
