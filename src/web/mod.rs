@@ -75,11 +75,9 @@ fn method_not_allowed(req: &actix_web::HttpRequest, allow: &str) -> actix_web::H
     response
 }
 
-/// Registers every route.
 /// Every route; forms are read up to `body_limit` bytes
 /// (`server.body_limit_bytes`, as the JSON API).
 pub fn routes(cfg: &mut web::ServiceConfig, body_limit: usize) {
-    use pages::{console, job_pages, session, usage_pages, webhook_pages};
     cfg.app_data(
         web::FormConfig::default()
             .limit(body_limit)
@@ -100,132 +98,159 @@ pub fn routes(cfg: &mut web::ServiceConfig, body_limit: usize) {
         pages::PageError::bad_request(format!("The link's parameters could not be read: {error}"))
             .into()
     }))
-    .service(resource("/", READ).route(read().to(pages::home)))
-    .service(resource("/static/style.css", READ).route(read().to(pages::stylesheet)))
-    .service(resource(pages::HTMX_PATH, READ).route(read().to(pages::htmx)))
-    .service(resource(pages::LIVE_TEXT_PATH, READ).route(read().to(pages::live_text_js)))
-    .service(resource("/problems/{slug}", READ).route(read().to(pages::problem)))
-    .service(resource("/healthz", READ).route(read().to(health::healthz)))
-    .service(resource("/readyz", READ).route(read().to(health::readyz)))
-    .service(
-        resource("/login", "GET, HEAD, POST")
-            .route(read().to(session::sign_in_form))
-            .route(web::post().to(session::sign_in)),
-    )
-    .service(resource("/logout", "POST").route(web::post().to(session::sign_out)))
-    .service(resource("/jobs/new", READ).route(read().to(job_pages::new_job_form)))
-    .service(
-        resource("/jobs", "GET, HEAD, POST")
-            .route(read().to(job_pages::my_jobs))
-            .route(web::post().to(job_pages::submit_job)),
-    )
-    .service(resource("/jobs/{id}", READ).route(read().to(job_pages::job_page)))
-    .service(resource("/jobs/{id}/stream", READ).route(read().to(pages::live_text::job_stream)))
-    .service(
-        resource("/jobs/{id}/attempts", "POST").route(web::post().to(job_pages::start_attempt)),
-    )
-    .service(resource("/jobs/{id}/fail", "POST").route(web::post().to(job_pages::fail_job)))
-    .service(resource("/jobs/{id}/cancel", "POST").route(web::post().to(job_pages::cancel_job)))
-    .service(
-        resource("/webhooks", "GET, HEAD, POST")
-            .route(read().to(webhook_pages::my_webhooks))
-            .route(web::post().to(webhook_pages::add_webhook)),
-    )
-    .service(resource("/webhooks/{id}", READ).route(read().to(webhook_pages::webhook_page)))
-    .service(
-        resource("/webhooks/{id}/act", "POST").route(web::post().to(webhook_pages::webhook_act)),
-    )
-    .service(
-        resource("/webhooks/{endpoint}/events/{id}/resend", "POST")
-            .route(web::post().to(webhook_pages::resend)),
-    )
-    .service(resource("/admin/webhooks", READ).route(read().to(webhook_pages::admin_webhooks)))
-    .service(resource("/admin", READ).route(read().to(console::console)))
-    .service(resource("/admin/unknown", READ).route(read().to(console::unknown_queue)))
-    .service(
-        resource("/admin/attempts/{id}/abandon", "POST").route(web::post().to(console::abandon)),
-    )
-    .service(resource("/admin/races", READ).route(read().to(console::races)))
-    .service(resource("/admin/usage", READ).route(read().to(usage_pages::admin_usage)))
-    .service(resource("/admin/budgets", "POST").route(web::post().to(usage_pages::budget_act)))
-    .service(resource("/usage", READ).route(read().to(usage_pages::my_usage)))
-    .service(resource("/admin/audit", READ).route(read().to(console::audit)))
-    .service(
-        resource("/admin/users", "GET, HEAD, POST")
-            .route(read().to(console::users))
-            .route(web::post().to(console::add_user)),
-    )
-    .service(resource("/admin/users/{name}/act", "POST").route(web::post().to(console::user_act)))
-    .service(resource("/admin/jobs", READ).route(read().to(console::jobs_search)))
-    .service(resource("/admin/providers", READ).route(read().to(console::providers)))
-    .service(resource("/admin/providers/qualify", "POST").route(web::post().to(console::qualify)))
-    .service(resource("/api/v1/openapi.json", READ).route(read().to(openapi::openapi_json)))
-    .service(
-        resource("/metrics", READ)
-            .wrap(from_fn(auth::require_bearer))
-            .route(read().to(health::metrics)),
-    )
-    // Signed per attempt, not by a bearer token.
-    .service(
-        resource("/api/v1/callbacks/attempts/{id}", "POST")
-            .route(web::post().to(api_callbacks::receive)),
-    )
-    .service(
-        web::scope("/api/v1")
-            .wrap(from_fn(auth::require_bearer))
-            .service(
-                resource("/jobs", "GET, HEAD, POST")
-                    .route(web::post().to(api_jobs::create_job))
-                    .route(read().to(api_jobs::list_jobs)),
-            )
-            .service(resource("/jobs/{id}", READ).route(read().to(api_jobs::get_job)))
-            .service(
-                resource("/jobs/{id}/attempts", "POST")
-                    .route(web::post().to(api_jobs::start_attempt)),
-            )
-            .service(
-                resource("/jobs/{id}/cancel", "POST").route(web::post().to(api_jobs::cancel_job)),
-            )
-            .service(
-                resource("/attempts/{id}/abandon", "POST")
-                    .route(web::post().to(api_support::abandon_attempt)),
-            )
-            .service(
-                resource("/admin/unknown", READ).route(read().to(api_support::unknown_attempts)),
-            )
-            .service(resource("/admin/races", READ).route(read().to(api_support::races)))
-            .configure(api_webhooks::routes)
-            .configure(api_usage::routes)
-            .default_service(web::to(not_found)),
-    )
-    // The Anthropic-compatible endpoint, before the OpenAI-compatible
-    // scope: Anthropic's error shape, its `x-api-key`.
-    .service(
-        resource("/v1/messages", "POST")
-            .wrap(from_fn(anthropic_messages::require_api_key))
-            .route(web::post().to(anthropic_messages::create_message)),
-    )
-    // The OpenAI-compatible surface: OpenAI's error shape throughout.
-    .service(
-        web::scope("/v1")
-            .wrap(from_fn(openai_compat::require_bearer))
-            .service(
-                resource("/chat/completions", "POST")
-                    .route(web::post().to(openai_compat::chat_completions)),
-            )
-            .service(
-                resource("/responses", "POST").route(web::post().to(responses::create_response)),
-            )
-            .service(resource("/responses/{id}", READ).route(read().to(responses::get_response)))
-            .service(
-                resource("/responses/{id}/cancel", "POST")
-                    .route(web::post().to(responses::cancel_response)),
-            )
-            .service(resource("/models", READ).route(read().to(openai_compat::list_models)))
-            .service(resource("/models/{model}", READ).route(read().to(openai_compat::get_model)))
-            .default_service(web::to(openai_compat::unknown_path)),
-    )
+    .configure(api_routes)
+    .configure(page_routes)
     .default_service(web::to(not_found));
+}
+
+/// The machine-facing surfaces: the JSON API, the signed callbacks and the
+/// OpenAI- and Anthropic-compatible endpoints. Registered before the pages
+/// so that API requests, the hot path, are matched first; no page path
+/// starts with `/api/v1` or `/v1`, so the order changes no answer.
+fn api_routes(cfg: &mut web::ServiceConfig) {
+    cfg.service(resource("/api/v1/openapi.json", READ).route(read().to(openapi::openapi_json)))
+        // Signed per attempt, not by a bearer token.
+        .service(
+            resource("/api/v1/callbacks/attempts/{id}", "POST")
+                .route(web::post().to(api_callbacks::receive)),
+        )
+        .service(
+            web::scope("/api/v1")
+                .wrap(from_fn(auth::require_bearer))
+                .service(
+                    resource("/jobs", "GET, HEAD, POST")
+                        .route(web::post().to(api_jobs::create_job))
+                        .route(read().to(api_jobs::list_jobs)),
+                )
+                .service(resource("/jobs/{id}", READ).route(read().to(api_jobs::get_job)))
+                .service(
+                    resource("/jobs/{id}/attempts", "POST")
+                        .route(web::post().to(api_jobs::start_attempt)),
+                )
+                .service(
+                    resource("/jobs/{id}/cancel", "POST")
+                        .route(web::post().to(api_jobs::cancel_job)),
+                )
+                .service(
+                    resource("/attempts/{id}/abandon", "POST")
+                        .route(web::post().to(api_support::abandon_attempt)),
+                )
+                .service(
+                    resource("/admin/unknown", READ)
+                        .route(read().to(api_support::unknown_attempts)),
+                )
+                .service(resource("/admin/races", READ).route(read().to(api_support::races)))
+                .configure(api_webhooks::routes)
+                .configure(api_usage::routes)
+                .default_service(web::to(not_found)),
+        )
+        // The Anthropic-compatible endpoint, before the OpenAI-compatible
+        // scope: Anthropic's error shape, its `x-api-key`.
+        .service(
+            resource("/v1/messages", "POST")
+                .wrap(from_fn(anthropic_messages::require_api_key))
+                .route(web::post().to(anthropic_messages::create_message)),
+        )
+        // The OpenAI-compatible surface: OpenAI's error shape throughout.
+        .service(
+            web::scope("/v1")
+                .wrap(from_fn(openai_compat::require_bearer))
+                .service(
+                    resource("/chat/completions", "POST")
+                        .route(web::post().to(openai_compat::chat_completions)),
+                )
+                .service(
+                    resource("/responses", "POST")
+                        .route(web::post().to(responses::create_response)),
+                )
+                .service(
+                    resource("/responses/{id}", READ).route(read().to(responses::get_response)),
+                )
+                .service(
+                    resource("/responses/{id}/cancel", "POST")
+                        .route(web::post().to(responses::cancel_response)),
+                )
+                .service(resource("/models", READ).route(read().to(openai_compat::list_models)))
+                .service(
+                    resource("/models/{model}", READ).route(read().to(openai_compat::get_model)),
+                )
+                .default_service(web::to(openai_compat::unknown_path)),
+        );
+}
+
+/// The browser's pages, their assets, the probes and `/metrics`.
+fn page_routes(cfg: &mut web::ServiceConfig) {
+    use pages::{console, job_pages, session, usage_pages, webhook_pages};
+    cfg.service(resource("/", READ).route(read().to(pages::home)))
+        .service(resource("/static/style.css", READ).route(read().to(pages::stylesheet)))
+        .service(resource(pages::HTMX_PATH, READ).route(read().to(pages::htmx)))
+        .service(resource(pages::LIVE_TEXT_PATH, READ).route(read().to(pages::live_text_js)))
+        .service(resource("/problems/{slug}", READ).route(read().to(pages::problem)))
+        .service(resource("/healthz", READ).route(read().to(health::healthz)))
+        .service(resource("/readyz", READ).route(read().to(health::readyz)))
+        .service(
+            resource("/login", "GET, HEAD, POST")
+                .route(read().to(session::sign_in_form))
+                .route(web::post().to(session::sign_in)),
+        )
+        .service(resource("/logout", "POST").route(web::post().to(session::sign_out)))
+        .service(resource("/jobs/new", READ).route(read().to(job_pages::new_job_form)))
+        .service(
+            resource("/jobs", "GET, HEAD, POST")
+                .route(read().to(job_pages::my_jobs))
+                .route(web::post().to(job_pages::submit_job)),
+        )
+        .service(resource("/jobs/{id}", READ).route(read().to(job_pages::job_page)))
+        .service(resource("/jobs/{id}/stream", READ).route(read().to(pages::live_text::job_stream)))
+        .service(
+            resource("/jobs/{id}/attempts", "POST").route(web::post().to(job_pages::start_attempt)),
+        )
+        .service(resource("/jobs/{id}/fail", "POST").route(web::post().to(job_pages::fail_job)))
+        .service(resource("/jobs/{id}/cancel", "POST").route(web::post().to(job_pages::cancel_job)))
+        .service(
+            resource("/webhooks", "GET, HEAD, POST")
+                .route(read().to(webhook_pages::my_webhooks))
+                .route(web::post().to(webhook_pages::add_webhook)),
+        )
+        .service(resource("/webhooks/{id}", READ).route(read().to(webhook_pages::webhook_page)))
+        .service(
+            resource("/webhooks/{id}/act", "POST")
+                .route(web::post().to(webhook_pages::webhook_act)),
+        )
+        .service(
+            resource("/webhooks/{endpoint}/events/{id}/resend", "POST")
+                .route(web::post().to(webhook_pages::resend)),
+        )
+        .service(resource("/admin/webhooks", READ).route(read().to(webhook_pages::admin_webhooks)))
+        .service(resource("/admin", READ).route(read().to(console::console)))
+        .service(resource("/admin/unknown", READ).route(read().to(console::unknown_queue)))
+        .service(
+            resource("/admin/attempts/{id}/abandon", "POST")
+                .route(web::post().to(console::abandon)),
+        )
+        .service(resource("/admin/races", READ).route(read().to(console::races)))
+        .service(resource("/admin/usage", READ).route(read().to(usage_pages::admin_usage)))
+        .service(resource("/admin/budgets", "POST").route(web::post().to(usage_pages::budget_act)))
+        .service(resource("/usage", READ).route(read().to(usage_pages::my_usage)))
+        .service(resource("/admin/audit", READ).route(read().to(console::audit)))
+        .service(
+            resource("/admin/users", "GET, HEAD, POST")
+                .route(read().to(console::users))
+                .route(web::post().to(console::add_user)),
+        )
+        .service(
+            resource("/admin/users/{name}/act", "POST").route(web::post().to(console::user_act)),
+        )
+        .service(resource("/admin/jobs", READ).route(read().to(console::jobs_search)))
+        .service(resource("/admin/providers", READ).route(read().to(console::providers)))
+        .service(
+            resource("/admin/providers/qualify", "POST").route(web::post().to(console::qualify)),
+        )
+        .service(
+            resource("/metrics", READ)
+                .wrap(from_fn(auth::require_bearer))
+                .route(read().to(health::metrics)),
+        );
 }
 
 /// A worker-only process's routes: what the orchestrator and Prometheus
