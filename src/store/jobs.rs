@@ -412,13 +412,21 @@ struct InsertedId {
     id: String,
 }
 
-/// `0..n` cut into runs whose lengths are powers of two, longest first.
+/// The most rows one of SQLite's multi-row inserts carries. SQLite refuses
+/// a statement with more than 32,766 bound values, and a batch can be as
+/// large as `database.group_commit_rows` allows: 64 rows of nine values
+/// stay far under it, and a connection keeps at most seven texts of each
+/// insert prepared (1, 2, 4 … 64 rows).
+const MAX_ROWS_PER_STATEMENT: usize = 64;
+
+/// `0..n` cut into runs whose lengths are powers of two, longest first,
+/// none longer than [`MAX_ROWS_PER_STATEMENT`].
 fn power_of_two_chunks(n: usize) -> impl Iterator<Item = (usize, usize)> {
     let mut from = 0;
     std::iter::from_fn(move || {
         let left = n - from;
         (left > 0).then(|| {
-            let len = 1 << left.ilog2();
+            let len = (1 << left.ilog2()).min(MAX_ROWS_PER_STATEMENT);
             from += len;
             (from - len, from)
         })
@@ -631,4 +639,31 @@ pub fn providers_of(
         }
     }
     Ok(providers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{power_of_two_chunks, MAX_ROWS_PER_STATEMENT};
+
+    fn lengths(n: usize) -> Vec<usize> {
+        power_of_two_chunks(n).map(|(from, to)| to - from).collect()
+    }
+
+    #[test]
+    fn chunks_are_powers_of_two_longest_first_and_cover_every_row() {
+        assert_eq!(lengths(0), Vec::<usize>::new());
+        assert_eq!(lengths(1), [1]);
+        assert_eq!(lengths(7), [4, 2, 1]);
+        assert_eq!(lengths(64), [64]);
+        let chunks: Vec<(usize, usize)> = power_of_two_chunks(45).collect();
+        assert_eq!(chunks, [(0, 32), (32, 40), (40, 44), (44, 45)]);
+    }
+
+    #[test]
+    fn no_chunk_is_longer_than_one_statement_carries() {
+        assert_eq!(lengths(200), [64, 64, 64, 8]);
+        let big = lengths(5_000);
+        assert!(big.iter().all(|&len| len <= MAX_ROWS_PER_STATEMENT));
+        assert_eq!(big.iter().sum::<usize>(), 5_000);
+    }
 }

@@ -13,8 +13,13 @@ use std::time::{Duration, Instant};
 
 use diesel::prelude::*;
 use onejob::domain::{Role, UserId};
+use onejob::store::connection::write_transaction;
+use onejob::store::jobs::{create_many_of_one_owner, CreateOutcome};
 use onejob::store::schema::{attempts, jobs};
-use onejob::store::{users as user_store, Attempt, Backend, DbConnection, Job, Store};
+use onejob::store::statement_log::StatementLog;
+use onejob::store::{
+    users as user_store, Attempt, Backend, DbConnection, Job, Store, StoreError, StoreResult,
+};
 use reqwest::StatusCode;
 use serde_json::Value;
 
@@ -457,23 +462,12 @@ fn shape(job: &Job, attempt: &Attempt, lease_ms: i64) -> String {
     )
 }
 
-/// One owner's creations in a batch go in together (multi-row statements
-/// on both backends), yet each job and attempt stored is the row that
-/// creation would make alone, started or queued; a key given twice in the
-/// batch makes one job, the second hearing of it; and on SQLite the batch
-/// is a few statements, not a savepoint, two inserts, a budget's read and
-/// a release per creation.
-async fn one_owners_batch_stores_what_each_creation_alone_would(backend: TestBackend) {
-    use onejob::domain::{IdempotencyKey, JsonText};
-    use onejob::store::connection::write_transaction;
-    use onejob::store::jobs::{
-        create_job_with_attempts, create_many_of_one_owner, CreateOutcome, NewJob,
-    };
-    use onejob::store::queue::StartNow;
-    use onejob::store::statement_log::StatementLog;
-    use onejob::store::StoreError;
+/// The lease of [`batch_creation`]'s started attempts.
+const BATCH_LEASE_MS: i64 = 30_000;
 
-    const LEASE_MS: i64 = 30_000;
+/// An app whose worker claims nothing (the rows stay as stored), its
+/// store recording every statement in the log returned.
+async fn recording_app(backend: TestBackend) -> (PreparedApp, StatementLog) {
     let mut config = test_config(DEFAULT_TEST_PROVIDERS);
     config.worker.concurrency = 0;
     let log = StatementLog::new();
@@ -481,8 +475,14 @@ async fn one_owners_batch_stores_what_each_creation_alone_would(backend: TestBac
         .await
         .recording(&log)
         .await;
-    let owner = prepared.alice.id.clone();
-    let new_job = move |key: &str, started: bool| NewJob {
+    (prepared, log)
+}
+
+/// `owner`'s creation under `key`, its first attempt started in the
+/// creating transaction or queued.
+fn batch_creation(owner: &UserId, key: &str, started: bool) -> onejob::store::jobs::NewJob {
+    use onejob::domain::{IdempotencyKey, JsonText};
+    onejob::store::jobs::NewJob {
         owner_id: owner.clone(),
         key: IdempotencyKey::parse(key).unwrap(),
         task: "summarize".into(),
@@ -495,14 +495,46 @@ async fn one_owners_batch_stores_what_each_creation_alone_would(backend: TestBac
             "{:0<64}",
             key.bytes().map(|b| format!("{b:02x}")).collect::<String>()
         ),
-        start: started.then(|| StartNow {
+        start: started.then(|| onejob::store::queue::StartNow {
             lease_owner: "pid1-test".into(),
-            lease_ms: LEASE_MS,
+            lease_ms: BATCH_LEASE_MS,
             soft_timeout_ms: 7_000,
         }),
         reservation: Default::default(),
-    };
+    }
+}
+
+/// One owner's creations as the batch's leader runs them: in its
+/// transaction on SQLite, a statement committing by itself on PostgreSQL.
+fn as_the_leader_runs(
+    conn: &mut DbConnection,
+    owner: &UserId,
+    news: &[&onejob::store::jobs::NewJob],
+) -> Vec<StoreResult<(CreateOutcome, Vec<Attempt>)>> {
+    match conn {
+        DbConnection::Sqlite(_) => write_transaction(conn, |conn| {
+            Ok::<_, StoreError>(create_many_of_one_owner(conn, owner, news))
+        })
+        .unwrap(),
+        DbConnection::Postgresql(_) => create_many_of_one_owner(conn, owner, news),
+    }
+}
+
+/// One owner's creations in a batch go in together (multi-row statements
+/// on both backends), yet each job and attempt stored is the row that
+/// creation would make alone, started or queued; a key given twice in the
+/// batch makes one job, the second hearing of it; and on SQLite the batch
+/// is a few statements, not a savepoint, two inserts, a budget's read and
+/// a release per creation.
+async fn one_owners_batch_stores_what_each_creation_alone_would(backend: TestBackend) {
+    use onejob::store::jobs::{create_job_with_attempts, NewJob};
+
+    let (prepared, log) = recording_app(backend).await;
     let owner = prepared.alice.id.clone();
+    let new_job = {
+        let owner = owner.clone();
+        move |key: &str, started: bool| batch_creation(&owner, key, started)
+    };
     let (outcomes, statements, rows) = prepared
         .with_conn(move |conn| {
             for (key, started) in [("alone-started", true), ("alone-queued", false)] {
@@ -515,15 +547,7 @@ async fn one_owners_batch_stores_what_each_creation_alone_would(backend: TestBac
             news.push(new_job("started-1", true));
             let news: Vec<&NewJob> = news.iter().collect();
             log.take();
-            // As the batch's leader runs it: in its transaction on SQLite,
-            // a statement committing by itself on PostgreSQL.
-            let outcomes = match conn {
-                DbConnection::Sqlite(_) => write_transaction(conn, |conn| {
-                    Ok::<_, StoreError>(create_many_of_one_owner(conn, &owner, &news))
-                })
-                .unwrap(),
-                DbConnection::Postgresql(_) => create_many_of_one_owner(conn, &owner, &news),
-            };
+            let outcomes = as_the_leader_runs(conn, &owner, &news);
             let statements = log.take();
             let jobs: Vec<Job> = jobs::table
                 .filter(jobs::owner_id.eq(&owner))
@@ -572,17 +596,17 @@ async fn one_owners_batch_stores_what_each_creation_alone_would(backend: TestBac
         .filter(|o| matches!(o, Ok((CreateOutcome::Created(_), _))))
         .count();
     assert_eq!(made, 7, "the repeated key was made once");
-    let alone = |key: &str| shape(&rows[key].0, &rows[key].1, LEASE_MS);
+    let alone = |key: &str| shape(&rows[key].0, &rows[key].1, BATCH_LEASE_MS);
     for key in ["started-0", "started-1", "started-2", "started-3"] {
         assert_eq!(
-            shape(&rows[key].0, &rows[key].1, LEASE_MS),
+            shape(&rows[key].0, &rows[key].1, BATCH_LEASE_MS),
             alone("alone-started"),
             "{key}"
         );
     }
     for key in ["queued-0", "queued-1", "queued-2"] {
         assert_eq!(
-            shape(&rows[key].0, &rows[key].1, LEASE_MS),
+            shape(&rows[key].0, &rows[key].1, BATCH_LEASE_MS),
             alone("alone-queued"),
             "{key}"
         );
@@ -597,8 +621,64 @@ async fn one_owners_batch_stores_what_each_creation_alone_would(backend: TestBac
     }
 }
 
+/// A batch as large as `database.group_commit_rows` may let one be (here
+/// 5,000 creations of one owner) is stored whole, every creation made
+/// once with its first attempt, and stays a few statements: on SQLite, in
+/// multi-row inserts of at most 64 rows, far under the bound values SQLite
+/// allows one statement (a single insert of 4,096 rows would pass it, fail,
+/// and leave every creation to be made alone).
+async fn a_batch_of_thousands_is_stored_whole_in_a_few_statements(backend: TestBackend) {
+    const CREATIONS: usize = 5_000;
+    let (prepared, log) = recording_app(backend).await;
+    let owner = prepared.alice.id.clone();
+    let (outcomes, statements, stored) = prepared
+        .with_conn(move |conn| {
+            let news: Vec<_> = (0..CREATIONS)
+                .map(|i| batch_creation(&owner, &format!("many-{i}"), i % 2 == 0))
+                .collect();
+            let news: Vec<_> = news.iter().collect();
+            log.take();
+            let outcomes = as_the_leader_runs(conn, &owner, &news);
+            let statements = log.take();
+            let stored: Vec<(String, i64)> = jobs::table
+                .inner_join(attempts::table.on(attempts::job_id.eq(jobs::id)))
+                .filter(jobs::owner_id.eq(&owner))
+                .group_by(jobs::idempotency_key)
+                .select((jobs::idempotency_key, diesel::dsl::count(attempts::id)))
+                .load(conn)
+                .unwrap();
+            (outcomes, statements, stored)
+        })
+        .await;
+
+    assert_eq!(outcomes.len(), CREATIONS);
+    for (i, outcome) in outcomes.iter().enumerate() {
+        match outcome {
+            Ok((CreateOutcome::Created(job), attempts)) => {
+                assert_eq!(job.idempotency_key, format!("many-{i}"));
+                assert_eq!(attempts.len(), 1, "{job:?}");
+            }
+            other => panic!("creation {i}: {other:?}"),
+        }
+    }
+    assert_eq!(stored.len(), CREATIONS, "one job a key");
+    assert!(stored.iter().all(|(_, attempts)| *attempts == 1));
+    // SQLite: the jobs' and the attempts' inserts for each chunk of 64
+    // rows, and the savepoint around them; PostgreSQL: one statement.
+    let most = match backend {
+        TestBackend::Sqlite => 2 * CREATIONS.div_ceil(64) + 4,
+        TestBackend::Postgres => 4,
+    };
+    assert!(
+        statements.len() <= most,
+        "{} statements for {CREATIONS} creations, at most {most} expected",
+        statements.len()
+    );
+}
+
 on_both_backends!(
     one_owners_batch_stores_what_each_creation_alone_would,
+    a_batch_of_thousands_is_stored_whole_in_a_few_statements,
     a_batch_with_a_replay_and_a_reused_key_answers_each_and_stores_the_right_rows,
     a_kill_9_mid_batch_loses_no_acknowledged_job,
 );
