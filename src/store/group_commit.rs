@@ -9,7 +9,9 @@
 //! Each compare-and-swap runs in its own savepoint; each owner's creations
 //! in one, as multi-row inserts ([`jobs::create_many_of_one_owner`]). One
 //! commit, one flush, for all of them; each request is answered only after
-//! that commit.
+//! that commit. Within a batch the compare-and-swaps run first, then the
+//! creations: none of them is answered before the commit, so any order
+//! inside it is one in which those concurrent requests could have arrived.
 //!
 //! Nothing about idempotency or the compare-and-swap changes: the unique
 //! key and the versioned update still decide, and a creation the
