@@ -417,7 +417,7 @@ struct InsertedId {
 /// large as `database.group_commit_rows` allows: 64 rows of nine values
 /// stay far under it, and a connection keeps at most seven texts of each
 /// insert prepared (1, 2, 4 … 64 rows).
-const MAX_ROWS_PER_STATEMENT: usize = 64;
+pub const MAX_ROWS_PER_STATEMENT: usize = 64;
 
 /// `0..n` cut into runs whose lengths are powers of two, longest first,
 /// none longer than [`MAX_ROWS_PER_STATEMENT`].

@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use diesel::prelude::*;
 use onejob::domain::{Role, UserId};
 use onejob::store::connection::write_transaction;
-use onejob::store::jobs::{create_many_of_one_owner, CreateOutcome};
+use onejob::store::group_commit::Created;
+use onejob::store::jobs::{create_many_of_one_owner, CreateOutcome, MAX_ROWS_PER_STATEMENT};
 use onejob::store::schema::{attempts, jobs};
 use onejob::store::statement_log::StatementLog;
 use onejob::store::{
@@ -510,7 +511,7 @@ fn as_the_leader_runs(
     conn: &mut DbConnection,
     owner: &UserId,
     news: &[&onejob::store::jobs::NewJob],
-) -> Vec<StoreResult<(CreateOutcome, Vec<Attempt>)>> {
+) -> Vec<StoreResult<Created>> {
     match conn {
         DbConnection::Sqlite(_) => write_transaction(conn, |conn| {
             Ok::<_, StoreError>(create_many_of_one_owner(conn, owner, news))
@@ -663,10 +664,10 @@ async fn a_batch_of_thousands_is_stored_whole_in_a_few_statements(backend: TestB
     }
     assert_eq!(stored.len(), CREATIONS, "one job a key");
     assert!(stored.iter().all(|(_, attempts)| *attempts == 1));
-    // SQLite: the jobs' and the attempts' inserts for each chunk of 64
+    // SQLite: the jobs' and the attempts' inserts for each chunk of up to 64
     // rows, and the savepoint around them; PostgreSQL: one statement.
     let most = match backend {
-        TestBackend::Sqlite => 2 * CREATIONS.div_ceil(64) + 4,
+        TestBackend::Sqlite => 2 * CREATIONS.div_ceil(MAX_ROWS_PER_STATEMENT) + 4,
         TestBackend::Postgres => 4,
     };
     assert!(
