@@ -21,8 +21,8 @@ use crate::domain::ledger::{
 use crate::domain::UserId;
 
 /// An owner's budget row.
-#[derive(Debug, Clone, PartialEq, Eq, Queryable, Selectable, Insertable, AsChangeset)]
-#[diesel(table_name = budgets, treat_none_as_null = true)]
+#[derive(Debug, Clone, PartialEq, Eq, Queryable, Selectable, Insertable)]
+#[diesel(table_name = budgets)]
 pub struct BudgetRow {
     pub owner_id: UserId,
     pub spend_limit_micros: Option<i64>,
@@ -66,6 +66,38 @@ impl BudgetRow {
     }
 }
 
+/// What a write changes in an owner's row: every column but the owner,
+/// which is the distribution column on Citus, and Citus refuses an UPDATE
+/// that sets it, even to the value it has (`modifying the partition value
+/// of rows is not allowed`).
+#[derive(AsChangeset)]
+#[diesel(table_name = budgets, treat_none_as_null = true)]
+struct BudgetChanges {
+    spend_limit_micros: Option<i64>,
+    token_limit: Option<i64>,
+    period_start: i64,
+    spent_micros: i64,
+    spent_tokens: i64,
+    reserved_micros: i64,
+    reserved_tokens: i64,
+    updated_at: i64,
+}
+
+impl From<&BudgetRow> for BudgetChanges {
+    fn from(row: &BudgetRow) -> Self {
+        Self {
+            spend_limit_micros: row.spend_limit_micros,
+            token_limit: row.token_limit,
+            period_start: row.period_start,
+            spent_micros: row.spent_micros,
+            spent_tokens: row.spent_tokens,
+            reserved_micros: row.reserved_micros,
+            reserved_tokens: row.reserved_tokens,
+            updated_at: row.updated_at,
+        }
+    }
+}
+
 /// A creation the budget refused: which limit, and when it resets.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refused {
@@ -94,7 +126,7 @@ fn lock(conn: &mut DbConnection, owner_id: &UserId) -> StoreResult<Option<Budget
 
 fn write(conn: &mut DbConnection, row: &BudgetRow) -> StoreResult<()> {
     diesel::update(budgets::table.filter(budgets::owner_id.eq(&row.owner_id)))
-        .set(row)
+        .set(BudgetChanges::from(row))
         .returning(budgets::owner_id)
         .keep_prepared()
         .load::<String>(conn)?;
