@@ -67,13 +67,25 @@ pub struct Claim {
     pub job: Job,
 }
 
+/// [`job_version_of_attempt`]'s SQL: a literal with the owner bound.
+type JobVersionOfAttempt = diesel::expression::SqlLiteral<
+    Nullable<BigInt>,
+    diesel::expression::UncheckedBind<
+        diesel::expression::SqlLiteral<Nullable<BigInt>>,
+        diesel::dsl::AsExprOf<String, diesel::sql_types::Text>,
+    >,
+>;
+
 /// The version of an attempt's job, read inside the claiming statement:
-/// what the compare-and-swap will expect.
-fn job_version_of_attempt() -> diesel::expression::SqlLiteral<Nullable<BigInt>> {
+/// what the compare-and-swap will expect. The owner is a bound value, not
+/// `attempts.owner_id`: Citus routes a subquery only by a value, and would
+/// otherwise run the claim on every shard.
+fn job_version_of_attempt(owner_id: &UserId) -> JobVersionOfAttempt {
     sql::<Nullable<BigInt>>(
-        "(SELECT jobs.version FROM jobs \
-         WHERE jobs.id = attempts.job_id AND jobs.owner_id = attempts.owner_id)",
+        "(SELECT jobs.version FROM jobs WHERE jobs.id = attempts.job_id AND jobs.owner_id = ",
     )
+    .bind::<diesel::sql_types::Text, _>(owner_id.as_str().to_owned())
+    .sql(")")
 }
 
 #[derive(QueryableByName)]
@@ -119,19 +131,25 @@ pub struct ClaimBatch {
 }
 
 /// Claims up to `rules.limit` of the oldest due queued attempts for
-/// `rules.lease_owner` until `now + lease_ms`, in one transaction, oldest
-/// first. An attempt is due when its job is unfinished, its provider is not
-/// `closed`, and it is not a retry still waiting (`not_before`, by the
-/// database's clock).
+/// `rules.lease_owner` until `now + lease_ms`, oldest first. An attempt is
+/// due when its job is unfinished, its provider is not `closed`, and it is
+/// not a retry still waiting (`not_before`, by the database's clock).
 ///
 /// Candidates are read without locks; then, one owner at a time, their
 /// unfinished jobs are locked (PostgreSQL: `FOR UPDATE SKIP LOCKED`, so
 /// processes sharing one database never both claim one; SQLite: the write
 /// transaction holds the database's write lock) and their attempts
-/// claimed. Every locking or writing statement names its owner, so the
-/// claim runs on a database distributed by owner (`store::distribution`).
-/// Either way the `UPDATE … WHERE state = 'queued'` is the final guard: an
-/// attempt is sent at most once.
+/// claimed. Every locking or writing statement names its owner by value,
+/// so the claim runs on a database distributed by owner
+/// (`store::distribution`). Either way the `UPDATE … WHERE state =
+/// 'queued'` is the final guard: an attempt is sent at most once.
+///
+/// On PostgreSQL each owner's claim is a transaction of its own: on Citus
+/// an owner's rows are one shard, so no claim commits across nodes (no
+/// two-phase commit on the hottest path). If an owner's transaction fails
+/// after others committed, the committed claims are returned (they must
+/// be sent) and the rest stay queued. On SQLite, one database and one
+/// lock, the whole claim is one transaction and one flush.
 ///
 /// Each candidate is `admit`ted (the caller takes its provider's capacity)
 /// before it is claimed; one that is not stays queued. With `confirm`, the
@@ -140,132 +158,183 @@ pub struct ClaimBatch {
 /// this lease, job unfinished, by construction), and the caller sends at
 /// once.
 pub fn claim_batch(conn: &mut DbConnection, rules: ClaimRules<'_>) -> StoreResult<ClaimBatch> {
-    let ClaimRules {
-        lease_owner,
-        lease_ms,
-        limit,
-        soft_timeout_ms,
-        closed,
-        admit,
-        confirm,
-    } = rules;
-    write_transaction(conn, |conn| {
-        // Candidates, oldest first, read without locks: on a database
-        // distributed by owner this read asks every shard, and Citus takes
-        // no lock across shards. Twice as many as asked, so that rows
-        // another process is claiming right now leave others to take.
-        let due = sql::<diesel::sql_types::Bool>(&format!(
-            "(attempts.not_before IS NULL OR attempts.not_before <= {})",
-            db_now_ms(conn)
-        ));
-        let candidates: Vec<(AttemptId, UserId, JobId, String)> = attempts::table
-            .inner_join(jobs::table.on(same_job()))
-            .filter(attempts::state.eq(AttemptState::Queued))
-            .filter(jobs::status.ne_all(JobStatus::TERMINAL))
-            .filter(attempts::provider.ne_all(closed.to_vec()))
-            .filter(due)
-            .order((attempts::created_at.asc(), attempts::id.asc()))
-            .select((
-                attempts::id,
-                attempts::owner_id,
-                attempts::job_id,
-                attempts::provider,
-            ))
-            .limit(limit * 2)
-            .keep_prepared()
-            .load(conn)?;
-        // One owner at a time, each statement naming the owner (one shard).
-        let mut owners: Vec<UserId> = Vec::new();
-        let mut of_owner: HashMap<UserId, Vec<(AttemptId, JobId, String)>> = HashMap::new();
-        for (attempt_id, owner_id, job_id, provider) in candidates {
-            if !of_owner.contains_key(&owner_id) {
-                owners.push(owner_id.clone());
-            }
-            of_owner
-                .entry(owner_id)
-                .or_default()
-                .push((attempt_id, job_id, provider));
+    match conn {
+        DbConnection::Sqlite(_) => {
+            write_transaction(conn, |conn| claim_owner_by_owner(conn, rules))
         }
-        let now = now_ms();
-        let mut held_back: Vec<String> = Vec::new();
-        let mut taken = 0;
-        let mut claims: Vec<Claim> = Vec::new();
-        for owner_id in owners {
-            if taken >= limit {
+        DbConnection::Postgresql(_) => claim_owner_by_owner(conn, rules),
+    }
+}
+
+/// The due candidates, oldest first, read without locks: on a database
+/// distributed by owner this read asks every shard, and Citus takes no
+/// lock across shards. Twice as many as asked, so that rows another
+/// process is claiming right now leave others to take. Grouped by owner,
+/// in the order each owner's oldest comes.
+fn due_candidates(
+    conn: &mut DbConnection,
+    closed: &[String],
+    limit: i64,
+) -> StoreResult<Vec<(UserId, Vec<Candidate>)>> {
+    let due = sql::<diesel::sql_types::Bool>(&format!(
+        "(attempts.not_before IS NULL OR attempts.not_before <= {})",
+        db_now_ms(conn)
+    ));
+    let rows: Vec<(AttemptId, UserId, JobId, String)> = attempts::table
+        .inner_join(jobs::table.on(same_job()))
+        .filter(attempts::state.eq(AttemptState::Queued))
+        .filter(jobs::status.ne_all(JobStatus::TERMINAL))
+        .filter(attempts::provider.ne_all(closed.to_vec()))
+        .filter(due)
+        .order((attempts::created_at.asc(), attempts::id.asc()))
+        .select((
+            attempts::id,
+            attempts::owner_id,
+            attempts::job_id,
+            attempts::provider,
+        ))
+        .limit(limit * 2)
+        .keep_prepared()
+        .load(conn)?;
+    let mut owners: Vec<(UserId, Vec<Candidate>)> = Vec::new();
+    for (attempt_id, owner_id, job_id, provider) in rows {
+        let candidate = Candidate {
+            attempt_id,
+            job_id,
+            provider,
+        };
+        match owners.iter_mut().find(|(owner, _)| *owner == owner_id) {
+            Some((_, group)) => group.push(candidate),
+            None => owners.push((owner_id, vec![candidate])),
+        }
+    }
+    Ok(owners)
+}
+
+/// A due queued attempt, read without a lock.
+struct Candidate {
+    attempt_id: AttemptId,
+    job_id: JobId,
+    provider: String,
+}
+
+fn claim_owner_by_owner(conn: &mut DbConnection, rules: ClaimRules<'_>) -> StoreResult<ClaimBatch> {
+    let owners = due_candidates(conn, rules.closed, rules.limit)?;
+    // Inside SQLite's one transaction already; PostgreSQL's owners each
+    // get their own.
+    let one_transaction = matches!(conn, DbConnection::Sqlite(_));
+    let mut batch = ClaimBatch::default();
+    let mut rules = rules;
+    for (owner_id, group) in owners {
+        if batch.claims.len() as i64 >= rules.limit {
+            break;
+        }
+        let claimed = if one_transaction {
+            claim_of_owner(conn, &owner_id, group, &mut rules, &mut batch)
+        } else {
+            write_transaction(conn, |conn| {
+                claim_of_owner(conn, &owner_id, group, &mut rules, &mut batch)
+            })
+        };
+        match claimed {
+            Ok(claims) => batch.claims.extend(claims),
+            // What committed must be sent: it is returned, and this
+            // owner's attempts stay queued for the next claim.
+            Err(error) if !one_transaction && !batch.claims.is_empty() => {
+                tracing::warn!(%error, owner = %owner_id, "one owner's claim failed; the others' are sent");
                 break;
             }
-            let group = of_owner.remove(&owner_id).unwrap_or_default();
-            let lockable = lock_unfinished_jobs(conn, &owner_id, &group)?;
-            let mut by_provider: BTreeMap<String, Vec<AttemptId>> = BTreeMap::new();
-            for (attempt_id, job_id, provider) in group {
-                if taken >= limit {
-                    break;
-                }
-                if !lockable.contains(&job_id) || held_back.contains(&provider) {
-                    continue;
-                }
-                if !admit(&attempt_id, &provider) {
-                    held_back.push(provider);
-                    continue;
-                }
-                taken += 1;
-                by_provider.entry(provider).or_default().push(attempt_id);
-            }
-            let mut claimed: Vec<Attempt> = Vec::new();
-            for (provider, ids) in by_provider {
-                let lease_until = db_now_plus(conn, lease_ms);
-                let claim = diesel::update(
-                    attempts::table
-                        .filter(attempts::owner_id.eq(&owner_id))
-                        .filter(attempts::id.eq_any(ids))
-                        .filter(attempts::state.eq_any(AttemptEvent::Claimed.from_states())),
-                )
-                .set((
-                    attempts::state.eq(AttemptEvent::Claimed.target()),
-                    attempts::sent_at.eq(confirm.then_some(now)),
-                    attempts::version_read.eq(job_version_of_attempt()),
-                    attempts::lease_owner.eq(lease_owner),
-                    attempts::lease_expires_at.eq(lease_until),
-                    attempts::started_at.eq(now),
-                    attempts::timeout_at.eq(now + soft_timeout_ms(&provider)),
-                ));
-                let rows: Vec<Attempt> = per_backend!(conn, |c| claim
-                    .returning(Attempt::as_returning())
-                    .keep_prepared()
-                    .load(c)?);
-                claimed.extend(rows);
-            }
-            if claimed.is_empty() {
-                continue;
-            }
-            // Each job's live attempt is now its running one.
-            let running = diesel::update(
-                jobs::table
-                    .filter(jobs::owner_id.eq(&owner_id))
-                    .filter(jobs::id.eq_any(claimed.iter().map(|a| a.job_id.clone()))),
-            )
-            .set((
-                jobs::status.eq(JobStatus::for_live_attempt(Some(AttemptState::Running))),
-                jobs::updated_at.eq(now),
-            ));
-            let rows: Vec<Job> = per_backend!(conn, |c| running
-                .returning(Job::as_returning())
-                .keep_prepared()
-                .load(c)?);
-            let mut jobs: HashMap<JobId, Job> =
-                rows.into_iter().map(|job| (job.id.clone(), job)).collect();
-            for attempt in claimed {
-                let job = jobs.remove(&attempt.job_id).ok_or_else(|| {
-                    StoreError::corrupt(format!("claimed attempt {} has no job", attempt.id))
-                })?;
-                claims.push(Claim { attempt, job });
-            }
+            Err(error) => return Err(error),
         }
-        claims.sort_by(|a, b| {
-            (a.attempt.created_at, &a.attempt.id).cmp(&(b.attempt.created_at, &b.attempt.id))
-        });
-        Ok(ClaimBatch { claims, held_back })
-    })
+    }
+    batch.claims.sort_by(|a, b| {
+        (a.attempt.created_at, &a.attempt.id).cmp(&(b.attempt.created_at, &b.attempt.id))
+    });
+    Ok(batch)
+}
+
+/// One owner's part of a claim: its unfinished jobs locked, each candidate
+/// admitted, the admitted attempts claimed (one statement per provider)
+/// and their jobs marked running. Every statement names the owner.
+fn claim_of_owner(
+    conn: &mut DbConnection,
+    owner_id: &UserId,
+    group: Vec<Candidate>,
+    rules: &mut ClaimRules<'_>,
+    batch: &mut ClaimBatch,
+) -> StoreResult<Vec<Claim>> {
+    let lockable = lock_unfinished_jobs(conn, owner_id, &group)?;
+    let now = now_ms();
+    let mut taken = batch.claims.len() as i64;
+    let mut by_provider: BTreeMap<String, Vec<AttemptId>> = BTreeMap::new();
+    for candidate in group {
+        if taken >= rules.limit {
+            break;
+        }
+        if !lockable.contains(&candidate.job_id) || batch.held_back.contains(&candidate.provider) {
+            continue;
+        }
+        if !(rules.admit)(&candidate.attempt_id, &candidate.provider) {
+            batch.held_back.push(candidate.provider);
+            continue;
+        }
+        taken += 1;
+        by_provider
+            .entry(candidate.provider)
+            .or_default()
+            .push(candidate.attempt_id);
+    }
+    let mut claimed: Vec<Attempt> = Vec::new();
+    for (provider, ids) in by_provider {
+        let lease_until = db_now_plus(conn, rules.lease_ms);
+        let claim = diesel::update(
+            attempts::table
+                .filter(attempts::owner_id.eq(owner_id))
+                .filter(attempts::id.eq_any(ids))
+                .filter(attempts::state.eq_any(AttemptEvent::Claimed.from_states())),
+        )
+        .set((
+            attempts::state.eq(AttemptEvent::Claimed.target()),
+            attempts::sent_at.eq(rules.confirm.then_some(now)),
+            attempts::version_read.eq(job_version_of_attempt(owner_id)),
+            attempts::lease_owner.eq(rules.lease_owner),
+            attempts::lease_expires_at.eq(lease_until),
+            attempts::started_at.eq(now),
+            attempts::timeout_at.eq(now + (rules.soft_timeout_ms)(&provider)),
+        ));
+        let rows: Vec<Attempt> = per_backend!(conn, |c| claim
+            .returning(Attempt::as_returning())
+            .keep_prepared()
+            .load(c)?);
+        claimed.extend(rows);
+    }
+    if claimed.is_empty() {
+        return Ok(Vec::new());
+    }
+    // Each job's live attempt is now its running one.
+    let running = diesel::update(
+        jobs::table
+            .filter(jobs::owner_id.eq(owner_id))
+            .filter(jobs::id.eq_any(claimed.iter().map(|a| a.job_id.clone()))),
+    )
+    .set((
+        jobs::status.eq(JobStatus::for_live_attempt(Some(AttemptState::Running))),
+        jobs::updated_at.eq(now),
+    ));
+    let rows: Vec<Job> = per_backend!(conn, |c| running
+        .returning(Job::as_returning())
+        .keep_prepared()
+        .load(c)?);
+    let mut jobs: HashMap<JobId, Job> = rows.into_iter().map(|job| (job.id.clone(), job)).collect();
+    claimed
+        .into_iter()
+        .map(|attempt| {
+            let job = jobs.remove(&attempt.job_id).ok_or_else(|| {
+                StoreError::corrupt(format!("claimed attempt {} has no job", attempt.id))
+            })?;
+            Ok(Claim { attempt, job })
+        })
+        .collect()
 }
 
 /// The jobs among `group`'s that are unfinished and free to claim: on
@@ -275,9 +344,9 @@ pub fn claim_batch(conn: &mut DbConnection, rules: ClaimRules<'_>) -> StoreResul
 fn lock_unfinished_jobs(
     conn: &mut DbConnection,
     owner_id: &UserId,
-    group: &[(AttemptId, JobId, String)],
+    group: &[Candidate],
 ) -> StoreResult<std::collections::HashSet<JobId>> {
-    let job_ids: Vec<JobId> = group.iter().map(|(_, job_id, _)| job_id.clone()).collect();
+    let job_ids: Vec<JobId> = group.iter().map(|c| c.job_id.clone()).collect();
     Ok(match conn {
         DbConnection::Postgresql(pg) => jobs::table
             .filter(jobs::owner_id.eq(owner_id))
