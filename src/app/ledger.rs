@@ -202,17 +202,18 @@ impl App {
             return Ok(0);
         }
         let count = tallies.len();
+        // Kept for a flush that never reached a connection.
         let kept = tallies.clone();
-        match self
+        let flushed = self
             .store()
-            .run(move |conn| {
-                crate::store::connection::write_transaction(conn, |conn| {
-                    ledger_store::add_tallies(conn, &tallies)
-                })
-            })
-            .await
-        {
-            Ok(()) => Ok(count),
+            .run(move |conn| Ok(ledger_store::flush_tallies(conn, tallies)))
+            .await;
+        match flushed {
+            Ok(Ok(())) => Ok(count),
+            Ok(Err((error, unstored))) => {
+                self.inner.tallies.put_back(unstored);
+                Err(error.into())
+            }
             Err(error) => {
                 self.inner.tallies.put_back(kept);
                 Err(error.into())

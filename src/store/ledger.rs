@@ -5,11 +5,11 @@
 
 use diesel::prelude::*;
 
-use super::connection::per_backend;
+use super::connection::{per_backend, write_transaction};
 use super::prepared::KeepPrepared;
 use super::rows::Attempt;
 use super::schema::{jobs, usage_ledger, usage_tallies};
-use super::{DbConnection, StoreResult};
+use super::{DbConnection, StoreError, StoreResult};
 use crate::domain::ledger::{is_late, AnswerKind, Price};
 use crate::domain::{AttemptId, JobId, Usage, UserId};
 
@@ -184,12 +184,16 @@ pub struct Tally {
     pub count: i64,
 }
 
-/// Adds counts to the tallies: each row's count is added to the stored
-/// one, or inserted.
+/// Adds counts to the tallies, inside the caller's transaction: each row's
+/// count is added to the stored one, or inserted. The rows are written in
+/// key order, so two transactions adding to the same rows lock them in the
+/// same order and cannot deadlock.
 pub fn add_tallies(conn: &mut DbConnection, tallies: &[Tally]) -> StoreResult<()> {
     use diesel::upsert::excluded;
     use usage_tallies::dsl as t;
-    for tally in tallies {
+    let mut ordered: Vec<&Tally> = tallies.iter().collect();
+    ordered.sort_by(|a, b| a.key().cmp(&b.key()));
+    for tally in ordered {
         let key = (
             t::owner_id,
             t::day,
@@ -206,6 +210,42 @@ pub fn add_tallies(conn: &mut DbConnection, tallies: &[Tally]) -> StoreResult<()
             .execute(c))?;
     }
     Ok(())
+}
+
+/// Adds a process's counts to the tallies: one transaction per owner, the
+/// owners in order (on Citus an owner is one shard, so no flush commits
+/// across nodes, and no two flushes wait on each other's owners). On a
+/// failure the counts not yet stored come back with the error, to be kept
+/// for the next flush; the owners stored before it stay stored.
+pub fn flush_tallies(
+    conn: &mut DbConnection,
+    mut tallies: Vec<Tally>,
+) -> Result<(), (StoreError, Vec<Tally>)> {
+    tallies.sort_by(|a, b| a.key().cmp(&b.key()));
+    while !tallies.is_empty() {
+        let owner = tallies[0].owner_id.clone();
+        let rest = tallies.split_off(tallies.partition_point(|t| t.owner_id == owner));
+        if let Err(error) = write_transaction(conn, |conn| add_tallies(conn, &tallies)) {
+            tallies.extend(rest);
+            return Err((error, tallies));
+        }
+        tallies = rest;
+    }
+    Ok(())
+}
+
+impl Tally {
+    /// The row's key, in the order the flush writes rows.
+    fn key(&self) -> (&str, i64, &str, &str, &str, &str) {
+        (
+            self.owner_id.as_str(),
+            self.day,
+            &self.task,
+            &self.provider,
+            &self.job_id,
+            &self.kind,
+        )
+    }
 }
 
 impl LedgerEntry {
