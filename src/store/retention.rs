@@ -3,7 +3,8 @@
 //! most one batch per statement or transaction, so that no lock is held for
 //! long.
 //!
-//! A job may go when it is finished (succeeded or failed), finished before
+//! A job may go when it is finished (succeeded, failed or cancelled: every
+//! status of [`JobStatus::TERMINAL`]), finished before
 //! the cutoff, has no live attempt (a finished job can still have one whose
 //! answer is awaited), and nothing in the race or audit log refers to it or
 //! to its attempts: the logs keep their own windows, and their rows keep
@@ -22,7 +23,7 @@ use diesel::sql_types::{BigInt, Nullable, Text};
 use super::connection::write_transaction;
 use super::schema::{attempts, jobs};
 use super::{DbConnection, StoreResult};
-use crate::domain::JobId;
+use crate::domain::{JobId, JobStatus};
 
 /// The most jobs (or log entries) one statement or transaction removes.
 pub const BATCH_ROWS: i64 = 500;
@@ -53,27 +54,45 @@ fn prunable_jobs() -> String {
     format!(
         "SELECT j.id, j.owner_id FROM jobs j
           WHERE j.id > $1 AND j.id < $2
-            AND j.status IN ('succeeded', 'failed')
+            AND j.status IN ({TERMINAL})
             AND j.updated_at < $3
             AND {STILL_PRUNABLE}
           ORDER BY j.id
-          LIMIT $4"
+          LIMIT $4",
+        TERMINAL = terminal_statuses(),
+        STILL_PRUNABLE = still_prunable("j.owner_id"),
     )
 }
 
+/// The statuses a job ends in, as a SQL list: `'succeeded', 'failed', …`.
+fn terminal_statuses() -> String {
+    JobStatus::TERMINAL
+        .iter()
+        .map(|status| format!("'{}'", status.as_str()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// What keeps a finished job `j`: a live attempt (a late answer awaited), or
-/// a race- or audit-log entry about it or its attempts.
-const STILL_PRUNABLE: &str = "
+/// a race- or audit-log entry about it or its attempts. `owner` is how the
+/// subqueries name `j`'s owner: `j.owner_id` in the read across owners, the
+/// bound owner (`$1`) in one owner's statement, so that Citus routes every
+/// subquery by value.
+fn still_prunable(owner: &str) -> String {
+    format!(
+        "
         NOT EXISTS (SELECT 1 FROM attempts a
-                     WHERE a.job_id = j.id AND a.owner_id = j.owner_id
+                     WHERE a.job_id = j.id AND a.owner_id = {owner}
                        AND a.state IN ('queued', 'running', 'unknown'))
     AND NOT EXISTS (SELECT 1 FROM race_log r
-                     WHERE r.job_id = j.id AND r.owner_id = j.owner_id)
+                     WHERE r.job_id = j.id AND r.owner_id = {owner})
     AND NOT EXISTS (SELECT 1 FROM audit_log l
-                     WHERE l.job_id = j.id AND l.owner_id = j.owner_id)
+                     WHERE l.job_id = j.id AND l.owner_id = {owner})
     AND NOT EXISTS (SELECT 1 FROM attempts a
                      JOIN audit_log l ON l.attempt_id = a.id AND l.owner_id = a.owner_id
-                     WHERE a.job_id = j.id AND a.owner_id = j.owner_id)";
+                     WHERE a.job_id = j.id AND a.owner_id = {owner})"
+    )
+}
 
 /// One owner's part of a batch: the jobs found for it are locked (`SKIP
 /// LOCKED`: a job another process is pruning, or a late answer is writing
@@ -89,7 +108,7 @@ fn prune_owners_jobs(
         "WITH doomed AS (
              SELECT j.id, j.owner_id FROM jobs j
               WHERE j.owner_id = $1 AND j.id = ANY($2)
-                AND j.status IN ('succeeded', 'failed') AND j.updated_at < $3
+                AND j.status IN ({TERMINAL}) AND j.updated_at < $3
                 AND {STILL_PRUNABLE}
               FOR UPDATE OF j SKIP LOCKED),
          gone_attempts AS (
@@ -101,7 +120,9 @@ fn prune_owners_jobs(
              RETURNING id)
          SELECT (SELECT count(*) FROM gone_jobs) AS jobs,
                 (SELECT count(*) FROM gone_attempts) AS attempts,
-                (SELECT max(id) FROM gone_jobs) AS last_id"
+                (SELECT max(id) FROM gone_jobs) AS last_id",
+        TERMINAL = terminal_statuses(),
+        STILL_PRUNABLE = still_prunable("$1"),
     );
     diesel::sql_query(statement)
         .bind::<Text, _>(owner_id)

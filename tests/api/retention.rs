@@ -329,6 +329,40 @@ async fn a_key_makes_a_new_job_only_after_its_window(backend: TestBackend) {
     assert_eq!(replay.json::<Value>().await.unwrap()["id"], second_id);
 }
 
+/// A cancelled job is finished too: past its window it goes with its
+/// withdrawn attempt and frees its key; one whose sent attempt may still
+/// answer (unknown) stays, as any finished job with a live attempt does.
+async fn cancelled_jobs_go_like_every_finished_job(backend: TestBackend) {
+    let app = spawn_app_with(backend, config_keeping(Some(1), None, None)).await;
+    let owner = app.alice.id.clone();
+    let (withdrawn, withdrawn_attempt) = (id_made_at(0), id_made_at(0));
+    let (awaited, awaited_attempt) = (id_made_at(0), id_made_at(0));
+    let sql = [
+        job_sql(&withdrawn, &owner, "cancelled-early", "cancelled", 0),
+        attempt_sql(&withdrawn_attempt, &withdrawn, &owner, 1, "failed", 0),
+        job_sql(&awaited, &owner, "cancelled-while-sent", "cancelled", 0),
+        attempt_sql(&awaited_attempt, &awaited, &owner, 1, "unknown", 0),
+    ]
+    .concat();
+    app.with_conn(move |conn| write(conn, &sql)).await;
+    assert_eq!(prune(&app, now_ms()).await, pruned(1, 1, 0, 0));
+    let gone = app
+        .get(&app.alice.token, &format!("/api/v1/jobs/{withdrawn}"))
+        .await;
+    assert_problem(gone, StatusCode::NOT_FOUND, "not-found").await;
+    let kept = app.get_job(&app.alice.token, &awaited).await;
+    assert_eq!(kept["status"], "cancelled");
+    // Its key makes a new job.
+    let again = app
+        .post_job(
+            &app.alice.token,
+            "cancelled-early",
+            &task("summarize", "again"),
+        )
+        .await;
+    assert_eq!(again.status(), StatusCode::CREATED);
+}
+
 async fn logs_keep_their_own_windows_and_their_jobs_while_they_last(backend: TestBackend) {
     let app = spawn_app_with(backend, config_keeping(Some(7), Some(30), Some(90))).await;
     let alice = app.alice.token.clone();
@@ -543,6 +577,7 @@ async fn onejob_prune_removes_what_outlived_its_window_and_says_so(backend: Test
 on_both_backends!(
     old_finished_jobs_go_with_their_attempts_and_recent_and_live_ones_stay,
     a_key_makes_a_new_job_only_after_its_window,
+    cancelled_jobs_go_like_every_finished_job,
     logs_keep_their_own_windows_and_their_jobs_while_they_last,
     a_live_jobs_old_log_entries_go_and_the_job_stays,
     pruning_removes_one_bounded_batch_per_statement,
