@@ -212,8 +212,8 @@ pub fn find_jobs(
             jobs::created_at,
         ))
         .into_boxed();
-    if let Some(Some(owner_id)) = owner_id {
-        query = query.filter(jobs::owner_id.eq(owner_id));
+    if let Some(Some(owner_id)) = &owner_id {
+        query = query.filter(jobs::owner_id.eq(owner_id.clone()));
     }
     if let Some(key) = &filter.idempotency_key {
         query = query.filter(jobs::idempotency_key.eq(key.clone()));
@@ -222,13 +222,20 @@ pub fn find_jobs(
         query = query.filter(jobs::status.eq(status));
     }
     if let Some(provider) = &filter.provider {
-        // Matched on the whole key, so each shard answers for its own.
-        query = query.filter(diesel::dsl::exists(
-            attempts::table
-                .filter(attempts::job_id.eq(jobs::id))
-                .filter(attempts::owner_id.eq(jobs::owner_id))
-                .filter(attempts::provider.eq(provider.clone())),
-        ));
+        // Matched on the whole key, so each shard answers for its own; with
+        // an owner named, by its value, so that Citus routes the subquery
+        // to that owner's shard as it does the rest.
+        let of_provider = attempts::table
+            .filter(attempts::job_id.eq(jobs::id))
+            .filter(attempts::provider.eq(provider.clone()));
+        query = match &owner_id {
+            Some(Some(owner_id)) => query.filter(diesel::dsl::exists(
+                of_provider.filter(attempts::owner_id.eq(owner_id.clone())),
+            )),
+            _ => query.filter(diesel::dsl::exists(
+                of_provider.filter(attempts::owner_id.eq(jobs::owner_id)),
+            )),
+        };
     }
     if let Some(before) = &filter.before {
         query = query.filter(jobs::id.lt(before.clone()));
