@@ -489,7 +489,7 @@ fn sqlite_attempts_statement(rows: usize) -> String {
 
 /// The statement of [`insert_jobs_and_attempts`]: `$1` the owner, `$2`…
 /// `$16` the rows' columns as arrays, `$17` the time of creation.
-pub(crate) fn multi_row_creation_statement() -> String {
+pub fn multi_row_creation_statement() -> String {
     format!(
         "WITH input AS (
            SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[],

@@ -2,16 +2,31 @@
 //! statement rule (`store::distribution`) and for looking at what a path
 //! costs. Off unless a store is built with one.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use diesel::connection::{Instrumentation, InstrumentationEvent};
+
+/// One statement as sent, with where it ran: which connection, and which
+/// of that connection's transactions (none: it committed alone).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sent {
+    /// The statement, with diesel's list of its bound values.
+    pub sql: String,
+    /// The connection, numbered from 1 in the order connections opened.
+    pub connection: u64,
+    /// The connection's outermost transaction, numbered from 1, if one
+    /// was open.
+    pub transaction: Option<u64>,
+}
 
 /// Statements as sent, in order, shared by every connection of a pool;
 /// and apart, the text of each statement a connection's cache took.
 #[derive(Debug, Clone, Default)]
 pub struct StatementLog {
-    sent: Arc<Mutex<Vec<String>>>,
+    sent: Arc<Mutex<Vec<Sent>>>,
     cached: Arc<Mutex<Vec<String>>>,
+    connections: Arc<AtomicU64>,
 }
 
 impl StatementLog {
@@ -21,6 +36,11 @@ impl StatementLog {
 
     /// Everything recorded since the last call.
     pub fn take(&self) -> Vec<String> {
+        self.take_sent().into_iter().map(|sent| sent.sql).collect()
+    }
+
+    /// Everything recorded since the last call, with where each ran.
+    pub fn take_sent(&self) -> Vec<Sent> {
         std::mem::take(&mut *self.sent.lock().expect("never poisoned"))
     }
 
@@ -35,12 +55,27 @@ impl StatementLog {
     /// The instrumentation to install on one connection.
     pub fn instrumentation(&self) -> impl Instrumentation {
         let log = self.clone();
+        let connection = self.connections.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut transactions = 0u64;
+        let mut open: Option<u64> = None;
         move |event: InstrumentationEvent<'_>| match event {
-            InstrumentationEvent::StartQuery { query, .. } => log
-                .sent
-                .lock()
-                .expect("never poisoned")
-                .push(query.to_string()),
+            InstrumentationEvent::BeginTransaction { depth, .. } if depth.get() == 1 => {
+                transactions += 1;
+                open = Some(transactions);
+            }
+            InstrumentationEvent::CommitTransaction { depth, .. }
+            | InstrumentationEvent::RollbackTransaction { depth, .. }
+                if depth.get() == 1 =>
+            {
+                open = None;
+            }
+            InstrumentationEvent::StartQuery { query, .. } => {
+                log.sent.lock().expect("never poisoned").push(Sent {
+                    sql: query.to_string(),
+                    connection,
+                    transaction: open,
+                })
+            }
             InstrumentationEvent::CacheQuery { sql, .. } => log
                 .cached
                 .lock()

@@ -310,10 +310,10 @@ async fn past_max_late_calls_a_timed_out_call_is_dropped_and_counted(backend: Te
 /// job-row lock, re-deriving a job's status) are left to the rule's own
 /// rewrite, and only checked for volatile functions.
 async fn the_send_paths_new_statements_keep_the_distribution_rule(backend: TestBackend) {
+    use crate::support::statement_rule::{judge, normalize, Breach, Verdict};
     use onejob::domain::retry::Failure;
     use onejob::domain::{AllowedProviders, RetryPolicy};
     use onejob::store::completion::{complete_failure, FailurePlan};
-    use onejob::store::distribution::{judge, Breach, Verdict};
     use onejob::store::jobs::{create_job, CreateOutcome};
     use onejob::store::queue::{self, ClaimRules};
     use onejob::store::statement_log::StatementLog;
@@ -441,9 +441,7 @@ async fn the_send_paths_new_statements_keep_the_distribution_rule(backend: TestB
     for (step, statements) in &checked {
         let writes = statements
             .iter()
-            .filter(|sql| {
-                onejob::store::distribution::normalize(sql).starts_with("update attempts")
-            })
+            .filter(|sql| normalize(sql).starts_with("update attempts"))
             .count();
         assert!(
             writes > 0,
@@ -456,7 +454,7 @@ async fn the_send_paths_new_statements_keep_the_distribution_rule(backend: TestB
                 Verdict::Refused(Breach::VolatileInWrite),
                 "{step}: {sql}"
             );
-            let normal = onejob::store::distribution::normalize(sql);
+            let normal = normalize(sql);
             if normal.starts_with("update attempts") || normal.starts_with("delete from attempts") {
                 assert_eq!(verdict, Verdict::Routed, "{step}: {sql}");
             }

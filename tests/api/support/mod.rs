@@ -15,5 +15,6 @@ pub mod fake_provider;
 pub mod metrics;
 pub mod proxy;
 pub mod sse;
+pub mod statement_rule;
 pub mod webdriver;
 pub mod webhook_receiver;
