@@ -147,16 +147,17 @@ def free_port():
 
 
 class Onejob:
-    """A `onejob serve` process on a fresh SQLite file, with one chat route,
-    `route`, to `upstream`, whose key it reads from the variable `key_env`;
-    `extra_config` is more of its configuration file (a `[worker]` table,
-    say), `extra_env` more of its environment."""
+    """A `onejob serve` process on a fresh SQLite file (or on `database`, an
+    empty database's URL), with one chat route, `route`, to `upstream`,
+    whose key it reads from the variable `key_env`; `extra_config` is more
+    of its configuration file (a `[worker]` table, say), `extra_env` more
+    of its environment."""
 
     def __init__(self, binary, workdir, upstream, route, key_env, extra_config="",
-                 extra_env=None):
+                 extra_env=None, database=None):
         self.binary = binary
         self.config = os.path.join(workdir, "onejob.toml")
-        self.database = os.path.join(workdir, "onejob.db")
+        self.database = database or os.path.join(workdir, "onejob.db")
         with open(self.config, "w") as f:
             f.write(f"""
 [server]
@@ -261,18 +262,21 @@ class Checks:
 
 def main(check, sdk, make_upstream, run_checks, route, key_env, extra_config="",
          extra_env=None):
-    """Parses `--onejob`, starts the upstream and a onejob server with a
-    route to it (and `extra_config` configuration), runs `run_checks(server,
-    upstream)` and prints the figures."""
+    """Parses `--onejob` (and `--database-url`, an empty database to run on
+    instead of a fresh SQLite file: a PostgreSQL or Citus one, migrated or
+    not), starts the upstream and a onejob server with a route to it (and
+    `extra_config` configuration), runs `run_checks(server, upstream)` and
+    prints the figures."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--onejob", default="target/debug/onejob")
+    parser.add_argument("--database-url", default=None)
     args = parser.parse_args()
     started = time.time()
     print(f"{check.name}: {sdk.__name__} {sdk.__version__}, httpx {httpx.__version__}")
     upstream = make_upstream()
     with tempfile.TemporaryDirectory() as workdir:
         server = Onejob(os.path.abspath(args.onejob), workdir, upstream, route, key_env,
-                        extra_config, extra_env)
+                        extra_config, extra_env, args.database_url)
         try:
             run_checks(server, upstream)
         finally:

@@ -402,8 +402,29 @@ struct Tally {
     acknowledged: Mutex<HashMap<String, Vec<String>>>,
 }
 
+/// More owners' tokens for the store's database, each a user of its own.
+async fn more_owners(store: &Store, n: usize) -> Vec<String> {
+    let store = store.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut conn = store.conn().unwrap();
+        (1..=n)
+            .map(|i| {
+                let name = format!("owner-{i}");
+                let (_, token) =
+                    onejob::store::users::add_user(&mut conn, &name, onejob::domain::Role::User)
+                        .unwrap();
+                token.0
+            })
+            .collect()
+    })
+    .await
+    .unwrap()
+}
+
 /// PostgreSQL only: several processes sharing one database is what
-/// PostgreSQL is for.
+/// PostgreSQL is for. The intents belong to many owners, so that on a
+/// database distributed by owner they spread over every node, and each
+/// claim takes several owners' attempts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chaos_kills_restarts_and_retries_lose_nothing_and_send_nothing_twice() {
     if !postgres_available() {
@@ -413,6 +434,7 @@ async fn chaos_kills_restarts_and_retries_lose_nothing_and_send_nothing_twice() 
     const INTENTS: usize = 240;
     const SENDS: usize = 3;
     const CLIENTS: usize = 12;
+    const OWNERS: usize = 60;
     let started = Instant::now();
     let Setup {
         db,
@@ -431,6 +453,11 @@ async fn chaos_kills_restarts_and_retries_lose_nothing_and_send_nothing_twice() 
         ms: 30,
         then: Box::new(Behaviour::Answer(json!({"summary": "fake summary"}))),
     });
+    let tokens: Arc<Vec<String>> = Arc::new(
+        std::iter::once(token)
+            .chain(more_owners(&store, OWNERS - 1).await)
+            .collect(),
+    );
     let url = db.url.as_str().to_owned();
     let ports: Vec<u16> = (0..PROCESSES).map(|_| free_port()).collect();
     let servers: Arc<Mutex<Vec<Option<ServerProcess>>>> = Arc::new(Mutex::new(
@@ -459,7 +486,7 @@ async fn chaos_kills_restarts_and_retries_lose_nothing_and_send_nothing_twice() 
     let history = Arc::new(crate::history::History::default());
     let work: Arc<Mutex<Vec<(String, usize)>>> = Arc::new(Mutex::new(
         (0..INTENTS)
-            .flat_map(|i| (0..SENDS).map(move |s| (format!("intent-{i}"), s)))
+            .flat_map(|i| (0..SENDS).map(move |_| (format!("intent-{i}"), i % OWNERS)))
             .collect(),
     ));
     {
@@ -475,21 +502,21 @@ async fn chaos_kills_restarts_and_retries_lose_nothing_and_send_nothing_twice() 
     }
     let clients: Vec<_> = (0..CLIENTS)
         .map(|c| {
-            let (work, tally, token, ports) =
-                (work.clone(), tally.clone(), token.clone(), ports.clone());
+            let (work, tally, tokens, ports) =
+                (work.clone(), tally.clone(), tokens.clone(), ports.clone());
             let history = history.clone();
             tokio::spawn(async move {
                 let mut pick = c;
                 loop {
-                    let Some((key, _)) = work.lock().unwrap().pop() else {
+                    let Some((key, owner)) = work.lock().unwrap().pop() else {
                         return;
                     };
-                    let body = summarize(&key);
+                    let (body, token) = (summarize(&key), &tokens[owner]);
                     loop {
                         pick = pick.wrapping_mul(31).wrapping_add(7);
                         let base = format!("http://127.0.0.1:{}", ports[pick % ports.len()]);
                         tally.requests.fetch_add(1, Ordering::Relaxed);
-                        match post(&base, &token, &key, &body).await {
+                        match post(&base, token, &key, &body).await {
                             Err(_) => {
                                 history.record(&key, crate::history::Answer::Unanswered);
                                 tally.connection_errors.fetch_add(1, Ordering::Relaxed);
@@ -623,7 +650,7 @@ async fn chaos_kills_restarts_and_retries_lose_nothing_and_send_nothing_twice() 
         .filter(|(_, _, s)| *s == JobStatus::Succeeded)
         .count();
     let figures = format!(
-        "chaos: {INTENTS} intents × {SENDS} sends by {CLIENTS} clients to {PROCESSES} processes in {:.1} s; \
+        "chaos: {INTENTS} intents of {OWNERS} owners × {SENDS} sends by {CLIENTS} clients to {PROCESSES} processes in {:.1} s; \
          {} requests ({} connection errors, {} answered 503); {kills} SIGKILLs, {rolled} rolling SIGTERM restarts; \
          {} jobs stored ({succeeded} succeeded), {} attempts ({unknown} unknown after a kill), \
          {} provider calls, {} attempt ids sent twice",
