@@ -274,6 +274,32 @@ impl WriterTurn {
     }
 }
 
+/// How the database behind `conn` keeps its rows: distributed by owner when
+/// it is a Citus database (the extension is installed), else one database.
+/// A database that cannot say is taken as one: its statements work on both.
+pub fn placement_of(conn: &mut DbConnection) -> super::jobs::Placement {
+    #[derive(diesel::QueryableByName)]
+    struct Citus {
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        installed: bool,
+    }
+    let DbConnection::Postgresql(pg) = conn else {
+        return super::jobs::Placement::OneDatabase;
+    };
+    let citus = diesel::sql_query(
+        "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus') AS installed",
+    )
+    .get_result::<Citus>(pg);
+    match citus {
+        Ok(Citus { installed: true }) => super::jobs::Placement::ByOwner,
+        Ok(_) => super::jobs::Placement::OneDatabase,
+        Err(error) => {
+            tracing::warn!(%error, "could not tell whether the database is distributed; writing as to one");
+            super::jobs::Placement::OneDatabase
+        }
+    }
+}
+
 /// Runs `f` in a write transaction. On SQLite that is `BEGIN IMMEDIATE`, which
 /// takes the write lock up front: a deferred transaction that reads and then
 /// writes can fail with "database is locked" instead of waiting its turn.

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use super::connection::write_transaction;
-use super::jobs::{self, CreateOutcome, NewJob};
+use super::jobs::{self, CreateOutcome, NewJob, Placement};
 use super::{Attempt, DbConnection, Store, StoreError, StoreResult};
 use crate::domain::UserId;
 
@@ -100,6 +100,7 @@ impl<T: Send + 'static> Write for Queued<T> {
 /// creations in one statement.
 struct Creation {
     job: NewJob,
+    placement: Placement,
     after_commit: Option<AfterCommit>,
     outcome: Option<StoreResult<Created>>,
     reply: oneshot::Sender<StoreResult<Created>>,
@@ -115,7 +116,11 @@ impl Waiting {
     fn run(&mut self, conn: &mut DbConnection) {
         match self {
             Self::Creation(creation) => {
-                creation.outcome = Some(jobs::create_job_with_attempts(conn, &creation.job));
+                creation.outcome = Some(jobs::create_job_placed(
+                    conn,
+                    &creation.job,
+                    creation.placement,
+                ));
             }
             Self::Write(write) => write.run(conn),
         }
@@ -205,6 +210,7 @@ impl GroupCommit {
             store,
             Waiting::Creation(Box::new(Creation {
                 job,
+                placement: store.placement(),
                 after_commit,
                 outcome: None,
                 reply,
@@ -391,7 +397,8 @@ fn run_grouped(conn: &mut DbConnection, batch: Vec<Waiting>) -> Vec<Vec<Waiting>
     }
     for (owner, mut group) in owners {
         let news: Vec<&NewJob> = group.iter().map(|creation| &creation.job).collect();
-        let outcomes = jobs::create_many_of_one_owner(conn, &owner, &news);
+        let placement = group[0].placement;
+        let outcomes = jobs::create_many_of_one_owner(conn, &owner, &news, placement);
         for (creation, outcome) in group.iter_mut().zip(outcomes) {
             creation.outcome = Some(outcome);
         }

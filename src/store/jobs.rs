@@ -47,6 +47,22 @@ pub enum CreateOutcome {
     Existing(Job),
 }
 
+/// How the database keeps its rows, which decides how a creation is
+/// written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Placement {
+    /// One database (SQLite, or one PostgreSQL): on PostgreSQL a creation
+    /// is one statement, and a batch of one owner's one multi-row
+    /// statement, each an `INSERT … SELECT`.
+    #[default]
+    OneDatabase,
+    /// Distributed by owner (Citus): a creation is plain `INSERT … VALUES`
+    /// statements in one transaction, which Citus routes to the owner's
+    /// shard. Citus runs an `INSERT … SELECT` through the coordinator, with
+    /// intermediate results and a two-phase commit, on every creation.
+    ByOwner,
+}
+
 /// Creates the job, or finds the one this key already made.
 ///
 /// `INSERT … ON CONFLICT (owner_id, idempotency_key) DO NOTHING`, then read the
@@ -67,11 +83,20 @@ pub fn create_job_with_attempts(
     conn: &mut DbConnection,
     new: &NewJob,
 ) -> StoreResult<(CreateOutcome, Vec<Attempt>)> {
+    create_job_placed(conn, new, Placement::OneDatabase)
+}
+
+/// [`create_job_with_attempts`], in the statements `placement` takes.
+pub fn create_job_placed(
+    conn: &mut DbConnection,
+    new: &NewJob,
+    placement: Placement,
+) -> StoreResult<(CreateOutcome, Vec<Attempt>)> {
     const TRIES: usize = 3;
     let mut tries = 0;
     loop {
         tries += 1;
-        match insert_or_read(conn, new) {
+        match insert_or_read(conn, new, placement) {
             Err(super::StoreError::NotFound) if tries < TRIES => {
                 tracing::info!(
                     key = new.key.as_str(),
@@ -88,10 +113,11 @@ pub fn create_job_with_attempts(
 fn insert_or_read(
     conn: &mut DbConnection,
     new: &NewJob,
+    placement: Placement,
 ) -> StoreResult<(CreateOutcome, Vec<Attempt>)> {
     let now = now_ms();
     let row = new_job_row(new, now);
-    if let DbConnection::Postgresql(pg) = conn {
+    if let (DbConnection::Postgresql(pg), Placement::OneDatabase) = (&mut *conn, placement) {
         if let Some(attempt) = insert_job_and_attempt(pg, &row, new.start.as_ref(), now)? {
             return Ok((CreateOutcome::Created(row), vec![attempt]));
         }
@@ -238,10 +264,15 @@ pub fn create_many_of_one_owner(
     conn: &mut DbConnection,
     owner: &UserId,
     news: &[&NewJob],
+    placement: Placement,
 ) -> Vec<StoreResult<(CreateOutcome, Vec<Attempt>)>> {
-    if let [new] = news {
-        // One alone: the single-row statement plans faster.
-        return vec![create_job_with_attempts(conn, new)];
+    if news.len() == 1 || placement == Placement::ByOwner {
+        // One alone: the single-row statement plans faster. Distributed:
+        // plain inserts, each creation its own one-shard transaction.
+        return news
+            .iter()
+            .map(|new| create_job_placed(conn, new, placement))
+            .collect();
     }
     let now = now_ms();
     let rows: Vec<Job> = news.iter().map(|new| new_job_row(new, now)).collect();

@@ -191,6 +191,8 @@ pub struct Store {
     writers: Option<connection::WriterTurn>,
     /// Unless off: writes share commits (see [`group_commit`]).
     batches: Option<group_commit::GroupCommit>,
+    /// One database, or distributed by owner (read at start).
+    placement: jobs::Placement,
 }
 
 impl Store {
@@ -223,8 +225,9 @@ impl Store {
         url: &DatabaseUrl,
         settings: &DatabaseSettings,
     ) -> Result<Self, connection::ConnectError> {
-        // Prove the URL works before building the pool, keeping the real error text.
-        drop(manager.establish()?);
+        // Prove the URL works before building the pool, keeping the real
+        // error text; and read how the database keeps its rows.
+        let placement = connection::placement_of(&mut manager.establish()?);
         let pool = Pool::builder()
             .max_size(settings.pool_size)
             .connection_timeout(Duration::from_millis(settings.pool_timeout_ms))
@@ -242,7 +245,20 @@ impl Store {
                     max_wait: Duration::from_millis(settings.group_commit_ms),
                 })
             }),
+            placement,
         })
+    }
+
+    /// Whether the database is one, or distributed by owner.
+    pub fn placement(&self) -> jobs::Placement {
+        self.placement
+    }
+
+    /// This handle, writing as if the database were placed as `placement`
+    /// (the tests try the distributed statements on one PostgreSQL).
+    pub fn placed_as(mut self, placement: jobs::Placement) -> Self {
+        self.placement = placement;
+        self
     }
 
     /// This handle, telling `observer` how long each [`run`](Self::run)
@@ -278,8 +294,9 @@ impl Store {
         if let Some(group) = &self.batches {
             return group.create(self, new, after_commit).await;
         }
+        let placement = self.placement;
         self.run(move |conn| {
-            let created = jobs::create_job_with_attempts(conn, &new)?;
+            let created = jobs::create_job_placed(conn, &new, placement)?;
             if let Some(after_commit) = after_commit {
                 after_commit(&created);
             }

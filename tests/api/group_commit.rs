@@ -15,7 +15,9 @@ use diesel::prelude::*;
 use onejob::domain::{Role, UserId};
 use onejob::store::connection::write_transaction;
 use onejob::store::group_commit::Created;
-use onejob::store::jobs::{create_many_of_one_owner, CreateOutcome, MAX_ROWS_PER_STATEMENT};
+use onejob::store::jobs::{
+    create_many_of_one_owner, CreateOutcome, Placement, MAX_ROWS_PER_STATEMENT,
+};
 use onejob::store::schema::{attempts, jobs};
 use onejob::store::statement_log::StatementLog;
 use onejob::store::{
@@ -514,10 +516,17 @@ fn as_the_leader_runs(
 ) -> Vec<StoreResult<Created>> {
     match conn {
         DbConnection::Sqlite(_) => write_transaction(conn, |conn| {
-            Ok::<_, StoreError>(create_many_of_one_owner(conn, owner, news))
+            Ok::<_, StoreError>(create_many_of_one_owner(
+                conn,
+                owner,
+                news,
+                Placement::OneDatabase,
+            ))
         })
         .unwrap(),
-        DbConnection::Postgresql(_) => create_many_of_one_owner(conn, owner, news),
+        DbConnection::Postgresql(_) => {
+            create_many_of_one_owner(conn, owner, news, Placement::OneDatabase)
+        }
     }
 }
 
