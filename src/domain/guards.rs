@@ -140,7 +140,7 @@ pub fn holds_the_live_slot(state: AttemptState) -> bool {
 /// no live attempt (a late answer awaited) and nothing in the race or
 /// audit log about it.
 ///
-/// SQL: `status IN ('succeeded','failed') AND updated_at < cutoff AND NOT
+/// SQL: `status IN ('succeeded','failed','cancelled') AND updated_at < cutoff AND NOT
 /// EXISTS (<live attempt>) AND NOT EXISTS (<race or audit entry>)`.
 pub fn may_prune(status: JobStatus, window_ended: bool, has_live: bool, logged: bool) -> bool {
     status.is_terminal() && window_ended && !has_live && !logged

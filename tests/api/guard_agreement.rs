@@ -383,6 +383,62 @@ fn completions_agree(conn: &mut DbConnection, owner: &UserId) -> usize {
     count
 }
 
+/// Retention's statements and `guards::may_prune`: a job in every status,
+/// its window ended or not, with a live attempt or not, with an audit
+/// entry about it or not; one prune; what is left is what the predicate
+/// keeps.
+fn prunes_agree(conn: &mut DbConnection, owner: &UserId) -> usize {
+    let now = onejob::store::now_ms();
+    let cutoff = now + 60_000;
+    let mut cases = Vec::new();
+    for status in JobStatus::ALL {
+        for window_ended in [true, false] {
+            for state in [AttemptState::Queued, AttemptState::Abandoned] {
+                for logged in [false, true] {
+                    let key = format!("prune-{}", cases.len());
+                    let (job, attempt) = case(conn, owner, &key);
+                    shape(conn, &job, &attempt, Shape::new(state, status));
+                    let updated_at = if window_ended {
+                        now - 1_000
+                    } else {
+                        cutoff + 60_000
+                    };
+                    conn.batch_execute(&format!(
+                        "UPDATE jobs SET updated_at = {updated_at} WHERE id = '{job}'"
+                    ))
+                    .unwrap();
+                    if logged {
+                        conn.batch_execute(&format!(
+                            "INSERT INTO audit_log (id, owner_id, actor_id, action, job_id, reason, at) \
+                             VALUES ('{}', '{owner}', '{owner}', 'abandon', '{job}', 'a reason', {now})",
+                            uuid::Uuid::now_v7()
+                        ))
+                        .unwrap();
+                    }
+                    let expected = guards::may_prune(status, window_ended, state.is_live(), logged);
+                    cases.push((job, expected, (status, window_ended, state, logged)));
+                }
+            }
+        }
+    }
+    onejob::store::retention::prune_finished_jobs(conn, cutoff, None, 10_000).unwrap();
+    for (job, expected, case) in &cases {
+        let left: i64 = diesel::RunQueryDsl::get_result(
+            diesel::dsl::sql::<diesel::sql_types::BigInt>(&format!(
+                "SELECT count(*) FROM jobs WHERE id = '{job}'"
+            )),
+            conn,
+        )
+        .unwrap();
+        assert_eq!(
+            left == 0,
+            *expected,
+            "retention and may_prune disagree on (status, window ended, attempt, logged) = {case:?}"
+        );
+    }
+    cases.len()
+}
+
 /// The replay test of `app::intake` and `guards::is_replay`: the same
 /// intent spelled another way is a replay, another intent is not.
 fn replays_agree() -> usize {
@@ -416,6 +472,7 @@ async fn every_guarded_statement_agrees_with_its_predicate(backend: TestBackend)
                 + expiries_agree(conn, &owner)
                 + leases_agree(conn, &owner)
                 + completions_agree(conn, &owner)
+                + prunes_agree(conn, &owner)
                 + replays_agree()
         })
         .await;
