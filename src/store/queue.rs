@@ -29,7 +29,7 @@ use crate::domain::{Applied, AttemptEvent, AttemptId, AttemptState, JobId, JobSt
 /// PostgreSQL's clock in Unix milliseconds, as SQL: `statement_timestamp()`,
 /// one value for the whole statement, which Citus evaluates once on the
 /// coordinator (a volatile `clock_timestamp()` is refused inside an UPDATE
-/// on a distributed table; see `store::distribution`).
+/// on a distributed table; see docs/scaling.md).
 pub(crate) const PG_NOW_MS: &str = "(EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT";
 
 /// SQLite's clock in Unix milliseconds, as SQL.
@@ -141,7 +141,7 @@ pub struct ClaimBatch {
 /// transaction holds the database's write lock) and their attempts
 /// claimed. Every locking or writing statement names its owner by value,
 /// so the claim runs on a database distributed by owner
-/// (`store::distribution`). Either way the `UPDATE … WHERE state =
+/// (docs/scaling.md). Either way the `UPDATE … WHERE state =
 /// 'queued'` is the final guard: an attempt is sent at most once.
 ///
 /// On PostgreSQL each owner's claim is a transaction of its own: on Citus

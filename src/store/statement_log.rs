@@ -1,5 +1,5 @@
 //! A record of every SQL statement a store's connections send, for the
-//! statement rule (`store::distribution`) and for looking at what a path
+//! statement rule (docs/scaling.md) and for looking at what a path
 //! costs. Off unless a store is built with one.
 
 use std::sync::atomic::{AtomicU64, Ordering};

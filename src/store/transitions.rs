@@ -17,7 +17,7 @@ use crate::domain::{AttemptEvent, AttemptId, AttemptState, JobId, JobStatus, Use
 /// A job named by its whole primary key: its id and its owner. Every
 /// statement that locks, updates or deletes a job's rows names the owner,
 /// so on a database distributed by owner it runs on one shard
-/// (`store::distribution`).
+/// (docs/scaling.md, "The statement rule").
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct JobKey {
     pub id: JobId,

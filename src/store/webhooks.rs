@@ -2,7 +2,8 @@
 //! endpoints, the outbox of events (one row per event and endpoint, written
 //! in the transaction that changes the job's state), and the log of
 //! delivery attempts. Every statement that locks or writes names the
-//! owner; the reads that do not are listed in `store::distribution`.
+//! owner; the reads that do not are listed in docs/scaling.md ("The
+//! statement rule").
 //!
 //! Public functions (names are stable; new ones are added, none renamed):
 //!
@@ -591,111 +592,169 @@ pub struct Claimed {
 /// running and its endpoint is enabled.
 ///
 /// As `store::queue::claim_batch`: candidates are read without a lock
-/// (one read across owners, listed in `store::distribution`), then each
-/// owner's are locked (PostgreSQL `FOR UPDATE SKIP LOCKED`, so processes
-/// never both claim one; SQLite: the write transaction's lock) and claimed
-/// by a guarded `UPDATE` naming the owner, the final guard.
+/// (one read across owners, a listed fan-out read of docs/scaling.md),
+/// then each owner's are locked (PostgreSQL `FOR UPDATE SKIP LOCKED`, so
+/// processes never both claim one; SQLite: the write transaction's lock)
+/// and claimed by a guarded `UPDATE` naming the owner, the final guard.
+/// On PostgreSQL each owner's claim is a transaction of its own (on Citus,
+/// one shard: no commit across nodes); what committed before an owner's
+/// failure is returned, to be sent. On SQLite the whole claim is one
+/// transaction.
 pub fn claim_due(
     conn: &mut DbConnection,
     lease_owner: &str,
     lease_ms: i64,
     limit: i64,
 ) -> StoreResult<Vec<Claimed>> {
-    write_transaction(conn, |conn| {
-        let now = db_clock_ms(conn)?;
-        let candidates: Vec<(String, UserId)> = webhook_events::table
-            .inner_join(
-                webhook_endpoints::table.on(webhook_endpoints::id
-                    .eq(webhook_events::endpoint_id)
-                    .and(webhook_endpoints::owner_id.eq(webhook_events::owner_id))),
-            )
+    match conn {
+        DbConnection::Sqlite(_) => write_transaction(conn, |conn| {
+            claim_owner_by_owner(conn, lease_owner, lease_ms, limit)
+        }),
+        DbConnection::Postgresql(_) => claim_owner_by_owner(conn, lease_owner, lease_ms, limit),
+    }
+}
+
+fn claim_owner_by_owner(
+    conn: &mut DbConnection,
+    lease_owner: &str,
+    lease_ms: i64,
+    limit: i64,
+) -> StoreResult<Vec<Claimed>> {
+    let now = db_clock_ms(conn)?;
+    let one_transaction = matches!(conn, DbConnection::Sqlite(_));
+    let mut claimed: Vec<Claimed> = Vec::new();
+    for (owner_id, ids) in due_candidates(conn, now, limit)? {
+        let room = limit - claimed.len() as i64;
+        if room <= 0 {
+            break;
+        }
+        let owners = if one_transaction {
+            claim_of_owner(conn, &owner_id, &ids, room, lease_owner, lease_ms, now)
+        } else {
+            write_transaction(conn, |conn| {
+                claim_of_owner(conn, &owner_id, &ids, room, lease_owner, lease_ms, now)
+            })
+        };
+        match owners {
+            Ok(owners) => claimed.extend(owners),
+            Err(error) if !one_transaction && !claimed.is_empty() => {
+                tracing::warn!(%error, owner = %owner_id, "one owner's webhook claim failed; the others' are sent");
+                break;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    claimed.sort_by(|a, b| {
+        (a.event.next_attempt_at, &a.event.id).cmp(&(b.event.next_attempt_at, &b.event.id))
+    });
+    Ok(claimed)
+}
+
+/// Due events, oldest first, read without a lock: twice as many as asked
+/// (rows another process is claiming leave others), grouped by owner.
+fn due_candidates(
+    conn: &mut DbConnection,
+    now: i64,
+    limit: i64,
+) -> StoreResult<Vec<(UserId, Vec<String>)>> {
+    let candidates: Vec<(String, UserId)> = webhook_events::table
+        .inner_join(
+            webhook_endpoints::table.on(webhook_endpoints::id
+                .eq(webhook_events::endpoint_id)
+                .and(webhook_endpoints::owner_id.eq(webhook_events::owner_id))),
+        )
+        .filter(webhook_events::state.eq(EventState::Pending.as_str()))
+        .filter(webhook_events::next_attempt_at.le(now))
+        .filter(
+            webhook_events::lease_expires_at
+                .is_null()
+                .or(webhook_events::lease_expires_at.lt(now)),
+        )
+        .filter(webhook_endpoints::enabled.eq(true))
+        .order((
+            webhook_events::next_attempt_at.asc(),
+            webhook_events::id.asc(),
+        ))
+        .select((webhook_events::id, webhook_events::owner_id))
+        .limit(limit * 2)
+        .load(conn)?;
+    let mut owners: Vec<(UserId, Vec<String>)> = Vec::new();
+    for (id, owner) in candidates {
+        match owners.iter_mut().find(|(o, _)| *o == owner) {
+            Some((_, ids)) => ids.push(id),
+            None => owners.push((owner, vec![id])),
+        }
+    }
+    Ok(owners)
+}
+
+/// One owner's part of a claim: its candidates locked, claimed by the
+/// guarded update, each with its endpoint. Every statement names the owner.
+fn claim_of_owner(
+    conn: &mut DbConnection,
+    owner_id: &UserId,
+    ids: &[String],
+    room: i64,
+    lease_owner: &str,
+    lease_ms: i64,
+    now: i64,
+) -> StoreResult<Vec<Claimed>> {
+    let ids: Vec<String> = match conn {
+        DbConnection::Postgresql(pg) => webhook_events::table
+            .filter(webhook_events::owner_id.eq(owner_id))
+            .filter(webhook_events::id.eq_any(ids))
+            .filter(webhook_events::state.eq(EventState::Pending.as_str()))
+            .select(webhook_events::id)
+            .limit(room)
+            .for_update()
+            .skip_locked()
+            .load(pg)?,
+        DbConnection::Sqlite(_) => ids.iter().take(room as usize).cloned().collect(),
+    };
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let claim = diesel::update(
+        webhook_events::table
+            .filter(webhook_events::owner_id.eq(owner_id))
+            .filter(webhook_events::id.eq_any(&ids))
             .filter(webhook_events::state.eq(EventState::Pending.as_str()))
             .filter(webhook_events::next_attempt_at.le(now))
             .filter(
                 webhook_events::lease_expires_at
                     .is_null()
                     .or(webhook_events::lease_expires_at.lt(now)),
-            )
-            .filter(webhook_endpoints::enabled.eq(true))
-            .order((
-                webhook_events::next_attempt_at.asc(),
-                webhook_events::id.asc(),
-            ))
-            .select((webhook_events::id, webhook_events::owner_id))
-            .limit(limit * 2)
-            .load(conn)?;
-        let mut owners: Vec<(UserId, Vec<String>)> = Vec::new();
-        for (id, owner) in candidates {
-            match owners.iter_mut().find(|(o, _)| *o == owner) {
-                Some((_, ids)) => ids.push(id),
-                None => owners.push((owner, vec![id])),
-            }
-        }
-        let mut claimed: Vec<Claimed> = Vec::new();
-        for (owner_id, ids) in owners {
-            let room = limit - claimed.len() as i64;
-            if room <= 0 {
-                break;
-            }
-            let ids: Vec<String> = match conn {
-                DbConnection::Postgresql(pg) => webhook_events::table
-                    .filter(webhook_events::owner_id.eq(&owner_id))
-                    .filter(webhook_events::id.eq_any(&ids))
-                    .filter(webhook_events::state.eq(EventState::Pending.as_str()))
-                    .select(webhook_events::id)
-                    .limit(room)
-                    .for_update()
-                    .skip_locked()
-                    .load(pg)?,
-                DbConnection::Sqlite(_) => ids.into_iter().take(room as usize).collect(),
-            };
-            if ids.is_empty() {
-                continue;
-            }
-            let claim = diesel::update(
-                webhook_events::table
-                    .filter(webhook_events::owner_id.eq(&owner_id))
-                    .filter(webhook_events::id.eq_any(&ids))
-                    .filter(webhook_events::state.eq(EventState::Pending.as_str()))
-                    .filter(webhook_events::next_attempt_at.le(now))
-                    .filter(
-                        webhook_events::lease_expires_at
-                            .is_null()
-                            .or(webhook_events::lease_expires_at.lt(now)),
-                    ),
-            )
-            .set((
-                webhook_events::lease_owner.eq(lease_owner),
-                webhook_events::lease_expires_at.eq(now + lease_ms),
-                webhook_events::attempts.eq(webhook_events::attempts + 1),
-            ));
-            let events: Vec<Event> =
-                per_backend!(conn, |c| claim.returning(Event::as_returning()).load(c)?);
-            if events.is_empty() {
-                continue;
-            }
-            let endpoint_ids: Vec<&str> = events.iter().map(|e| e.endpoint_id.as_str()).collect();
-            let endpoints: Vec<Endpoint> = webhook_endpoints::table
-                .filter(webhook_endpoints::owner_id.eq(&owner_id))
-                .filter(webhook_endpoints::id.eq_any(endpoint_ids))
-                .select(Endpoint::as_select())
-                .load(conn)?;
-            for event in events {
-                let endpoint = endpoints
-                    .iter()
-                    .find(|e| e.id == event.endpoint_id)
-                    .cloned()
-                    .ok_or_else(|| {
-                        StoreError::corrupt(format!("webhook event {} has no endpoint", event.id))
-                    })?;
-                claimed.push(Claimed { event, endpoint });
-            }
-        }
-        claimed.sort_by(|a, b| {
-            (a.event.next_attempt_at, &a.event.id).cmp(&(b.event.next_attempt_at, &b.event.id))
-        });
-        Ok(claimed)
-    })
+            ),
+    )
+    .set((
+        webhook_events::lease_owner.eq(lease_owner),
+        webhook_events::lease_expires_at.eq(now + lease_ms),
+        webhook_events::attempts.eq(webhook_events::attempts + 1),
+    ));
+    let events: Vec<Event> =
+        per_backend!(conn, |c| claim.returning(Event::as_returning()).load(c)?);
+    if events.is_empty() {
+        return Ok(Vec::new());
+    }
+    let endpoint_ids: Vec<&str> = events.iter().map(|e| e.endpoint_id.as_str()).collect();
+    let endpoints: Vec<Endpoint> = webhook_endpoints::table
+        .filter(webhook_endpoints::owner_id.eq(owner_id))
+        .filter(webhook_endpoints::id.eq_any(endpoint_ids))
+        .select(Endpoint::as_select())
+        .load(conn)?;
+    events
+        .into_iter()
+        .map(|event| {
+            let endpoint = endpoints
+                .iter()
+                .find(|e| e.id == event.endpoint_id)
+                .cloned()
+                .ok_or_else(|| {
+                    StoreError::corrupt(format!("webhook event {} has no endpoint", event.id))
+                })?;
+            Ok(Claimed { event, endpoint })
+        })
+        .collect()
 }
 
 /// What one delivery attempt found.

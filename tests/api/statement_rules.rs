@@ -604,6 +604,52 @@ async fn on_a_distributed_database_creations_are_plain_inserts() {
     assert!(problems.is_empty(), "{problems:#?}");
 }
 
+/// The webhook claim takes each owner's events in a transaction of its
+/// own, however many owners have events due at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_webhook_claim_takes_one_owner_per_transaction() {
+    if !postgres_available() {
+        return;
+    }
+    let fake = FakeProvider::start(Shape::OpenAi).await;
+    fake.set_default(answer("done"));
+    let receiver = WebhookReceiver::start().await;
+    let log = StatementLog::new();
+    let mut config = lifecycle_config(&fake);
+    config.webhooks.settings.deliver = false;
+    let app = PreparedApp::new(TestBackend::Postgres, config)
+        .await
+        .recording(&log)
+        .await
+        .start()
+        .await;
+    for (token, key) in [(&app.alice.token, "a"), (&app.bob.token, "b")] {
+        let registered = app
+            .client
+            .post(app.url("/api/v1/webhooks"))
+            .bearer_auth(token)
+            .json(&json!({"url": receiver.url("/"), "events": ["job.succeeded"]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(registered.status(), StatusCode::CREATED);
+        let job = app.create_job(token, key, &summarize(key)).await;
+        app.wait_for_status(&job, "succeeded", WAIT).await;
+    }
+    log.take_sent();
+    let claimed = app
+        .with_conn(|conn| onejob::store::webhooks::claim_due(conn, "claimer", 10_000, 16).unwrap())
+        .await;
+    let owners: BTreeSet<String> = claimed
+        .iter()
+        .map(|c| c.event.owner_id.to_string())
+        .collect();
+    assert_eq!(owners.len(), 2, "both owners' events were due: {claimed:?}");
+    let verdicts = distribution::judge_transactions(&log.take_sent());
+    assert!(verdicts.mixed.is_empty(), "{:#?}", verdicts.mixed);
+    assert!(verdicts.touching >= 2, "one transaction per owner");
+}
+
 /// The store functions that write a distributed table, each with text only
 /// its statement has (after `normalize`): the lifecycle must send each.
 /// `None` for a function whose writes run on SQLite only (the rule is
@@ -642,7 +688,7 @@ const WRITERS: &[(&str, Option<&str>)] = &[
     ("transitions.rs::insert_waiting_attempt", Some("insert into attempts (id, job_id, owner_id, number, provider, state, outcome,")),
     ("transitions.rs::refresh_job_status", Some("update jobs set status = $1, updated_at = $2 where (((jobs.id = $3)")),
     ("transitions.rs::transition_guarded", Some("update attempts set state = $1, finished_at = $2, lease_expires_at = $3, error = $4 where (((attempts.id = $5)")),
-    ("webhooks.rs::claim_due", Some("update webhook_events set lease_owner = $1, lease_expires_at = $2, attempts =")),
+    ("webhooks.rs::claim_of_owner", Some("update webhook_events set lease_owner = $1, lease_expires_at = $2, attempts =")),
     ("webhooks.rs::create_endpoint", Some("insert into webhook_endpoints (")),
     ("webhooks.rs::delete_endpoint", Some("delete from webhook_endpoints where")),
     ("webhooks.rs::record_delivery", Some("insert into webhook_deliveries (")),
