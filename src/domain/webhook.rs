@@ -194,8 +194,9 @@ impl AddressClass {
     }
 }
 
-/// What `ip` is. An IPv4-mapped (`::ffff:a.b.c.d`) or IPv4-compatible
-/// IPv6 address is judged as the IPv4 address it carries.
+/// What `ip` is. An IPv6 address that carries an IPv4 address is judged by
+/// the IPv4 address it carries (see [`embedded_v4`]): it may reach that
+/// address through a translator or a tunnel.
 pub fn classify(ip: IpAddr) -> AddressClass {
     match ip {
         IpAddr::V4(v4) => classify_v4(v4),
@@ -222,17 +223,56 @@ fn classify_v4(ip: Ipv4Addr) -> AddressClass {
     }
 }
 
+/// The IPv4 addresses an IPv6 address carries, by the forms that embed one:
+///
+/// - IPv4-mapped `::ffff:a.b.c.d` (`::ffff:0:0/96`) and IPv4-translated
+///   `::ffff:0:a.b.c.d` (`::ffff:0:0:0/96`);
+/// - IPv4-compatible `::a.b.c.d` (`::/96`, deprecated; not `::` or `::1`);
+/// - NAT64's well-known prefix `64:ff9b::a.b.c.d` (`64:ff9b::/96`), which
+///   a NAT64 gateway forwards to that IPv4 address;
+/// - 6to4 `2002:AABB:CCDD::/48`, the relay's IPv4 in bits 16-47;
+/// - Teredo `2001:0::/32`: the server's IPv4 in bits 32-63 and the
+///   client's, inverted, in the last 32.
+///
+/// The local-use NAT64 prefix `64:ff9b:1::/48` places its IPv4 address
+/// where its operator chooses, so it is refused whole (`Reserved`).
+pub fn embedded_v4(ip: Ipv6Addr) -> Vec<Ipv4Addr> {
+    let s = ip.segments();
+    let v4 = |high: u16, low: u16| {
+        let [a, b] = high.to_be_bytes();
+        let [c, d] = low.to_be_bytes();
+        Ipv4Addr::new(a, b, c, d)
+    };
+    let zero = |range: std::ops::Range<usize>| s[range].iter().all(|x| *x == 0);
+    if zero(0..5) && s[5] == 0xffff {
+        vec![v4(s[6], s[7])]
+    } else if zero(0..4) && s[4] == 0xffff && s[5] == 0 {
+        vec![v4(s[6], s[7])]
+    } else if zero(0..6) && !ip.is_unspecified() && !ip.is_loopback() {
+        vec![v4(s[6], s[7])]
+    } else if s[0] == 0x0064 && s[1] == 0xff9b && zero(2..6) {
+        vec![v4(s[6], s[7])]
+    } else if s[0] == 0x2002 {
+        vec![v4(s[1], s[2])]
+    } else if s[0] == 0x2001 && s[1] == 0 {
+        vec![v4(s[2], s[3]), v4(!s[6], !s[7])]
+    } else {
+        Vec::new()
+    }
+}
+
 fn classify_v6(ip: Ipv6Addr) -> AddressClass {
-    if let Some(v4) = ip.to_ipv4_mapped() {
-        return classify_v4(v4);
+    let carried = embedded_v4(ip);
+    if !carried.is_empty() {
+        // The first carried address that is not public decides; a relay or
+        // translator address carrying only public ones is public.
+        return carried
+            .into_iter()
+            .map(classify_v4)
+            .find(|class| !class.is_public())
+            .unwrap_or(AddressClass::Public);
     }
     let segments = ip.segments();
-    // IPv4-compatible (::a.b.c.d, deprecated): still an IPv4 address.
-    if segments[..6].iter().all(|s| *s == 0) && !ip.is_unspecified() && !ip.is_loopback() {
-        let [a, b] = segments[6].to_be_bytes();
-        let [c, d] = segments[7].to_be_bytes();
-        return classify_v4(Ipv4Addr::new(a, b, c, d));
-    }
     let first = segments[0];
     if ip.is_unspecified() {
         AddressClass::Unspecified
@@ -743,6 +783,61 @@ mod tests {
             ("::127.0.0.1", Loopback),
         ] {
             assert_eq!(classify(ip(text)), class, "{text}");
+        }
+    }
+
+    /// Every IPv6 form that carries an IPv4 address is judged by it.
+    #[test]
+    fn ipv6_forms_that_carry_an_ipv4_address_are_judged_by_it() {
+        use AddressClass::*;
+        for (text, class) in [
+            // NAT64, the well-known prefix.
+            ("64:ff9b::a9fe:a9fe", LinkLocal),
+            ("64:ff9b::169.254.169.254", LinkLocal),
+            ("64:ff9b::127.0.0.1", Loopback),
+            ("64:ff9b::10.0.0.1", Private),
+            ("64:ff9b::8.8.8.8", Public),
+            // NAT64, local use: refused whole.
+            ("64:ff9b:1::8.8.8.8", Reserved),
+            ("64:ff9b:1:ffff::1", Reserved),
+            // 6to4.
+            ("2002:7f00:1::1", Loopback),
+            ("2002:a9fe:a9fe::1", LinkLocal),
+            ("2002:c0a8:101::", Private),
+            ("2002:808:808::1", Public),
+            // IPv4-mapped and IPv4-translated.
+            ("::ffff:169.254.169.254", LinkLocal),
+            ("::ffff:0:169.254.169.254", LinkLocal),
+            ("::ffff:0:a00:1", Private),
+            ("::ffff:0:8.8.8.8", Public),
+            // IPv4-compatible.
+            ("::a9fe:a9fe", LinkLocal),
+            ("::10.1.2.3", Private),
+            ("::8.8.8.8", Public),
+            // Teredo: the server (bits 32-63) and the inverted client.
+            ("2001:0:4136:e378:8000:63bf:3fff:fdd2", Documentation),
+            ("2001:0:4136:e378::80ff:fffe", Loopback),
+            ("2001:0:a00:1:8000:63bf:f7f7:f7f7", Private),
+            ("2001:0:a9fe:a9fe::f7f7:f7f7", LinkLocal),
+            ("2001:0:808:808::f7f7:f7f7", Public),
+        ] {
+            assert_eq!(classify(ip(text)), class, "{text}");
+        }
+        // At registration (a literal address) and after DNS alike.
+        for text in [
+            "http://[64:ff9b::a9fe:a9fe]/",
+            "http://[2002:a9fe:a9fe::1]/",
+            "http://[::ffff:0:a9fe:a9fe]/",
+            "http://[::a9fe:a9fe]/",
+            "http://[2001:0:4136:e378::5601:5601]/",
+            "http://[64:ff9b:1::1]/",
+        ] {
+            assert!(check_url(text, false).is_err(), "{text}");
+            let host = url::Url::parse(text).unwrap();
+            let Some(url::Host::Ipv6(v6)) = host.host() else {
+                panic!("{text}")
+            };
+            assert!(check_resolved(&[IpAddr::V6(v6)], false).is_err(), "{text}");
         }
     }
 
