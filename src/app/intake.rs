@@ -321,7 +321,7 @@ impl App {
         require_in_chain(&contract, request.provider.as_deref())?;
         let input = request.input.value();
         check_input(&contract, &input)?;
-        let reservation = self.reservation_for(&contract, &input);
+        let reservation = self.reservation_for(&contract, &input)?;
         Ok(NewJob {
             reservation,
             owner_id: owner.id.clone(),

@@ -126,7 +126,14 @@ impl App {
     /// estimate plus its `max_tokens` (the request's, else the largest of
     /// its route's providers') at the dearest provider of its route, by
     /// today's prices.
-    pub(crate) fn reservation_for(&self, contract: &TaskContract, input: &Value) -> Reservation {
+    /// A request's own limit above what the route's providers can produce
+    /// (`domain::ledger::check_max_tokens`) is refused: the reservation is
+    /// never computed from a number the client chose freely.
+    pub(crate) fn reservation_for(
+        &self,
+        contract: &TaskContract,
+        input: &Value,
+    ) -> AppResult<Reservation> {
         let config = self.config();
         let providers: Vec<_> = contract
             .chain()
@@ -137,6 +144,19 @@ impl App {
             .is_chat()
             .then(|| crate::providers::chat::requested_max_tokens(input))
             .flatten();
+        if let Some(asked) = requested {
+            let ceiling = providers
+                .iter()
+                .map(|p| u64::from(p.context_budget()))
+                .max()
+                .unwrap_or(0);
+            crate::domain::ledger::check_max_tokens(asked, ceiling).map_err(|refusal| {
+                AppError::InvalidBody {
+                    detail: refusal.to_string(),
+                    field: Some("max_tokens".to_owned()),
+                }
+            })?;
+        }
         let max_tokens = requested.unwrap_or_else(|| {
             providers
                 .iter()
@@ -149,7 +169,7 @@ impl App {
         let prices = providers
             .iter()
             .map(|p| config.ledger.prices.at(&p.name, p.model_name(), now));
-        most_a_job_can_cost(prompt, max_tokens, prices)
+        Ok(most_a_job_can_cost(prompt, max_tokens, prices))
     }
 
     /// What a call to `provider` is charged at now.

@@ -20,6 +20,10 @@ pub enum IdempotencyKeyError {
     NotPrintableAscii,
     #[error("the idempotency key is a malformed quoted string")]
     MalformedQuotedString,
+    /// Several keys where one is the identity: a proxy that adds its own
+    /// would split or merge jobs, so none of them is chosen.
+    #[error("the request carries {0} idempotency keys; send exactly one")]
+    Repeated(usize),
 }
 
 impl IdempotencyKey {

@@ -411,6 +411,62 @@ pub fn day_start_ms(at_ms: i64) -> i64 {
 
 pub const DAY_MS: i64 = 86_400_000;
 
+/// The largest spend limit, in currency units.
+pub const MAX_SPEND_UNITS: f64 = 1e12;
+
+/// Why a spend limit cannot be kept as it was sent.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SpendRefusal {
+    #[error("`spend_limit` must be between 0 and 1000000000000 currency units")]
+    OutOfRange,
+    #[error(
+        "`spend_limit` {0} has more than 6 decimal places; budgets count in millionths of a \
+         currency unit, and a limit is never rounded silently"
+    )]
+    TooPrecise(String),
+}
+
+/// A spend limit in currency units as micro-units, exactly: refused when
+/// negative, not finite, past [`MAX_SPEND_UNITS`], or finer than a
+/// millionth (judged on the number's shortest decimal form, the one the
+/// client wrote: `0.0000001` is refused, `0.1` is 100000).
+pub fn spend_micros(units: f64) -> Result<i64, SpendRefusal> {
+    if !units.is_finite() || !(0.0..=MAX_SPEND_UNITS).contains(&units) {
+        return Err(SpendRefusal::OutOfRange);
+    }
+    let written = units.to_string();
+    let decimals = written
+        .split_once('.')
+        .map_or(0, |(_, fraction)| fraction.len());
+    if decimals > 6 {
+        return Err(SpendRefusal::TooPrecise(written));
+    }
+    Ok((units * 1e6).round() as i64)
+}
+
+/// Why a request's output-token limit is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "`max_tokens` (`max_output_tokens` on /v1/responses) asks for {asked} tokens; this route's \
+     providers can produce at most {ceiling} (their largest context window), and a budget \
+     reserves what a job asks for"
+)]
+pub struct TooManyTokens {
+    pub asked: u64,
+    pub ceiling: u64,
+}
+
+/// A request's own output-token limit checked against the most its route
+/// can produce (the largest context window among the route's providers):
+/// a budget reserves what a job asks for, so the client may not inflate
+/// it freely.
+pub fn check_max_tokens(asked: u64, ceiling: u64) -> Result<u64, TooManyTokens> {
+    if asked > ceiling {
+        return Err(TooManyTokens { asked, ceiling });
+    }
+    Ok(asked)
+}
+
 /// A money amount in micro-units, written in currency units for people
 /// (`1.234567`), trailing zeros kept to two decimals.
 pub fn format_micros(micros: i64) -> String {
@@ -427,6 +483,38 @@ pub fn format_micros(micros: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_spend_limit_is_kept_exactly_or_refused() {
+        assert_eq!(spend_micros(0.0), Ok(0));
+        assert_eq!(spend_micros(0.1), Ok(100_000));
+        assert_eq!(spend_micros(12.345678), Ok(12_345_678));
+        assert_eq!(spend_micros(1e12), Ok(1_000_000_000_000_000_000));
+        assert_eq!(
+            spend_micros(0.0000001),
+            Err(SpendRefusal::TooPrecise("0.0000001".into()))
+        );
+        assert!(matches!(
+            spend_micros(1.2345678),
+            Err(SpendRefusal::TooPrecise(_))
+        ));
+        for bad in [-1.0, f64::NAN, f64::INFINITY, 1e13] {
+            assert_eq!(spend_micros(bad), Err(SpendRefusal::OutOfRange), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_request_may_not_ask_for_more_tokens_than_its_route_can_produce() {
+        assert_eq!(check_max_tokens(4096, 128_000), Ok(4096));
+        assert_eq!(check_max_tokens(128_000, 128_000), Ok(128_000));
+        assert_eq!(
+            check_max_tokens(1_000_000_000, 128_000),
+            Err(TooManyTokens {
+                asked: 1_000_000_000,
+                ceiling: 128_000
+            })
+        );
+    }
 
     fn price(input: f64, output: f64, cached: f64, from: i64) -> Price {
         Price {

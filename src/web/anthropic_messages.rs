@@ -38,7 +38,7 @@ use super::auth::{authenticate_api_key_or, Caller};
 use super::body::{json_text, BodyRules};
 use super::chat_stream::KEEPALIVE;
 use super::error::ApiError;
-use super::openai_compat::{idempotency_key, job_error, needs_support, OpenAiError};
+use super::openai_compat::{job_error, needs_support, OpenAiError};
 use crate::app::intake::JobRequest;
 use crate::app::streams::{Followed, Follower};
 use crate::app::{App, AppError, Job};
@@ -594,7 +594,8 @@ pub async fn create_message(
     req: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, AnthropicError> {
-    let key = idempotency_key(&req).map_err(|_| missing_or_bad_key(&req))?;
+    let key = super::idempotency::idempotency_key(&req)
+        .map_err(|refusal| missing_or_bad_key(&req, refusal))?;
     let sent = json_text(&req, payload, BodyRules::of(&app.config().server)).await?;
     let request = read_request(&sent.value())?;
     let resume = super::chat_stream::last_event_id(&req)?.filter(|_| request.stream);
@@ -632,9 +633,12 @@ pub async fn create_message(
     answer(&job, needs_support(&job, &attempts), created.replayed)
 }
 
-/// The 400 for a request without a key (or with a malformed one), showing
-/// how the Anthropic SDK sends one.
-fn missing_or_bad_key(req: &HttpRequest) -> AnthropicError {
+/// The 400 for a request without a key (or with a malformed one, or
+/// several), showing how the Anthropic SDK sends one.
+fn missing_or_bad_key(req: &HttpRequest, refusal: super::error::ApiError) -> AnthropicError {
+    if req.headers().get_all("Idempotency-Key").nth(1).is_some() {
+        return AnthropicError::invalid(format!("Idempotency-Key: {}", refusal.detail));
+    }
     if req.headers().contains_key("Idempotency-Key") {
         return AnthropicError::invalid("Idempotency-Key must be 1-255 printable ASCII characters");
     }

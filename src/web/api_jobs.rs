@@ -8,26 +8,16 @@ use utoipa::IntoParams;
 
 use super::auth::Caller;
 use super::body::{json_body, page_limit, parse_query, query_id, BodyRules, EmptyBody};
-use super::error::{job_location, ApiError, ProblemType};
+use super::error::{job_location, ApiError};
 use super::views::{
     AttemptView, CreateJobRequest, JobPage, JobSummary, JobView, Problem, StartAttemptRequest,
 };
 use std::time::Duration;
 
+use super::idempotency::idempotency_key;
 use crate::app::waiting::Wanted;
 use crate::app::{App, Attempt, Job};
-use crate::domain::{IdempotencyKey, IdempotencyKeyError, JobId};
-
-fn idempotency_key(req: &HttpRequest) -> Result<IdempotencyKey, ApiError> {
-    let raw = req.headers().get("Idempotency-Key").ok_or_else(|| {
-        ApiError::new(
-            ProblemType::MissingIdempotencyKey,
-            IdempotencyKeyError::Missing.to_string(),
-        )
-    })?;
-    IdempotencyKey::parse_bytes(raw.as_bytes())
-        .map_err(|e| ApiError::new(ProblemType::InvalidIdempotencyKey, e.to_string()))
-}
+use crate::domain::JobId;
 
 /// The wait a client asked for with `Prefer: wait=N` (RFC 7240), in whole
 /// seconds, capped at `cap`. Preferences this server does not know, and a

@@ -412,7 +412,8 @@ impl From<&BudgetState> for BudgetView {
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SetBudgetRequest {
-    /// The monthly spend limit in currency units (rounded to a millionth);
+    /// The monthly spend limit in currency units, to a millionth at most
+    /// (a finer one is refused, never rounded);
     /// null or absent: none. With neither limit the month is tracked and
     /// nothing is refused.
     #[schema(minimum = 0, maximum = 1_000_000_000_000.0)]
@@ -441,18 +442,12 @@ pub struct RemoveBudgetRequest {
     pub reason: String,
 }
 
-/// A spend limit in micro-units (rounded to the nearest), refused when
-/// negative, not finite or past the bound.
+/// A spend limit in micro-units, exactly (`domain::ledger::spend_micros`),
+/// or `422 invalid-body` naming `spend_limit`.
 pub fn spend_micros(limit: f64) -> Result<i64, ApiError> {
-    let refuse = |detail: &str| {
-        ApiError::new(ProblemType::InvalidBody, detail.to_owned()).with("field", "spend_limit")
-    };
-    if !limit.is_finite() || !(0.0..=1e12).contains(&limit) {
-        return Err(refuse(
-            "`spend_limit` must be between 0 and 1000000000000 currency units",
-        ));
-    }
-    Ok((limit * 1e6).round() as i64)
+    crate::domain::ledger::spend_micros(limit).map_err(|refusal| {
+        ApiError::new(ProblemType::InvalidBody, refusal.to_string()).with("field", "spend_limit")
+    })
 }
 
 /// Sets an owner's monthly budget (admins); audited. A new budget starts

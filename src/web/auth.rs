@@ -34,26 +34,62 @@ impl FromRequest for Caller {
     }
 }
 
-/// Extracts the token from `Authorization: Bearer <token>`.
-fn bearer_token(req: &ServiceRequest) -> Result<String, ApiError> {
+/// Where a request may carry its token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Accepted {
+    /// `Authorization: Bearer <token>` only.
+    Bearer,
+    /// `x-api-key: <token>` (how Anthropic's SDKs send their `api_key`), or
+    /// a bearer token.
+    BearerOrApiKey,
+}
+
+/// The one token the request presents. Every credential it carries counts,
+/// `x-api-key` included wherever it is sent: two that name different tokens
+/// (or one header repeated with different values) are refused, since who
+/// the request acts for would be a matter of which one a reader picked. The
+/// same token twice is one credential.
+fn presented_token(req: &ServiceRequest, accepted: Accepted) -> Result<String, ApiError> {
     let unauthorized = |detail: &str| ApiError::new(ProblemType::Unauthorized, detail);
-    let value = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .ok_or_else(|| unauthorized("send `Authorization: Bearer <token>`"))?;
-    let value = value
-        .to_str()
-        .map_err(|_| unauthorized("the Authorization header is not valid text"))?;
-    let (scheme, token) = value
-        .split_once(' ')
-        .ok_or_else(|| unauthorized("the Authorization header must be `Bearer <token>`"))?;
-    let token = token.trim();
-    if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
+    let mut tokens: Vec<String> = Vec::new();
+    for value in req.headers().get_all(header::AUTHORIZATION) {
+        let value = value
+            .to_str()
+            .map_err(|_| unauthorized("the Authorization header is not valid text"))?;
+        let token = value
+            .split_once(' ')
+            .filter(|(scheme, token)| {
+                scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty()
+            })
+            .map(|(_, token)| token.trim().to_owned())
+            .ok_or_else(|| unauthorized("the Authorization header must be `Bearer <token>`"))?;
+        tokens.push(token);
+    }
+    let bearers = tokens.len();
+    for value in req.headers().get_all("x-api-key") {
+        let token = value
+            .to_str()
+            .ok()
+            .map(str::trim)
+            .filter(|token| !token.is_empty())
+            .ok_or_else(|| unauthorized("the x-api-key header is not a token"))?;
+        tokens.push(token.to_owned());
+    }
+    tokens.dedup();
+    if tokens.iter().any(|token| *token != tokens[0]) {
         return Err(unauthorized(
-            "the Authorization header must be `Bearer <token>`",
+            "the request carries different credentials (Authorization and x-api-key headers \
+             naming different tokens); send one token, once",
         ));
     }
-    Ok(token.to_owned())
+    match (tokens.pop(), accepted) {
+        (Some(token), Accepted::BearerOrApiKey) => Ok(token),
+        (Some(token), Accepted::Bearer) if bearers > 0 => Ok(token),
+        (_, Accepted::Bearer) => Err(unauthorized("send `Authorization: Bearer <token>`")),
+        (None, Accepted::BearerOrApiKey) => Err(unauthorized(
+            "send your onejob API token as `x-api-key: <token>` or `Authorization: Bearer <token>`",
+        )),
+    }
 }
 
 /// Middleware: resolves the bearer token to a user or answers 401. A refusal
@@ -74,7 +110,7 @@ pub(crate) async fn authenticate_or<B: MessageBody>(
     next: Next<B>,
     refuse: impl FnOnce(ApiError) -> actix_web::HttpResponse,
 ) -> Result<ServiceResponse<EitherBody<B>>, actix_web::Error> {
-    let token = bearer_token(&req);
+    let token = presented_token(&req, Accepted::Bearer);
     run_as_or(req, token, next, refuse).await
 }
 
@@ -85,23 +121,7 @@ pub(crate) async fn authenticate_api_key_or<B: MessageBody>(
     next: Next<B>,
     refuse: impl FnOnce(ApiError) -> actix_web::HttpResponse,
 ) -> Result<ServiceResponse<EitherBody<B>>, actix_web::Error> {
-    let token = match req.headers().get("x-api-key") {
-        Some(value) => value
-            .to_str()
-            .ok()
-            .map(str::trim)
-            .filter(|token| !token.is_empty())
-            .map(str::to_owned)
-            .ok_or_else(|| {
-                ApiError::new(ProblemType::Unauthorized, "the x-api-key header is not a token")
-            }),
-        None => bearer_token(&req).map_err(|_| {
-            ApiError::new(
-                ProblemType::Unauthorized,
-                "send your onejob API token as `x-api-key: <token>` or `Authorization: Bearer <token>`",
-            )
-        }),
-    };
+    let token = presented_token(&req, Accepted::BearerOrApiKey);
     run_as_or(req, token, next, refuse).await
 }
 

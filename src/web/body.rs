@@ -166,6 +166,7 @@ pub async fn json_body<T: DeserializeOwned>(
     }
     require_json_type(req)?;
     require_shallow(&body, rules.max_depth)?;
+    crate::domain::json_text::check_unique_names(&body).map_err(not_unique)?;
     serde_json::from_slice(&body).map_err(|e| {
         use serde_json::error::Category;
         match e.classify() {
@@ -208,12 +209,21 @@ pub async fn json_text(
     require_shallow(&body, rules.max_depth)?;
     let text = String::from_utf8(body.to_vec())
         .map_err(|_| ApiError::new(ProblemType::MalformedJson, "the body is not valid UTF-8"))?;
-    crate::domain::JsonText::parse(text).map_err(|e| {
-        ApiError::new(
+    crate::domain::JsonText::parse_unique(text).map_err(not_unique)
+}
+
+/// Every body's refusal of a malformed text, or of an object that names a
+/// member twice (`422 invalid-body`, as a duplicate field of a typed body
+/// is): one JSON, one reading.
+fn not_unique(refusal: crate::domain::json_text::NotUnique) -> ApiError {
+    use crate::domain::json_text::NotUnique;
+    match refusal {
+        NotUnique::Duplicate(_) => ApiError::new(ProblemType::InvalidBody, refusal.to_string()),
+        NotUnique::Malformed(e) => ApiError::new(
             ProblemType::MalformedJson,
             format!("the body is not valid JSON: {e}"),
-        )
-    })
+        ),
+    }
 }
 
 /// Parses a query string, answering 400 `invalid-query` when it does not fit.

@@ -14,6 +14,7 @@ pub mod body;
 pub mod chat_stream;
 pub mod error;
 pub mod health;
+pub mod idempotency;
 pub mod openai_compat;
 pub mod openapi;
 pub mod pages;

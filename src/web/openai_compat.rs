@@ -26,7 +26,7 @@ use super::error::{ApiError, ProblemType};
 use crate::app::intake::JobRequest;
 use crate::app::streams::FollowRefused;
 use crate::app::{App, AppError, Attempt, Job};
-use crate::domain::{IdempotencyKey, IdempotencyKeyError, JobStatus};
+use crate::domain::{IdempotencyKey, JobStatus};
 
 /// How long a client should wait before rejoining a job still in flight.
 const RETRY_IN_FLIGHT_SECONDS: u64 = 1;
@@ -317,18 +317,7 @@ pub async fn unknown_path(req: HttpRequest) -> HttpResponse {
 }
 
 pub(super) fn idempotency_key(req: &HttpRequest) -> Result<IdempotencyKey, OpenAiError> {
-    let raw = req.headers().get("Idempotency-Key").ok_or_else(|| {
-        OpenAiError::from(ApiError::new(
-            ProblemType::MissingIdempotencyKey,
-            IdempotencyKeyError::Missing.to_string(),
-        ))
-    })?;
-    IdempotencyKey::parse_bytes(raw.as_bytes()).map_err(|e| {
-        OpenAiError::from(ApiError::new(
-            ProblemType::InvalidIdempotencyKey,
-            e.to_string(),
-        ))
-    })
+    super::idempotency::idempotency_key(req).map_err(OpenAiError::from)
 }
 
 /// What the request asks of the answer's delivery.

@@ -166,6 +166,11 @@ struct KeyReusedPage<'a> {
 struct SubmittedForm(Vec<(String, String)>);
 
 impl SubmittedForm {
+    /// How many fields are named `name`.
+    fn all(&self, name: &str) -> usize {
+        self.0.iter().filter(|(k, _)| k == name).count()
+    }
+
     fn get(&self, name: &str) -> Option<&str> {
         self.0
             .iter()
@@ -183,6 +188,14 @@ pub async fn submit_job(
 ) -> Result<HttpResponse, PageError> {
     let form = SubmittedForm(form.into_inner());
     user.check_csrf(form.get("csrf"))?;
+    let keys = form.all("idempotency_key");
+    if keys > 1 {
+        return Err(PageError::bad_request(format!(
+            "The form carries {keys} submission keys, and only one can say which job it \
+             makes ({}). Open a fresh form.",
+            crate::domain::IdempotencyKeyError::Repeated(keys)
+        )));
+    }
     let raw_key = form.get("idempotency_key").unwrap_or_default();
     let key = IdempotencyKey::parse(raw_key).map_err(|e| {
         PageError::bad_request(format!(
