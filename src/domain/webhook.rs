@@ -244,13 +244,11 @@ pub fn embedded_v4(ip: Ipv6Addr) -> Vec<Ipv4Addr> {
         Ipv4Addr::new(a, b, c, d)
     };
     let zero = |range: std::ops::Range<usize>| s[range].iter().all(|x| *x == 0);
-    if zero(0..5) && s[5] == 0xffff {
-        vec![v4(s[6], s[7])]
-    } else if zero(0..4) && s[4] == 0xffff && s[5] == 0 {
-        vec![v4(s[6], s[7])]
-    } else if zero(0..6) && !ip.is_unspecified() && !ip.is_loopback() {
-        vec![v4(s[6], s[7])]
-    } else if s[0] == 0x0064 && s[1] == 0xff9b && zero(2..6) {
+    let mapped = zero(0..5) && s[5] == 0xffff;
+    let translated = zero(0..4) && s[4] == 0xffff && s[5] == 0;
+    let compatible = zero(0..6) && !ip.is_unspecified() && !ip.is_loopback();
+    let nat64 = s[0] == 0x0064 && s[1] == 0xff9b && zero(2..6);
+    if mapped || translated || compatible || nat64 {
         vec![v4(s[6], s[7])]
     } else if s[0] == 0x2002 {
         vec![v4(s[1], s[2])]
