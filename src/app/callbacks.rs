@@ -65,6 +65,11 @@ impl App {
             }
         }
         crate::domain::json_depth::check_nesting(body, self.config().server.max_json_depth)?;
+        // One JSON, one reading: a result that names a member twice is
+        // refused, as every body is.
+        crate::domain::json_text::check_unique_names(body).map_err(|refusal| {
+            AppError::invalid_body(format!("the callback body is not valid: {refusal}"))
+        })?;
         let parsed: CallbackBody = serde_json::from_slice(body)
             .map_err(|e| AppError::invalid_body(format!("the callback body is not valid: {e}")))?;
         // The URL names the attempt alone: its owner is found first.

@@ -74,6 +74,12 @@ pub enum AppError {
          (e.g. `openssl rand -hex 32`) and restarts it"
     )]
     WebhooksOff,
+    /// The owner has as many webhook endpoints as one may have.
+    #[error(
+        "you have {existing} webhook endpoints, the most one owner may have \
+         (webhooks.max_endpoints_per_owner = {cap}); delete one you no longer use first"
+    )]
+    EndpointLimit { existing: usize, cap: usize },
     /// The owner's monthly budget has no room for this job's reservation.
     #[error("{0}")]
     BudgetExceeded(BudgetRefusal),

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::{require_admin, App, AppError, AppResult, User};
 use crate::domain::webhook::{
     check_resolved, check_url, parse_events, signing_generations, truncate_response,
-    DeliveryOutcome, EventKind, MAX_RESPONSE_BODY,
+    DeliveryOutcome, EventKind, InFlight, MAX_RESPONSE_BODY,
 };
 use crate::domain::Secret;
 use crate::store::webhooks::{
@@ -111,10 +111,17 @@ impl App {
             retry_for_ms,
             secret_fingerprint: secret.fingerprint(),
         };
+        let cap = self.config().webhooks.settings.max_endpoints_per_owner;
         let endpoint = self
             .store()
-            .run(move |conn| outbox::create_endpoint(conn, &row, crate::store::now_ms()))
-            .await?;
+            .run(move |conn| {
+                outbox::create_endpoint(conn, &row, cap as usize, crate::store::now_ms())
+            })
+            .await?
+            .map_err(|outbox::AtEndpointCap(existing)| AppError::EndpointLimit {
+                existing,
+                cap: cap as usize,
+            })?;
         tracing::info!(endpoint_id = %endpoint.id, owner = %user.name, "webhook endpoint registered");
         Ok(WithSecret {
             endpoint,
@@ -275,11 +282,22 @@ impl App {
     }
 }
 
-/// Runs until `shutdown`: claims due events (at most
-/// `webhooks.batch_size` at a time) and delivers them, all at once. A
-/// process whose configuration holds no webhook key, or says
-/// `deliver = false`, delivers nothing (what it claims nothing of stays for
-/// others, or for later).
+/// Runs until `shutdown`: claims due events into the process's free
+/// delivery slots and sends each on a task of its own, which frees its
+/// slot the moment its send is recorded; no send waits for another.
+///
+/// The slots are `webhooks.batch_size` in all, `max_in_flight_per_owner`
+/// for one owner and `max_in_flight_per_endpoint` for one endpoint; a claim
+/// takes due events in turns between owners (`domain::webhook::take_turns`).
+/// So an owner whose endpoints never answer holds at most its own slots,
+/// each until the delivery's timeout, and every other owner's events go
+/// out in the remaining ones: fairness in one process. The loop claims
+/// again when a slot frees, or each `poll_interval_ms` when none did.
+///
+/// A process whose configuration holds no webhook key, or says `deliver =
+/// false`, delivers nothing (what it claims nothing of stays for others, or
+/// for later). A shutdown stops the sends in flight; their leases run out
+/// and the events are sent again (the same webhook-id).
 pub async fn delivery_loop(app: App, lease_owner: String, shutdown: CancellationToken) {
     let settings = app.config().webhooks.settings.clone();
     if app.config().webhooks.key.is_none() || !settings.deliver {
@@ -287,41 +305,68 @@ pub async fn delivery_loop(app: App, lease_owner: String, shutdown: Cancellation
     }
     let poll = Duration::from_millis(settings.poll_interval_ms);
     let lease_ms = settings.lease_ms();
-    let batch = i64::from(settings.batch_size);
-    let mut idle = true;
+    let caps = settings.caps();
+    let in_flight = std::sync::Arc::new(std::sync::Mutex::new(InFlight::default()));
+    let freed = std::sync::Arc::new(tokio::sync::Notify::new());
+    let mut sends = tokio::task::JoinSet::new();
+    let mut wait = false;
     loop {
-        if idle {
+        if wait {
             tokio::select! {
                 _ = tokio::time::sleep(poll) => {}
-                _ = shutdown.cancelled() => return,
+                _ = freed.notified() => {}
+                _ = shutdown.cancelled() => break,
             }
         } else if shutdown.is_cancelled() {
-            return;
+            break;
+        }
+        // Finished sends are reaped here, so the set stays small.
+        while sends.try_join_next().is_some() {}
+        let busy = lock(&in_flight).clone();
+        if busy.total() >= caps.total {
+            wait = true;
+            continue;
         }
         let owner = lease_owner.clone();
         let claimed = app
             .store()
-            .run(move |conn| outbox::claim_due(conn, &owner, lease_ms, batch))
+            .run(move |conn| outbox::claim_due_in_turns(conn, &owner, lease_ms, caps, &busy))
             .await;
         let claimed = match claimed {
             Ok(claimed) => claimed,
             Err(error) => {
                 tracing::warn!(%error, "claiming webhook events failed");
-                idle = true;
+                wait = true;
                 continue;
             }
         };
-        idle = (claimed.len() as i64) < batch;
-        // Sent at once; a shutdown mid-send leaves the lease to run out and
-        // the event to be sent again (the same webhook-id).
-        let sends = claimed
-            .into_iter()
-            .map(|claimed| deliver(&app, claimed, &lease_owner));
-        tokio::select! {
-            _ = futures_util::future::join_all(sends) => {}
-            _ = shutdown.cancelled() => return,
+        // Nothing new: wait for a slot or the next poll. Something: look
+        // again at once, for what the turns left.
+        wait = claimed.is_empty();
+        for claimed in claimed {
+            let (owner, endpoint) = (
+                claimed.event.owner_id.to_string(),
+                claimed.endpoint.id.clone(),
+            );
+            lock(&in_flight).start(&owner, &endpoint);
+            let (app, lease_owner) = (app.clone(), lease_owner.clone());
+            let (in_flight, freed) = (in_flight.clone(), freed.clone());
+            sends.spawn(async move {
+                deliver(&app, claimed, &lease_owner).await;
+                lock(&in_flight).end(&owner, &endpoint);
+                freed.notify_one();
+            });
         }
     }
+    sends.abort_all();
+}
+
+/// The in-flight counts: every change is one call, so a panic leaves them
+/// whole.
+fn lock(in_flight: &std::sync::Mutex<InFlight>) -> std::sync::MutexGuard<'_, InFlight> {
+    in_flight
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Sends one claimed event and records what happened.

@@ -3,7 +3,7 @@
 
 use serde::Deserialize;
 
-use crate::domain::webhook::{DisableRule, RetrySchedule, WebhookKey};
+use crate::domain::webhook::{DeliveryCaps, DisableRule, RetrySchedule, WebhookKey};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -34,10 +34,19 @@ pub struct WebhookSettings {
     pub disable_after_failures: u32,
     /// … over at least this long disable an endpoint.
     pub disable_after_seconds: u64,
-    /// How often the delivery loop looks for due events.
+    /// How often the delivery loop looks for due events when no delivery
+    /// slot has freed meanwhile.
     pub poll_interval_ms: u64,
-    /// The most events one claim takes (and are sent at once).
+    /// The most deliveries in flight at once from this process.
     pub batch_size: u32,
+    /// The most deliveries in flight at once for one owner, from this
+    /// process: an owner whose endpoints never answer holds no more.
+    pub max_in_flight_per_owner: u32,
+    /// The most deliveries in flight at once to one endpoint, from this
+    /// process.
+    pub max_in_flight_per_endpoint: u32,
+    /// The most endpoints one owner may register.
+    pub max_endpoints_per_owner: u32,
 }
 
 impl Default for WebhookSettings {
@@ -55,6 +64,9 @@ impl Default for WebhookSettings {
             disable_after_seconds: 43_200,
             poll_interval_ms: 1_000,
             batch_size: 16,
+            max_in_flight_per_owner: 4,
+            max_in_flight_per_endpoint: 2,
+            max_endpoints_per_owner: 10,
         }
     }
 }
@@ -71,6 +83,16 @@ impl WebhookSettings {
         DisableRule {
             after_failures: self.disable_after_failures,
             after_ms: ms(self.disable_after_seconds.saturating_mul(1000)),
+        }
+    }
+
+    /// The delivery slots of one process.
+    pub fn caps(&self) -> DeliveryCaps {
+        let n = |value: u32| usize::try_from(value).unwrap_or(usize::MAX);
+        DeliveryCaps {
+            total: n(self.batch_size),
+            per_owner: n(self.max_in_flight_per_owner),
+            per_endpoint: n(self.max_in_flight_per_endpoint),
         }
     }
 
@@ -125,6 +147,21 @@ impl WebhookSettings {
         }
         if !(1..=256).contains(&self.batch_size) {
             return bad("batch_size", "must be between 1 and 256");
+        }
+        if !(1..=self.batch_size).contains(&self.max_in_flight_per_owner) {
+            return bad(
+                "max_in_flight_per_owner",
+                "must be at least 1 and at most batch_size",
+            );
+        }
+        if !(1..=self.max_in_flight_per_owner).contains(&self.max_in_flight_per_endpoint) {
+            return bad(
+                "max_in_flight_per_endpoint",
+                "must be at least 1 and at most max_in_flight_per_owner",
+            );
+        }
+        if !(1..=1000).contains(&self.max_endpoints_per_owner) {
+            return bad("max_endpoints_per_owner", "must be between 1 and 1000");
         }
         Ok(())
     }

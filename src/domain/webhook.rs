@@ -147,6 +147,137 @@ pub fn parse_events(names: &[String]) -> Result<Vec<EventKind>, EventsRefusal> {
     Ok(kinds)
 }
 
+/// How many deliveries one process may have in flight at once: in all, for
+/// one owner, and to one endpoint (`webhooks.max_in_flight*`). With the
+/// per-owner and per-endpoint caps, an owner whose endpoints never answer
+/// holds at most `per_owner` of the process's `total` slots, each until
+/// its timeout; every other owner's deliveries take the rest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeliveryCaps {
+    pub total: usize,
+    pub per_owner: usize,
+    pub per_endpoint: usize,
+}
+
+/// What is in flight from this process now: deliveries by owner and by
+/// endpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InFlight {
+    owners: std::collections::HashMap<String, usize>,
+    endpoints: std::collections::HashMap<String, usize>,
+    total: usize,
+}
+
+impl InFlight {
+    pub fn total(&self) -> usize {
+        self.total
+    }
+
+    pub fn of_owner(&self, owner: &str) -> usize {
+        self.owners.get(owner).copied().unwrap_or(0)
+    }
+
+    pub fn to_endpoint(&self, endpoint: &str) -> usize {
+        self.endpoints.get(endpoint).copied().unwrap_or(0)
+    }
+
+    /// A delivery starts.
+    pub fn start(&mut self, owner: &str, endpoint: &str) {
+        *self.owners.entry(owner.to_owned()).or_default() += 1;
+        *self.endpoints.entry(endpoint.to_owned()).or_default() += 1;
+        self.total += 1;
+    }
+
+    /// A delivery ends (its slot is free again).
+    pub fn end(&mut self, owner: &str, endpoint: &str) {
+        fn less(counts: &mut std::collections::HashMap<String, usize>, key: &str) {
+            if let Some(n) = counts.get_mut(key) {
+                *n -= 1;
+                if *n == 0 {
+                    counts.remove(key);
+                }
+            }
+        }
+        less(&mut self.owners, owner);
+        less(&mut self.endpoints, endpoint);
+        self.total = self.total.saturating_sub(1);
+    }
+
+    /// The owners, then the endpoints, with no room left under `caps`.
+    pub fn full(&self, caps: DeliveryCaps) -> (Vec<String>, Vec<String>) {
+        let at = |counts: &std::collections::HashMap<String, usize>, cap: usize| {
+            counts
+                .iter()
+                .filter(|(_, n)| **n >= cap)
+                .map(|(key, _)| key.clone())
+                .collect()
+        };
+        (
+            at(&self.owners, caps.per_owner),
+            at(&self.endpoints, caps.per_endpoint),
+        )
+    }
+}
+
+/// Which of the due events (oldest first, each as `(owner, endpoint)`) a
+/// claim takes, in turns between owners: each owner's oldest, then each
+/// owner's next, and so on, never past the free slots, nor an owner or an
+/// endpoint past its cap (counting what is in flight). The indices come
+/// back in the order taken. An owner with a thousand events due takes its
+/// turn like an owner with one.
+pub fn take_turns(due: &[(&str, &str)], caps: DeliveryCaps, busy: &InFlight) -> Vec<usize> {
+    let room = caps.total.saturating_sub(busy.total());
+    let mut owners: Vec<&str> = Vec::new();
+    let mut queues: Vec<std::collections::VecDeque<usize>> = Vec::new();
+    for (index, (owner, _)) in due.iter().enumerate() {
+        match owners.iter().position(|o| o == owner) {
+            Some(at) => queues[at].push_back(index),
+            None => {
+                owners.push(owner);
+                queues.push(std::iter::once(index).collect());
+            }
+        }
+    }
+    let mut taken: Vec<usize> = Vec::new();
+    let mut by_owner = vec![0usize; owners.len()];
+    let mut by_endpoint: std::collections::HashMap<&str, usize> = Default::default();
+    let owner_room = |at: usize, by_owner: &[usize]| {
+        caps.per_owner
+            .saturating_sub(busy.of_owner(owners[at]))
+            .saturating_sub(by_owner[at])
+    };
+    let mut progress = true;
+    while taken.len() < room && progress {
+        progress = false;
+        for at in 0..owners.len() {
+            if taken.len() == room || owner_room(at, &by_owner) == 0 {
+                continue;
+            }
+            // This owner's oldest event whose endpoint has room.
+            let queue = &mut queues[at];
+            let fits = queue.iter().position(|&index| {
+                let endpoint = due[index].1;
+                busy.to_endpoint(endpoint) + by_endpoint.get(endpoint).copied().unwrap_or(0)
+                    < caps.per_endpoint
+            });
+            if let Some(position) = fits {
+                let index = queue.remove(position).expect("a position in the queue");
+                *by_endpoint.entry(due[index].1).or_default() += 1;
+                by_owner[at] += 1;
+                taken.push(index);
+                progress = true;
+            }
+        }
+    }
+    taken
+}
+
+/// Whether an owner with `existing` endpoints may register another
+/// (`webhooks.max_endpoints_per_owner`).
+pub fn may_register_endpoint(existing: usize, cap: usize) -> bool {
+    existing < cap
+}
+
 /// What an address is, for the delivery's SSRF rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AddressClass {
@@ -782,6 +913,60 @@ mod tests {
         ] {
             assert_eq!(classify(ip(text)), class, "{text}");
         }
+    }
+
+    fn busy(owners: &[(&str, &str, usize)]) -> InFlight {
+        let mut in_flight = InFlight::default();
+        for (owner, endpoint, n) in owners {
+            for _ in 0..*n {
+                in_flight.start(owner, endpoint);
+            }
+        }
+        in_flight
+    }
+
+    const CAPS: DeliveryCaps = DeliveryCaps {
+        total: 6,
+        per_owner: 3,
+        per_endpoint: 2,
+    };
+
+    /// An owner with many due events takes turns with an owner with one,
+    /// within the free slots and each cap.
+    #[test]
+    fn owners_take_turns_within_their_caps() {
+        let idle = InFlight::default();
+        let due: Vec<(&str, &str)> = [
+            ("mallory", "m1"),
+            ("mallory", "m1"),
+            ("mallory", "m1"),
+            ("mallory", "m2"),
+            ("mallory", "m3"),
+            ("alice", "a1"),
+            ("bob", "b1"),
+        ]
+        .to_vec();
+        // Round one: each owner's oldest; round two: mallory's next (m1,
+        // within its endpoint cap); round three: m2 (m1 is full). Then
+        // mallory is at its owner cap.
+        assert_eq!(take_turns(&due, CAPS, &idle), vec![0, 5, 6, 1, 3]);
+        // Mallory already has two in flight: one more turn, then alice's
+        // and bob's come in the free slots.
+        let two = busy(&[("mallory", "m1", 2)]);
+        assert_eq!(take_turns(&due, CAPS, &two), vec![3, 5, 6]);
+        assert_eq!(two.full(CAPS), (vec![], vec!["m1".to_owned()]));
+        // No free slot, nothing taken.
+        let mut full = busy(&[
+            ("mallory", "m1", 2),
+            ("mallory", "m2", 1),
+            ("carol", "c1", 3),
+        ]);
+        assert_eq!(full.full(CAPS).0.len(), 2);
+        assert!(take_turns(&due, CAPS, &full).is_empty());
+        full.end("carol", "c1");
+        assert_eq!(take_turns(&due, CAPS, &full), vec![5]);
+        assert!(may_register_endpoint(9, 10));
+        assert!(!may_register_endpoint(10, 10));
     }
 
     /// Every IPv6 form that carries an IPv4 address is judged by it.

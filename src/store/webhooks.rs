@@ -38,8 +38,8 @@ use super::transitions::{get_job, JobKey};
 use super::{DbConnection, StoreError, StoreResult};
 use crate::domain::webhook::{
     disabled_reason, event_body, events_column, new_webhook_id, next_attempt_at,
-    parse_events_column, should_disable, subscription_pattern, DeliveryOutcome, DisableRule,
-    EventData, EventKind, EventState, RetrySchedule,
+    parse_events_column, should_disable, subscription_pattern, take_turns, DeliveryCaps,
+    DeliveryOutcome, DisableRule, EventData, EventKind, EventState, InFlight, RetrySchedule,
 };
 use crate::domain::{AttemptState, UserId};
 
@@ -180,12 +180,35 @@ pub struct NewEndpoint {
 }
 
 /// Inserts an endpoint (enabled, generation 1).
+/// A registration the owner's endpoint cap refused: how many it has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AtEndpointCap(pub usize);
+
+/// Registers `new`, unless its owner already has `cap` endpoints
+/// (`domain::webhook::may_register_endpoint`). The count and the insert are
+/// one owner's turn: on PostgreSQL under a transaction-scoped advisory lock
+/// on the owner, so two registrations at once cannot both see room for one;
+/// on SQLite under the write transaction's lock.
 pub fn create_endpoint(
     conn: &mut DbConnection,
     new: &NewEndpoint,
+    cap: usize,
     now: i64,
-) -> StoreResult<Endpoint> {
+) -> StoreResult<Result<Endpoint, AtEndpointCap>> {
     write_transaction(conn, |conn| {
+        if let DbConnection::Postgresql(pg) = conn {
+            diesel::sql_query("SELECT pg_advisory_xact_lock(hashtextextended($1, 77))")
+                .bind::<diesel::sql_types::Text, _>(new.owner_id.as_str())
+                .execute(pg)?;
+        }
+        let existing: i64 = webhook_endpoints::table
+            .filter(webhook_endpoints::owner_id.eq(&new.owner_id))
+            .count()
+            .get_result(conn)?;
+        let existing = usize::try_from(existing).unwrap_or(usize::MAX);
+        if !crate::domain::webhook::may_register_endpoint(existing, cap) {
+            return Ok(Err(AtEndpointCap(existing)));
+        }
         diesel::insert_into(webhook_endpoints::table)
             .values((
                 webhook_endpoints::id.eq(&new.id),
@@ -209,6 +232,7 @@ pub fn create_endpoint(
             },
         )?
         .ok_or(StoreError::NotFound)
+        .map(Ok)
     })
 }
 
@@ -606,11 +630,35 @@ pub fn claim_due(
     lease_ms: i64,
     limit: i64,
 ) -> StoreResult<Vec<Claimed>> {
+    let caps = DeliveryCaps {
+        total: usize::try_from(limit).unwrap_or(0),
+        per_owner: usize::MAX,
+        per_endpoint: usize::MAX,
+    };
+    claim_due_in_turns(conn, lease_owner, lease_ms, caps, &InFlight::default())
+}
+
+/// [`claim_due`] in turns between owners (`domain::webhook::take_turns`):
+/// at most the free slots of `caps` given what is `busy`, no owner or
+/// endpoint past its cap. Owners and endpoints at their cap are not even
+/// read, so that one owner's backlog never hides another's due events.
+pub fn claim_due_in_turns(
+    conn: &mut DbConnection,
+    lease_owner: &str,
+    lease_ms: i64,
+    caps: DeliveryCaps,
+    busy: &InFlight,
+) -> StoreResult<Vec<Claimed>> {
+    if caps.total <= busy.total() {
+        return Ok(Vec::new());
+    }
     match conn {
         DbConnection::Sqlite(_) => write_transaction(conn, |conn| {
-            claim_owner_by_owner(conn, lease_owner, lease_ms, limit)
+            claim_owner_by_owner(conn, lease_owner, lease_ms, caps, busy)
         }),
-        DbConnection::Postgresql(_) => claim_owner_by_owner(conn, lease_owner, lease_ms, limit),
+        DbConnection::Postgresql(_) => {
+            claim_owner_by_owner(conn, lease_owner, lease_ms, caps, busy)
+        }
     }
 }
 
@@ -618,21 +666,19 @@ fn claim_owner_by_owner(
     conn: &mut DbConnection,
     lease_owner: &str,
     lease_ms: i64,
-    limit: i64,
+    caps: DeliveryCaps,
+    busy: &InFlight,
 ) -> StoreResult<Vec<Claimed>> {
     let now = db_clock_ms(conn)?;
     let one_transaction = matches!(conn, DbConnection::Sqlite(_));
+    let room = caps.total.saturating_sub(busy.total());
     let mut claimed: Vec<Claimed> = Vec::new();
-    for (owner_id, ids) in due_candidates(conn, now, limit)? {
-        let room = limit - claimed.len() as i64;
-        if room <= 0 {
-            break;
-        }
+    for (owner_id, ids) in due_candidates(conn, now, room, caps, busy)? {
         let owners = if one_transaction {
-            claim_of_owner(conn, &owner_id, &ids, room, lease_owner, lease_ms, now)
+            claim_of_owner(conn, &owner_id, &ids, lease_owner, lease_ms, now)
         } else {
             write_transaction(conn, |conn| {
-                claim_of_owner(conn, &owner_id, &ids, room, lease_owner, lease_ms, now)
+                claim_of_owner(conn, &owner_id, &ids, lease_owner, lease_ms, now)
             })
         };
         match owners {
@@ -650,14 +696,19 @@ fn claim_owner_by_owner(
     Ok(claimed)
 }
 
-/// Due events, oldest first, read without a lock: twice as many as asked
-/// (rows another process is claiming leave others), grouped by owner.
+/// Due events, read without a lock, oldest first: four times the free
+/// slots (rows another process is claiming leave others; turns need a
+/// choice), of owners and endpoints with room only. Those a claim takes,
+/// by turns, grouped by owner.
 fn due_candidates(
     conn: &mut DbConnection,
     now: i64,
-    limit: i64,
+    room: usize,
+    caps: DeliveryCaps,
+    busy: &InFlight,
 ) -> StoreResult<Vec<(UserId, Vec<String>)>> {
-    let candidates: Vec<(String, UserId)> = webhook_events::table
+    let (full_owners, full_endpoints) = busy.full(caps);
+    let rows: Vec<(String, UserId, String)> = webhook_events::table
         .inner_join(
             webhook_endpoints::table.on(webhook_endpoints::id
                 .eq(webhook_events::endpoint_id)
@@ -671,18 +722,29 @@ fn due_candidates(
                 .or(webhook_events::lease_expires_at.lt(now)),
         )
         .filter(webhook_endpoints::enabled.eq(true))
+        .filter(webhook_events::owner_id.ne_all(full_owners))
+        .filter(webhook_events::endpoint_id.ne_all(full_endpoints))
         .order((
             webhook_events::next_attempt_at.asc(),
             webhook_events::id.asc(),
         ))
-        .select((webhook_events::id, webhook_events::owner_id))
-        .limit(limit * 2)
+        .select((
+            webhook_events::id,
+            webhook_events::owner_id,
+            webhook_events::endpoint_id,
+        ))
+        .limit(i64::try_from(room.saturating_mul(4)).unwrap_or(i64::MAX))
         .load(conn)?;
+    let due: Vec<(&str, &str)> = rows
+        .iter()
+        .map(|(_, owner, endpoint)| (owner.as_str(), endpoint.as_str()))
+        .collect();
     let mut owners: Vec<(UserId, Vec<String>)> = Vec::new();
-    for (id, owner) in candidates {
-        match owners.iter_mut().find(|(o, _)| *o == owner) {
-            Some((_, ids)) => ids.push(id),
-            None => owners.push((owner, vec![id])),
+    for index in take_turns(&due, caps, busy) {
+        let (id, owner, _) = &rows[index];
+        match owners.iter_mut().find(|(o, _)| o == owner) {
+            Some((_, ids)) => ids.push(id.clone()),
+            None => owners.push((owner.clone(), vec![id.clone()])),
         }
     }
     Ok(owners)
@@ -694,7 +756,6 @@ fn claim_of_owner(
     conn: &mut DbConnection,
     owner_id: &UserId,
     ids: &[String],
-    room: i64,
     lease_owner: &str,
     lease_ms: i64,
     now: i64,
@@ -705,11 +766,10 @@ fn claim_of_owner(
             .filter(webhook_events::id.eq_any(ids))
             .filter(webhook_events::state.eq(EventState::Pending.as_str()))
             .select(webhook_events::id)
-            .limit(room)
             .for_update()
             .skip_locked()
             .load(pg)?,
-        DbConnection::Sqlite(_) => ids.iter().take(room as usize).cloned().collect(),
+        DbConnection::Sqlite(_) => ids.to_vec(),
     };
     if ids.is_empty() {
         return Ok(Vec::new());

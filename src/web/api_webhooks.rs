@@ -312,7 +312,7 @@ fn location(id: &str) -> String {
         (status = 201, description = "Registered; the answer holds the signing secret, shown this once", body = WebhookWithSecret, headers(("Location" = String))),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`webhooks-not-configured`: this server has no webhook key", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`webhooks-not-configured`: this server has no webhook key; `webhook-endpoint-limit`: the owner has `webhooks.max_endpoints_per_owner` endpoints already (`limit`)", body = Problem, content_type = "application/problem+json"),
         (status = 413, body = Problem, content_type = "application/problem+json"),
         (status = 415, body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "A URL that is not http(s), carries credentials or names a non-public address; an unknown event type", body = Problem, content_type = "application/problem+json"),

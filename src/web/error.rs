@@ -41,10 +41,11 @@ pub enum ProblemType {
     Internal,
     WebhooksNotConfigured,
     BudgetExceeded,
+    WebhookEndpointLimit,
 }
 
 impl ProblemType {
-    pub const ALL: [ProblemType; 28] = [
+    pub const ALL: [ProblemType; 29] = [
         Self::Unauthorized,
         Self::Forbidden,
         Self::NotFound,
@@ -73,6 +74,7 @@ impl ProblemType {
         Self::Internal,
         Self::WebhooksNotConfigured,
         Self::BudgetExceeded,
+        Self::WebhookEndpointLimit,
     ];
 
     /// (slug, status, title, what it means)
@@ -133,6 +135,8 @@ impl ProblemType {
                 "Something failed on the server. Retrying with the same idempotency key is safe."),
             Self::WebhooksNotConfigured => ("webhooks-not-configured", S::CONFLICT, "Webhooks are not enabled on this server",
                 "Endpoint secrets are derived from a server key that is not configured. An operator sets `webhooks.signing_key_env` (docs/configuration.md) to an environment variable holding at least 32 random bytes and restarts the server."),
+            Self::WebhookEndpointLimit => ("webhook-endpoint-limit", S::CONFLICT, "Too many webhook endpoints",
+                "The owner has as many endpoints as one may have (`webhooks.max_endpoints_per_owner`, 10 by default, named in `limit`). Nothing was registered; delete an endpoint first."),
             Self::BudgetExceeded => ("budget-exceeded", S::TOO_MANY_REQUESTS, "Monthly budget reached",
                 "The owner's monthly spend or token limit has no room for the most this job could cost (its prompt estimate plus max_tokens at the dearest provider of its route). Nothing was created. `limit` names the limit, `resets_at` when the month starts again; an admin can raise it. A retry of a job already created is never refused."),
         }
@@ -331,6 +335,9 @@ impl From<AppError> for ApiError {
             AppError::Unavailable(_) => Self::new(ProblemType::ServiceUnavailable, detail),
             AppError::Internal => Self::internal(),
             AppError::WebhooksOff => Self::new(ProblemType::WebhooksNotConfigured, detail),
+            AppError::EndpointLimit { cap, .. } => {
+                Self::new(ProblemType::WebhookEndpointLimit, detail).with("limit", cap)
+            }
             AppError::BudgetExceeded(refused) => Self::new(ProblemType::BudgetExceeded, detail)
                 .with("limit", refused.limit_name)
                 .with("limit_value", refused_amount(&refused, refused.limit))

@@ -517,6 +517,9 @@ async fn a_callback_body_without_exactly_one_of_result_and_error_is_422_and_chan
         r#"{"result": {"summary": "both"}, "error": "and an error"}"#,
         r#"{"result": null, "error": null}"#,
         r#"{"outcome": "won"}"#,
+        // A name given twice: one reader's result is not another's.
+        r#"{"result": {"summary": "first", "summary": "second"}}"#,
+        r#"{"result": {"summary": "x"}, "result": {"summary": "y"}}"#,
     ] {
         let response = post_callback(&app, &attempt_id, body, signed(&attempt_id, body)).await;
         assert_problem(response, StatusCode::UNPROCESSABLE_ENTITY, "invalid-body").await;

@@ -13,6 +13,7 @@ mod support;
 
 mod accounts;
 mod admin;
+mod ambiguous_requests;
 mod attempts;
 mod authorization;
 mod bad_input;
@@ -60,4 +61,5 @@ mod statement_rules;
 mod storage;
 mod streaming;
 mod twins;
+mod webhook_fairness;
 mod webhooks;

@@ -872,8 +872,10 @@ async fn the_outbox_sql_agrees_with_the_domain_rules(backend: TestBackend) {
                         retry_for_ms: 60_000,
                         secret_fingerprint: "00000000".into(),
                     },
+                    usize::MAX,
                     1,
                 )
+                .unwrap()
                 .unwrap();
                 if !enabled {
                     outbox::update_endpoint(

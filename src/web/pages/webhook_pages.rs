@@ -310,9 +310,10 @@ fn secret_page(user: &SignedIn, title: &'static str, issued: &WithSecret) -> Htt
 /// A refusal the form shows beside what was typed, rather than an error page.
 fn form_refusal(error: &AppError) -> Option<String> {
     match error {
-        AppError::InvalidBody { .. } | AppError::InvalidInput { .. } | AppError::WebhooksOff => {
-            Some(error.to_string())
-        }
+        AppError::InvalidBody { .. }
+        | AppError::InvalidInput { .. }
+        | AppError::WebhooksOff
+        | AppError::EndpointLimit { .. } => Some(error.to_string()),
         AppError::Unavailable(detail) => Some(detail.clone()),
         _ => None,
     }

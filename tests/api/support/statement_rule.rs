@@ -71,7 +71,7 @@ pub const FAN_OUT_READS: &[FanOutRead] = &[
     },
     FanOutRead {
         purpose: "the webhook claim's candidates (no lock; each owner's are then locked and claimed)",
-        marker: "select webhook_events.id, webhook_events.owner_id from (webhook_events inner join webhook_endpoints on",
+        marker: "select webhook_events.id, webhook_events.owner_id, webhook_events.endpoint_id from (webhook_events inner join webhook_endpoints on",
     },
     FanOutRead {
         purpose: "the webhook outbox's oldest undelivered event (a metric)",

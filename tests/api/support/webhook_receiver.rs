@@ -12,6 +12,51 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
+/// A server that accepts every connection and never answers, nor reads,
+/// nor closes: what a webhook endpoint that hangs looks like to a sender.
+pub struct SilentServer {
+    pub port: u16,
+    accepted: Arc<Mutex<usize>>,
+    server: AbortHandle,
+}
+
+impl Drop for SilentServer {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+impl SilentServer {
+    pub async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let accepted = Arc::new(Mutex::new(0));
+        let count = accepted.clone();
+        let server = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                *count.lock().unwrap() += 1;
+                held.push(stream);
+            }
+        })
+        .abort_handle();
+        Self {
+            port,
+            accepted,
+            server,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    /// Connections accepted so far.
+    pub fn accepted(&self) -> usize {
+        *self.accepted.lock().unwrap()
+    }
+}
+
 /// One request the receiver got.
 #[derive(Debug, Clone)]
 pub struct Received {
@@ -19,6 +64,8 @@ pub struct Received {
     /// Header names lower-cased.
     pub headers: HashMap<String, String>,
     pub body: Vec<u8>,
+    /// When the request's body had arrived whole.
+    pub at: std::time::SystemTime,
 }
 
 impl Received {
@@ -181,6 +228,7 @@ async fn handle(mut stream: TcpStream, shared: Arc<Shared>) {
         path,
         headers,
         body,
+        at: std::time::SystemTime::now(),
     });
     let (fail, stall, redirect) = {
         let mut script = shared.script.lock().unwrap();
