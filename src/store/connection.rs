@@ -286,9 +286,10 @@ pub fn placement_of(conn: &mut DbConnection) -> super::jobs::Placement {
     let DbConnection::Postgresql(pg) = conn else {
         return super::jobs::Placement::OneDatabase;
     };
-    let citus = diesel::sql_query(
+    // Kept prepared like every statement the tests record.
+    let citus = super::prepared::KeepPrepared::keep_prepared(diesel::sql_query(
         "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus') AS installed",
-    )
+    ))
     .get_result::<Citus>(pg);
     match citus {
         Ok(Citus { installed: true }) => super::jobs::Placement::ByOwner,

@@ -419,10 +419,17 @@ async fn admins_set_budgets_and_owners_read_their_own(backend: TestBackend) {
     )
     .await;
     assert_eq!(bad.status(), StatusCode::UNPROCESSABLE_ENTITY);
-    // Finer than a millionth: rounded; a whole number written as 1000.0.
+    // Finer than a millionth: refused, never rounded silently.
+    let finer = put(
+        app.ada.token.clone(),
+        json!({"spend_limit": 12.3456789, "reason": "too fine"}),
+    )
+    .await;
+    assert_eq!(finer.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    // To the millionth, and a whole number written as 1000.0.
     let fine = put(
         app.ada.token.clone(),
-        json!({"spend_limit": 12.3456789, "token_limit": 1000.0, "reason": "rounded"}),
+        json!({"spend_limit": 12.345679, "token_limit": 1000.0, "reason": "exact"}),
     )
     .await;
     assert_eq!(fine.status(), StatusCode::OK);
