@@ -140,16 +140,29 @@ impl App {
             .iter()
             .filter_map(|name| config.provider(name))
             .collect();
+        if contract.is_chat() {
+            // A limit the client set is a whole number, or nothing: one the
+            // provider would read otherwise is never passed through.
+            for member in ["max_completion_tokens", "max_tokens"] {
+                match input.get(member) {
+                    None | Some(Value::Null) => {}
+                    Some(limit)
+                        if crate::providers::chat::whole_number(limit).is_some_and(|n| n >= 1) => {}
+                    Some(_) => {
+                        return Err(AppError::InvalidBody {
+                            detail: format!("`{member}` must be a whole number, 1 or more"),
+                            field: Some(member.to_owned()),
+                        })
+                    }
+                }
+            }
+        }
         let requested = contract
             .is_chat()
             .then(|| crate::providers::chat::requested_max_tokens(input))
             .flatten();
         if let Some(asked) = requested {
-            let ceiling = providers
-                .iter()
-                .map(|p| u64::from(p.context_budget()))
-                .max()
-                .unwrap_or(0);
+            let ceiling = config.output_token_ceiling(contract);
             crate::domain::ledger::check_max_tokens(asked, ceiling).map_err(|refusal| {
                 AppError::InvalidBody {
                     detail: refusal.to_string(),

@@ -180,6 +180,19 @@ impl Config {
     pub fn provider(&self, name: &str) -> Option<&ProviderSettings> {
         self.providers.iter().find(|p| p.name == name)
     }
+
+    /// The most output tokens a job of `contract` may ask for: the largest
+    /// context window among its route's providers (`domain::ledger::
+    /// check_max_tokens` holds requests to it).
+    pub fn output_token_ceiling(&self, contract: &crate::contracts::TaskContract) -> u64 {
+        contract
+            .chain()
+            .iter()
+            .filter_map(|name| self.provider(name))
+            .map(|p| u64::from(p.context_budget()))
+            .max()
+            .unwrap_or(0)
+    }
 }
 
 /// Checks the file and resolves secrets and contracts.

@@ -33,9 +33,18 @@ pub struct ChatDefaults {
 /// The token limit a request sets itself (`max_completion_tokens`, else
 /// `max_tokens`), if it sets one.
 pub fn requested_max_tokens(request: &Value) -> Option<u64> {
-    request["max_completion_tokens"]
-        .as_u64()
-        .or_else(|| request["max_tokens"].as_u64())
+    whole_number(&request["max_completion_tokens"]).or_else(|| whole_number(&request["max_tokens"]))
+}
+
+/// A JSON number that is a whole number, 0 or more, however it is written
+/// (`64` or `64.0`).
+pub fn whole_number(value: &Value) -> Option<u64> {
+    value.as_u64().or_else(|| {
+        value
+            .as_f64()
+            .filter(|n| n.fract() == 0.0 && *n >= 0.0 && *n <= u64::MAX as f64)
+            .map(|n| n as u64)
+    })
 }
 
 /// The body to send for a chat request.
@@ -229,15 +238,31 @@ pub fn anthropic_finish_reason(stop_reason: Option<&str>) -> &'static str {
     }
 }
 
-/// An answer's `finish_reason` as an Anthropic `stop_reason`, for a client
-/// of `/v1/messages`.
-pub fn messages_stop_reason(finish_reason: Option<&str>) -> &'static str {
-    match finish_reason {
+/// The stop sequence an Anthropic answer (or its stream's `message_delta`
+/// delta) says it stopped at: its `stop_sequence` when its `stop_reason` is
+/// `stop_sequence`. The answer keeps it beside its `finish_reason`
+/// (`"stop"`, which cannot say which), so that a `/v1/messages` client gets
+/// it back.
+pub fn stop_sequence_met(envelope: &Value) -> Option<&str> {
+    (envelope["stop_reason"] == "stop_sequence")
+        .then(|| envelope["stop_sequence"].as_str())
+        .flatten()
+}
+
+/// An answer's `stop_reason` and `stop_sequence` for a client of
+/// `/v1/messages`: from its `finish_reason`, and the stop sequence it
+/// stopped at when the provider said.
+pub fn messages_stop_reason(answer: &Value) -> (&'static str, Option<&str>) {
+    if let Some(stop) = answer["stop_sequence"].as_str() {
+        return ("stop_sequence", Some(stop));
+    }
+    let reason = match answer["finish_reason"].as_str() {
         Some("length") => "max_tokens",
         Some("tool_calls" | "function_call") => "tool_use",
         Some("content_filter") => "refusal",
         _ => "end_turn",
-    }
+    };
+    (reason, None)
 }
 
 /// The answer out of a provider's chat response, in onejob's one shape.
@@ -274,11 +299,15 @@ pub fn answer(kind: ProviderKind, envelope: &Value) -> Result<Value, String> {
                 }
                 message["tool_calls"] = Value::Array(calls);
             }
-            Ok(json!({
+            let mut answer = json!({
                 "message": message,
                 "finish_reason": finish_reason,
                 "usage": {"prompt_tokens": input, "completion_tokens": output, "total_tokens": input + output},
-            }))
+            });
+            if let Some(stop) = stop_sequence_met(envelope) {
+                answer["stop_sequence"] = json!(stop);
+            }
+            Ok(answer)
         }
         _ => {
             let choice = &envelope["choices"][0];

@@ -38,6 +38,9 @@ pub struct Assembly {
     has_content: bool,
     tool_calls: Vec<Value>,
     finish_reason: Option<String>,
+    /// The stop sequence the provider says it stopped at (Anthropic names
+    /// it; an OpenAI `stop` does not).
+    stop_sequence: Option<String>,
     usage: Option<Value>,
 }
 
@@ -53,6 +56,9 @@ impl Assembly {
         };
         if let Some(reason) = choice["finish_reason"].as_str() {
             self.finish_reason = Some(reason.to_owned());
+        }
+        if let Some(stop) = choice["stop_sequence"].as_str() {
+            self.stop_sequence = Some(stop.to_owned());
         }
         let delta = &choice["delta"];
         let mut handed_on = Map::new();
@@ -131,13 +137,17 @@ impl Assembly {
         if !self.tool_calls.is_empty() {
             message["tool_calls"] = Value::Array(self.tool_calls);
         }
-        json!({
+        let mut answer = json!({
             "message": message,
             "finish_reason": self.finish_reason.unwrap_or_else(|| "stop".to_owned()),
             "usage": self.usage.unwrap_or_else(|| json!({
                 "prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0
             })),
-        })
+        });
+        if let Some(stop) = self.stop_sequence {
+            answer["stop_sequence"] = json!(stop);
+        }
+        answer
     }
 }
 
@@ -271,8 +281,13 @@ impl AnthropicEvents {
                 }
                 let finish =
                     super::chat::anthropic_finish_reason(data["delta"]["stop_reason"].as_str());
+                // Which stop sequence it stopped at, kept with the answer.
+                let mut choice = json!({"index": 0, "delta": {}, "finish_reason": finish});
+                if let Some(stop) = super::chat::stop_sequence_met(&data["delta"]) {
+                    choice["stop_sequence"] = json!(stop);
+                }
                 Translated::Chunk(json!({
-                    "choices": [{"index": 0, "delta": {}, "finish_reason": finish}],
+                    "choices": [choice],
                     "usage": {
                         "prompt_tokens": self.input_tokens,
                         "completion_tokens": output,

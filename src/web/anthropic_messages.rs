@@ -551,14 +551,15 @@ pub fn message(job: &Job, result: &Value) -> Value {
             "input": tool_input(&call["function"]["arguments"]),
         }));
     }
+    let (stop_reason, stop_sequence) = messages_stop_reason(result);
     json!({
         "id": message_id(job),
         "type": "message",
         "role": "assistant",
         "model": job.task,
         "content": content,
-        "stop_reason": messages_stop_reason(result["finish_reason"].as_str()),
-        "stop_sequence": null,
+        "stop_reason": stop_reason,
+        "stop_sequence": stop_sequence,
         "usage": usage(result),
     })
 }
@@ -774,12 +775,12 @@ impl Blocks {
             .take()
             .map(|(index, _)| json!({"type": "content_block_stop", "index": index}));
         let usage = usage(result);
+        let (stop_reason, stop_sequence) = messages_stop_reason(result);
         [
             stop,
             Some(json!({
                 "type": "message_delta",
-                "delta": {"stop_reason": messages_stop_reason(result["finish_reason"].as_str()),
-                          "stop_sequence": null},
+                "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
                 "usage": usage,
             })),
             Some(json!({"type": "message_stop"})),

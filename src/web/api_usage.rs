@@ -416,7 +416,7 @@ pub struct SetBudgetRequest {
     /// (a finer one is refused, never rounded);
     /// null or absent: none. With neither limit the month is tracked and
     /// nothing is refused.
-    #[schema(minimum = 0, maximum = 1_000_000_000_000.0)]
+    #[schema(minimum = 0, maximum = 1_000_000_000_000.0, multiple_of = 0.000001)]
     pub spend_limit: Option<f64>,
     /// The monthly token limit; null or absent: none.
     #[schema(minimum = 0, maximum = 1_000_000_000_000_000i64)]

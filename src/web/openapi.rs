@@ -135,7 +135,7 @@ pub struct ApiDoc;
 /// This document, with what this server's configuration decides.
 #[utoipa::path(get, path = "/api/v1/openapi.json", tag = "health", responses((status = 200, description = "OpenAPI 3 document")))]
 pub async fn openapi_json(app: web::Data<App>) -> HttpResponse {
-    HttpResponse::Ok().json(document(&app.config().contracts))
+    HttpResponse::Ok().json(document(app.config()))
 }
 
 /// What a well-formed `Idempotency-Key` header is: 1-255 printable ASCII
@@ -152,8 +152,10 @@ pub const NOT_BLANK: &str =
 
 /// The generated document, completed with the configuration's truths: the
 /// task names and each task's input rules for `POST /api/v1/jobs`, the chat
-/// routes for `/v1/chat/completions`, and the key's grammar.
-pub fn document(contracts: &Contracts) -> Value {
+/// routes for `/v1/chat/completions`, the most output tokens a chat job may
+/// ask for, and the key's grammar.
+pub fn document(config: &crate::config::Config) -> Value {
+    let contracts = &config.contracts;
     let mut api = ApiDoc::openapi();
     api.merge(super::api_webhooks::WebhooksDoc::openapi());
     api.merge(super::api_usage::UsageDoc::openapi());
@@ -165,10 +167,18 @@ pub fn document(contracts: &Contracts) -> Value {
         .filter(|c| c.is_chat())
         .map(|c| c.name().to_owned())
         .collect();
-    schemas["ChatCompletionRequest"] = chat_request_schema(&routes);
-    schemas["MessagesCreate"] = messages_request_schema(&routes);
+    // The largest of the routes' ceilings: a request above a smaller
+    // route's own is still refused, naming it.
+    let ceiling = contracts
+        .iter()
+        .filter(|c| c.is_chat())
+        .map(|c| config.output_token_ceiling(c))
+        .max()
+        .unwrap_or(0);
+    schemas["ChatCompletionRequest"] = chat_request_schema(&routes, ceiling);
+    schemas["MessagesCreate"] = messages_request_schema(&routes, ceiling);
     schemas["JsonValue"] = json_value_schema();
-    schemas["ResponseCreate"] = responses_request_schema(&routes);
+    schemas["ResponseCreate"] = responses_request_schema(&routes, ceiling);
     let statuses: Vec<&str> = JobStatus::ALL.iter().map(|s| s.as_str()).collect();
     for view in ["JobView", "JobSummary"] {
         if schemas[view]["properties"].get("status").is_some() {
@@ -254,7 +264,7 @@ fn json_value_schema() -> Value {
 
 /// A chat request as the server checks it. Other members are passed to
 /// the provider as sent.
-fn chat_request_schema(routes: &[String]) -> Value {
+fn chat_request_schema(routes: &[String], ceiling: u64) -> Value {
     let model = if routes.is_empty() {
         json!({"type": "string", "minLength": 1, "description": "No chat route is configured: every model is unknown (404)"})
     } else {
@@ -263,6 +273,10 @@ fn chat_request_schema(routes: &[String]) -> Value {
     let mut schema = chat_input_schema();
     schema["required"] = json!(["model", "messages"]);
     schema["properties"]["model"] = model;
+    for limit in ["max_tokens", "max_completion_tokens"] {
+        schema["properties"][limit] = json!({"type": ["integer", "null"], "minimum": 1, "maximum": ceiling,
+            "description": "At most the largest context window of the route's providers (400 past it)"});
+    }
     schema["description"] = json!(
         "An OpenAI Chat Completions request. The body as sent is the job's input and its \
          fingerprint (RFC 8785; numbers must be ones an IEEE double holds exactly). Members \
@@ -272,7 +286,7 @@ fn chat_request_schema(routes: &[String]) -> Value {
 }
 
 /// A Messages request as the server checks it (`web::anthropic_messages::read_request`).
-fn messages_request_schema(routes: &[String]) -> Value {
+fn messages_request_schema(routes: &[String], ceiling: u64) -> Value {
     let any = json!({"$ref": "#/components/schemas/JsonValue"});
     let model = if routes.is_empty() {
         json!({"type": "string", "minLength": 1, "description": "No chat route is configured: every model is unknown (404)"})
@@ -352,7 +366,7 @@ fn messages_request_schema(routes: &[String]) -> Value {
         "required": ["model", "messages", "max_tokens"],
         "properties": {
             "model": model,
-            "max_tokens": {"type": "integer", "minimum": 1, "maximum": 9_007_199_254_740_991_i64},
+            "max_tokens": {"type": "integer", "minimum": 1, "maximum": ceiling, "description": "At most the largest context window of the route's providers (400 past it)"},
             "messages": {
                 "type": "array",
                 "minItems": 1,
@@ -373,7 +387,7 @@ fn messages_request_schema(routes: &[String]) -> Value {
 /// A Responses request as the server checks it
 /// (`domain::responses::read_request`): every member it honours, and those
 /// it accepts only when they ask for nothing; any other is refused.
-fn responses_request_schema(routes: &[String]) -> Value {
+fn responses_request_schema(routes: &[String], ceiling: u64) -> Value {
     let any = json!({"$ref": "#/components/schemas/JsonValue"});
     let model = if routes.is_empty() {
         json!({"type": "string", "minLength": 1, "description": "No chat route is configured: every model is unknown (404)"})
@@ -404,7 +418,7 @@ fn responses_request_schema(routes: &[String]) -> Value {
         },
     });
     let nothing = |why: &str| json!({"type": "null", "description": why});
-    let max = 9_007_199_254_740_991_i64;
+    let max = ceiling;
     json!({
         "description": "An OpenAI Responses request. Its conversation (instructions, the \
                         previous response's turns, input) becomes the chat route's request; the \

@@ -24,6 +24,7 @@ on_both_backends!(
     an_anthropic_error_event_after_a_chunk_fails_the_job_and_ends_the_stream_with_an_error,
     tools_reach_either_kind_of_provider_and_tool_calls_come_back_as_tool_use,
     a_follower_past_the_cap_is_refused_in_anthropics_shape,
+    a_stop_sequence_the_provider_stopped_at_comes_back_as_stop_sequence,
 );
 
 /// How long an upstream may go quiet between chunks: longer than any wait
@@ -799,4 +800,44 @@ async fn a_follower_past_the_cap_is_refused_in_anthropics_shape(backend: TestBac
     seen.extend(first.rest().await);
     assert_eq!(text_of(&seen), "held open");
     assert_eq!(openai.total_requests(), 1, "one upstream call");
+}
+
+/// An Anthropic provider that stops at one of the request's stop sequences
+/// says so (`stop_reason: "stop_sequence"` and which one): the client of
+/// `/v1/messages` gets both back, whole and streamed, and the stored answer
+/// keeps which sequence it was. Not `end_turn`.
+async fn a_stop_sequence_the_provider_stopped_at_comes_back_as_stop_sequence(backend: TestBackend) {
+    let (app, _openai, claude) = start(backend).await;
+    claude.push(Behaviour::AnswerText("One, two END three.".into()));
+    let response = messages(&app, "stops", &hello("via-claude", "Count"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let message: Value = response.json().await.unwrap();
+    assert_eq!(
+        message["content"],
+        json!([{"type": "text", "text": "One, two "}])
+    );
+    assert_eq!(message["stop_reason"], "stop_sequence");
+    assert_eq!(message["stop_sequence"], "END");
+
+    claude.push(Behaviour::stream_of(&["One, ", "two ", "END three."]));
+    let mut body = hello("via-claude", "Count again");
+    body["stream"] = json!(true);
+    let events = open_stream(messages(&app, "stops-streamed", &body))
+        .await
+        .rest()
+        .await;
+    assert_eq!(text_of(&events), "One, two ");
+    let end = events
+        .iter()
+        .find(|e| e.event.as_deref() == Some("message_delta"))
+        .unwrap()
+        .json();
+    assert_eq!(end["delta"]["stop_reason"], "stop_sequence");
+    assert_eq!(end["delta"]["stop_sequence"], "END");
+    let answer = stored_answer(&app, &job_id_of(&events)).await;
+    assert_eq!(answer["stop_sequence"], "END");
+    assert_eq!(answer["finish_reason"], "stop");
 }

@@ -433,17 +433,55 @@ async fn handle(mut stream: TcpStream, shape: Shape, state: Arc<Shared>) {
         };
     };
     // Write errors just mean the client went away.
+    let stops = request_stop_sequences(&state, &request_id);
     if let Behaviour::Stream(steps) = behaviour {
         let usage = request_asks_usage(&state, &request_id);
         let _ = match shape {
             Shape::OpenAi => {
                 stream_answer(stream, &steps, &model, &request_id, usage, &state).await
             }
-            Shape::Anthropic => stream_anthropic(stream, &steps, &model, &request_id, &state).await,
+            Shape::Anthropic => {
+                stream_anthropic(stream, &steps, &model, &request_id, &stops, &state).await
+            }
         };
         return;
     }
-    let _ = respond(stream, behaviour, shape, &model).await;
+    let _ = respond(stream, behaviour, shape, &model, &stops).await;
+}
+
+/// The stop sequences the request of `request_id` set (Anthropic's
+/// `stop_sequences`, OpenAI's `stop`): the fake stops its answer before the
+/// first it would write, as a model does.
+fn request_stop_sequences(state: &Shared, request_id: &str) -> Vec<String> {
+    let guard = lock(state);
+    let Some(request) = guard
+        .requests
+        .iter()
+        .rev()
+        .find(|r| r.header("x-request-id") == Some(request_id))
+    else {
+        return Vec::new();
+    };
+    let stops = match (&request.body["stop_sequences"], &request.body["stop"]) {
+        (Value::Array(list), _) | (_, Value::Array(list)) => list.clone(),
+        (_, Value::String(one)) => vec![Value::String(one.clone())],
+        _ => Vec::new(),
+    };
+    stops
+        .iter()
+        .filter_map(|s| s.as_str().map(str::to_owned))
+        .collect()
+}
+
+/// Where `text` meets the first of `stops` it contains: the text before it
+/// and the sequence met.
+fn cut_at_stop<'a>(text: &'a str, stops: &'a [String]) -> Option<(&'a str, &'a str)> {
+    stops
+        .iter()
+        .filter(|stop| !stop.is_empty())
+        .filter_map(|stop| text.find(stop.as_str()).map(|at| (at, stop.as_str())))
+        .min_by_key(|(at, _)| *at)
+        .map(|(at, stop)| (&text[..at], stop))
 }
 
 /// Whether the request of `request_id` asked for usage in its stream.
@@ -567,6 +605,7 @@ async fn stream_anthropic(
     steps: &[StreamStep],
     model: &str,
     request_id: &str,
+    stops: &[String],
     state: &Shared,
 ) -> std::io::Result<()> {
     let event = |data: Value| {
@@ -592,14 +631,31 @@ async fn stream_anthropic(
     }
     stream.flush().await?;
     let mut gates = 0;
+    let (mut written, mut stopped_by) = (String::new(), None);
     for step in steps {
         match step {
             StreamStep::Text(text) => {
-                let delta = json!({"type": "content_block_delta", "index": 0,
-                    "delta": {"type": "text_delta", "text": text}});
-                stream.write_all(event(delta).as_bytes()).await?;
-                stream.flush().await?;
-                chunk_sent(state, request_id);
+                // A stop sequence the text would write ends the answer
+                // before it.
+                let whole = format!("{written}{text}");
+                let text = match cut_at_stop(&whole, stops) {
+                    Some((before, stop)) => {
+                        stopped_by = Some(stop.to_owned());
+                        before[written.len().min(before.len())..].to_owned()
+                    }
+                    None => text.clone(),
+                };
+                written.push_str(&text);
+                if !text.is_empty() {
+                    let delta = json!({"type": "content_block_delta", "index": 0,
+                        "delta": {"type": "text_delta", "text": text}});
+                    stream.write_all(event(delta).as_bytes()).await?;
+                    stream.flush().await?;
+                    chunk_sent(state, request_id);
+                }
+                if stopped_by.is_some() {
+                    break;
+                }
             }
             StreamStep::Wait(ms) => tokio::time::sleep(Duration::from_millis(*ms)).await,
             StreamStep::Gate => {
@@ -622,9 +678,14 @@ async fn stream_anthropic(
             }
         }
     }
+    let stop_reason = if stopped_by.is_some() {
+        "stop_sequence"
+    } else {
+        "end_turn"
+    };
     let end = [
         json!({"type": "content_block_stop", "index": 0}),
-        json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null},
+        json!({"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": stopped_by},
                "usage": {"output_tokens": steps.len()}}),
         json!({"type": "message_stop"}),
     ];
@@ -696,14 +757,15 @@ async fn respond(
     behaviour: Behaviour,
     shape: Shape,
     model: &str,
+    stops: &[String],
 ) -> std::io::Result<()> {
     match behaviour {
         Behaviour::Answer(value) => {
-            let body = completion(shape, model, &value.to_string());
+            let body = completion_stopping(shape, model, &value.to_string(), stops);
             write_response(&mut stream, 200, None, &body).await
         }
         Behaviour::AnswerText(text) => {
-            let body = completion(shape, model, &text);
+            let body = completion_stopping(shape, model, &text, stops);
             write_response(&mut stream, 200, None, &body).await
         }
         Behaviour::AnswerWithUsage { value, usage } => {
@@ -798,6 +860,21 @@ fn reason(status: u16) -> &'static str {
         529 => "Overloaded",
         _ => "Status",
     }
+}
+
+/// [`completion`], stopped before the first of `stops` the text holds, as
+/// a model stops: the text before it, with the provider's stop reason
+/// (Anthropic names the sequence; OpenAI says `stop`).
+fn completion_stopping(shape: Shape, model: &str, text: &str, stops: &[String]) -> String {
+    let Some((before, stop)) = cut_at_stop(text, stops) else {
+        return completion(shape, model, text);
+    };
+    let mut body: Value = serde_json::from_str(&completion(shape, model, before)).unwrap();
+    if shape == Shape::Anthropic {
+        body["stop_reason"] = json!("stop_sequence");
+        body["stop_sequence"] = json!(stop);
+    }
+    body.to_string()
 }
 
 /// A well-formed completion body in `shape` whose text content is `text`.
