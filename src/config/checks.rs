@@ -266,6 +266,51 @@ fn check_http_provider(provider: &ProviderSettings, allow_insecure_http: bool) -
     if provider.model.as_deref().is_none_or(str::is_empty) {
         return invalid("model", "a model name is required");
     }
+    check_azure_addressing(provider)
+}
+
+/// `azure_openai` names its deployment, its API version and one way to
+/// authenticate; no other kind takes those keys.
+fn check_azure_addressing(provider: &ProviderSettings) -> Checked {
+    let azure = provider.kind == crate::providers::ProviderKind::AzureOpenai;
+    for (key, set) in [
+        ("deployment", provider.deployment.is_some()),
+        ("api_version", provider.api_version.is_some()),
+        ("bearer_token_env", provider.bearer_token_env.is_some()),
+    ] {
+        if set && !azure {
+            return invalid(key, "is for kind = \"azure_openai\" only");
+        }
+    }
+    if !azure {
+        return Ok(());
+    }
+    let path_safe = |value: &Option<String>| {
+        value.as_deref().is_some_and(|v| {
+            !v.is_empty()
+                && v.len() <= 64
+                && v.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+        })
+    };
+    if !path_safe(&provider.deployment) {
+        return invalid(
+            "deployment",
+            "the deployment's name is required: 1-64 characters of A-Z, a-z, 0-9, '.', '_' or '-'",
+        );
+    }
+    if !path_safe(&provider.api_version) {
+        return invalid(
+            "api_version",
+            "the API version is required (for example \"2024-10-21\"): Azure refuses a call without one",
+        );
+    }
+    if provider.api_key_env.is_some() == provider.bearer_token_env.is_some() {
+        return invalid(
+            "api_key_env",
+            "set exactly one of api_key_env (sent as `api-key`) and bearer_token_env (an Entra ID token, sent as a bearer)",
+        );
+    }
     Ok(())
 }
 

@@ -208,14 +208,19 @@ fn resolve(
         if !needed.wants_key_of(&provider.name) {
             continue;
         }
-        if let Some(var) = &provider.api_key_env {
-            let key = env.get(var).ok_or_else(|| {
+        let secret = |key: &str, var: &str| {
+            env.get(var).map(Secret::new).ok_or_else(|| {
                 (
-                    format!("providers[{i}].api_key_env"),
+                    format!("providers[{i}].{key}"),
                     format!("the environment variable {var} is not set"),
                 )
-            })?;
-            provider.api_key = Some(Secret::new(key));
+            })
+        };
+        if let Some(var) = &provider.api_key_env {
+            provider.api_key = Some(secret("api_key_env", var)?);
+        }
+        if let Some(var) = &provider.bearer_token_env {
+            provider.bearer_token = Some(secret("bearer_token_env", var)?);
         }
     }
     let callbacks = match &raw.server.callback_secret_env {
@@ -328,6 +333,52 @@ mod tests {
             Err(ConfigError::Parse { source, .. }) => format!("parse: {source}"),
             other => panic!("expected an invalid configuration, got {other:?}"),
         }
+    }
+
+    /// `azure_openai` names its deployment, its API version and one
+    /// credential; the keys are its alone.
+    #[test]
+    fn an_azure_provider_is_addressed_whole_and_its_keys_are_its_own() {
+        let azure = |lines: &str| {
+            format!(
+                "[[providers]]\nname = \"az\"\nkind = \"azure_openai\"\n\
+                 base_url = \"https://r.openai.azure.com\"\nmodel = \"gpt-4o\"\n{lines}\n\
+                 [[tasks]]\nname = \"t\"\nproviders = [\"az\"]\n"
+            )
+        };
+        let key = "api_key_env = \"K\"";
+        assert_eq!(
+            invalid_key(&azure(&format!("api_version = \"2024-10-21\"\n{key}"))),
+            "providers[0].deployment"
+        );
+        assert_eq!(
+            invalid_key(&azure(&format!("deployment = \"d\"\n{key}"))),
+            "providers[0].api_version"
+        );
+        assert_eq!(
+            invalid_key(&azure(&format!(
+                "deployment = \"d/../x\"\napi_version = \"2024-10-21\"\n{key}"
+            ))),
+            "providers[0].deployment"
+        );
+        assert_eq!(
+            invalid_key(&azure(
+                "deployment = \"d\"\napi_version = \"2024-10-21\"\n\
+                 api_key_env = \"K\"\nbearer_token_env = \"T\""
+            )),
+            "providers[0].api_key_env"
+        );
+        assert_eq!(
+            invalid_key(&azure("deployment = \"d\"\napi_version = \"2024-10-21\"")),
+            "providers[0].api_key_env"
+        );
+        let openai_with_deployment = "[[providers]]\nname = \"o\"\nkind = \"openai\"\n\
+            base_url = \"https://api.openai.com\"\nmodel = \"m\"\ndeployment = \"d\"\n\
+            [[tasks]]\nname = \"t\"\nproviders = [\"o\"]\n";
+        assert_eq!(
+            invalid_key(openai_with_deployment),
+            "providers[0].deployment"
+        );
     }
 
     #[test]

@@ -9,7 +9,9 @@ use std::time::Duration;
 use reqwest::header::{HeaderMap, HeaderValue};
 use serde_json::{json, Value};
 
-use super::classify::{classify_status, parse_retry_after, StatusClass};
+use super::classify::{
+    azure_content_filter, classify_status, parse_retry_after_headers, StatusClass,
+};
 use super::streaming::{self, DeltaSink};
 use super::{
     chat, BoxFuture, Call, MaxTokensField, ProviderClient, ProviderKind, ProviderSettings, Reply,
@@ -29,6 +31,8 @@ pub struct HttpClient {
     endpoint: String,
     model: String,
     api_key: Option<Secret>,
+    /// `azure_openai`: an Entra ID token, sent as a bearer instead of a key.
+    bearer_token: Option<Secret>,
     max_tokens: u32,
     temperature: Option<f64>,
     max_response_bytes: usize,
@@ -37,10 +41,15 @@ pub struct HttpClient {
 
 impl HttpClient {
     pub fn from_settings(config: &ProviderSettings) -> Self {
-        let base = api_root(config.base_url.as_deref().unwrap_or_default());
-        let path = match config.kind {
-            ProviderKind::Anthropic => "/v1/messages",
-            _ => "/v1/chat/completions",
+        let base_url = config.base_url.as_deref().unwrap_or_default();
+        let endpoint = match config.kind {
+            ProviderKind::Anthropic => format!("{}/v1/messages", api_root(base_url)),
+            ProviderKind::AzureOpenai => azure_endpoint(
+                base_url,
+                config.deployment.as_deref().unwrap_or_default(),
+                config.api_version.as_deref().unwrap_or_default(),
+            ),
+            _ => format!("{}/v1/chat/completions", api_root(base_url)),
         };
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
@@ -51,9 +60,10 @@ impl HttpClient {
         Self {
             kind: config.kind,
             client,
-            endpoint: format!("{base}{path}"),
+            endpoint,
             model: config.model.clone().unwrap_or_default(),
             api_key: config.api_key.clone(),
+            bearer_token: config.bearer_token.clone(),
             max_tokens: config.max_tokens,
             temperature: config.temperature,
             max_response_bytes: config.max_response_bytes,
@@ -61,10 +71,10 @@ impl HttpClient {
         }
     }
 
-    /// Whether this client streams a call that asks for it: OpenAI-compatible
-    /// and Anthropic providers do.
+    /// Whether this client streams a call that asks for it: every HTTP kind
+    /// does.
     fn streams(&self, call: &Call) -> bool {
-        call.wants_stream() && matches!(self.kind, ProviderKind::Openai | ProviderKind::Anthropic)
+        call.wants_stream() && self.kind.is_http()
     }
 
     /// The request body; `streaming` when the caller takes the answer's
@@ -84,6 +94,18 @@ impl HttpClient {
     }
 
     fn body_whole(&self, call: &Call) -> Value {
+        let mut body = self.body_for_model(call);
+        // Azure names the model by the deployment in the path; its request
+        // has no `model` member.
+        if self.kind == ProviderKind::AzureOpenai {
+            if let Some(body) = body.as_object_mut() {
+                body.remove("model");
+            }
+        }
+        body
+    }
+
+    fn body_for_model(&self, call: &Call) -> Value {
         if let Some(request) = &call.chat {
             let defaults = chat::ChatDefaults {
                 max_tokens: self.max_tokens,
@@ -151,11 +173,16 @@ impl HttpClient {
                 headers.insert("X-Onejob-Callback-Secret", secret);
             }
         }
-        if let Some(key) = &self.api_key {
-            let (name, value) = match self.kind {
+        let credential = match (&self.api_key, &self.bearer_token) {
+            (Some(key), _) => Some(match self.kind {
                 ProviderKind::Anthropic => ("x-api-key", key.expose().to_owned()),
+                ProviderKind::AzureOpenai => ("api-key", key.expose().to_owned()),
                 _ => ("Authorization", format!("Bearer {}", key.expose())),
-            };
+            }),
+            (None, Some(token)) => Some(("Authorization", format!("Bearer {}", token.expose()))),
+            (None, None) => None,
+        };
+        if let Some((name, value)) = credential {
             if let Ok(mut value) = HeaderValue::from_str(&value) {
                 value.set_sensitive(true);
                 headers.insert(name, value);
@@ -180,6 +207,7 @@ impl HttpClient {
     fn redact(&self, call: &Call, text: String) -> String {
         let secrets = [
             self.api_key.as_ref().map(Secret::expose),
+            self.bearer_token.as_ref().map(Secret::expose),
             call.callback.as_ref().map(|c| c.secret.expose()),
         ];
         crate::domain::outcome::redacted(&text, secrets.into_iter().flatten())
@@ -211,11 +239,16 @@ impl HttpClient {
             }
         };
         let status = response.status();
-        let retry_after = parse_retry_after(
+        let header = |name: &str| {
             response
                 .headers()
-                .get("retry-after")
-                .and_then(|v| v.to_str().ok()),
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let retry_after = parse_retry_after_headers(
+            header("retry-after-ms").as_deref(),
+            header("retry-after").as_deref(),
         );
         let event_stream = response
             .headers()
@@ -247,6 +280,15 @@ impl HttpClient {
         if !status.is_success() {
             // Shortened only after redaction (see `call`).
             let excerpt = String::from_utf8_lossy(&bytes).into_owned();
+            // Azure's content filter: definite, with what it filtered.
+            if let Some(filtered) = (self.kind == ProviderKind::AzureOpenai)
+                .then(|| serde_json::from_slice::<Value>(&bytes).ok())
+                .flatten()
+                .as_ref()
+                .and_then(azure_content_filter)
+            {
+                return Outcome::Failed(Reason::new(filtered).with_detail(excerpt.trim())).into();
+            }
             return match classify_status(status.as_u16(), retry_after, excerpt.trim()) {
                 StatusClass::Definite { reason } => Outcome::Failed(reason),
                 StatusClass::NothingHappened(refusal) => Outcome::Refused(refusal),
@@ -334,6 +376,15 @@ impl ProviderClient for HttpClient {
     fn stream<'a>(&'a self, call: &'a Call, sink: DeltaSink) -> BoxFuture<'a, Reply> {
         Box::pin(async move { self.send_call(call, Some(&sink)).await })
     }
+}
+
+/// An Azure OpenAI deployment's chat completions: the resource endpoint
+/// (`https://<resource>.openai.azure.com`, with or without its `/openai`),
+/// the deployment, and the API version every call must name.
+pub fn azure_endpoint(base_url: &str, deployment: &str, api_version: &str) -> String {
+    let base = base_url.trim_end_matches('/');
+    let base = base.strip_suffix("/openai").unwrap_or(base);
+    format!("{base}/openai/deployments/{deployment}/chat/completions?api-version={api_version}")
 }
 
 /// The server root of a `base_url` given with or without its `/v1` (the

@@ -174,7 +174,7 @@ impl Provider {
     pub fn from_settings(settings: &ProviderSettings, freed: Arc<Notify>) -> Self {
         let client: Arc<dyn ProviderClient> = match settings.kind {
             ProviderKind::Simulated => Arc::new(SimulatedClient::from_settings(settings)),
-            ProviderKind::Openai | ProviderKind::Anthropic => {
+            ProviderKind::Openai | ProviderKind::Anthropic | ProviderKind::AzureOpenai => {
                 Arc::new(HttpClient::from_settings(settings))
             }
         };

@@ -17,12 +17,23 @@ text_enum! {
         Openai = "openai",
         /// Anthropic messages (`/v1/messages`).
         Anthropic = "anthropic",
+        /// Azure OpenAI: OpenAI's chat completions at a resource's
+        /// deployment (`{base_url}/openai/deployments/{deployment}/chat/completions
+        /// ?api-version=…`), with an `api-key` or an Entra ID bearer token.
+        #[serde(rename = "azure_openai")]
+        AzureOpenai = "azure_openai",
     }
 }
 
 impl ProviderKind {
     pub fn is_http(self) -> bool {
         !matches!(self, Self::Simulated)
+    }
+
+    /// Whether it speaks OpenAI's chat completions (its requests, answers,
+    /// streams and errors), wherever it is addressed.
+    pub fn speaks_openai(self) -> bool {
+        matches!(self, Self::Openai | Self::AzureOpenai)
     }
 }
 
@@ -83,6 +94,16 @@ pub struct ProviderSettings {
     /// configuration is loaded.
     #[serde(skip)]
     pub api_key: Option<Secret>,
+    /// `azure_openai`: the environment variable holding a bearer token (an
+    /// Entra ID access token), sent instead of an `api-key`.
+    pub bearer_token_env: Option<String>,
+    /// The bearer token, resolved from `bearer_token_env` once.
+    #[serde(skip)]
+    pub bearer_token: Option<Secret>,
+    /// `azure_openai`: the deployment the calls go to.
+    pub deployment: Option<String>,
+    /// `azure_openai`: the API version every call names (`api-version`).
+    pub api_version: Option<String>,
     /// HTTP kinds: how long establishing a connection may take (a failure here is definite).
     #[serde(default = "default_connect_timeout_ms")]
     pub connect_timeout_ms: u64,
@@ -138,7 +159,7 @@ impl ProviderSettings {
     pub fn context_budget(&self) -> u32 {
         self.context_tokens.unwrap_or(match self.kind {
             ProviderKind::Simulated => 1_000_000,
-            ProviderKind::Openai => 128_000,
+            ProviderKind::Openai | ProviderKind::AzureOpenai => 128_000,
             ProviderKind::Anthropic => 200_000,
         })
     }

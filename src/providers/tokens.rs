@@ -1,10 +1,10 @@
 //! Counting a prompt's tokens, for the context-budget check of qualification.
 
-use super::{ProviderKind, ProviderSettings};
+use super::ProviderSettings;
 
 /// How many tokens a prompt takes with this provider, and how it was counted.
 pub fn count_tokens(provider: &ProviderSettings, text: &str) -> (u32, &'static str) {
-    if provider.kind == ProviderKind::Openai {
+    if provider.kind.speaks_openai() {
         let bpe = provider
             .model
             .as_deref()
@@ -26,6 +26,7 @@ pub fn count_tokens(provider: &ProviderSettings, text: &str) -> (u32, &'static s
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::providers::ProviderKind;
 
     #[test]
     fn openai_prompts_are_counted_with_tiktoken_and_others_conservatively() {

@@ -182,7 +182,12 @@ fn examples_in(file: &str, text: &str) -> Result<Vec<Example>, String> {
 fn environment_for(toml: &str) -> Environment {
     let mut names = Vec::new();
     for line in toml.lines() {
-        for key in ["api_key_env", "callback_secret_env", "signing_key_env"] {
+        for key in [
+            "api_key_env",
+            "bearer_token_env",
+            "callback_secret_env",
+            "signing_key_env",
+        ] {
             let Some(rest) = line.trim().strip_prefix(key) else {
                 continue;
             };

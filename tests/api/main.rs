@@ -16,6 +16,7 @@ mod admin;
 mod ambiguous_requests;
 mod attempts;
 mod authorization;
+mod azure_openai;
 mod bad_input;
 mod browser;
 mod browser_pages;

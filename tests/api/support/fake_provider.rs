@@ -32,6 +32,51 @@ pub enum Shape {
     OpenAi,
     /// Anthropic messages (`content[0].text`).
     Anthropic,
+    /// Azure OpenAI: OpenAI's bodies, at a deployment's path. Checks what the
+    /// service checks before anything else: the path
+    /// (`/openai/deployments/{deployment}/chat/completions`, else 404), an
+    /// `api-version` query (else 404), and an `api-key` header or a bearer
+    /// token (else 401), each refused with Azure's error envelope; a stream
+    /// begins with Azure's `prompt_filter_results` chunk (no choices).
+    Azure,
+}
+
+/// What Azure OpenAI refuses before it looks at a request: the status and
+/// its error body, or `None`.
+fn azure_refusal(request: &RecordedRequest) -> Option<(u16, String)> {
+    let error = |code: u16, message: &str| {
+        Some((
+            code,
+            json!({"error": {"code": code.to_string(), "message": message}}).to_string(),
+        ))
+    };
+    let (path, query) = request.path.split_once('?').unwrap_or((&request.path, ""));
+    let deployment = path
+        .strip_prefix("/openai/deployments/")
+        .and_then(|rest| rest.strip_suffix("/chat/completions"))
+        .filter(|d| !d.is_empty() && !d.contains('/'));
+    if deployment.is_none() {
+        return error(404, "Resource not found");
+    }
+    if !query
+        .split('&')
+        .any(|pair| pair.starts_with("api-version=") && pair.len() > "api-version=".len())
+    {
+        return error(404, "Resource not found");
+    }
+    let keyed = request.header("api-key").is_some_and(|k| !k.is_empty());
+    let bearer = request
+        .header("authorization")
+        .is_some_and(|a| a.starts_with("Bearer ") && a.len() > 7);
+    if keyed == bearer {
+        return error(
+            401,
+            "Access denied due to invalid subscription key or wrong API endpoint. Make sure to \
+             provide a valid key for an active subscription and use a correct regional API \
+             endpoint for your resource.",
+        );
+    }
+    None
 }
 
 /// How the server answers one request.
@@ -379,6 +424,15 @@ async fn handle(mut stream: TcpStream, shape: Shape, state: Arc<Shared>) {
         .header("x-request-id")
         .unwrap_or_default()
         .to_owned();
+    let refused = match shape {
+        Shape::Azure => azure_refusal(&request),
+        _ => None,
+    };
+    if let Some((status, body)) = refused {
+        lock(&state).requests.push(request);
+        let _ = write_response(&mut stream, status, None, &body).await;
+        return;
+    }
     let mut behaviour = {
         let mut guard = lock(&state);
         guard.requests.push(request);
@@ -437,8 +491,8 @@ async fn handle(mut stream: TcpStream, shape: Shape, state: Arc<Shared>) {
     if let Behaviour::Stream(steps) = behaviour {
         let usage = request_asks_usage(&state, &request_id);
         let _ = match shape {
-            Shape::OpenAi => {
-                stream_answer(stream, &steps, &model, &request_id, usage, &state).await
+            Shape::OpenAi | Shape::Azure => {
+                stream_answer(stream, &steps, &model, &request_id, usage, shape, &state).await
             }
             Shape::Anthropic => {
                 stream_anthropic(stream, &steps, &model, &request_id, &stops, &state).await
@@ -533,6 +587,7 @@ async fn stream_answer(
     model: &str,
     request_id: &str,
     usage: bool,
+    shape: Shape,
     state: &Shared,
 ) -> std::io::Result<()> {
     let chunk = |delta: Value, finish: Value| {
@@ -548,6 +603,15 @@ async fn stream_answer(
               Connection: close\r\n\r\n",
         )
         .await?;
+    if shape == Shape::Azure {
+        // Azure's first event: the prompt's filter results, no choices.
+        let filtered = json!({"id": "", "object": "", "created": 0, "model": "", "choices": [],
+            "prompt_filter_results": [{"prompt_index": 0, "content_filter_results": {
+                "hate": {"filtered": false, "severity": "safe"}}}]});
+        stream
+            .write_all(format!("data: {filtered}\n\n").as_bytes())
+            .await?;
+    }
     stream
         .write_all(chunk(json!({"role": "assistant", "content": ""}), Value::Null).as_bytes())
         .await?;
@@ -880,7 +944,7 @@ fn completion_stopping(shape: Shape, model: &str, text: &str, stops: &[String]) 
 /// A well-formed completion body in `shape` whose text content is `text`.
 fn completion(shape: Shape, model: &str, text: &str) -> String {
     let body = match shape {
-        Shape::OpenAi => json!({
+        Shape::OpenAi | Shape::Azure => json!({
             "id": "chatcmpl-fake",
             "object": "chat.completion",
             "created": 0,
@@ -925,6 +989,8 @@ pub struct ProviderToml {
     timeout_ms: u64,
     late_result_ms: u64,
     connect_timeout_ms: Option<u64>,
+    /// The key naming the credential's variable.
+    credential: &'static str,
     extra: Vec<String>,
 }
 
@@ -939,6 +1005,7 @@ impl ProviderToml {
             timeout_ms: 400,
             late_result_ms: 60_000,
             connect_timeout_ms: Some(300),
+            credential: "api_key_env",
             extra: Vec::new(),
         }
     }
@@ -949,6 +1016,25 @@ impl ProviderToml {
             kind: "anthropic",
             ..Self::openai(name, base_url)
         }
+    }
+
+    /// An Azure OpenAI provider called `name`: the resource at `base_url`,
+    /// `deployment`, API version 2024-10-21, the test key as `api-key`.
+    pub fn azure(name: &str, base_url: &str, deployment: &str) -> Self {
+        Self {
+            kind: "azure_openai",
+            ..Self::openai(name, base_url)
+        }
+        .with(&format!(
+            "deployment = \"{deployment}\"\napi_version = \"2024-10-21\""
+        ))
+    }
+
+    /// Authenticates with the test key as a bearer token (`azure_openai`'s
+    /// Entra ID token) instead of an API key.
+    pub fn bearer_token(mut self) -> Self {
+        self.credential = "bearer_token_env";
+        self
     }
 
     pub fn model(mut self, model: &str) -> Self {
@@ -989,6 +1075,7 @@ impl ProviderToml {
             timeout_ms,
             late_result_ms,
             connect_timeout_ms,
+            credential,
             extra,
         } = self;
         let mut toml = format!(
@@ -998,7 +1085,7 @@ name = "{name}"
 kind = "{kind}"
 base_url = "{base_url}"
 model = "{model}"
-api_key_env = "ONEJOB_TEST_FAKE_KEY"
+{credential} = "ONEJOB_TEST_FAKE_KEY"
 timeout_ms = {timeout_ms}
 late_result_ms = {late_result_ms}
 "#
