@@ -49,6 +49,11 @@ impl HttpClient {
                 config.deployment.as_deref().unwrap_or_default(),
                 config.api_version.as_deref().unwrap_or_default(),
             ),
+            ProviderKind::Gemini => format!(
+                "{}/v1beta/models/{}",
+                gemini_root(base_url),
+                config.model.as_deref().unwrap_or_default()
+            ),
             _ => format!("{}/v1/chat/completions", api_root(base_url)),
         };
         let client = reqwest::Client::builder()
@@ -77,10 +82,38 @@ impl HttpClient {
         call.wants_stream() && self.kind.is_http()
     }
 
+    /// Where the call goes: Gemini names the method (and a stream's
+    /// framing) in the URL.
+    fn url(&self, streamed: bool) -> String {
+        match (self.kind, streamed) {
+            (ProviderKind::Gemini, true) => {
+                format!("{}:streamGenerateContent?alt=sse", self.endpoint)
+            }
+            (ProviderKind::Gemini, false) => format!("{}:generateContent", self.endpoint),
+            _ => self.endpoint.clone(),
+        }
+    }
+
+    /// Gemini's request for the call, or why it cannot carry it.
+    fn gemini_body(&self, call: &Call) -> Result<Value, String> {
+        let ask = super::gemini::Ask {
+            chat: call.chat.as_ref(),
+            prompt: &call.prompt,
+            output_schema: call.output_schema.as_ref(),
+            max_tokens: self.max_tokens,
+            temperature: call.temperature.or(self.temperature),
+        };
+        let request = super::gemini::request(&ask).map_err(|refused| refused.0)?;
+        Ok(serde_json::to_value(request).expect("a request serializes"))
+    }
+
     /// The request body; `streaming` when the caller takes the answer's
     /// deltas as they arrive (a call without a sink is never streamed).
     fn body(&self, call: &Call, streaming: bool) -> Value {
         let mut body = self.body_whole(call);
+        if self.kind == ProviderKind::Gemini {
+            return body;
+        }
         if streaming && self.streams(call) {
             body["stream"] = json!(true);
             // Usage is asked for whatever the client asked: the stored
@@ -177,6 +210,8 @@ impl HttpClient {
             (Some(key), _) => Some(match self.kind {
                 ProviderKind::Anthropic => ("x-api-key", key.expose().to_owned()),
                 ProviderKind::AzureOpenai => ("api-key", key.expose().to_owned()),
+                // In a header, never in the URL (where logs keep it).
+                ProviderKind::Gemini => ("x-goog-api-key", key.expose().to_owned()),
                 _ => ("Authorization", format!("Bearer {}", key.expose())),
             }),
             (None, Some(token)) => Some(("Authorization", format!("Bearer {}", token.expose()))),
@@ -214,11 +249,21 @@ impl HttpClient {
     }
 
     async fn send(&self, call: &Call, sink: Option<&DeltaSink>) -> Reply {
+        let streamed = sink.is_some() && self.streams(call);
+        let body = if self.kind == ProviderKind::Gemini {
+            match self.gemini_body(call) {
+                Ok(body) => body,
+                // Nothing was sent: the request cannot be put in its terms.
+                Err(why) => return Outcome::Failed(Reason::new(why)).into(),
+            }
+        } else {
+            self.body(call, sink.is_some())
+        };
         let sent = self
             .client
-            .post(&self.endpoint)
+            .post(self.url(streamed))
             .headers(self.headers(call))
-            .json(&self.body(call, sink.is_some()))
+            .json(&body)
             .send()
             .await;
         let response = match sent {
@@ -280,6 +325,15 @@ impl HttpClient {
         if !status.is_success() {
             // Shortened only after redaction (see `call`).
             let excerpt = String::from_utf8_lossy(&bytes).into_owned();
+            // Gemini says how long to wait in the body, not a header.
+            let retry_after = match self.kind {
+                ProviderKind::Gemini => retry_after.or_else(|| {
+                    serde_json::from_slice::<Value>(&bytes)
+                        .ok()
+                        .and_then(|error| super::gemini::retry_delay(&error))
+                }),
+                _ => retry_after,
+            };
             // Azure's content filter: definite, with what it filtered.
             if let Some(filtered) = (self.kind == ProviderKind::AzureOpenai)
                 .then(|| serde_json::from_slice::<Value>(&bytes).ok())
@@ -306,6 +360,9 @@ impl HttpClient {
                 .into()
             }
         };
+        if self.kind == ProviderKind::Gemini {
+            return self.gemini_reply(call, &envelope, sink).await;
+        }
         let usage = match self.kind {
             ProviderKind::Anthropic => super::anthropic_usage(&envelope["usage"]),
             _ => super::openai_usage(&envelope["usage"]),
@@ -335,6 +392,56 @@ impl HttpClient {
                             "the answer is not JSON: {excerpt:?}"
                         )))
                     }
+                },
+            }
+        };
+        Reply { outcome, usage }
+    }
+
+    /// A Gemini answer as a reply: a blocked prompt or an answer stopped
+    /// by a filter is a definite failure naming why.
+    async fn gemini_reply(&self, call: &Call, envelope: &Value, sink: Option<&DeltaSink>) -> Reply {
+        use super::gemini;
+        let response: gemini::GenerateContentResponse =
+            match serde_json::from_value(envelope.clone()) {
+                Ok(response) => response,
+                Err(e) => {
+                    return Outcome::Failed(Reason::invalid_output(format!(
+                        "the answer is not a GenerateContentResponse: {e}"
+                    )))
+                    .into()
+                }
+            };
+        let usage = response
+            .usage_metadata
+            .and_then(|u| super::openai_usage(&u.to_openai()));
+        if let Some(why) = gemini::blocked(&response) {
+            return Reply {
+                outcome: Outcome::Failed(Reason::new(why)),
+                usage,
+            };
+        }
+        let outcome = if call.chat.is_some() {
+            match gemini::answer(&response) {
+                Ok(answer) => {
+                    if let Some(sink) = sink {
+                        for delta in streaming::whole_answer_deltas(&answer) {
+                            let _ = sink.send(delta).await;
+                        }
+                    }
+                    Outcome::Succeeded(answer)
+                }
+                Err(reason) => Outcome::Failed(Reason::invalid_output(reason)),
+            }
+        } else {
+            match gemini::answer_text(&response) {
+                Err(reason) => Outcome::Failed(Reason::invalid_output(reason)),
+                Ok(text) => match serde_json::from_str::<Value>(text.trim()) {
+                    Ok(answer) => Outcome::Succeeded(answer),
+                    Err(_) => Outcome::Failed(Reason::invalid_output(format!(
+                        "the answer is not JSON: {:?}",
+                        text.trim()
+                    ))),
                 },
             }
         };
@@ -385,6 +492,12 @@ pub fn azure_endpoint(base_url: &str, deployment: &str, api_version: &str) -> St
     let base = base_url.trim_end_matches('/');
     let base = base.strip_suffix("/openai").unwrap_or(base);
     format!("{base}/openai/deployments/{deployment}/chat/completions?api-version={api_version}")
+}
+
+/// Gemini's server root, given with or without its `/v1beta`.
+fn gemini_root(base_url: &str) -> &str {
+    let base = base_url.trim_end_matches('/');
+    base.strip_suffix("/v1beta").unwrap_or(base)
 }
 
 /// The server root of a `base_url` given with or without its `/v1` (the

@@ -8,6 +8,7 @@
 
 pub mod chat;
 pub mod classify;
+pub mod gemini;
 pub mod http;
 pub mod limits;
 pub mod settings;
@@ -174,9 +175,10 @@ impl Provider {
     pub fn from_settings(settings: &ProviderSettings, freed: Arc<Notify>) -> Self {
         let client: Arc<dyn ProviderClient> = match settings.kind {
             ProviderKind::Simulated => Arc::new(SimulatedClient::from_settings(settings)),
-            ProviderKind::Openai | ProviderKind::Anthropic | ProviderKind::AzureOpenai => {
-                Arc::new(HttpClient::from_settings(settings))
-            }
+            ProviderKind::Openai
+            | ProviderKind::Anthropic
+            | ProviderKind::AzureOpenai
+            | ProviderKind::Gemini => Arc::new(HttpClient::from_settings(settings)),
         };
         Self::with_client(settings, client, freed)
     }

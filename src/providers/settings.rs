@@ -22,6 +22,9 @@ text_enum! {
         /// ?api-version=…`), with an `api-key` or an Entra ID bearer token.
         #[serde(rename = "azure_openai")]
         AzureOpenai = "azure_openai",
+        /// Google's Gemini API (`{base_url}/v1beta/models/{model}:generateContent`,
+        /// `:streamGenerateContent?alt=sse`), the key as `x-goog-api-key`.
+        Gemini = "gemini",
     }
 }
 
@@ -161,6 +164,7 @@ impl ProviderSettings {
             ProviderKind::Simulated => 1_000_000,
             ProviderKind::Openai | ProviderKind::AzureOpenai => 128_000,
             ProviderKind::Anthropic => 200_000,
+            ProviderKind::Gemini => 1_000_000,
         })
     }
 

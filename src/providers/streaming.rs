@@ -353,6 +353,7 @@ pub async fn read_stream(
     let mut events = Box::pin(bytes.eventsource());
     let mut assembly = Assembly::default();
     let mut anthropic = AnthropicEvents::default();
+    let mut gemini = super::gemini::GeminiEvents::default();
     let outcome = loop {
         let event = match events.next().await {
             None if assembly.finished() => break None,
@@ -410,6 +411,12 @@ pub async fn read_stream(
                     ))))
                 }
                 Err(reason) => break Some(Outcome::Failed(Reason::invalid_output(reason))),
+            },
+            // Each event a whole GenerateContentResponse; a filter that
+            // stops the answer ends it as a definite failure.
+            ProviderKind::Gemini => match gemini.translate(&chunk) {
+                Ok(chunk) => chunk,
+                Err(why) => break Some(Outcome::Failed(Reason::new(why))),
             },
             _ => chunk,
         };

@@ -31,6 +31,7 @@ mod deploys;
 mod docs_check;
 mod docs_examples;
 mod edges;
+mod gemini;
 mod group_commit;
 mod guard_agreement;
 mod guards;

@@ -39,6 +39,104 @@ pub enum Shape {
     /// token (else 401), each refused with Azure's error envelope; a stream
     /// begins with Azure's `prompt_filter_results` chunk (no choices).
     Azure,
+    /// Google's Gemini API: `/v1beta/models/{model}:generateContent`, and
+    /// `:streamGenerateContent` with `alt=sse` only (events `data: …` with
+    /// CRLF endings, no `[DONE]`). Refuses, in google.rpc.Status bodies, any
+    /// other path (404), a key in the URL (400: keys go in the header), a
+    /// missing `x-goog-api-key` (403) or another key (400), a stream
+    /// without `alt=sse` (400), turns with roles other than `user` and
+    /// `model`, and both response-schema forms at once (400).
+    Gemini,
+}
+
+/// A google.rpc.Status error body.
+fn google_status(code: u16, status: &str, message: &str) -> String {
+    json!({"error": {"code": code, "message": message, "status": status}}).to_string()
+}
+
+/// What the Gemini API refuses before it answers.
+fn gemini_refusal(request: &RecordedRequest) -> Option<(u16, String)> {
+    let refuse =
+        |code: u16, status: &str, message: &str| Some((code, google_status(code, status, message)));
+    let (path, query) = request.path.split_once('?').unwrap_or((&request.path, ""));
+    let Some((_, method)) = path
+        .strip_prefix("/v1beta/models/")
+        .and_then(|rest| rest.split_once(':'))
+        .filter(|(model, _)| !model.is_empty() && !model.contains('/'))
+    else {
+        return refuse(404, "NOT_FOUND", "Requested entity was not found.");
+    };
+    if !["generateContent", "streamGenerateContent", "countTokens"].contains(&method) {
+        return refuse(404, "NOT_FOUND", "Requested entity was not found.");
+    }
+    let params: Vec<&str> = query.split('&').filter(|p| !p.is_empty()).collect();
+    if params.iter().any(|p| p.starts_with("key=")) {
+        return refuse(
+            400,
+            "INVALID_ARGUMENT",
+            "API keys go in the x-goog-api-key header, never in the URL.",
+        );
+    }
+    match request.header("x-goog-api-key") {
+        None => {
+            return refuse(
+                403,
+                "PERMISSION_DENIED",
+                "Method doesn't allow unregistered callers.",
+            )
+        }
+        Some(key) if key != crate::support::harness::FAKE_API_KEY => {
+            return refuse(
+                400,
+                "INVALID_ARGUMENT",
+                "API key not valid. Please pass a valid API key.",
+            )
+        }
+        Some(_) => {}
+    }
+    if method == "streamGenerateContent" && !params.contains(&"alt=sse") {
+        return refuse(
+            400,
+            "INVALID_ARGUMENT",
+            "this server streams only with alt=sse",
+        );
+    }
+    if method == "countTokens" {
+        return None;
+    }
+    let contents = request.body["contents"].as_array();
+    let roles_ok = contents.is_some_and(|turns| {
+        !turns.is_empty()
+            && turns
+                .iter()
+                .all(|t| matches!(t["role"].as_str(), None | Some("user" | "model")))
+    });
+    if !roles_ok {
+        return refuse(
+            400,
+            "INVALID_ARGUMENT",
+            "contents: each turn's role is user or model",
+        );
+    }
+    let config = &request.body["generationConfig"];
+    if config.get("responseSchema").is_some() && config.get("responseJsonSchema").is_some() {
+        return refuse(
+            400,
+            "INVALID_ARGUMENT",
+            "responseSchema and responseJsonSchema are exclusive",
+        );
+    }
+    None
+}
+
+/// A Gemini answer whose text is `text`.
+fn gemini_answer(text: &str, finish: &str, model: &str) -> Value {
+    json!({
+        "candidates": [{"content": {"role": "model", "parts": [{"text": text}]},
+                        "finishReason": finish, "index": 0}],
+        "usageMetadata": {"promptTokenCount": 1, "candidatesTokenCount": 1, "totalTokenCount": 2},
+        "modelVersion": model,
+    })
 }
 
 /// What Azure OpenAI refuses before it looks at a request: the status and
@@ -426,8 +524,23 @@ async fn handle(mut stream: TcpStream, shape: Shape, state: Arc<Shared>) {
         .to_owned();
     let refused = match shape {
         Shape::Azure => azure_refusal(&request),
+        Shape::Gemini => gemini_refusal(&request),
         _ => None,
     };
+    // Gemini's token counter answers at once: a word a token.
+    if shape == Shape::Gemini && refused.is_none() && request.path.contains(":countTokens") {
+        let words: usize = request.body["contents"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|turn| turn["parts"].as_array().cloned().unwrap_or_default())
+            .filter_map(|part| part["text"].as_str().map(|t| t.split_whitespace().count()))
+            .sum();
+        lock(&state).requests.push(request);
+        let body = json!({"totalTokens": words}).to_string();
+        let _ = write_response(&mut stream, 200, None, &body).await;
+        return;
+    }
     if let Some((status, body)) = refused {
         lock(&state).requests.push(request);
         let _ = write_response(&mut stream, status, None, &body).await;
@@ -497,6 +610,7 @@ async fn handle(mut stream: TcpStream, shape: Shape, state: Arc<Shared>) {
             Shape::Anthropic => {
                 stream_anthropic(stream, &steps, &model, &request_id, &stops, &state).await
             }
+            Shape::Gemini => stream_gemini(stream, &steps, &request_id, &state).await,
         };
         return;
     }
@@ -660,6 +774,58 @@ async fn stream_answer(
             .await?;
     }
     stream.write_all(b"data: [DONE]\n\n").await?;
+    stream.shutdown().await
+}
+
+/// Acts out a [`Behaviour::Stream`] in Gemini's events: one
+/// `GenerateContentResponse` per text step, the last with `STOP` and the
+/// usage; CRLF line endings, no `[DONE]`.
+async fn stream_gemini(
+    mut stream: TcpStream,
+    steps: &[StreamStep],
+    request_id: &str,
+    state: &Shared,
+) -> std::io::Result<()> {
+    let event = |data: Value| format!("data: {data}\r\n\r\n");
+    stream
+        .write_all(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n\
+              Connection: close\r\n\r\n",
+        )
+        .await?;
+    let mut gates = 0;
+    for step in steps {
+        match step {
+            StreamStep::Text(text) => {
+                let data = json!({"candidates": [{"content": {"role": "model",
+                    "parts": [{"text": text}]}, "index": 0}]});
+                stream.write_all(event(data).as_bytes()).await?;
+                stream.flush().await?;
+                chunk_sent(state, request_id);
+            }
+            StreamStep::Wait(ms) => tokio::time::sleep(Duration::from_millis(*ms)).await,
+            StreamStep::Gate => {
+                gates += 1;
+                hold_at_gate(state, request_id, gates).await;
+            }
+            StreamStep::Stall => std::future::pending::<()>().await,
+            StreamStep::Error(message) => {
+                let error =
+                    json!({"error": {"code": 503, "status": "UNAVAILABLE", "message": message}});
+                stream.write_all(event(error).as_bytes()).await?;
+                return stream.shutdown().await;
+            }
+            StreamStep::Reset => {
+                stream.set_zero_linger()?;
+                drop(stream);
+                return Ok(());
+            }
+        }
+    }
+    let last = json!({"candidates": [{"content": {"role": "model", "parts": [{"text": ""}]},
+        "finishReason": "STOP", "index": 0}],
+        "usageMetadata": {"promptTokenCount": 3, "candidatesTokenCount": steps.len(), "totalTokenCount": 3 + steps.len()}});
+    stream.write_all(event(last).as_bytes()).await?;
     stream.shutdown().await
 }
 
@@ -944,6 +1110,7 @@ fn completion_stopping(shape: Shape, model: &str, text: &str, stops: &[String]) 
 /// A well-formed completion body in `shape` whose text content is `text`.
 fn completion(shape: Shape, model: &str, text: &str) -> String {
     let body = match shape {
+        Shape::Gemini => gemini_answer(text, "STOP", model),
         Shape::OpenAi | Shape::Azure => json!({
             "id": "chatcmpl-fake",
             "object": "chat.completion",
@@ -1028,6 +1195,15 @@ impl ProviderToml {
         .with(&format!(
             "deployment = \"{deployment}\"\napi_version = \"2024-10-21\""
         ))
+    }
+
+    /// A Gemini provider called `name` at `base_url` (model `gemini-2.5-flash`).
+    pub fn gemini(name: &str, base_url: &str) -> Self {
+        Self {
+            kind: "gemini",
+            model: "gemini-2.5-flash".to_owned(),
+            ..Self::openai(name, base_url)
+        }
     }
 
     /// Authenticates with the test key as a bearer token (`azure_openai`'s
