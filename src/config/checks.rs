@@ -235,9 +235,22 @@ fn check_provider(provider: &ProviderSettings, allow_insecure_http: bool) -> Che
 /// What an HTTP provider needs: where it is, reached safely, in time, and
 /// which model to ask.
 fn check_http_provider(provider: &ProviderSettings, allow_insecure_http: bool) -> Checked {
+    let bedrock = provider.kind == crate::providers::ProviderKind::Bedrock;
     match &provider.base_url {
         Some(url) if url.starts_with("http://") || url.starts_with("https://") => {}
+        // Bedrock's is the region's own endpoint unless given.
+        None if bedrock => {}
         _ => return invalid("base_url", "an http:// or https:// URL is required"),
+    }
+    if provider.region.is_some() && !bedrock {
+        return invalid("region", "is for kind = \"bedrock\" only");
+    }
+    if bedrock && (provider.api_key_env.is_some() || provider.bearer_token_env.is_some()) {
+        return invalid(
+            "api_key_env",
+            "bedrock signs its requests with SigV4 from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY \
+             and AWS_SESSION_TOKEN: leave api_key_env out",
+        );
     }
     if provider
         .base_url

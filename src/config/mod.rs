@@ -222,6 +222,18 @@ fn resolve(
         if let Some(var) = &provider.bearer_token_env {
             provider.bearer_token = Some(secret("bearer_token_env", var)?);
         }
+        if provider.kind == crate::providers::ProviderKind::Bedrock {
+            let region = match &provider.region {
+                Some(region) => region.clone(),
+                None => secret("region", "AWS_REGION")?.expose().to_owned(),
+            };
+            provider.aws = Some(crate::providers::bedrock::AwsSigning {
+                access_key_id: secret("kind", "AWS_ACCESS_KEY_ID")?.expose().to_owned(),
+                secret_access_key: secret("kind", "AWS_SECRET_ACCESS_KEY")?,
+                session_token: env.get("AWS_SESSION_TOKEN").map(Secret::new),
+                region,
+            });
+        }
     }
     let callbacks = match &raw.server.callback_secret_env {
         None => None,

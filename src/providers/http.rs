@@ -33,6 +33,8 @@ pub struct HttpClient {
     api_key: Option<Secret>,
     /// `azure_openai`: an Entra ID token, sent as a bearer instead of a key.
     bearer_token: Option<Secret>,
+    /// `bedrock`: what every request is signed with.
+    aws: Option<super::bedrock::AwsSigning>,
     max_tokens: u32,
     temperature: Option<f64>,
     max_response_bytes: usize,
@@ -54,6 +56,17 @@ impl HttpClient {
                 gemini_root(base_url),
                 config.model.as_deref().unwrap_or_default()
             ),
+            ProviderKind::Bedrock => {
+                let region = config.aws.as_ref().map_or("", |aws| aws.region.as_str());
+                let base = match base_url {
+                    "" => format!("https://bedrock-runtime.{region}.amazonaws.com"),
+                    given => given.trim_end_matches('/').to_owned(),
+                };
+                format!(
+                    "{base}/model/{}",
+                    super::bedrock::model_label(config.model.as_deref().unwrap_or_default())
+                )
+            }
             _ => format!("{}/v1/chat/completions", api_root(base_url)),
         };
         let client = reqwest::Client::builder()
@@ -69,6 +82,7 @@ impl HttpClient {
             model: config.model.clone().unwrap_or_default(),
             api_key: config.api_key.clone(),
             bearer_token: config.bearer_token.clone(),
+            aws: config.aws.clone(),
             max_tokens: config.max_tokens,
             temperature: config.temperature,
             max_response_bytes: config.max_response_bytes,
@@ -90,6 +104,8 @@ impl HttpClient {
                 format!("{}:streamGenerateContent?alt=sse", self.endpoint)
             }
             (ProviderKind::Gemini, false) => format!("{}:generateContent", self.endpoint),
+            (ProviderKind::Bedrock, true) => format!("{}/converse-stream", self.endpoint),
+            (ProviderKind::Bedrock, false) => format!("{}/converse", self.endpoint),
             _ => self.endpoint.clone(),
         }
     }
@@ -243,27 +259,82 @@ impl HttpClient {
         let secrets = [
             self.api_key.as_ref().map(Secret::expose),
             self.bearer_token.as_ref().map(Secret::expose),
+            self.aws.as_ref().map(|aws| aws.secret_access_key.expose()),
+            self.aws
+                .as_ref()
+                .and_then(|aws| aws.session_token.as_ref())
+                .map(Secret::expose),
             call.callback.as_ref().map(|c| c.secret.expose()),
         ];
         crate::domain::outcome::redacted(&text, secrets.into_iter().flatten())
     }
 
+    /// Bedrock's request for the call, or why it cannot carry it.
+    fn bedrock_body(&self, call: &Call) -> Result<Value, String> {
+        let ask = super::bedrock::Ask {
+            chat: call.chat.as_ref(),
+            prompt: &call.prompt,
+            task: &call.task,
+            output_schema: call.output_schema.as_ref(),
+            max_tokens: self.max_tokens,
+            temperature: call.temperature.or(self.temperature),
+        };
+        let request = super::bedrock::request(&ask)?;
+        Ok(serde_json::to_value(request).expect("a request serializes"))
+    }
+
     async fn send(&self, call: &Call, sink: Option<&DeltaSink>) -> Reply {
         let streamed = sink.is_some() && self.streams(call);
-        let body = if self.kind == ProviderKind::Gemini {
-            match self.gemini_body(call) {
-                Ok(body) => body,
-                // Nothing was sent: the request cannot be put in its terms.
-                Err(why) => return Outcome::Failed(Reason::new(why)).into(),
-            }
-        } else {
-            self.body(call, sink.is_some())
+        let body = match self.kind {
+            ProviderKind::Gemini => self.gemini_body(call),
+            ProviderKind::Bedrock => self.bedrock_body(call),
+            _ => Ok(self.body(call, sink.is_some())),
         };
+        let body = match body {
+            Ok(body) => serde_json::to_vec(&body).expect("JSON serializes"),
+            // Nothing was sent: the request cannot be put in its terms.
+            Err(why) => return Outcome::Failed(Reason::new(why)).into(),
+        };
+        let url = self.url(streamed);
+        let mut headers = self.headers(call);
+        headers.insert(
+            reqwest::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if let Some(aws) = &self.aws {
+            // Signed over exactly the bytes sent.
+            let signed = super::bedrock::sign(
+                aws,
+                &url,
+                &[("content-type", "application/json")],
+                &body,
+                std::time::SystemTime::now(),
+            );
+            match signed {
+                Ok(signed) => {
+                    for (name, value) in signed {
+                        if let (Ok(name), Ok(mut value)) = (
+                            reqwest::header::HeaderName::from_bytes(name.as_bytes()),
+                            HeaderValue::from_str(&value),
+                        ) {
+                            value.set_sensitive(true);
+                            headers.insert(name, value);
+                        }
+                    }
+                }
+                Err(why) => {
+                    return Outcome::Failed(Reason::new(format!(
+                        "the request could not be signed: {why}"
+                    )))
+                    .into()
+                }
+            }
+        }
         let sent = self
             .client
-            .post(self.url(streamed))
-            .headers(self.headers(call))
-            .json(&body)
+            .post(url)
+            .headers(headers)
+            .body(body)
             .send()
             .await;
         let response = match sent {
@@ -295,11 +366,18 @@ impl HttpClient {
             header("retry-after-ms").as_deref(),
             header("retry-after").as_deref(),
         );
-        let event_stream = response
-            .headers()
-            .get(reqwest::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("text/event-stream"));
+        let content_type = header("content-type").unwrap_or_default();
+        let event_stream = content_type.starts_with("text/event-stream");
+        let error_type = header("x-amzn-errortype");
+        if let (Some(sink), true, true) = (
+            sink,
+            status.is_success(),
+            content_type.starts_with("application/vnd.amazon.eventstream"),
+        ) {
+            let (outcome, usage) =
+                streaming::read_aws_event_stream(response, self.max_response_bytes, sink).await;
+            return Reply { outcome, usage };
+        }
         if let (Some(sink), true, true) = (sink, status.is_success(), event_stream) {
             let (outcome, usage) =
                 streaming::read_stream(self.kind, response, self.max_response_bytes, sink).await;
@@ -334,6 +412,20 @@ impl HttpClient {
                 }),
                 _ => retry_after,
             };
+            // Bedrock names its error's type: the reason starts with it.
+            let excerpt = match self.kind {
+                ProviderKind::Bedrock => {
+                    let said = serde_json::from_slice::<Value>(&bytes).unwrap_or_default();
+                    match super::bedrock::error_type(error_type.as_deref(), &said) {
+                        Some(kind) => format!(
+                            "{kind}: {}",
+                            said["message"].as_str().unwrap_or(excerpt.trim())
+                        ),
+                        None => excerpt,
+                    }
+                }
+                _ => excerpt,
+            };
             // Azure's content filter: definite, with what it filtered.
             if let Some(filtered) = (self.kind == ProviderKind::AzureOpenai)
                 .then(|| serde_json::from_slice::<Value>(&bytes).ok())
@@ -360,8 +452,10 @@ impl HttpClient {
                 .into()
             }
         };
-        if self.kind == ProviderKind::Gemini {
-            return self.gemini_reply(call, &envelope, sink).await;
+        match self.kind {
+            ProviderKind::Gemini => return self.gemini_reply(call, &envelope, sink).await,
+            ProviderKind::Bedrock => return self.bedrock_reply(call, &envelope, sink).await,
+            _ => {}
         }
         let usage = match self.kind {
             ProviderKind::Anthropic => super::anthropic_usage(&envelope["usage"]),
@@ -435,6 +529,54 @@ impl HttpClient {
             }
         } else {
             match gemini::answer_text(&response) {
+                Err(reason) => Outcome::Failed(Reason::invalid_output(reason)),
+                Ok(text) => match serde_json::from_str::<Value>(text.trim()) {
+                    Ok(answer) => Outcome::Succeeded(answer),
+                    Err(_) => Outcome::Failed(Reason::invalid_output(format!(
+                        "the answer is not JSON: {:?}",
+                        text.trim()
+                    ))),
+                },
+            }
+        };
+        Reply { outcome, usage }
+    }
+
+    /// A Converse answer as a reply: a stop for a guardrail or a content
+    /// filter is a definite failure naming it.
+    async fn bedrock_reply(
+        &self,
+        call: &Call,
+        envelope: &Value,
+        sink: Option<&DeltaSink>,
+    ) -> Reply {
+        use super::bedrock;
+        let response: bedrock::ConverseResponse = match serde_json::from_value(envelope.clone()) {
+            Ok(response) => response,
+            Err(e) => {
+                return Outcome::Failed(Reason::invalid_output(format!(
+                    "the answer is not a ConverseResponse: {e}"
+                )))
+                .into()
+            }
+        };
+        let usage = super::openai_usage(&response.usage.to_openai());
+        if let Some(why) = bedrock::blocked(&response) {
+            return Reply {
+                outcome: Outcome::Failed(Reason::new(why)),
+                usage,
+            };
+        }
+        let outcome = if call.chat.is_some() {
+            let answer = bedrock::answer(&response);
+            if let Some(sink) = sink {
+                for delta in streaming::whole_answer_deltas(&answer) {
+                    let _ = sink.send(delta).await;
+                }
+            }
+            Outcome::Succeeded(answer)
+        } else {
+            match bedrock::answer_text(&response) {
                 Err(reason) => Outcome::Failed(Reason::invalid_output(reason)),
                 Ok(text) => match serde_json::from_str::<Value>(text.trim()) {
                     Ok(answer) => Outcome::Succeeded(answer),

@@ -6,6 +6,7 @@
 //! [`ProviderClient`] is the seam: the simulated and HTTP clients implement
 //! it, and tests may inject their own.
 
+pub mod bedrock;
 pub mod chat;
 pub mod classify;
 pub mod gemini;
@@ -178,7 +179,8 @@ impl Provider {
             ProviderKind::Openai
             | ProviderKind::Anthropic
             | ProviderKind::AzureOpenai
-            | ProviderKind::Gemini => Arc::new(HttpClient::from_settings(settings)),
+            | ProviderKind::Gemini
+            | ProviderKind::Bedrock => Arc::new(HttpClient::from_settings(settings)),
         };
         Self::with_client(settings, client, freed)
     }

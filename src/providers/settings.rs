@@ -25,6 +25,10 @@ text_enum! {
         /// Google's Gemini API (`{base_url}/v1beta/models/{model}:generateContent`,
         /// `:streamGenerateContent?alt=sse`), the key as `x-goog-api-key`.
         Gemini = "gemini",
+        /// AWS Bedrock's Converse API (`/model/{model}/converse`,
+        /// `converse-stream`), signed with SigV4 from the standard AWS
+        /// variables.
+        Bedrock = "bedrock",
     }
 }
 
@@ -107,6 +111,13 @@ pub struct ProviderSettings {
     pub deployment: Option<String>,
     /// `azure_openai`: the API version every call names (`api-version`).
     pub api_version: Option<String>,
+    /// `bedrock`: the AWS region (default: `AWS_REGION`).
+    pub region: Option<String>,
+    /// `bedrock`: the credentials and region requests are signed with, read
+    /// once from `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+    /// `AWS_SESSION_TOKEN` and `AWS_REGION`.
+    #[serde(skip)]
+    pub aws: Option<super::bedrock::AwsSigning>,
     /// HTTP kinds: how long establishing a connection may take (a failure here is definite).
     #[serde(default = "default_connect_timeout_ms")]
     pub connect_timeout_ms: u64,
@@ -165,6 +176,7 @@ impl ProviderSettings {
             ProviderKind::Openai | ProviderKind::AzureOpenai => 128_000,
             ProviderKind::Anthropic => 200_000,
             ProviderKind::Gemini => 1_000_000,
+            ProviderKind::Bedrock => 200_000,
         })
     }
 

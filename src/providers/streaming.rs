@@ -440,6 +440,99 @@ pub async fn read_stream(
     }
 }
 
+/// Reads AWS's binary event stream (Bedrock's ConverseStream) to its end,
+/// frame by frame with AWS's own decoder, each event translated
+/// (`bedrock::ConverseEvents`) and handed on as [`read_stream`] does, under
+/// the same rules: an exception frame or a stop for a guardrail is a
+/// definite failure, a cut or garbled stream unknown, more than `cap`
+/// bytes a definite failure.
+pub async fn read_aws_event_stream(
+    mut response: reqwest::Response,
+    cap: usize,
+    sink: &DeltaSink,
+) -> (Outcome, Option<crate::domain::Usage>) {
+    use aws_smithy_eventstream::frame::{DecodedFrame, MessageFrameDecoder};
+    let mut decoder = MessageFrameDecoder::new();
+    let mut buffer = bytes::BytesMut::new();
+    let mut read = 0usize;
+    let mut assembly = Assembly::default();
+    let mut events = super::bedrock::ConverseEvents::default();
+    let outcome = 'stream: loop {
+        let chunk = match response.chunk().await {
+            Ok(Some(chunk)) => chunk,
+            Ok(None) if assembly.finished() => break None,
+            Ok(None) => {
+                break Some(Outcome::Unknown(Reason::new(
+                    "the stream ended before the answer was finished",
+                )))
+            }
+            Err(e) => {
+                break Some(Outcome::Unknown(
+                    Reason::new("the stream was cut off")
+                        .with_detail(&super::http::error_chain(&e)),
+                ))
+            }
+        };
+        read += chunk.len();
+        if read > cap {
+            break Some(Outcome::Failed(Reason::invalid_output(format!(
+                "the streamed answer is larger than the {cap} bytes allowed (max_response_bytes)"
+            ))));
+        }
+        buffer.extend_from_slice(&chunk);
+        loop {
+            let message = match decoder.decode_frame(&mut buffer) {
+                Ok(DecodedFrame::Complete(message)) => message,
+                Ok(DecodedFrame::Incomplete) => break,
+                Err(e) => {
+                    break 'stream Some(Outcome::Unknown(
+                        Reason::new("the stream sent a garbled frame").with_detail(&e.to_string()),
+                    ))
+                }
+            };
+            let message_type = super::bedrock::header_of(&message, ":message-type");
+            let kind = match message_type.as_str() {
+                "event" => super::bedrock::header_of(&message, ":event-type"),
+                "exception" => super::bedrock::header_of(&message, ":exception-type"),
+                _ => super::bedrock::header_of(&message, ":error-code"),
+            };
+            let payload = match super::bedrock::payload_of(&message) {
+                Ok(payload) => payload,
+                Err(e) => {
+                    break 'stream Some(Outcome::Unknown(
+                        Reason::new("the stream sent garbled data").with_detail(&e),
+                    ))
+                }
+            };
+            let chunk = match events.translate(&message_type, &kind, &payload) {
+                super::bedrock::Event::Chunk(chunk) => chunk,
+                super::bedrock::Event::Nothing => continue,
+                super::bedrock::Event::Failed(why) => {
+                    break 'stream Some(Outcome::Failed(Reason::new(why)))
+                }
+            };
+            match assembly.add(&chunk) {
+                Ok(Some(delta)) => {
+                    if sink.send(delta).await.is_err() {
+                        break 'stream Some(Outcome::Unknown(Reason::new(
+                            "the stream was abandoned",
+                        )));
+                    }
+                }
+                Ok(None) => {}
+                Err(reason) => break 'stream Some(Outcome::Failed(Reason::invalid_output(reason))),
+            }
+        }
+    };
+    match outcome {
+        Some(outcome) => (outcome, assembly.usage()),
+        None => {
+            let usage = assembly.usage();
+            (Outcome::Succeeded(assembly.answer()), usage)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -203,6 +203,12 @@ fn environment_for(toml: &str) -> Environment {
             }
         }
     }
+    // A Bedrock provider reads the standard AWS variables.
+    if toml.contains("kind = \"bedrock\"") {
+        names.extend(
+            ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION"].map(str::to_owned),
+        );
+    }
     Environment::from_pairs(names.iter().map(|n| {
         (
             n.as_str(),

@@ -18,6 +18,7 @@ mod attempts;
 mod authorization;
 mod azure_openai;
 mod bad_input;
+mod bedrock;
 mod browser;
 mod browser_pages;
 mod budget_limits;

@@ -47,6 +47,70 @@ pub enum Shape {
     /// without `alt=sse` (400), turns with roles other than `user` and
     /// `model`, and both response-schema forms at once (400).
     Gemini,
+    /// AWS Bedrock's Converse API: `/model/{model id}/converse` and
+    /// `converse-stream` (binary event-stream frames, written by AWS's own
+    /// encoder). Every request's SigV4 signature is recomputed with AWS's
+    /// own signer from the test credentials, the request's signed headers,
+    /// its path and its body bytes; one off by a byte is refused (403
+    /// `InvalidSignatureException`), as is a request signed for another
+    /// service or region, or without the session token. Errors carry their
+    /// type in `x-amzn-ErrorType` and `__type`.
+    Bedrock,
+}
+
+/// What Bedrock refuses before it answers: the status and body, with the
+/// error type for `x-amzn-ErrorType`.
+fn bedrock_refusal(request: &RecordedRequest) -> Option<(u16, String)> {
+    let refuse = |code: u16, kind: &str, message: &str| {
+        Some((
+            code,
+            json!({"__type": kind, "message": message}).to_string(),
+        ))
+    };
+    let (path, _) = request.path.split_once('?').unwrap_or((&request.path, ""));
+    let operation = path
+        .strip_prefix("/model/")
+        .and_then(|rest| rest.rsplit_once('/'))
+        .map(|(_, operation)| operation);
+    if !matches!(operation, Some("converse" | "converse-stream")) {
+        return refuse(404, "UnknownOperationException", "no such operation");
+    }
+    if let Err(why) = crate::support::aws::verify_sigv4(request) {
+        return refuse(403, "InvalidSignatureException", &why);
+    }
+    let turns = request.body["messages"].as_array();
+    let roles_ok = turns.is_some_and(|turns| {
+        !turns.is_empty()
+            && turns
+                .iter()
+                .all(|t| matches!(t["role"].as_str(), Some("user" | "assistant")))
+    });
+    if !roles_ok {
+        return refuse(
+            400,
+            "ValidationException",
+            "messages: each role is user or assistant",
+        );
+    }
+    let schema = &request.body["outputConfig"]["textFormat"]["structure"]["jsonSchema"]["schema"];
+    if !schema.is_null() && !schema.is_string() {
+        return refuse(
+            400,
+            "ValidationException",
+            "outputConfig...jsonSchema.schema must be a string",
+        );
+    }
+    None
+}
+
+/// A Converse answer whose text is `text`.
+fn converse_answer(text: &str) -> Value {
+    json!({
+        "output": {"message": {"role": "assistant", "content": [{"text": text}]}},
+        "stopReason": "end_turn",
+        "usage": {"inputTokens": 1, "outputTokens": 1, "totalTokens": 2},
+        "metrics": {"latencyMs": 1},
+    })
 }
 
 /// A google.rpc.Status error body.
@@ -260,6 +324,8 @@ pub struct RecordedRequest {
     pub headers: Vec<(String, String)>,
     /// The JSON body (`Value::Null` if absent or not JSON).
     pub body: Value,
+    /// The body's bytes as they came (what a signature covers).
+    pub raw: Vec<u8>,
 }
 
 impl RecordedRequest {
@@ -525,6 +591,7 @@ async fn handle(mut stream: TcpStream, shape: Shape, state: Arc<Shared>) {
     let refused = match shape {
         Shape::Azure => azure_refusal(&request),
         Shape::Gemini => gemini_refusal(&request),
+        Shape::Bedrock => bedrock_refusal(&request),
         _ => None,
     };
     // Gemini's token counter answers at once: a word a token.
@@ -611,6 +678,7 @@ async fn handle(mut stream: TcpStream, shape: Shape, state: Arc<Shared>) {
                 stream_anthropic(stream, &steps, &model, &request_id, &stops, &state).await
             }
             Shape::Gemini => stream_gemini(stream, &steps, &request_id, &state).await,
+            Shape::Bedrock => stream_converse(stream, &steps, &request_id, &state).await,
         };
         return;
     }
@@ -829,6 +897,83 @@ async fn stream_gemini(
     stream.shutdown().await
 }
 
+/// Acts out a [`Behaviour::Stream`] as ConverseStream's event-stream
+/// frames: `messageStart`, a `contentBlockDelta` per text step,
+/// `contentBlockStop`, `messageStop` and `metadata`; an error step is an
+/// exception frame.
+async fn stream_converse(
+    mut stream: TcpStream,
+    steps: &[StreamStep],
+    request_id: &str,
+    state: &Shared,
+) -> std::io::Result<()> {
+    use crate::support::aws::frame;
+    stream
+        .write_all(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/vnd.amazon.eventstream\r\n\
+              Connection: close\r\n\r\n",
+        )
+        .await?;
+    stream
+        .write_all(&frame(
+            "event",
+            "messageStart",
+            &json!({"role": "assistant"}),
+        ))
+        .await?;
+    let mut gates = 0;
+    for step in steps {
+        match step {
+            StreamStep::Text(text) => {
+                let delta = frame(
+                    "event",
+                    "contentBlockDelta",
+                    &json!({"contentBlockIndex": 0, "delta": {"text": text}, "p": "abcdef"}),
+                );
+                // Split across writes: the decoder must put frames together.
+                let (first, rest) = delta.split_at(delta.len() / 2);
+                stream.write_all(first).await?;
+                stream.flush().await?;
+                stream.write_all(rest).await?;
+                stream.flush().await?;
+                chunk_sent(state, request_id);
+            }
+            StreamStep::Wait(ms) => tokio::time::sleep(Duration::from_millis(*ms)).await,
+            StreamStep::Gate => {
+                gates += 1;
+                hold_at_gate(state, request_id, gates).await;
+            }
+            StreamStep::Stall => std::future::pending::<()>().await,
+            StreamStep::Error(message) => {
+                let error = frame(
+                    "exception",
+                    "modelStreamErrorException",
+                    &json!({"message": message}),
+                );
+                stream.write_all(&error).await?;
+                return stream.shutdown().await;
+            }
+            StreamStep::Reset => {
+                stream.set_zero_linger()?;
+                drop(stream);
+                return Ok(());
+            }
+        }
+    }
+    for (kind, payload) in [
+        ("contentBlockStop", json!({"contentBlockIndex": 0})),
+        ("messageStop", json!({"stopReason": "end_turn"})),
+        (
+            "metadata",
+            json!({"usage": {"inputTokens": 3, "outputTokens": steps.len(),
+            "totalTokens": 3 + steps.len()}, "metrics": {"latencyMs": 5}}),
+        ),
+    ] {
+        stream.write_all(&frame("event", kind, &payload)).await?;
+    }
+    stream.shutdown().await
+}
+
 /// Acts out a [`Behaviour::Stream`] in Anthropic's events.
 async fn stream_anthropic(
     mut stream: TcpStream,
@@ -978,6 +1123,7 @@ async fn read_request(stream: &mut TcpStream) -> Option<RecordedRequest> {
         path,
         headers,
         body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+        raw: body,
     })
 }
 
@@ -1049,6 +1195,19 @@ async fn write_response(
     body: &str,
 ) -> std::io::Result<()> {
     let mut response = head(status, body.len(), retry_after);
+    // A Bedrock error names its type in a header too.
+    if let Some(kind) = serde_json::from_str::<Value>(body)
+        .ok()
+        .and_then(|b| b["__type"].as_str().map(str::to_owned))
+    {
+        let at = response.len() - 2;
+        response.insert_str(
+            at,
+            &format!(
+                "x-amzn-ErrorType: {kind}:http://internal.amazon.com/coral/com.amazon.bedrock/\r\n"
+            ),
+        );
+    }
     response.push_str(body);
     stream.write_all(response.as_bytes()).await?;
     stream.shutdown().await
@@ -1111,6 +1270,7 @@ fn completion_stopping(shape: Shape, model: &str, text: &str, stops: &[String]) 
 fn completion(shape: Shape, model: &str, text: &str) -> String {
     let body = match shape {
         Shape::Gemini => gemini_answer(text, "STOP", model),
+        Shape::Bedrock => converse_answer(text),
         Shape::OpenAi | Shape::Azure => json!({
             "id": "chatcmpl-fake",
             "object": "chat.completion",
@@ -1206,6 +1366,18 @@ impl ProviderToml {
         }
     }
 
+    /// A Bedrock provider called `name` at `base_url` (model
+    /// `anthropic.claude-3-haiku-20240307-v1:0`), signed with the test AWS
+    /// credentials.
+    pub fn bedrock(name: &str, base_url: &str) -> Self {
+        Self {
+            kind: "bedrock",
+            model: "anthropic.claude-3-haiku-20240307-v1:0".to_owned(),
+            credential: "",
+            ..Self::openai(name, base_url)
+        }
+    }
+
     /// Authenticates with the test key as a bearer token (`azure_openai`'s
     /// Entra ID token) instead of an API key.
     pub fn bearer_token(mut self) -> Self {
@@ -1254,6 +1426,11 @@ impl ProviderToml {
             credential,
             extra,
         } = self;
+        let credential = if credential.is_empty() {
+            String::new()
+        } else {
+            format!("{credential} = \"ONEJOB_TEST_FAKE_KEY\"")
+        };
         let mut toml = format!(
             r#"
 [[providers]]
@@ -1261,7 +1438,7 @@ name = "{name}"
 kind = "{kind}"
 base_url = "{base_url}"
 model = "{model}"
-{credential} = "ONEJOB_TEST_FAKE_KEY"
+{credential}
 timeout_ms = {timeout_ms}
 late_result_ms = {late_result_ms}
 "#

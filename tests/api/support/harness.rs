@@ -300,6 +300,13 @@ pub fn test_environment() -> Environment {
     Environment::from_pairs([
         ("ONEJOB_TEST_FAKE_KEY", FAKE_API_KEY),
         ("ONEJOB_TEST_CALLBACK_KEY", CALLBACK_KEY),
+        ("AWS_ACCESS_KEY_ID", crate::support::aws::ACCESS_KEY_ID),
+        (
+            "AWS_SECRET_ACCESS_KEY",
+            crate::support::aws::SECRET_ACCESS_KEY,
+        ),
+        ("AWS_SESSION_TOKEN", crate::support::aws::SESSION_TOKEN),
+        ("AWS_REGION", crate::support::aws::REGION),
     ])
 }
 

@@ -9,6 +9,7 @@
 #[macro_use]
 pub mod harness;
 
+pub mod aws;
 pub mod db;
 pub mod devtools;
 pub mod fake_provider;
