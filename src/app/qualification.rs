@@ -16,7 +16,6 @@ use super::dispatch::Dispatch;
 use super::{App, AppError, AppResult, User};
 use crate::contracts::{golden_mismatches, GoldenExample, TaskContract};
 use crate::domain::{AuditAction, Outcome};
-use crate::providers::tokens::count_tokens;
 use crate::providers::Provider;
 use crate::store::operator::{record_audit, Audited};
 use crate::store::{now_ms, qualifications, QualificationRun};
@@ -127,17 +126,19 @@ pub async fn check_contract(provider: &Arc<Provider>, contract: &Arc<TaskContrac
         }
         let settings = &provider.settings;
         let budget = settings.context_budget();
-        let (longest, method, answer_limit) = prompts
-            .iter()
-            .zip(goldens)
-            .map(|(prompt, golden)| {
-                let (tokens, method) = count_tokens(settings, prompt);
-                (
-                    tokens,
-                    method,
-                    answer_limit(contract, settings, &golden.input),
-                )
-            })
+        let mut counted = Vec::with_capacity(prompts.len());
+        for (prompt, golden) in prompts.iter().zip(goldens) {
+            // The provider's own tokenizer where it has one (a count call,
+            // never an attempt), else tiktoken or an estimate.
+            let (tokens, method) = provider.count_tokens(prompt).await;
+            counted.push((
+                tokens,
+                method,
+                answer_limit(contract, settings, &golden.input),
+            ));
+        }
+        let (longest, method, answer_limit) = counted
+            .into_iter()
             .max_by_key(|(tokens, _, limit)| u64::from(*tokens) + limit)
             .unwrap_or((0, "none", u64::from(settings.max_tokens)));
         let needed = u64::from(longest) + answer_limit;

@@ -35,6 +35,8 @@ pub struct HttpClient {
     bearer_token: Option<Secret>,
     /// `bedrock`: what every request is signed with.
     aws: Option<super::bedrock::AwsSigning>,
+    /// How long a token count may take: the soft timeout.
+    count_timeout: Duration,
     max_tokens: u32,
     temperature: Option<f64>,
     max_response_bytes: usize,
@@ -83,6 +85,7 @@ impl HttpClient {
             api_key: config.api_key.clone(),
             bearer_token: config.bearer_token.clone(),
             aws: config.aws.clone(),
+            count_timeout: Duration::from_millis(config.timeout_ms),
             max_tokens: config.max_tokens,
             temperature: config.temperature,
             max_response_bytes: config.max_response_bytes,
@@ -222,6 +225,12 @@ impl HttpClient {
                 headers.insert("X-Onejob-Callback-Secret", secret);
             }
         }
+        self.insert_credential(&mut headers);
+        headers
+    }
+
+    /// The API key (or token) in the header this kind reads it from.
+    fn insert_credential(&self, headers: &mut HeaderMap) {
         let credential = match (&self.api_key, &self.bearer_token) {
             (Some(key), _) => Some(match self.kind {
                 ProviderKind::Anthropic => ("x-api-key", key.expose().to_owned()),
@@ -239,7 +248,77 @@ impl HttpClient {
                 headers.insert(name, value);
             }
         }
-        headers
+    }
+
+    /// Counts `text`'s tokens with the provider's own counter: Anthropic's
+    /// `POST /v1/messages/count_tokens`, Gemini's `countTokens`, Bedrock's
+    /// `CountTokens`; `None` for a kind without one, or when the count
+    /// fails (the caller then estimates). A count is a qualification's
+    /// call, never an attempt: nothing is billed or recorded for it.
+    pub async fn count_tokens(&self, text: &str) -> Option<(u32, &'static str)> {
+        let (url, body, method) = match self.kind {
+            ProviderKind::Anthropic => (
+                format!("{}/count_tokens", self.endpoint),
+                json!({"model": self.model, "messages": [{"role": "user", "content": text}]}),
+                "Anthropic count_tokens",
+            ),
+            ProviderKind::Gemini => (
+                format!("{}:countTokens", self.endpoint),
+                json!({"contents": [{"role": "user", "parts": [{"text": text}]}]}),
+                "Gemini countTokens",
+            ),
+            ProviderKind::Bedrock => (
+                format!("{}/count-tokens", self.endpoint),
+                json!({"input": {"converse": {"messages": [{"role": "user", "content": [{"text": text}]}]}}}),
+                "Bedrock CountTokens",
+            ),
+            _ => return None,
+        };
+        let body = serde_json::to_vec(&body).expect("JSON serializes");
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            reqwest::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if self.kind == ProviderKind::Anthropic {
+            headers.insert(
+                "anthropic-version",
+                HeaderValue::from_static(ANTHROPIC_VERSION),
+            );
+        }
+        self.insert_credential(&mut headers);
+        if let Some(aws) = &self.aws {
+            let signed = super::bedrock::sign(
+                aws,
+                &url,
+                &[("content-type", "application/json")],
+                &body,
+                std::time::SystemTime::now(),
+            )
+            .ok()?;
+            for (name, value) in signed {
+                let name = reqwest::header::HeaderName::from_bytes(name.as_bytes()).ok()?;
+                headers.insert(name, HeaderValue::from_str(&value).ok()?);
+            }
+        }
+        let response = self
+            .client
+            .post(url)
+            .headers(headers)
+            .body(body)
+            .timeout(self.count_timeout)
+            .send()
+            .await
+            .ok()?;
+        if !response.status().is_success() {
+            tracing::warn!(status = %response.status(), method, "a token count failed; estimating instead");
+            return None;
+        }
+        let answer: Value = response.json().await.ok()?;
+        let count = ["input_tokens", "totalTokens", "inputTokens"]
+            .iter()
+            .find_map(|field| answer[field].as_u64())?;
+        Some((u32::try_from(count).unwrap_or(u32::MAX), method))
     }
 
     /// Sends the call and classifies what comes back. Reasons quote the
@@ -620,6 +699,10 @@ impl HttpClient {
 impl ProviderClient for HttpClient {
     fn call<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Reply> {
         Box::pin(self.send_call(call, None))
+    }
+
+    fn count_tokens<'a>(&'a self, text: &'a str) -> BoxFuture<'a, Option<(u32, &'static str)>> {
+        Box::pin(HttpClient::count_tokens(self, text))
     }
 
     fn stream<'a>(&'a self, call: &'a Call, sink: DeltaSink) -> BoxFuture<'a, Reply> {

@@ -156,6 +156,13 @@ pub trait ProviderClient: Send + Sync {
         })
     }
 
+    /// `text`'s tokens counted by the provider itself, and how (a
+    /// qualification's call, never an attempt); `None` when it has no
+    /// counter (the caller counts or estimates locally).
+    fn count_tokens<'a>(&'a self, _text: &'a str) -> BoxFuture<'a, Option<(u32, &'static str)>> {
+        Box::pin(async { None })
+    }
+
     /// Request ids this client has been sent for job attempts, in order (the
     /// simulated client keeps them in memory; others keep none).
     fn sent_request_ids(&self) -> Vec<String> {
@@ -248,6 +255,16 @@ impl Provider {
             if let Some(pause) = refusal.pause {
                 self.limiter.pause(pause);
             }
+        }
+    }
+
+    /// `text`'s tokens, by the provider's own counter where it has one, else
+    /// by onejob's (`tokens::count_tokens`: tiktoken, or an estimate); and
+    /// which counted.
+    pub async fn count_tokens(&self, text: &str) -> (u32, &'static str) {
+        match self.client.count_tokens(text).await {
+            Some(counted) => counted,
+            None => tokens::count_tokens(&self.settings, text),
         }
     }
 

@@ -743,3 +743,82 @@ input = {{ messages = [{{ role = "user", content = "Say OK." }}], max_tokens = 3
     );
     assert_eq!(report.checks[1].detail, "JSON, no expectations to meet");
 }
+
+/// Qualification counts a golden prompt with the provider's own tokenizer
+/// where it has one: Anthropic's `count_tokens`, Gemini's `countTokens`,
+/// Bedrock's `CountTokens` (each a call to the fake, not an attempt), and
+/// says which counted. An OpenAI-kind provider counts with tiktoken,
+/// locally.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn qualification_counts_with_the_providers_own_tokenizer() {
+    for (shape, provider, counter, count_path) in [
+        (
+            Shape::Anthropic,
+            ProviderToml::anthropic("p", &FakeProvider::placeholder()),
+            "Anthropic count_tokens",
+            "/v1/messages/count_tokens",
+        ),
+        (
+            Shape::Gemini,
+            ProviderToml::gemini("p", &FakeProvider::placeholder()),
+            "Gemini countTokens",
+            ":countTokens",
+        ),
+        (
+            Shape::Bedrock,
+            ProviderToml::bedrock("p", &FakeProvider::placeholder()),
+            "Bedrock CountTokens",
+            "/count-tokens",
+        ),
+        (
+            Shape::OpenAi,
+            ProviderToml::openai("p", &FakeProvider::placeholder()),
+            "tiktoken",
+            "",
+        ),
+    ] {
+        let fake = FakeProvider::start(shape).await;
+        fake.set_default(Behaviour::AnswerText("OK".into()));
+        let provider = provider.base_url(&fake.base_url);
+        let toml = format!(
+            r#"{}
+[[tasks]]
+name = "chat"
+kind = "chat"
+providers = ["p"]
+
+[[tasks.golden]]
+input = {{ messages = [{{ role = "user", content = "Say OK now please." }}] }}
+"#,
+            provider.toml()
+        );
+        let config = config_of(&toml);
+        let providers = Providers::from_settings(&config.providers);
+        let report = check_contract(
+            &providers.get("p").unwrap(),
+            &config.contracts.get("chat").unwrap(),
+        )
+        .await;
+        assert!(report.passed(), "{shape:?}: {:?}", report.checks);
+        let budget = &report.checks[0].detail;
+        assert!(
+            budget.contains(&format!("({counter})")),
+            "{shape:?}: {budget}"
+        );
+        let counts: Vec<_> = fake
+            .requests()
+            .into_iter()
+            .filter(|r| !count_path.is_empty() && r.path.ends_with(count_path))
+            .collect();
+        if count_path.is_empty() {
+            assert_eq!(fake.total_requests(), 1, "only the golden call");
+        } else {
+            assert_eq!(counts.len(), 1, "{shape:?}: one count call");
+            assert!(
+                budget.starts_with("longest request 4 tokens"),
+                "{shape:?}: the counter's figure: {budget}"
+            );
+            assert_eq!(fake.total_requests(), 2, "the count and the golden call");
+        }
+    }
+}

@@ -72,11 +72,20 @@ fn bedrock_refusal(request: &RecordedRequest) -> Option<(u16, String)> {
         .strip_prefix("/model/")
         .and_then(|rest| rest.rsplit_once('/'))
         .map(|(_, operation)| operation);
-    if !matches!(operation, Some("converse" | "converse-stream")) {
+    if !matches!(
+        operation,
+        Some("converse" | "converse-stream" | "count-tokens")
+    ) {
         return refuse(404, "UnknownOperationException", "no such operation");
     }
     if let Err(why) = crate::support::aws::verify_sigv4(request) {
         return refuse(403, "InvalidSignatureException", &why);
+    }
+    if operation == Some("count-tokens") {
+        return request.body["input"]["converse"]["messages"]
+            .as_array()
+            .is_none()
+            .then(|| (400, json!({"__type": "ValidationException", "message": "input.converse is required"}).to_string()));
     }
     let turns = request.body["messages"].as_array();
     let roles_ok = turns.is_some_and(|turns| {
@@ -111,6 +120,47 @@ fn converse_answer(text: &str) -> Value {
         "usage": {"inputTokens": 1, "outputTokens": 1, "totalTokens": 2},
         "metrics": {"latencyMs": 1},
     })
+}
+
+/// The answer of a token-counting endpoint, if `request` asks one:
+/// Anthropic's `POST /v1/messages/count_tokens`, Gemini's `countTokens`,
+/// Bedrock's `count-tokens`; a word of the request's text a token.
+fn token_count(shape: Shape, request: &RecordedRequest) -> Option<Value> {
+    let words =
+        |texts: Vec<&str>| -> usize { texts.iter().map(|t| t.split_whitespace().count()).sum() };
+    let body = &request.body;
+    match shape {
+        Shape::Anthropic if request.path == "/v1/messages/count_tokens" => {
+            let texts = body["messages"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|m| m["content"].as_str())
+                .collect();
+            Some(json!({"input_tokens": words(texts)}))
+        }
+        Shape::Gemini if request.path.ends_with(":countTokens") => {
+            let texts = body["contents"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|turn| turn["parts"].as_array().into_iter().flatten())
+                .filter_map(|part| part["text"].as_str())
+                .collect();
+            Some(json!({"totalTokens": words(texts)}))
+        }
+        Shape::Bedrock if request.path.ends_with("/count-tokens") => {
+            let texts = body["input"]["converse"]["messages"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|m| m["content"].as_array().into_iter().flatten())
+                .filter_map(|block| block["text"].as_str())
+                .collect();
+            Some(json!({"inputTokens": words(texts)}))
+        }
+        _ => None,
+    }
 }
 
 /// A google.rpc.Status error body.
@@ -552,6 +602,13 @@ impl FakeProvider {
     }
 }
 
+impl FakeProvider {
+    /// A base URL to replace (`ProviderToml::base_url`) once a fake runs.
+    pub fn placeholder() -> String {
+        "http://127.0.0.1:9".to_owned()
+    }
+}
+
 impl Drop for FakeProvider {
     fn drop(&mut self) {
         // The accept loop owns the `JoinSet` of connection tasks; aborting it
@@ -594,18 +651,10 @@ async fn handle(mut stream: TcpStream, shape: Shape, state: Arc<Shared>) {
         Shape::Bedrock => bedrock_refusal(&request),
         _ => None,
     };
-    // Gemini's token counter answers at once: a word a token.
-    if shape == Shape::Gemini && refused.is_none() && request.path.contains(":countTokens") {
-        let words: usize = request.body["contents"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .flat_map(|turn| turn["parts"].as_array().cloned().unwrap_or_default())
-            .filter_map(|part| part["text"].as_str().map(|t| t.split_whitespace().count()))
-            .sum();
+    // Token counters answer at once, a word a token, in each API's terms.
+    if let (Some(count), None) = (token_count(shape, &request), &refused) {
         lock(&state).requests.push(request);
-        let body = json!({"totalTokens": words}).to_string();
-        let _ = write_response(&mut stream, 200, None, &body).await;
+        let _ = write_response(&mut stream, 200, None, &count.to_string()).await;
         return;
     }
     if let Some((status, body)) = refused {
@@ -1387,6 +1436,12 @@ impl ProviderToml {
 
     pub fn model(mut self, model: &str) -> Self {
         model.clone_into(&mut self.model);
+        self
+    }
+
+    /// Points it at another server.
+    pub fn base_url(mut self, base_url: &str) -> Self {
+        base_url.clone_into(&mut self.base_url);
         self
     }
 
