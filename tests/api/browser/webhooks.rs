@@ -65,7 +65,25 @@ async fn a_user_registers_an_endpoint_sees_a_delivery_on_the_job_page_and_resend
     let webhook_id = first[0].webhook_id().to_owned();
     assert_eq!(first[0].json()["type"], "job.succeeded");
 
-    browser.goto(&app, &format!("/jobs/{job_id}")).await;
+    // The receiver has the delivery; its state commits just after. The
+    // page is read again until it shows the delivery recorded (a page read
+    // once, before that commit, would never change).
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        browser.goto(&app, &format!("/jobs/{job_id}")).await;
+        if browser
+            .count(".delivery-event[data-state=delivered] .delivery-status")
+            .await
+            > 0
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the job page never showed the delivery as delivered"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let status = browser
         .wait_for_text(
             ".delivery-event[data-state=delivered] .delivery-status",
