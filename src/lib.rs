@@ -3,6 +3,7 @@
 //! docs/design.md for the rules and what enforces each.
 
 pub mod app;
+pub mod chat;
 pub mod cli;
 pub mod config;
 pub mod contracts;
