@@ -307,38 +307,9 @@ fn check_against(
 /// A chat request's shape: `messages`, a non-empty list of messages with a
 /// known role and content.
 pub fn check_chat_request(request: &Value) -> Result<(), String> {
-    let messages = request["messages"]
-        .as_array()
-        .filter(|m| !m.is_empty())
-        .ok_or("`messages` must be a non-empty array")?;
-    for (i, message) in messages.iter().enumerate() {
-        let role = message["role"].as_str().unwrap_or_default();
-        if !["system", "developer", "user", "assistant", "tool"].contains(&role) {
-            return Err(format!(
-                "`messages[{i}].role` must be system, developer, user, assistant or tool"
-            ));
-        }
-        if !(message["content"].is_string()
-            || message["content"].is_array()
-            || message["content"].is_null())
-        {
-            return Err(format!(
-                "`messages[{i}].content` must be a string or an array of parts"
-            ));
-        }
-    }
-    match request.get("n") {
-        None | Some(Value::Null) => {}
-        Some(n) if n.as_u64() == Some(1) => {}
-        Some(_) => return Err("`n` must be 1: one request, one answer".into()),
-    }
-    if !matches!(
-        request.get("stream"),
-        None | Some(Value::Null | Value::Bool(_))
-    ) {
-        return Err("`stream` must be a boolean".into());
-    }
-    Ok(())
+    crate::chat::openai_chat::read_request(request)
+        .map(drop)
+        .map_err(|refused| refused.message)
 }
 
 /// Golden expectations that do not hold: `pointer: expected X, got Y`.

@@ -34,26 +34,33 @@ impl Dispatch {
         temperature: Option<f64>,
         callback: Option<CallbackTarget>,
     ) -> Result<Self, Outcome> {
-        let (prompt, chat) = if contract.is_chat() {
-            (String::new(), Some(input.clone()))
+        let mut call = if contract.is_chat() {
+            // A chat job's input was read when it was created: one that no
+            // longer reads is a definite failure, and nothing is sent.
+            let read = crate::chat::openai_chat::read_request(input).map_err(|refused| {
+                Outcome::Failed(format!("the chat request cannot be read: {refused}").into())
+            })?;
+            Call::for_chat(
+                request_id,
+                attempt_number,
+                contract.name(),
+                read.request,
+                temperature,
+            )
         } else {
-            (
-                contract
-                    .render_prompt(input)
-                    .map_err(|e| Outcome::Failed(e.into()))?,
-                None,
+            let prompt = contract
+                .render_prompt(input)
+                .map_err(|e| Outcome::Failed(e.into()))?;
+            Call::for_task(
+                request_id,
+                attempt_number,
+                contract.name(),
+                prompt,
+                contract.definition.output_schema.clone(),
+                temperature,
             )
         };
-        let call = Call {
-            request_id,
-            attempt_number,
-            task: contract.name().to_owned(),
-            prompt,
-            output_schema: contract.definition.output_schema.clone(),
-            temperature,
-            callback,
-            chat,
-        };
+        call.callback = callback;
         Ok(Self {
             provider,
             contract,
@@ -92,10 +99,7 @@ impl Dispatch {
     /// `tokens_per_minute`: the prompt's estimate (the chat request's text
     /// for a chat route), before the answer's usage says.
     pub fn estimated_tokens(&self) -> u64 {
-        match &self.call.chat {
-            Some(request) => estimate_tokens(request.to_string().len()),
-            None => estimate_tokens(self.call.prompt.len()),
-        }
+        estimate_tokens(self.call.prompt_bytes())
     }
 }
 

@@ -140,27 +140,20 @@ impl App {
             .iter()
             .filter_map(|name| config.provider(name))
             .collect();
-        if contract.is_chat() {
-            // A limit the client set is a whole number, or nothing: one the
-            // provider would read otherwise is never passed through.
-            for member in ["max_completion_tokens", "max_tokens"] {
-                match input.get(member) {
-                    None | Some(Value::Null) => {}
-                    Some(limit)
-                        if crate::providers::chat::whole_number(limit).is_some_and(|n| n >= 1) => {}
-                    Some(_) => {
-                        return Err(AppError::InvalidBody {
-                            detail: format!("`{member}` must be a whole number, 1 or more"),
-                            field: Some(member.to_owned()),
-                        })
-                    }
-                }
-            }
-        }
-        let requested = contract
-            .is_chat()
-            .then(|| crate::providers::chat::requested_max_tokens(input))
-            .flatten();
+        // A chat request's own answer limit (read whole: one the provider
+        // would read otherwise is never passed through).
+        let requested = if contract.is_chat() {
+            crate::chat::openai_chat::read_request(input)
+                .map_err(|refused| AppError::InvalidBody {
+                    detail: refused.message,
+                    field: Some(refused.param),
+                })?
+                .request
+                .sampling
+                .max_tokens
+        } else {
+            None
+        };
         if let Some(asked) = requested {
             let ceiling = config.output_token_ceiling(contract);
             crate::domain::ledger::check_max_tokens(asked, ceiling).map_err(|refusal| {

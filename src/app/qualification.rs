@@ -189,13 +189,12 @@ fn prompt_of(contract: &TaskContract, input: &serde_json::Value) -> Result<Strin
     if !contract.is_chat() {
         return contract.render_prompt(input);
     }
-    let messages = input["messages"].as_array().cloned().unwrap_or_default();
-    Ok(messages
+    let read = crate::chat::openai_chat::read_request(input).map_err(|refused| refused.message)?;
+    Ok(read
+        .request
+        .messages
         .iter()
-        .map(|m| match &m["content"] {
-            serde_json::Value::String(text) => text.clone(),
-            other => other.to_string(),
-        })
+        .map(crate::chat::Message::text)
         .collect::<Vec<_>>()
         .join("\n"))
 }
@@ -208,8 +207,9 @@ fn answer_limit(
 ) -> u64 {
     let own = contract
         .is_chat()
-        .then(|| crate::providers::chat::requested_max_tokens(input))
-        .flatten();
+        .then(|| crate::chat::openai_chat::read_request(input).ok())
+        .flatten()
+        .and_then(|read| read.request.sampling.max_tokens);
     own.unwrap_or(u64::from(settings.max_tokens))
 }
 

@@ -24,7 +24,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use serde_json::Value;
+use crate::chat::openai_chat::WireDelta;
+use crate::chat::Delta;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
@@ -208,8 +209,10 @@ impl StreamWriter {
     /// take the stream past `server.max_stream_bytes`: then nothing is
     /// released and the attempt must end (`domain::stream::fits_in_buffer`).
     /// The first release is the attempt's time to first token.
-    pub fn release(&mut self, delta: &Value) -> Result<(), TooLarge> {
-        let text = delta.to_string();
+    pub fn release(&mut self, delta: &Delta) -> Result<(), TooLarge> {
+        // Kept in the one delta shape, whichever format the provider
+        // streamed in.
+        let text = WireDelta::of(delta).to_text();
         if !crate::domain::stream::fits_in_buffer(self.buffered, text.len(), self.cap) {
             self.app.metrics().stream_limit_hit("buffer");
             return Err(TooLarge { cap: self.cap });

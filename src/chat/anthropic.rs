@@ -263,12 +263,23 @@ pub fn read_request(body: &Value) -> Result<ReadRequest, Refused> {
             .map(|(i, tool)| read_tool(i, tool))
             .collect::<Result<_, _>>()?,
     };
-    if wire.output_format.is_some() {
-        return Err(refused(
-            "output_format",
-            "onejob's /v1/messages does not take this member",
-        ));
-    }
+    let output = match &wire.output_format {
+        None => None,
+        Some(format) if format.kind == "json_schema" && format.schema.is_object() => {
+            Some(OutputFormat::JsonSchema {
+                name: "output".into(),
+                schema: format.schema.clone(),
+                description: None,
+                strict: Some(true),
+            })
+        }
+        Some(_) => {
+            return Err(refused(
+                "output_format",
+                "must be {\"type\": \"json_schema\", \"schema\": {…}}",
+            ))
+        }
+    };
     let request = ChatRequest {
         messages,
         tools,
@@ -281,7 +292,7 @@ pub fn read_request(body: &Value) -> Result<ReadRequest, Refused> {
             ..Sampling::default()
         },
         stop,
-        output: None,
+        output,
         stream: wire.stream.unwrap_or(false),
         user: None,
         openai_extras: Map::new(),
@@ -959,9 +970,10 @@ impl EventReader {
                 ])
             }
             ProviderEvent::MessageStop => Ok(vec![StreamEvent::Done]),
-            ProviderEvent::Error { error } => Ok(vec![StreamEvent::Failed(
-                error.message.unwrap_or_else(|| "no message".to_owned()),
-            )]),
+            ProviderEvent::Error { error } => Ok(vec![StreamEvent::Failed(format!(
+                "the provider ended the stream with an error: {}",
+                error.message.as_deref().unwrap_or("no message")
+            ))]),
             ProviderEvent::Other => Ok(Vec::new()),
         }
     }
@@ -1277,4 +1289,35 @@ impl BlockWriter {
             Some(DoorEvent::MessageStop),
         ]
     }
+}
+
+/// `POST /v1/messages/count_tokens`' request for one user text.
+#[derive(Debug, Clone, Serialize)]
+pub struct CountTokensRequest<'a> {
+    pub model: &'a str,
+    pub messages: [CountMessage<'a>; 1],
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CountMessage<'a> {
+    pub role: &'static str,
+    pub content: &'a str,
+}
+
+impl<'a> CountTokensRequest<'a> {
+    pub fn of(model: &'a str, text: &'a str) -> Self {
+        Self {
+            model,
+            messages: [CountMessage {
+                role: "user",
+                content: text,
+            }],
+        }
+    }
+}
+
+/// `count_tokens`' answer.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CountTokensResponse {
+    pub input_tokens: u64,
 }

@@ -33,6 +33,35 @@ pub struct ChatRequest {
     pub openai_extras: Map<String, Value>,
 }
 
+impl ChatRequest {
+    /// The text of the last user message (empty when there is none).
+    pub fn last_user_text(&self) -> String {
+        self.messages
+            .iter()
+            .rev()
+            .find_map(|message| match message {
+                Message::User { content, .. } => Some(content.text("")),
+                _ => None,
+            })
+            .unwrap_or_default()
+    }
+}
+
+impl Message {
+    /// The message's text (its text parts joined; a tool call's arguments
+    /// are not text).
+    pub fn text(&self) -> String {
+        match self {
+            Self::System { content, .. }
+            | Self::User { content, .. }
+            | Self::Tool { content, .. } => content.text(""),
+            Self::Assistant { content, .. } => {
+                content.as_ref().map(|c| c.text("")).unwrap_or_default()
+            }
+        }
+    }
+}
+
 /// One turn of the conversation.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Message {

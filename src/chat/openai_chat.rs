@@ -1040,7 +1040,10 @@ pub struct ProviderChunkChoice {
 pub fn read_chunk(data: &str) -> Result<Vec<StreamEvent>, String> {
     let chunk: ProviderChunk = serde_json::from_str(data).map_err(|e| e.to_string())?;
     if let Some(error) = chunk.error {
-        return Ok(vec![StreamEvent::Failed(error.message_or_default())]);
+        return Ok(vec![StreamEvent::Failed(format!(
+            "the provider ended the stream with an error: {}",
+            error.message_or_default()
+        ))]);
     }
     let mut events = Vec::new();
     if let Some(choice) = chunk.choices.into_iter().next() {
@@ -1486,6 +1489,11 @@ mod tests {
             })]
         ));
         let events = read_chunk(r#"{"error":{"message":"overloaded"}}"#).unwrap();
-        assert_eq!(events, [StreamEvent::Failed("overloaded".into())]);
+        assert_eq!(
+            events,
+            [StreamEvent::Failed(
+                "the provider ended the stream with an error: overloaded".into()
+            )]
+        );
     }
 }

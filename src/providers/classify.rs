@@ -84,51 +84,10 @@ pub fn parse_retry_after_headers(ms: Option<&str>, seconds: Option<&str>) -> Opt
         .or_else(|| parse_retry_after(seconds))
 }
 
-/// Why Azure OpenAI's content filter refused a request, from its error
-/// body (`error.code` `content_filter`; the categories it filtered, under
-/// `innererror`/`inner_error` and `content_filter_result(s)`, spelled both
-/// ways by the service and its spec): the refusal is definite, and this is
-/// its reason.
-pub fn azure_content_filter(body: &serde_json::Value) -> Option<String> {
-    let error = &body["error"];
-    let inner = if error["innererror"].is_object() {
-        &error["innererror"]
-    } else {
-        &error["inner_error"]
-    };
-    let filtered =
-        error["code"] == "content_filter" || inner["code"] == "ResponsibleAIPolicyViolation";
-    if !filtered {
-        return None;
-    }
-    let results = if inner["content_filter_result"].is_object() {
-        &inner["content_filter_result"]
-    } else {
-        &inner["content_filter_results"]
-    };
-    let categories: Vec<String> = results
-        .as_object()
-        .into_iter()
-        .flatten()
-        .filter(|(_, result)| result["filtered"] == true)
-        .map(|(category, result)| match result["severity"].as_str() {
-            Some(severity) => format!("{category} ({severity})"),
-            None => category.clone(),
-        })
-        .collect();
-    Some(if categories.is_empty() {
-        "the provider's content filter refused the request".to_owned()
-    } else {
-        format!(
-            "the provider's content filter refused the request: {}",
-            categories.join(", ")
-        )
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::chat::openai_chat::azure_content_filter;
 
     #[test]
     fn azures_content_filter_is_named_with_what_it_filtered() {
@@ -137,17 +96,16 @@ mod tests {
                 "hate": {"filtered": true, "severity": "medium"},
                 "violence": {"filtered": false, "severity": "safe"}}}}});
         assert_eq!(
-            azure_content_filter(&live).unwrap(),
+            azure_content_filter(live.to_string().as_bytes()).unwrap(),
             "the provider's content filter refused the request: hate (medium)"
         );
         let spec = serde_json::json!({"error": {"code": "400",
             "inner_error": {"code": "ResponsibleAIPolicyViolation", "content_filter_results": {
                 "jailbreak": {"filtered": true, "detected": true}}}}});
-        assert!(azure_content_filter(&spec).unwrap().ends_with("jailbreak"));
-        assert_eq!(
-            azure_content_filter(&serde_json::json!({"error": {"code": "429"}})),
-            None
-        );
+        assert!(azure_content_filter(spec.to_string().as_bytes())
+            .unwrap()
+            .ends_with("jailbreak"));
+        assert_eq!(azure_content_filter(br#"{"error": {"code": "429"}}"#), None);
         assert_eq!(
             parse_retry_after_headers(Some("1500"), Some("2")),
             Some(Duration::from_millis(1500))

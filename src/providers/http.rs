@@ -1,21 +1,19 @@
-//! Providers over HTTP: OpenAI-compatible chat completions and Anthropic
-//! messages, with reqwest. No automatic retries and no redirects (a repeat
-//! could run the work twice); each call carries the attempt id as
-//! `Idempotency-Key` and `X-Request-Id`; every outcome is classified by
-//! [`super::classify`].
+//! Providers over HTTP, with reqwest: each kind's endpoint, credentials
+//! and framing; what the bodies say is its codec's ([`super::codec`]). No
+//! automatic retries and no redirects (a repeat could run the work twice);
+//! each call carries the attempt id as `Idempotency-Key` and
+//! `X-Request-Id`; every outcome is classified by [`super::classify`].
 
 use std::time::Duration;
 
 use reqwest::header::{HeaderMap, HeaderValue};
-use serde_json::{json, Value};
+use serde::de::DeserializeOwned;
 
-use super::classify::{
-    azure_content_filter, classify_status, parse_retry_after_headers, StatusClass,
-};
+use super::classify::{classify_status, parse_retry_after_headers, StatusClass};
+use super::codec::{conclude, Codec, ErrorReason};
 use super::streaming::{self, DeltaSink};
-use super::{
-    chat, BoxFuture, Call, MaxTokensField, ProviderClient, ProviderKind, ProviderSettings, Reply,
-};
+use super::{BoxFuture, Call, ProviderClient, ProviderKind, ProviderSettings, Reply};
+use crate::chat::{anthropic, bedrock, gemini};
 use crate::domain::outcome::Reason;
 use crate::domain::{Outcome, Refusal, Secret};
 
@@ -37,10 +35,8 @@ pub struct HttpClient {
     aws: Option<super::bedrock::AwsSigning>,
     /// How long a token count may take: the soft timeout.
     count_timeout: Duration,
-    max_tokens: u32,
-    temperature: Option<f64>,
+    codec: Codec,
     max_response_bytes: usize,
-    max_tokens_field: MaxTokensField,
 }
 
 impl HttpClient {
@@ -86,10 +82,8 @@ impl HttpClient {
             bearer_token: config.bearer_token.clone(),
             aws: config.aws.clone(),
             count_timeout: Duration::from_millis(config.timeout_ms),
-            max_tokens: config.max_tokens,
-            temperature: config.temperature,
+            codec: Codec::from_settings(config),
             max_response_bytes: config.max_response_bytes,
-            max_tokens_field: config.max_tokens_field,
         }
     }
 
@@ -113,92 +107,7 @@ impl HttpClient {
         }
     }
 
-    /// Gemini's request for the call, or why it cannot carry it.
-    fn gemini_body(&self, call: &Call) -> Result<Value, String> {
-        let ask = super::gemini::Ask {
-            chat: call.chat.as_ref(),
-            prompt: &call.prompt,
-            output_schema: call.output_schema.as_ref(),
-            max_tokens: self.max_tokens,
-            temperature: call.temperature.or(self.temperature),
-        };
-        let request = super::gemini::request(&ask).map_err(|refused| refused.0)?;
-        Ok(serde_json::to_value(request).expect("a request serializes"))
-    }
-
-    /// The request body; `streaming` when the caller takes the answer's
-    /// deltas as they arrive (a call without a sink is never streamed).
-    fn body(&self, call: &Call, streaming: bool) -> Value {
-        let mut body = self.body_whole(call);
-        if self.kind == ProviderKind::Gemini {
-            return body;
-        }
-        if streaming && self.streams(call) {
-            body["stream"] = json!(true);
-            // Usage is asked for whatever the client asked: the stored
-            // answer has it, as a non-streamed one does (Anthropic always
-            // sends it).
-            if self.kind != ProviderKind::Anthropic {
-                body["stream_options"] = json!({ "include_usage": true });
-            }
-        }
-        body
-    }
-
-    fn body_whole(&self, call: &Call) -> Value {
-        let mut body = self.body_for_model(call);
-        // Azure names the model by the deployment in the path; its request
-        // has no `model` member.
-        if self.kind == ProviderKind::AzureOpenai {
-            if let Some(body) = body.as_object_mut() {
-                body.remove("model");
-            }
-        }
-        body
-    }
-
-    fn body_for_model(&self, call: &Call) -> Value {
-        if let Some(request) = &call.chat {
-            let defaults = chat::ChatDefaults {
-                max_tokens: self.max_tokens,
-                temperature: self.temperature,
-            };
-            let mut body = chat::request_body(
-                self.kind,
-                &self.model,
-                self.max_tokens_field,
-                defaults,
-                request,
-            );
-            if let Some(t) = call.temperature {
-                body["temperature"] = json!(t);
-            }
-            return body;
-        }
-        let temperature = call.temperature.or(self.temperature);
-        let messages = json!([{ "role": "user", "content": call.prompt }]);
-        let mut body =
-            json!({ "model": self.model, "max_tokens": self.max_tokens, "messages": messages });
-        if let Some(t) = temperature {
-            body["temperature"] = json!(t);
-        }
-        if let Some(schema) = &call.output_schema {
-            match self.kind {
-                ProviderKind::Anthropic => {
-                    body["output_format"] = json!({ "type": "json_schema", "schema": schema });
-                }
-                _ => {
-                    body["response_format"] = json!({
-                        "type": "json_schema",
-                        "json_schema": { "name": schema_name(&call.task), "schema": schema, "strict": true }
-                    });
-                }
-            }
-        }
-        body
-    }
-
-    fn headers(&self, call: &Call) -> HeaderMap {
+    fn headers(&self, call: &Call, structured_outputs_beta: bool) -> HeaderMap {
         let mut headers = HeaderMap::new();
         let id = HeaderValue::from_str(&call.request_id).expect("request ids are ASCII");
         headers.insert("Idempotency-Key", id.clone());
@@ -208,7 +117,7 @@ impl HttpClient {
                 "anthropic-version",
                 HeaderValue::from_static(ANTHROPIC_VERSION),
             );
-            if call.output_schema.is_some() {
+            if structured_outputs_beta {
                 headers.insert(
                     "anthropic-beta",
                     HeaderValue::from_static(ANTHROPIC_STRUCTURED_OUTPUTS_BETA),
@@ -259,22 +168,22 @@ impl HttpClient {
         let (url, body, method) = match self.kind {
             ProviderKind::Anthropic => (
                 format!("{}/count_tokens", self.endpoint),
-                json!({"model": self.model, "messages": [{"role": "user", "content": text}]}),
+                serde_json::to_vec(&anthropic::CountTokensRequest::of(&self.model, text)),
                 "Anthropic count_tokens",
             ),
             ProviderKind::Gemini => (
                 format!("{}:countTokens", self.endpoint),
-                json!({"contents": [{"role": "user", "parts": [{"text": text}]}]}),
+                serde_json::to_vec(&gemini::CountTokensRequest::of(text)),
                 "Gemini countTokens",
             ),
             ProviderKind::Bedrock => (
                 format!("{}/count-tokens", self.endpoint),
-                json!({"input": {"converse": {"messages": [{"role": "user", "content": [{"text": text}]}]}}}),
+                serde_json::to_vec(&bedrock::CountTokensRequest::of(text)),
                 "Bedrock CountTokens",
             ),
             _ => return None,
         };
-        let body = serde_json::to_vec(&body).expect("JSON serializes");
+        let body = body.expect("JSON serializes");
         let mut headers = HeaderMap::new();
         headers.insert(
             reqwest::header::CONTENT_TYPE,
@@ -287,20 +196,7 @@ impl HttpClient {
             );
         }
         self.insert_credential(&mut headers);
-        if let Some(aws) = &self.aws {
-            let signed = super::bedrock::sign(
-                aws,
-                &url,
-                &[("content-type", "application/json")],
-                &body,
-                std::time::SystemTime::now(),
-            )
-            .ok()?;
-            for (name, value) in signed {
-                let name = reqwest::header::HeaderName::from_bytes(name.as_bytes()).ok()?;
-                headers.insert(name, HeaderValue::from_str(&value).ok()?);
-            }
-        }
+        self.sign(&url, &body, &mut headers).ok()?;
         let response = self
             .client
             .post(url)
@@ -314,11 +210,38 @@ impl HttpClient {
             tracing::warn!(status = %response.status(), method, "a token count failed; estimating instead");
             return None;
         }
-        let answer: Value = response.json().await.ok()?;
-        let count = ["input_tokens", "totalTokens", "inputTokens"]
-            .iter()
-            .find_map(|field| answer[field].as_u64())?;
+        let bytes = response.bytes().await.ok()?;
+        let count = match self.kind {
+            ProviderKind::Anthropic => {
+                counted::<anthropic::CountTokensResponse>(&bytes)?.input_tokens
+            }
+            ProviderKind::Gemini => counted::<gemini::CountTokensResponse>(&bytes)?.total_tokens,
+            _ => counted::<bedrock::CountTokensResponse>(&bytes)?.input_tokens,
+        };
         Some((u32::try_from(count).unwrap_or(u32::MAX), method))
+    }
+
+    /// Adds the SigV4 headers of a `bedrock` request, signed over exactly
+    /// the bytes sent; nothing for other kinds.
+    fn sign(&self, url: &str, body: &[u8], headers: &mut HeaderMap) -> Result<(), String> {
+        let Some(aws) = &self.aws else {
+            return Ok(());
+        };
+        let signed = super::bedrock::sign(
+            aws,
+            url,
+            &[("content-type", "application/json")],
+            body,
+            std::time::SystemTime::now(),
+        )?;
+        for (name, value) in signed {
+            let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
+                .map_err(|e| e.to_string())?;
+            let mut value = HeaderValue::from_str(&value).map_err(|e| e.to_string())?;
+            value.set_sensitive(true);
+            headers.insert(name, value);
+        }
+        Ok(())
     }
 
     /// Sends the call and classifies what comes back. Reasons quote the
@@ -348,72 +271,30 @@ impl HttpClient {
         crate::domain::outcome::redacted(&text, secrets.into_iter().flatten())
     }
 
-    /// Bedrock's request for the call, or why it cannot carry it.
-    fn bedrock_body(&self, call: &Call) -> Result<Value, String> {
-        let ask = super::bedrock::Ask {
-            chat: call.chat.as_ref(),
-            prompt: &call.prompt,
-            task: &call.task,
-            output_schema: call.output_schema.as_ref(),
-            max_tokens: self.max_tokens,
-            temperature: call.temperature.or(self.temperature),
-        };
-        let request = super::bedrock::request(&ask)?;
-        Ok(serde_json::to_value(request).expect("a request serializes"))
-    }
-
     async fn send(&self, call: &Call, sink: Option<&DeltaSink>) -> Reply {
         let streamed = sink.is_some() && self.streams(call);
-        let body = match self.kind {
-            ProviderKind::Gemini => self.gemini_body(call),
-            ProviderKind::Bedrock => self.bedrock_body(call),
-            _ => Ok(self.body(call, sink.is_some())),
-        };
-        let body = match body {
-            Ok(body) => serde_json::to_vec(&body).expect("JSON serializes"),
+        let encoded = match self.codec.encode(&call.request, streamed) {
+            Ok(encoded) => encoded,
             // Nothing was sent: the request cannot be put in its terms.
-            Err(why) => return Outcome::Failed(Reason::new(why)).into(),
+            Err(cannot) => return Outcome::Failed(Reason::new(cannot.0)).into(),
         };
         let url = self.url(streamed);
-        let mut headers = self.headers(call);
+        let mut headers = self.headers(call, encoded.structured_outputs_beta);
         headers.insert(
             reqwest::header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
-        if let Some(aws) = &self.aws {
-            // Signed over exactly the bytes sent.
-            let signed = super::bedrock::sign(
-                aws,
-                &url,
-                &[("content-type", "application/json")],
-                &body,
-                std::time::SystemTime::now(),
-            );
-            match signed {
-                Ok(signed) => {
-                    for (name, value) in signed {
-                        if let (Ok(name), Ok(mut value)) = (
-                            reqwest::header::HeaderName::from_bytes(name.as_bytes()),
-                            HeaderValue::from_str(&value),
-                        ) {
-                            value.set_sensitive(true);
-                            headers.insert(name, value);
-                        }
-                    }
-                }
-                Err(why) => {
-                    return Outcome::Failed(Reason::new(format!(
-                        "the request could not be signed: {why}"
-                    )))
-                    .into()
-                }
-            }
+        if let Err(why) = self.sign(&url, &encoded.body, &mut headers) {
+            return Outcome::Failed(Reason::new(format!(
+                "the request could not be signed: {why}"
+            )))
+            .into();
         }
         let sent = self
             .client
             .post(url)
             .headers(headers)
-            .body(body)
+            .body(encoded.body)
             .send()
             .await;
         let response = match sent {
@@ -446,22 +327,40 @@ impl HttpClient {
             header("retry-after").as_deref(),
         );
         let content_type = header("content-type").unwrap_or_default();
-        let event_stream = content_type.starts_with("text/event-stream");
         let error_type = header("x-amzn-errortype");
-        if let (Some(sink), true, true) = (
-            sink,
-            status.is_success(),
-            content_type.starts_with("application/vnd.amazon.eventstream"),
-        ) {
-            let (outcome, usage) =
-                streaming::read_aws_event_stream(response, self.max_response_bytes, sink).await;
+        if let (Some(sink), true) = (sink, status.is_success()) {
+            let streamed = if content_type.starts_with("application/vnd.amazon.eventstream") {
+                streaming::read_aws_event_stream(response, self.max_response_bytes, sink).await
+            } else if content_type.starts_with("text/event-stream") {
+                let reader = self.codec.stream_reader();
+                streaming::read_sse(response, self.max_response_bytes, reader, sink).await
+            } else {
+                // An answer that came whole: handed on whole.
+                return self
+                    .read_whole(call, response, Some(sink), retry_after, error_type)
+                    .await;
+            };
+            let usage = streamed.usage.map(crate::chat::TokenCounts::to_usage);
+            let outcome = match streamed.ended {
+                Ok(answer) => conclude(call.shape, answer, None).await,
+                Err(outcome) => outcome,
+            };
             return Reply { outcome, usage };
         }
-        if let (Some(sink), true, true) = (sink, status.is_success(), event_stream) {
-            let (outcome, usage) =
-                streaming::read_stream(self.kind, response, self.max_response_bytes, sink).await;
-            return Reply { outcome, usage };
-        }
+        self.read_whole(call, response, sink, retry_after, error_type)
+            .await
+    }
+
+    /// Reads an answer that came whole (or an error) and classifies it.
+    async fn read_whole(
+        &self,
+        call: &Call,
+        response: reqwest::Response,
+        sink: Option<&DeltaSink>,
+        retry_after: Option<Duration>,
+        error_type: Option<String>,
+    ) -> Reply {
+        let status = response.status();
         let (bytes, complete) = match read_capped(response, self.max_response_bytes).await {
             Ok(read) => read,
             Err(e) => {
@@ -480,220 +379,32 @@ impl HttpClient {
             .into();
         }
         if !status.is_success() {
-            // Shortened only after redaction (see `call`).
-            let excerpt = String::from_utf8_lossy(&bytes).into_owned();
-            // Gemini says how long to wait in the body, not a header.
-            let retry_after = match self.kind {
-                ProviderKind::Gemini => retry_after.or_else(|| {
-                    serde_json::from_slice::<Value>(&bytes)
-                        .ok()
-                        .and_then(|error| super::gemini::retry_delay(&error))
-                }),
-                _ => retry_after,
+            // Shortened only after redaction (see `send_call`).
+            let retry_after = retry_after.or_else(|| self.codec.retry_delay(&bytes));
+            let excerpt = match self.codec.error_reason(&bytes, error_type.as_deref()) {
+                ErrorReason::Filtered(reason) => return Outcome::Failed(reason).into(),
+                ErrorReason::Quoted(excerpt) => excerpt,
             };
-            // Bedrock names its error's type: the reason starts with it.
-            let excerpt = match self.kind {
-                ProviderKind::Bedrock => {
-                    let said = serde_json::from_slice::<Value>(&bytes).unwrap_or_default();
-                    match super::bedrock::error_type(error_type.as_deref(), &said) {
-                        Some(kind) => format!(
-                            "{kind}: {}",
-                            said["message"].as_str().unwrap_or(excerpt.trim())
-                        ),
-                        None => excerpt,
-                    }
-                }
-                _ => excerpt,
-            };
-            // Azure's content filter: definite, with what it filtered.
-            if let Some(filtered) = (self.kind == ProviderKind::AzureOpenai)
-                .then(|| serde_json::from_slice::<Value>(&bytes).ok())
-                .flatten()
-                .as_ref()
-                .and_then(azure_content_filter)
-            {
-                return Outcome::Failed(Reason::new(filtered).with_detail(excerpt.trim())).into();
-            }
-            return match classify_status(status.as_u16(), retry_after, excerpt.trim()) {
+            return match classify_status(status.as_u16(), retry_after, &excerpt) {
                 StatusClass::Definite { reason } => Outcome::Failed(reason),
                 StatusClass::NothingHappened(refusal) => Outcome::Refused(refusal),
                 StatusClass::Unknown { reason } => Outcome::Unknown(reason),
             }
             .into();
         }
-        let envelope: Value = match serde_json::from_slice(&bytes) {
-            Ok(v) => v,
-            Err(e) => {
-                return Outcome::Unknown(
-                    Reason::new(format!("the answer is truncated or garbled ({status})"))
-                        .with_detail(&e.to_string()),
-                )
-                .into()
-            }
-        };
-        match self.kind {
-            ProviderKind::Gemini => return self.gemini_reply(call, &envelope, sink).await,
-            ProviderKind::Bedrock => return self.bedrock_reply(call, &envelope, sink).await,
-            _ => {}
-        }
-        let usage = match self.kind {
-            ProviderKind::Anthropic => super::anthropic_usage(&envelope["usage"]),
-            _ => super::openai_usage(&envelope["usage"]),
-        };
-        let outcome = if call.chat.is_some() {
-            match chat::answer(self.kind, &envelope) {
-                Ok(answer) => {
-                    // A provider that answered a stream whole: its answer
-                    // is handed on as it came.
-                    if let Some(sink) = sink {
-                        for delta in streaming::whole_answer_deltas(&answer) {
-                            let _ = sink.send(delta).await;
-                        }
-                    }
-                    Outcome::Succeeded(answer)
-                }
-                Err(reason) => Outcome::Failed(Reason::invalid_output(reason)),
-            }
-        } else {
-            match self.answer_text(&envelope) {
-                Err(reason) => Outcome::Failed(Reason::invalid_output(reason)),
-                Ok(text) => match serde_json::from_str::<Value>(text.trim()) {
-                    Ok(answer) => Outcome::Succeeded(answer),
-                    Err(_) => {
-                        let excerpt = text.trim();
-                        Outcome::Failed(Reason::invalid_output(format!(
-                            "the answer is not JSON: {excerpt:?}"
-                        )))
-                    }
-                },
-            }
+        let decoded = self.codec.decode(&bytes, status.as_u16());
+        let usage = decoded.usage.map(crate::chat::TokenCounts::to_usage);
+        let outcome = match decoded.answer {
+            Ok(answer) => conclude(call.shape, answer, sink).await,
+            Err(outcome) => outcome,
         };
         Reply { outcome, usage }
     }
+}
 
-    /// A Gemini answer as a reply: a blocked prompt or an answer stopped
-    /// by a filter is a definite failure naming why.
-    async fn gemini_reply(&self, call: &Call, envelope: &Value, sink: Option<&DeltaSink>) -> Reply {
-        use super::gemini;
-        let response: gemini::GenerateContentResponse =
-            match serde_json::from_value(envelope.clone()) {
-                Ok(response) => response,
-                Err(e) => {
-                    return Outcome::Failed(Reason::invalid_output(format!(
-                        "the answer is not a GenerateContentResponse: {e}"
-                    )))
-                    .into()
-                }
-            };
-        let usage = response
-            .usage_metadata
-            .and_then(|u| super::openai_usage(&u.to_openai()));
-        if let Some(why) = gemini::blocked(&response) {
-            return Reply {
-                outcome: Outcome::Failed(Reason::new(why)),
-                usage,
-            };
-        }
-        let outcome = if call.chat.is_some() {
-            match gemini::answer(&response) {
-                Ok(answer) => {
-                    if let Some(sink) = sink {
-                        for delta in streaming::whole_answer_deltas(&answer) {
-                            let _ = sink.send(delta).await;
-                        }
-                    }
-                    Outcome::Succeeded(answer)
-                }
-                Err(reason) => Outcome::Failed(Reason::invalid_output(reason)),
-            }
-        } else {
-            match gemini::answer_text(&response) {
-                Err(reason) => Outcome::Failed(Reason::invalid_output(reason)),
-                Ok(text) => match serde_json::from_str::<Value>(text.trim()) {
-                    Ok(answer) => Outcome::Succeeded(answer),
-                    Err(_) => Outcome::Failed(Reason::invalid_output(format!(
-                        "the answer is not JSON: {:?}",
-                        text.trim()
-                    ))),
-                },
-            }
-        };
-        Reply { outcome, usage }
-    }
-
-    /// A Converse answer as a reply: a stop for a guardrail or a content
-    /// filter is a definite failure naming it.
-    async fn bedrock_reply(
-        &self,
-        call: &Call,
-        envelope: &Value,
-        sink: Option<&DeltaSink>,
-    ) -> Reply {
-        use super::bedrock;
-        let response: bedrock::ConverseResponse = match serde_json::from_value(envelope.clone()) {
-            Ok(response) => response,
-            Err(e) => {
-                return Outcome::Failed(Reason::invalid_output(format!(
-                    "the answer is not a ConverseResponse: {e}"
-                )))
-                .into()
-            }
-        };
-        let usage = super::openai_usage(&response.usage.to_openai());
-        if let Some(why) = bedrock::blocked(&response) {
-            return Reply {
-                outcome: Outcome::Failed(Reason::new(why)),
-                usage,
-            };
-        }
-        let outcome = if call.chat.is_some() {
-            let answer = bedrock::answer(&response);
-            if let Some(sink) = sink {
-                for delta in streaming::whole_answer_deltas(&answer) {
-                    let _ = sink.send(delta).await;
-                }
-            }
-            Outcome::Succeeded(answer)
-        } else {
-            match bedrock::answer_text(&response) {
-                Err(reason) => Outcome::Failed(Reason::invalid_output(reason)),
-                Ok(text) => match serde_json::from_str::<Value>(text.trim()) {
-                    Ok(answer) => Outcome::Succeeded(answer),
-                    Err(_) => Outcome::Failed(Reason::invalid_output(format!(
-                        "the answer is not JSON: {:?}",
-                        text.trim()
-                    ))),
-                },
-            }
-        };
-        Reply { outcome, usage }
-    }
-
-    /// The model's text out of the provider's response envelope.
-    fn answer_text(&self, envelope: &Value) -> Result<String, String> {
-        match self.kind {
-            ProviderKind::Anthropic => {
-                let parts = envelope["content"]
-                    .as_array()
-                    .ok_or("the response has no content")?;
-                let text: String = parts.iter().filter_map(|p| p["text"].as_str()).collect();
-                if text.is_empty() {
-                    return Err("the response has no text content".into());
-                }
-                Ok(text)
-            }
-            _ => {
-                let message = &envelope["choices"][0]["message"];
-                if let Some(refusal) = message["refusal"].as_str() {
-                    return Err(format!("the model refused: {refusal}"));
-                }
-                message["content"]
-                    .as_str()
-                    .map(str::to_owned)
-                    .ok_or_else(|| "the response has no message content".into())
-            }
-        }
-    }
+/// A count's answer, read as its type.
+fn counted<T: DeserializeOwned>(bytes: &[u8]) -> Option<T> {
+    serde_json::from_slice(bytes).ok()
 }
 
 impl ProviderClient for HttpClient {
@@ -749,19 +460,6 @@ async fn read_capped(
     Ok((body, true))
 }
 
-/// OpenAI schema names allow `[a-zA-Z0-9_-]`.
-fn schema_name(task: &str) -> String {
-    task.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
-}
-
 /// An error with its sources, for a reason people can act on.
 pub(super) fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
@@ -777,12 +475,14 @@ pub(super) fn error_chain(error: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::chat::openai_chat;
     use crate::providers::CallbackTarget;
+    use serde_json::{json, Value};
 
-    fn client_with_key(key: &str) -> HttpClient {
-        let mut settings: ProviderSettings = toml::from_str(
-            "name = \"p\"\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:1\"\nmodel = \"m\"",
-        )
+    fn client(kind: &str, key: &str) -> HttpClient {
+        let mut settings: ProviderSettings = toml::from_str(&format!(
+            "name = \"p\"\nkind = \"{kind}\"\nbase_url = \"http://127.0.0.1:1\"\nmodel = \"m\""
+        ))
         .unwrap();
         settings.api_key = Some(Secret::new(key));
         HttpClient::from_settings(&settings)
@@ -791,21 +491,13 @@ mod tests {
     #[test]
     fn secrets_are_redacted_before_a_reason_is_shortened() {
         let key = "sk-unit-test-0123456789abcdefghij";
-        let client = client_with_key(key);
+        let client = client("openai", key);
+        let mut call = Call::for_task("a".into(), 1, "t", "p".into(), None, None);
         let target = CallbackTarget {
             url: "http://x".into(),
             secret: Secret::new("cb-secret-abcdef"),
         };
-        let call = Call {
-            request_id: "a".into(),
-            attempt_number: 1,
-            task: "t".into(),
-            prompt: "p".into(),
-            output_schema: None,
-            temperature: None,
-            callback: Some(target.clone()),
-            chat: None,
-        };
+        call.callback = Some(target.clone());
         // The key straddles the 400-character cut.
         let text = format!("{}{key} and {}", "x".repeat(390), target.secret.expose());
         let redacted = client.redact(&call, text);
@@ -815,55 +507,46 @@ mod tests {
         assert!(!format!("{client:?}").contains(key), "Debug hides the key");
     }
 
-    /// A chat task's call carrying the client's `chat` request.
-    fn chat_call(chat: Value) -> Call {
-        Call {
-            request_id: "a".into(),
-            attempt_number: 1,
-            task: "chat".into(),
-            prompt: String::new(),
-            output_schema: None,
-            temperature: None,
-            callback: None,
-            chat: Some(chat),
-        }
+    /// A chat route's call for the client's Chat Completions `request`.
+    fn chat_call(request: Value) -> Call {
+        let read = openai_chat::read_request(&request).unwrap();
+        Call::for_chat("a".into(), 1, "chat", read.request, None)
+    }
+
+    fn body(client: &HttpClient, call: &Call, streamed: bool) -> Value {
+        let encoded = client.codec.encode(&call.request, streamed).unwrap();
+        serde_json::from_slice(&encoded.body).unwrap()
     }
 
     #[test]
     fn a_chat_call_streams_only_when_asked_and_taken_as_it_arrives() {
-        let client = client_with_key("sk-unit");
+        let client = client("openai", "sk-unit");
         let call = |stream: bool| {
-            chat_call(json!({"messages": [], "stream": stream,
-                             "stream_options": {"include_usage": false}}))
+            chat_call(
+                json!({"messages": [{"role": "user", "content": "Hi"}], "stream": stream,
+                             "stream_options": {"include_usage": false}}),
+            )
         };
-        let streamed = client.body(&call(true), true);
+        assert!(client.streams(&call(true)));
+        assert!(!client.streams(&call(false)));
+        let streamed = body(&client, &call(true), true);
         assert_eq!(streamed["stream"], true);
         assert_eq!(streamed["stream_options"], json!({"include_usage": true}));
-        // No sink (a qualification's golden call), or no stream asked for:
-        // a whole answer.
-        for body in [
-            client.body(&call(true), false),
-            client.body(&call(false), true),
-        ] {
-            assert!(body.get("stream").is_none(), "{body}");
-            assert!(body.get("stream_options").is_none(), "{body}");
-        }
+        // No sink (a qualification's golden call): a whole answer.
+        let whole = body(&client, &call(true), false);
+        assert!(whole.get("stream").is_none(), "{whole}");
+        assert!(whole.get("stream_options").is_none(), "{whole}");
     }
 
     #[test]
     fn an_anthropic_chat_call_streams_in_anthropics_terms() {
-        let mut settings: ProviderSettings = toml::from_str(
-            "name = \"c\"\nkind = \"anthropic\"\nbase_url = \"http://127.0.0.1:1\"\nmodel = \"m\"",
-        )
-        .unwrap();
-        settings.api_key = Some(Secret::new("sk-unit"));
-        let client = HttpClient::from_settings(&settings);
+        let client = client("anthropic", "sk-unit");
         let call =
             chat_call(json!({"messages": [{"role": "user", "content": "Hi"}], "stream": true}));
-        let streamed = client.body(&call, true);
+        let streamed = body(&client, &call, true);
         assert_eq!(streamed["stream"], true);
         assert!(streamed.get("stream_options").is_none(), "{streamed}");
-        assert!(client.body(&call, false).get("stream").is_none());
+        assert!(body(&client, &call, false).get("stream").is_none());
     }
 
     #[test]
@@ -880,10 +563,5 @@ mod tests {
             api_root("https://proxy.example/openai/v1"),
             "https://proxy.example/openai"
         );
-    }
-
-    #[test]
-    fn schema_names_keep_to_the_allowed_characters() {
-        assert_eq!(schema_name("sum.marize v2"), "sum_marize_v2");
     }
 }

@@ -7,9 +7,8 @@
 //! it, and tests may inject their own.
 
 pub mod bedrock;
-pub mod chat;
 pub mod classify;
-pub mod gemini;
+pub mod codec;
 pub mod http;
 pub mod limits;
 pub mod settings;
@@ -26,13 +25,27 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::sync::Notify;
 
+use crate::chat::model::Sampling;
+use crate::chat::{ChatRequest, Content, Message, OutputFormat};
+
 use crate::domain::{Outcome, Secret, Usage};
 use http::HttpClient;
 use limits::Limiter;
 pub use settings::{MaxTokensField, ProviderKind, ProviderSettings, ScriptStep, SimulatedFailure};
 use simulated::SimulatedClient;
 
-/// One call, ready to send: the prompt is rendered, the identity chosen.
+/// What a call's answer is taken as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnswerShape {
+    /// A chat route's: the model's whole message (its text and tool calls),
+    /// kept as `chat::openai_chat::StoredAnswer`.
+    Message,
+    /// A task's: the JSON its text holds.
+    Json,
+}
+
+/// One call, ready to send: the request is written in the model's terms,
+/// the identity chosen. Each provider's codec writes it in its format.
 #[derive(Debug, Clone)]
 pub struct Call {
     /// Sent as `Idempotency-Key` and `X-Request-Id`: the attempt id, or
@@ -42,26 +55,105 @@ pub struct Call {
     pub attempt_number: i32,
     /// The task's name (a structured-output schema is named after it).
     pub task: String,
-    pub prompt: String,
-    /// Sent as the structured-output format, when the task has one.
-    pub output_schema: Option<Value>,
-    /// Overrides the provider's temperature (qualification uses the task's).
-    pub temperature: Option<f64>,
+    pub request: ChatRequest,
+    pub shape: AnswerShape,
     /// Where and with which secret the provider may call back late.
     pub callback: Option<CallbackTarget>,
-    /// For a chat route: the client's Chat Completions request, passed
-    /// through (`prompt` and `output_schema` are then unused).
-    pub chat: Option<Value>,
 }
 
 impl Call {
-    /// Whether the client asked for its answer as a stream (a chat
-    /// request with `stream: true`).
-    pub fn wants_stream(&self) -> bool {
-        self.chat
-            .as_ref()
-            .is_some_and(|request| request["stream"] == Value::Bool(true))
+    /// A task's call: its rendered prompt as one user message, asking for
+    /// the task's output schema (named after the task, strict) when it has
+    /// one; `temperature` overrides the provider's.
+    pub fn for_task(
+        request_id: String,
+        attempt_number: i32,
+        task: &str,
+        prompt: String,
+        output_schema: Option<Value>,
+        temperature: Option<f64>,
+    ) -> Self {
+        let request = ChatRequest {
+            messages: vec![Message::User {
+                content: Content::Text(prompt),
+                name: None,
+            }],
+            output: output_schema.map(|schema| OutputFormat::JsonSchema {
+                name: schema_name(task),
+                schema,
+                description: None,
+                strict: Some(true),
+            }),
+            sampling: Sampling {
+                temperature,
+                ..Sampling::default()
+            },
+            ..ChatRequest::default()
+        };
+        Self {
+            request_id,
+            attempt_number,
+            task: task.to_owned(),
+            request,
+            shape: AnswerShape::Json,
+            callback: None,
+        }
     }
+
+    /// A chat route's call: the client's request as it asked;
+    /// `temperature` overrides its own (qualification uses the task's).
+    pub fn for_chat(
+        request_id: String,
+        attempt_number: i32,
+        task: &str,
+        mut request: ChatRequest,
+        temperature: Option<f64>,
+    ) -> Self {
+        if temperature.is_some() {
+            request.sampling.temperature = temperature;
+        }
+        Self {
+            request_id,
+            attempt_number,
+            task: task.to_owned(),
+            request,
+            shape: AnswerShape::Message,
+            callback: None,
+        }
+    }
+
+    /// The size of what is asked, for estimates before the provider says:
+    /// a task's prompt, or a chat request as its job keeps it.
+    pub fn prompt_bytes(&self) -> usize {
+        match self.shape {
+            AnswerShape::Json => self.request.last_user_text().len(),
+            AnswerShape::Message => {
+                let input = crate::chat::openai_chat::write_request(
+                    &self.request,
+                    crate::chat::openai_chat::Target::Input { route: &self.task },
+                );
+                serde_json::to_vec(&input).map_or(0, |bytes| bytes.len())
+            }
+        }
+    }
+
+    /// Whether the client asked for its answer as a stream.
+    pub fn wants_stream(&self) -> bool {
+        self.shape == AnswerShape::Message && self.request.stream
+    }
+}
+
+/// OpenAI schema names allow `[a-zA-Z0-9_-]`.
+fn schema_name(task: &str) -> String {
+    task.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
 }
 
 /// A callback URL and the attempt's secret, sent to providers that answer
@@ -99,40 +191,6 @@ impl From<Outcome> for Reply {
     }
 }
 
-/// The usage of an answer in OpenAI's shape (`prompt_tokens`,
-/// `completion_tokens`, `prompt_tokens_details.cached_tokens`; a lone
-/// `total_tokens` counts as prompt).
-pub fn openai_usage(usage: &Value) -> Option<Usage> {
-    let cached = usage["prompt_tokens_details"]["cached_tokens"]
-        .as_u64()
-        .unwrap_or(0);
-    match (
-        usage["prompt_tokens"].as_u64(),
-        usage["completion_tokens"].as_u64(),
-    ) {
-        (Some(prompt), completion) => {
-            Some(Usage::reported(prompt, completion.unwrap_or(0), cached))
-        }
-        (None, _) => usage["total_tokens"]
-            .as_u64()
-            .map(|total| Usage::reported(total, 0, 0)),
-    }
-}
-
-/// The usage of an answer in Anthropic's shape: the prompt is
-/// `input_tokens` plus the tokens written to and read from the cache; the
-/// cached ones are those read.
-pub fn anthropic_usage(usage: &Value) -> Option<Usage> {
-    let input = usage["input_tokens"].as_u64()?;
-    let written = usage["cache_creation_input_tokens"].as_u64().unwrap_or(0);
-    let read = usage["cache_read_input_tokens"].as_u64().unwrap_or(0);
-    Some(Usage::reported(
-        input + written + read,
-        usage["output_tokens"].as_u64().unwrap_or(0),
-        read,
-    ))
-}
-
 /// Something that can be sent a [`Call`].
 pub trait ProviderClient: Send + Sync {
     /// Sends the call and waits for the answer, however long it takes (the
@@ -148,7 +206,8 @@ pub trait ProviderClient: Send + Sync {
         Box::pin(async move {
             let reply = self.call(call).await;
             if let Outcome::Succeeded(answer) = &reply.outcome {
-                for delta in streaming::whole_answer_deltas(answer) {
+                let answer = crate::chat::openai_chat::StoredAnswer::read(answer).answer();
+                for delta in crate::chat::model::whole_answer_deltas(&answer) {
                     let _ = sink.send(delta).await;
                 }
             }
@@ -334,41 +393,28 @@ impl Providers {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     #[test]
-    fn openai_usage_counts_the_prompt_the_answer_and_the_cached_part() {
-        let usage = openai_usage(&json!({
-            "prompt_tokens": 120, "completion_tokens": 30, "total_tokens": 150,
-            "prompt_tokens_details": {"cached_tokens": 100}
-        }))
-        .unwrap();
-        assert_eq!(usage, Usage::reported(120, 30, 100));
-        // A total alone counts as prompt; nothing is no usage.
-        assert_eq!(
-            openai_usage(&json!({"total_tokens": 7})),
-            Some(Usage::reported(7, 0, 0))
-        );
-        assert_eq!(openai_usage(&json!(null)), None);
-        // Cached beyond the prompt is held to it.
-        assert_eq!(
-            openai_usage(
-                &json!({"prompt_tokens": 5, "prompt_tokens_details": {"cached_tokens": 9}})
-            )
-            .unwrap()
-            .cached_tokens,
-            5
-        );
+    fn schema_names_keep_to_the_allowed_characters() {
+        assert_eq!(schema_name("sum.marize v2"), "sum_marize_v2");
     }
 
     #[test]
-    fn anthropic_usage_adds_the_cache_to_the_prompt() {
-        let usage = anthropic_usage(&json!({
-            "input_tokens": 10, "cache_creation_input_tokens": 200,
-            "cache_read_input_tokens": 1000, "output_tokens": 40
-        }))
-        .unwrap();
-        assert_eq!(usage, Usage::reported(1210, 40, 1000));
-        assert_eq!(anthropic_usage(&json!({"output_tokens": 4})), None);
+    fn a_task_call_is_one_user_message_asking_for_its_schema() {
+        let call = Call::for_task(
+            "a".into(),
+            1,
+            "sum.marize",
+            "Sum up".into(),
+            Some(serde_json::json!({"type": "object"})),
+            Some(0.0),
+        );
+        assert_eq!(call.request.messages.len(), 1);
+        assert_eq!(call.request.sampling.temperature, Some(0.0));
+        assert!(matches!(
+            &call.request.output,
+            Some(OutputFormat::JsonSchema { name, strict: Some(true), .. }) if name == "sum_marize"
+        ));
+        assert!(!call.wants_stream());
     }
 }

@@ -10,8 +10,11 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::{
-    BoxFuture, Call, ProviderClient, ProviderSettings, Reply, ScriptStep, SimulatedFailure,
+    AnswerShape, BoxFuture, Call, ProviderClient, ProviderSettings, Reply, ScriptStep,
+    SimulatedFailure,
 };
+use crate::chat::openai_chat::StoredAnswer;
+use crate::chat::{Answer, ChatRequest, StopReason, TokenCounts};
 use crate::domain::{sha256_hex, Outcome};
 
 /// How many of the latest attempt ids a simulated provider remembers: its
@@ -66,9 +69,9 @@ impl SimulatedClient {
             SimulatedFailure::TimeoutForever => std::future::pending().await,
             SimulatedFailure::None => {
                 tokio::time::sleep(latency).await;
-                Outcome::Succeeded(match &call.chat {
-                    Some(request) => chat_answer(&self.name, request),
-                    None => answer(&self.name, call),
+                Outcome::Succeeded(match call.shape {
+                    AnswerShape::Message => chat_answer(&self.name, &call.request),
+                    AnswerShape::Json => answer(&self.name, call),
                 })
             }
         }
@@ -91,10 +94,7 @@ impl ProviderClient for SimulatedClient {
             // counted as onejob estimates, one token per three bytes.
             let usage = match &outcome {
                 Outcome::Succeeded(answer) => {
-                    let prompt = match &call.chat {
-                        Some(request) => request.to_string().len(),
-                        None => call.prompt.len(),
-                    };
+                    let prompt = call.prompt_bytes();
                     Some(crate::domain::Usage::estimated(
                         prompt.div_ceil(3) as u64,
                         answer.to_string().len().div_ceil(3) as u64,
@@ -118,7 +118,7 @@ impl ProviderClient for SimulatedClient {
 
 /// The deterministic answer: the same prompt always gives the same JSON.
 fn answer(provider_name: &str, call: &Call) -> serde_json::Value {
-    let digest = sha256_hex(call.prompt.as_bytes());
+    let digest = sha256_hex(call.request.last_user_text().as_bytes());
     json!({
         "provider": provider_name,
         "task": call.task,
@@ -128,18 +128,24 @@ fn answer(provider_name: &str, call: &Call) -> serde_json::Value {
 }
 
 /// The deterministic reply to a chat request.
-fn chat_answer(provider_name: &str, request: &serde_json::Value) -> serde_json::Value {
-    let said = super::chat::last_user_text(request);
+fn chat_answer(provider_name: &str, request: &ChatRequest) -> serde_json::Value {
+    let said = request.last_user_text();
     let content = format!("simulated reply from {provider_name} to: {said}");
     let (prompt, completion) = (
         said.split_whitespace().count(),
         content.split_whitespace().count(),
     );
-    json!({
-        "message": {"role": "assistant", "content": content},
-        "finish_reason": "stop",
-        "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
-    })
+    let answer = Answer {
+        text: Some(content),
+        stop: StopReason::EndTurn,
+        usage: TokenCounts {
+            input: prompt as u64,
+            output: completion as u64,
+            ..TokenCounts::default()
+        },
+        ..Answer::default()
+    };
+    StoredAnswer::of(&answer).to_value()
 }
 
 #[cfg(test)]
@@ -156,16 +162,14 @@ mod tests {
     }
 
     fn call(number: i32, prompt: &str) -> Call {
-        Call {
-            request_id: format!("attempt-{number}"),
-            attempt_number: number,
-            task: "summarize".into(),
-            prompt: prompt.into(),
-            output_schema: None,
-            temperature: None,
-            callback: None,
-            chat: None,
-        }
+        Call::for_task(
+            format!("attempt-{number}"),
+            number,
+            "summarize",
+            prompt.into(),
+            None,
+            None,
+        )
     }
 
     #[tokio::test]

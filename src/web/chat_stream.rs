@@ -6,223 +6,72 @@
 //! then `n+1` the finish reason, `n+2` the usage (when asked for) and
 //! `n+3` `[DONE]`. A request with `Last-Event-ID: k` gets the events after
 //! `k`. A job that ends without an answer ends its stream with one error
-//! event, in OpenAI's error shape, and no `[DONE]`.
+//! event, in OpenAI's error shape, and no `[DONE]`. The walk along the
+//! job's stream is the doors' own (`chat_door::stream_response`).
 
-use std::convert::Infallible;
+use super::chat_door::{ChatCompletions, ChatError, StreamFormat};
+use crate::app::Job;
+use crate::chat::model::whole_answer_deltas;
+use crate::chat::openai_chat::{ChunkWriter, StoredAnswer, Subject, WireDelta};
+use crate::chat::Delta;
 
-use actix_web::http::header;
-use actix_web::web::Bytes;
-use actix_web::{HttpRequest, HttpResponse};
-use futures_util::stream;
-use serde_json::{json, Value};
+/// `chatcmpl-<job id>`: the id every representation of a job's answer shares.
+pub fn completion_id(job: &Job) -> String {
+    format!("chatcmpl-{}", job.id)
+}
 
-use actix_web::ResponseError;
-
-use super::openai_compat::{completion_id, job_error, OpenAiError};
-use crate::app::streams::{Followed, Follower};
-use crate::app::{App, Job};
-use crate::providers::streaming::whole_answer_deltas;
-
-/// What a `Last-Event-ID` may be, for the OpenAPI document: an event id,
-/// 1 to 18 decimal digits (so it always fits an `i64`).
-pub const LAST_EVENT_ID_PATTERN: &str = "^[0-9]{1,18}$";
-
-/// The `Last-Event-ID` a reconnecting client sent: the events after it
-/// are sent. A value that is not an event id ([`LAST_EVENT_ID_PATTERN`]) is
-/// a 400, on any request.
-pub fn last_event_id(req: &HttpRequest) -> Result<Option<i64>, OpenAiError> {
-    let Some(value) = req.headers().get("Last-Event-ID") else {
-        return Ok(None);
-    };
-    match parse_event_id(value.as_bytes()) {
-        Some(id) => Ok(Some(id)),
-        None => Err(OpenAiError::invalid_request(
-            "Last-Event-ID must be the id of an event of this stream: a whole number, 0 or more",
-        )
-        .param("Last-Event-ID")),
+/// Who a job's answer is for, in Chat Completions' terms.
+pub fn subject_of(job: &Job) -> Subject {
+    Subject {
+        id: completion_id(job),
+        created: job.created_at / 1000,
+        model: job.task.clone(),
     }
 }
 
-/// What a quiet stream sends every `server.stream_keepalive_ms`: an SSE
-/// comment, which clients (the SDKs' parsers, `EventSource`) pass over.
-pub const KEEPALIVE: &str = ": keep-alive\n\n";
-
-/// The id of a stream's event as a client sent it back (`Last-Event-ID`):
-/// 1 to 18 decimal digits ([`LAST_EVENT_ID_PATTERN`]), else `None`.
-pub fn parse_event_id(value: &[u8]) -> Option<i64> {
-    std::str::from_utf8(value)
-        .ok()
-        .filter(|v| (1..=18).contains(&v.len()) && v.bytes().all(|b| b.is_ascii_digit()))
-        .and_then(|v| v.parse::<i64>().ok())
-}
-
-/// The response that follows `job`'s stream (a `429` when the job's stream
-/// has as many followers as allowed).
-pub fn response(
-    app: &App,
-    job: Job,
-    replayed: bool,
-    include_usage: bool,
-    resume: Option<i64>,
-) -> HttpResponse {
-    let follower = match app.follow_stream(job.clone(), resume.unwrap_or(0), app.max_wait()) {
-        Ok(follower) => follower,
-        Err(refused) => return OpenAiError::too_many_followers(&job, &refused).error_response(),
-    };
-    let mut response = HttpResponse::Ok();
-    response
-        .content_type("text/event-stream")
-        .insert_header((header::CACHE_CONTROL, "no-cache"))
-        .insert_header(("X-Onejob-Job-Id", job.id.to_string()));
-    if replayed {
-        response.insert_header(("Idempotent-Replayed", "true"));
+/// The chunks of `job`'s stream.
+fn writer_of(job: &Job, include_usage: bool) -> ChunkWriter {
+    ChunkWriter {
+        subject: subject_of(job),
+        include_usage,
     }
-    let events = Events {
-        shape: Shape::of(&job, include_usage),
-        follower,
-        last_sent: resume.unwrap_or(-1),
-        ended: false,
-    };
-    response.streaming(stream::unfold(events, |mut events| async move {
-        let text = events.next_text().await?;
-        Some((Ok::<_, Infallible>(Bytes::from(text)), events))
-    }))
 }
 
-/// What every chunk of one job's stream shares.
-struct Shape {
-    id: String,
-    created: i64,
-    model: String,
-    include_usage: bool,
-}
-
-impl Shape {
-    fn of(job: &Job, include_usage: bool) -> Self {
-        Self {
-            id: completion_id(job),
-            created: job.created_at / 1000,
-            model: job.task.clone(),
-            include_usage,
+/// The events that end a succeeded job's stream, numbered after its
+/// `chunks` chunks: the answer whole first if none were stored.
+fn finish(writer: &ChunkWriter, job: &Job, chunks: i64) -> Vec<(i64, String)> {
+    let stored = StoredAnswer::read(&job.result.as_ref().map(|r| r.value()).unwrap_or_default());
+    let mut events = Vec::new();
+    let mut n = chunks;
+    if chunks == 0 {
+        for delta in whole_answer_deltas(&stored.answer()) {
+            n += 1;
+            events.push((n, writer.delta(&WireDelta::of(&delta))));
         }
     }
-
-    /// A `chat.completion.chunk` with one choice.
-    fn chunk(&self, delta: Value, finish_reason: Value) -> Value {
-        let mut chunk = json!({
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": null,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": null}],
-        });
-        if self.include_usage {
-            chunk["usage"] = Value::Null;
-        }
-        chunk
+    events.push((n + 1, writer.finish(&stored)));
+    if let Some(usage) = writer.usage(&stored) {
+        events.push((n + 2, usage));
     }
-
-    /// The last chunk when usage was asked for: no choices, the usage.
-    fn usage(&self, usage: Value) -> Value {
-        json!({
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": null,
-            "choices": [],
-            "usage": usage,
-        })
-    }
-
-    /// The events that end a succeeded job's stream, numbered after its
-    /// `chunks` chunks: the answer whole first if none were stored.
-    fn finish(&self, job: &Job, chunks: i64) -> Vec<(i64, String)> {
-        let result = job.result.as_ref().map(|r| r.value()).unwrap_or_default();
-        let mut events = Vec::new();
-        let mut n = chunks;
-        if chunks == 0 {
-            for delta in whole_answer_deltas(&result) {
-                n += 1;
-                events.push((n, self.chunk(delta, Value::Null).to_string()));
-            }
-        }
-        events.push((
-            n + 1,
-            self.chunk(json!({}), result["finish_reason"].clone())
-                .to_string(),
-        ));
-        if self.include_usage {
-            events.push((n + 2, self.usage(result["usage"].clone()).to_string()));
-        }
-        events.push((n + 3, "[DONE]".to_owned()));
-        events
-    }
+    events.push((n + 3, "[DONE]".to_owned()));
+    events
 }
 
-/// One request's walk along the stream.
-struct Events {
-    shape: Shape,
-    follower: Follower,
+/// A streamed chat completion's events for one request.
+pub struct Chunks {
+    writer: ChunkWriter,
     /// The id of the last event this client has (sent, or named by its
     /// `Last-Event-ID`); -1 before the first.
     last_sent: i64,
-    ended: bool,
 }
 
-impl Events {
-    /// The next events' text; `None` once the stream has ended.
-    async fn next_text(&mut self) -> Option<String> {
-        if self.ended {
-            return None;
+impl Chunks {
+    /// The events of `job`'s stream after the client's `resume`.
+    pub fn new(job: &Job, include_usage: bool, resume: Option<i64>) -> Self {
+        Self {
+            writer: writer_of(job, include_usage),
+            last_sent: resume.unwrap_or(-1),
         }
-        if self.last_sent < 0 {
-            let role = self
-                .shape
-                .chunk(json!({"role": "assistant", "content": ""}), Value::Null);
-            return Some(self.event(0, &role.to_string()));
-        }
-        let followed = match self.follower.next().await {
-            Ok(Some(followed)) => followed,
-            Ok(None) => return None,
-            Err(error) => {
-                self.ended = true;
-                let body = OpenAiError::from(error).body();
-                let id = self.last_sent + 1;
-                return Some(self.event(id, &json!(body).to_string()));
-            }
-        };
-        Some(match followed {
-            Followed::Chunk(chunk) => {
-                let delta: Value = serde_json::from_str(&chunk.delta).unwrap_or_default();
-                let text = self.shape.chunk(delta, Value::Null).to_string();
-                self.event(chunk.seq, &text)
-            }
-            Followed::Finished { job, chunks } => {
-                self.ended = true;
-                let mut text = String::new();
-                for (id, data) in self.shape.finish(&job, chunks) {
-                    if id > self.last_sent {
-                        text.push_str(&self.event(id, &data));
-                    }
-                }
-                text
-            }
-            Followed::Ended { job, needs_support } => self.error_event(&job, needs_support),
-            Followed::StillWaiting { job } => self.error_event(&job, false),
-            Followed::Quiet => KEEPALIVE.to_owned(),
-        })
-    }
-
-    /// The error event that ends the stream of a job with no answer.
-    fn error_event(&mut self, job: &Job, needs_support: bool) -> String {
-        self.ended = true;
-        let body = job_error(job, needs_support)
-            .map(|e| json!(e.body()))
-            .unwrap_or_default();
-        let id = self.last_sent + 1;
-        self.event(id, &body.to_string())
     }
 
     /// One event's text; remembers its id as sent.
@@ -232,9 +81,41 @@ impl Events {
     }
 }
 
+impl StreamFormat for Chunks {
+    type Door = ChatCompletions;
+
+    fn opening(&mut self) -> String {
+        if self.last_sent >= 0 {
+            return String::new();
+        }
+        let role = self.writer.opening();
+        self.event(0, &role)
+    }
+
+    fn chunk(&mut self, seq: i64, delta: &Delta) -> String {
+        let text = self.writer.delta(&WireDelta::of(delta));
+        self.event(seq, &text)
+    }
+
+    fn finished(&mut self, job: &Job, chunks: i64) -> String {
+        let mut text = String::new();
+        for (id, data) in finish(&self.writer, job, chunks) {
+            if id > self.last_sent {
+                text.push_str(&self.event(id, &data));
+            }
+        }
+        text
+    }
+
+    fn failed(&mut self, error: ChatError<ChatCompletions>) -> String {
+        let id = self.last_sent + 1;
+        self.event(id, &error.body().to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
+    use serde_json::{json, Value};
 
     use super::*;
 
@@ -247,10 +128,9 @@ mod tests {
         let job = job(json!({
             "message": {"role": "assistant", "content": "Hi"},
             "finish_reason": "stop",
-            "usage": {"total_tokens": 3},
+            "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3},
         }));
-        let shape = Shape::of(&job, true);
-        let events = shape.finish(&job, 4);
+        let events = finish(&writer_of(&job, true), &job, 4);
         let ids: Vec<i64> = events.iter().map(|(id, _)| *id).collect();
         assert_eq!(ids, [5, 6, 7]);
         let finish: Value = serde_json::from_str(&events[0].1).unwrap();
@@ -261,7 +141,7 @@ mod tests {
         assert_eq!(finish["created"], 5);
         let usage: Value = serde_json::from_str(&events[1].1).unwrap();
         assert_eq!(usage["choices"], json!([]));
-        assert_eq!(usage["usage"], json!({"total_tokens": 3}));
+        assert_eq!(usage["usage"]["total_tokens"], 3);
         assert_eq!(events[2].1, "[DONE]");
     }
 
@@ -269,17 +149,19 @@ mod tests {
     fn an_answer_with_no_stored_chunks_is_sent_whole_first() {
         let job = job(json!({
             "message": {"role": "assistant", "content": null,
-                "tool_calls": [{"id": "c1", "type": "function"}]},
+                "tool_calls": [{"id": "c1", "type": "function",
+                    "function": {"name": "f", "arguments": "{}"}}]},
             "finish_reason": "tool_calls",
             "usage": {"total_tokens": 3},
         }));
-        let events = Shape::of(&job, false).finish(&job, 0);
+        let events = finish(&writer_of(&job, false), &job, 0);
         let ids: Vec<i64> = events.iter().map(|(id, _)| *id).collect();
         assert_eq!(ids, [1, 2, 4], "the tool calls, the finish, [DONE]");
         let calls: Value = serde_json::from_str(&events[0].1).unwrap();
         assert_eq!(
             calls["choices"][0]["delta"],
-            json!({"tool_calls": [{"id": "c1", "type": "function", "index": 0}]})
+            json!({"tool_calls": [{"index": 0, "id": "c1", "type": "function",
+                "function": {"name": "f", "arguments": "{}"}}]})
         );
         assert!(calls.get("usage").is_none(), "no usage unless asked for");
     }

@@ -11,6 +11,7 @@ pub mod api_usage;
 pub mod api_webhooks;
 pub mod auth;
 pub mod body;
+pub mod chat_door;
 pub mod chat_stream;
 pub mod error;
 pub mod health;

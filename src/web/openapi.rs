@@ -6,20 +6,22 @@ use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder
 use utoipa::{Modify, OpenApi};
 
 use super::anthropic_messages::{
-    self, AnthropicErrorBody, AnthropicErrorDetail, MessagesCreate, MessagesMessage, MessagesTurn,
+    self, AnthropicErrorBody, ErrorDetail, MessageObject, MessagesCreate, OutBlock,
 };
 use super::openai_compat::{
     self, ChatCompletion, ChatCompletionRequest, ChatMessage, Choice, Model, ModelList,
-    OpenAiErrorBody, OpenAiErrorDetail,
+    OpenAiErrorBody, WireErrorDetail,
 };
 use super::responses::{
     self, IncompleteDetails, InputTokensDetails, OutputMessage, OutputText, OutputTokensDetails,
-    ResponseCreate, ResponseError, ResponseObject, ResponseUsage, TextConfig, TextFormat,
+    ResponseCreate, ResponseObject, ResponseUsage, TextConfig, TextFormat,
 };
 use super::views::*;
 use super::{api_callbacks, api_jobs, api_support, health};
 use crate::app::callbacks::{CallbackBody, CallbackOutcome};
 use crate::app::App;
+use crate::chat::anthropic::DoorUsage;
+use crate::chat::responses::ResponseError;
 use crate::contracts::Contracts;
 use crate::domain::responses as rules;
 use crate::domain::JobStatus;
@@ -100,12 +102,13 @@ impl Modify for BearerAuth {
         Model,
         ModelList,
         OpenAiErrorBody,
-        OpenAiErrorDetail,
+        WireErrorDetail,
         MessagesCreate,
-        MessagesTurn,
-        MessagesMessage,
+        MessageObject,
+        OutBlock,
+        DoorUsage,
         AnthropicErrorBody,
-        AnthropicErrorDetail,
+        ErrorDetail,
         ResponseCreate,
         ResponseObject,
         OutputMessage,
@@ -235,7 +238,7 @@ pub fn document(config: &crate::config::Config) -> Value {
                 if parameter["name"] == "Last-Event-ID" {
                     parameter["schema"] = json!({
                         "type": "string",
-                        "pattern": super::chat_stream::LAST_EVENT_ID_PATTERN,
+                        "pattern": super::chat_door::LAST_EVENT_ID_PATTERN,
                     });
                 }
             }
@@ -361,7 +364,8 @@ fn messages_request_schema(routes: &[String], ceiling: u64) -> Value {
         "description": "An Anthropic Messages request: text, `tool_use` and `tool_result` \
                         blocks, and the client's own tools. The body as sent is the job's \
                         fingerprint (RFC 8785; numbers must be ones an IEEE double holds \
-                        exactly). Members not listed here are kept in the job but not passed on.",
+                        exactly). A member not listed here is refused (400 naming it): \
+                        nothing is silently dropped.",
         "type": "object",
         "required": ["model", "messages", "max_tokens"],
         "properties": {
@@ -379,8 +383,15 @@ fn messages_request_schema(routes: &[String], ceiling: u64) -> Value {
             "stop_sequences": {"type": ["array", "null"], "maxItems": 64, "items": {"type": "string"}},
             "tools": {"type": ["array", "null"], "maxItems": 128, "items": tool, "description": "The client's own tools (`custom`); Anthropic's server tools are refused"},
             "tool_choice": tool_choice,
+            "top_k": {"type": ["integer", "null"], "minimum": 0, "maximum": 9_007_199_254_740_991_i64},
+            "metadata": {"type": ["object", "null"], "properties": {"user_id": {"type": ["string", "null"]}}},
+            "output_format": {"anyOf": [{"type": "null"}, {
+                "type": "object", "required": ["type", "schema"],
+                "properties": {"type": {"type": "string", "enum": ["json_schema"]}, "schema": {"type": "object"}},
+                "description": "Structured output: the answer is JSON matching `schema`",
+            }]},
         },
-        "additionalProperties": any,
+        "additionalProperties": false,
     })
 }
 

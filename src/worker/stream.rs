@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::Value;
+use crate::chat::Delta;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -47,7 +47,7 @@ impl Worker {
             .app
             .open_stream(&claim.job.key(), &claim.attempt.id, &provider);
         // An answer that must match a schema is held whole until judged.
-        let mut held: Option<Vec<Value>> = (!dispatch.releases_as_generated()).then(Vec::new);
+        let mut held: Option<Vec<Delta>> = (!dispatch.releases_as_generated()).then(Vec::new);
         let (sink, mut deltas) = mpsc::channel(DELTAS_IN_FLIGHT);
         let sending = dispatch.clone();
         let mut call = Box::pin(async move { sending.send_streaming(sink).await });
@@ -163,8 +163,8 @@ fn too_large_outcome(too_large: &TooLarge, released: u64) -> Outcome {
 /// Releases a delta, or holds it while the answer must be judged whole.
 fn release(
     writer: &mut StreamWriter,
-    held: Option<&mut Vec<Value>>,
-    delta: &Value,
+    held: Option<&mut Vec<Delta>>,
+    delta: &Delta,
 ) -> Result<(), TooLarge> {
     match held {
         Some(held) => {

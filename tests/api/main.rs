@@ -31,6 +31,7 @@ mod demo;
 mod deploys;
 mod docs_check;
 mod docs_examples;
+mod door_matrix;
 mod edges;
 mod gemini;
 mod group_commit;

@@ -231,9 +231,10 @@ async fn an_anthropic_provider_serves_messages_whole_and_streamed(backend: TestB
     let sent = claude.last_request().unwrap();
     assert_eq!(sent.path, "/v1/messages");
     assert_eq!(sent.body["system"], "Be brief.");
+    // The client's blocks reach Anthropic as it sent them.
     assert_eq!(
         sent.body["messages"],
-        json!([{"role": "user", "content": "Hello in French"}])
+        json!([{"role": "user", "content": [{"type": "text", "text": "Hello in French"}]}])
     );
     assert_eq!(sent.body["stop_sequences"], json!(["END"]));
     assert!(

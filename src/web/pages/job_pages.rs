@@ -508,10 +508,11 @@ fn job_live(
         is_live: !job.status.is_terminal() || live.is_some(),
         created: when(job.created_at),
         input: pretty(&job.input.value()),
-        answer: job
-            .result
-            .as_ref()
-            .and_then(|r| r.value()["message"]["content"].as_str().map(str::to_owned)),
+        answer: job.result.as_ref().and_then(|r| {
+            crate::chat::openai_chat::StoredAnswer::read(&r.value())
+                .answer()
+                .text
+        }),
         result: job
             .result
             .as_ref()

@@ -33,8 +33,9 @@ use serde_json::{json, Value};
 use super::{PageError, SignedIn};
 use crate::app::streams::{Followed, Follower};
 use crate::app::{App, Job};
+use crate::chat::openai_chat::{self, StoredAnswer, WireDelta};
 use crate::domain::{JobId, JobStatus};
-use crate::web::chat_stream::{parse_event_id, KEEPALIVE};
+use crate::web::chat_door::{parse_event_id, KEEPALIVE};
 
 /// How long the browser waits before reconnecting a stream that ended
 /// without a terminal event.
@@ -43,25 +44,25 @@ const RECONNECT_MS: u64 = 1000;
 /// Whether a job's page follows its text live: a chat request that asked
 /// for a stream (its upstream call streams) and has not finished.
 pub fn streams_live(job: &Job) -> bool {
-    !job.status.is_terminal() && job.input.value()["stream"] == Value::Bool(true)
+    !job.status.is_terminal()
+        && openai_chat::read_request(&job.input.value()).is_ok_and(|read| read.request.stream)
 }
 
 /// The text of a released delta, if it has some.
 fn text_of(delta: &str) -> Option<String> {
-    let delta: Value = serde_json::from_str(delta).ok()?;
-    delta["content"]
-        .as_str()
+    WireDelta::read(delta)
+        .delta()
+        .text
         .filter(|text| !text.is_empty())
-        .map(str::to_owned)
 }
 
 /// The text of a stored answer (a chat completion's message).
 fn answer_text(job: &Job) -> Option<String> {
     let result = job.result.as_ref()?.value();
-    result["message"]["content"]
-        .as_str()
+    StoredAnswer::read(&result)
+        .answer()
+        .text
         .filter(|text| !text.is_empty())
-        .map(str::to_owned)
 }
 
 /// One event's text.

@@ -22,17 +22,22 @@
 mod stream;
 
 use actix_web::{web, HttpRequest, HttpResponse};
-use serde::Serialize;
 use serde_json::{json, Value};
-use utoipa::ToSchema;
 
 use super::auth::Caller;
 use super::body::{json_text, BodyRules};
-use super::openai_compat::{idempotency_key, job_error, needs_support, OpenAiError};
-use crate::app::intake::JobRequest;
+use super::chat_door::{
+    answered, create_or_join, idempotency_key, ChatError, Delivery, DoorRequest, Responses, Settled,
+};
 use crate::app::{App, AppError, Attempt, Job};
-use crate::domain::responses::{self as rules, ResponseId};
+use crate::chat::openai_chat::{self, StoredAnswer, Target};
+use crate::chat::responses::{self as codec, ResponseError, ResponseView, ResponsesRequest};
+use crate::chat::{Answer, Message, StopReason};
+use crate::domain::responses::{status_of, ResponseId};
 use crate::domain::{JobStatus, JsonText};
+
+/// The door's error: OpenAI's body.
+pub type ResponsesError = ChatError<Responses>;
 
 /// The member of a job's `params` that holds its Responses request.
 pub const PARAMS_MEMBER: &str = "responses";
@@ -71,61 +76,37 @@ pub async fn create_response(
     caller: Caller,
     req: HttpRequest,
     payload: web::Payload,
-) -> Result<HttpResponse, OpenAiError> {
+) -> Result<HttpResponse, ResponsesError> {
     let key = idempotency_key(&req)?;
     let body = json_text(&req, payload, BodyRules::of(&app.config().server)).await?;
     let sent = body.value();
-    let request = rules::read_request(&sent)
-        .map_err(|refused| OpenAiError::invalid_request(refused.message).param(refused.param))?;
-    let earlier = match &request.previous {
+    let read = codec::read_request(&sent)?;
+    let earlier = match &read.previous {
         Some(previous) => earlier_turns(&app, &caller, previous).await?,
         None => Vec::new(),
     };
-    let input = JsonText::from_value(&request.chat_input(&earlier));
-    let params = JsonText::from_value(&json!({ PARAMS_MEMBER: sent }));
-    let watch = app.watch_finishes();
-    let created = app
-        .create_job(
-            &caller.0,
-            key,
-            JobRequest {
-                task: request.model.clone(),
-                input,
-                provider: None,
-                params: Some(params),
-                chat_route: true,
-            },
-        )
-        .await?;
-    if request.stream {
-        return Ok(stream::response(&app, created.job, created.replayed));
-    }
-    let (job, attempts) = if request.background
-        || created.job.status == JobStatus::Unknown
-        || needs_support(&created.job, &created.attempts)
-    {
-        (created.job, created.attempts)
-    } else {
-        app.wait_for_answer(watch, created.job, created.attempts)
-            .await?
+    let chat = read.chat_request(&earlier);
+    let input = openai_chat::write_request(&chat, Target::Input { route: &read.route });
+    let request = DoorRequest {
+        route: read.route.clone(),
+        input: JsonText::from_value(&serde_json::to_value(input).expect("a request serializes")),
+        params: Some(JsonText::from_value(&json!({ PARAMS_MEMBER: sent }))),
+        // A stream tells itself how its job ended; a plain request answers
+        // a finished job whichever way it ended.
+        delivery: if read.stream {
+            Delivery::Stream { while_live: false }
+        } else if read.background {
+            Delivery::Background
+        } else {
+            Delivery::Wait {
+                ended_is_answer: true,
+            }
+        },
     };
-    if !request.background {
-        refuse_unfinished(&job, &attempts)?;
-    }
-    Ok(answer(&job, created.replayed))
-}
-
-/// A plain request answers a finished job; anything else is the error a
-/// chat completion gets for it (a retryable 503 while it runs or its
-/// outcome is unknown, a 409 when it waits for support).
-fn refuse_unfinished(job: &Job, attempts: &[Attempt]) -> Result<(), OpenAiError> {
-    if job.status.is_terminal() {
-        return Ok(());
-    }
-    match job_error(job, needs_support(job, attempts)) {
-        Some(error) => Err(error),
-        None => Ok(()),
-    }
+    Ok(match create_or_join(&app, &caller, key, request).await? {
+        Settled::Stream { job, replayed } => stream::response(&app, job, replayed),
+        Settled::Answer { job, replayed } => answer(&job, replayed),
+    })
 }
 
 /// The turns `previous` carries into a new request: one of the caller's
@@ -134,26 +115,40 @@ async fn earlier_turns(
     app: &App,
     caller: &Caller,
     previous: &ResponseId,
-) -> Result<Vec<Value>, OpenAiError> {
+) -> Result<Vec<Message>, ResponsesError> {
     let param = "previous_response_id";
     let (job, _) = own_response(app, caller, previous)
         .await
         .map_err(|error| error.param(param))?;
     if job.status != JobStatus::Succeeded {
-        return Err(OpenAiError::invalid_request(format!(
+        return Err(ResponsesError::invalid_request(format!(
             "Previous response {previous} is {}: only a completed response can be continued.",
-            rules::status_of(job.status, None)
+            status_of(job.status, false)
         ))
         .param(param));
     }
-    let request = request_of(&job).unwrap_or_default();
-    let result = job.result.as_ref().map(|r| r.value()).unwrap_or_default();
-    let had_instructions = request["instructions"].is_string();
-    Ok(rules::earlier_turns(
-        &job.input.value(),
+    let had_instructions = kept_request(&job).instructions.is_some();
+    // Its input was read when it was made; it reads the same now.
+    let conversation = openai_chat::read_request(&job.input.value())
+        .map(|read| read.request)
+        .unwrap_or_default();
+    Ok(codec::earlier_turns(
+        &conversation,
         had_instructions,
-        &rules::answer_text(&result),
+        answer_of(&job).text(),
     ))
+}
+
+/// The Responses request `job` was made by, as it was sent.
+fn kept_request(job: &Job) -> ResponsesRequest {
+    request_of(job)
+        .and_then(|request| serde_json::from_value(request).ok())
+        .unwrap_or_default()
+}
+
+/// A job's stored answer.
+fn answer_of(job: &Job) -> Answer {
+    StoredAnswer::read(&job.result.as_ref().map(|r| r.value()).unwrap_or_default()).answer()
 }
 
 /// The caller's own response `id`: a job of theirs made by a Responses
@@ -163,8 +158,8 @@ async fn own_response(
     app: &App,
     caller: &Caller,
     id: &ResponseId,
-) -> Result<(Job, Vec<Attempt>), OpenAiError> {
-    let not_found = || OpenAiError::response_not_found(&id.to_string());
+) -> Result<(Job, Vec<Attempt>), ResponsesError> {
+    let not_found = || ResponsesError::response_not_found(&id.to_string());
     match app.own_job(&caller.0, id.job_id()).await {
         Ok((job, attempts)) if request_of(&job).is_some() => Ok((job, attempts)),
         Ok(_) | Err(AppError::NotFound) => Err(not_found()),
@@ -173,8 +168,8 @@ async fn own_response(
 }
 
 /// A path's response id; one that is not an id is not found.
-fn path_id(raw: &str) -> Result<ResponseId, OpenAiError> {
-    ResponseId::parse(raw).ok_or_else(|| OpenAiError::response_not_found(raw))
+fn path_id(raw: &str) -> Result<ResponseId, ResponsesError> {
+    ResponseId::parse(raw).ok_or_else(|| ResponsesError::response_not_found(raw))
 }
 
 /// `GET /v1/responses/{id}`.
@@ -193,7 +188,7 @@ pub async fn get_response(
     app: web::Data<App>,
     caller: Caller,
     path: web::Path<String>,
-) -> Result<HttpResponse, OpenAiError> {
+) -> Result<HttpResponse, ResponsesError> {
     let id = path_id(&path)?;
     let (job, _) = own_response(&app, &caller, &id).await?;
     Ok(answer(&job, false))
@@ -216,25 +211,20 @@ pub async fn cancel_response(
     app: web::Data<App>,
     caller: Caller,
     path: web::Path<String>,
-) -> Result<HttpResponse, OpenAiError> {
+) -> Result<HttpResponse, ResponsesError> {
     let id = path_id(&path)?;
     own_response(&app, &caller, &id).await?;
     match app.cancel_job(&caller.0, id.job_id()).await {
         Ok(cancelled) => Ok(answer(&cancelled.job, !cancelled.changed)),
-        Err(AppError::JobFinished(status)) => Err(OpenAiError::response_finished(&id, status)),
-        Err(AppError::NotFound) => Err(OpenAiError::response_not_found(&id.to_string())),
+        Err(AppError::JobFinished(status)) => Err(ResponsesError::response_finished(&id, status)),
+        Err(AppError::NotFound) => Err(ResponsesError::response_not_found(&id.to_string())),
         Err(other) => Err(other.into()),
     }
 }
 
 /// The Responses object for `job`, as a 200.
 fn answer(job: &Job, replayed: bool) -> HttpResponse {
-    let mut response = HttpResponse::Ok();
-    response.insert_header(("X-Onejob-Job-Id", job.id.to_string()));
-    if replayed {
-        response.insert_header(("Idempotent-Replayed", "true"));
-    }
-    response.json(response_object(job, Stage::AsIs))
+    answered(job, replayed).json(response_object(job, Stage::AsIs))
 }
 
 /// How much of the job a Responses object shows.
@@ -248,23 +238,16 @@ enum Stage {
 
 /// The Responses object of a job made by a Responses request.
 fn response_object(job: &Job, stage: Stage) -> ResponseObject {
-    let request = request_of(job).unwrap_or_default();
-    let result = job.result.as_ref().map(|r| r.value()).unwrap_or_default();
-    let finish_reason = result["finish_reason"].as_str();
-    let id = ResponseId::of(&job.id);
-    let status = match stage {
-        Stage::AsIs => rules::status_of(job.status, finish_reason),
-        Stage::Started => "in_progress",
-    };
     let finished = stage == Stage::AsIs && job.status == JobStatus::Succeeded;
-    let output = if finished {
-        vec![output_message(
-            &id,
-            rules::answer_text(&result),
-            "completed",
-        )]
-    } else {
-        Vec::new()
+    let answer = finished.then(|| answer_of(job));
+    let status = match stage {
+        Stage::AsIs => status_of(
+            job.status,
+            answer
+                .as_ref()
+                .is_some_and(|a| a.stop == StopReason::MaxTokens),
+        ),
+        Stage::Started => "in_progress",
     };
     let error = (stage == Stage::AsIs && job.status == JobStatus::Failed).then(|| {
         let reason = job.failure_reason.as_deref().map_or_else(
@@ -276,83 +259,24 @@ fn response_object(job: &Job, stage: Stage) -> ResponseObject {
             message: format!("The request failed: {reason}"),
         }
     });
-    let incomplete_details = (finished && status == "incomplete").then(|| IncompleteDetails {
-        reason: "max_output_tokens".into(),
-    });
-    let usage = finished.then(|| usage_of(&result["usage"]));
-    let metadata = request["metadata"]
-        .as_object()
-        .map(|pairs| {
-            pairs
-                .iter()
-                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
-                .collect()
-        })
-        .unwrap_or_default();
-    ResponseObject {
-        id: id.to_string(),
-        object: "response".into(),
+    ResponseObject::of(&ResponseView {
+        id: ResponseId::of(&job.id),
         created_at: job.created_at / 1000,
-        status: status.into(),
-        background: request["background"].as_bool().unwrap_or(false),
+        route: job.task.clone(),
+        status,
+        answer,
         error,
-        incomplete_details,
-        instructions: request["instructions"].as_str().map(str::to_owned),
-        max_output_tokens: rules::whole_number(&request["max_output_tokens"]),
-        model: job.task.clone(),
-        output,
-        parallel_tool_calls: false,
-        previous_response_id: request["previous_response_id"].as_str().map(str::to_owned),
-        temperature: request["temperature"].as_f64(),
-        top_p: request["top_p"].as_f64(),
-        tool_choice: "none".into(),
-        tools: Vec::new(),
-        text: TextConfig {
-            format: TextFormat {
-                r#type: "text".into(),
-            },
-        },
-        truncation: "disabled".into(),
-        usage,
-        user: request["user"].as_str().map(str::to_owned),
-        metadata,
-        store: true,
-    }
+        request: kept_request(job),
+    })
 }
 
-fn output_message(id: &ResponseId, text: String, status: &str) -> OutputMessage {
-    OutputMessage {
-        id: id.message_id(),
-        r#type: "message".into(),
-        status: status.into(),
-        role: "assistant".into(),
-        content: vec![OutputText::of(text)],
-    }
-}
-
-/// A chat answer's usage in the Responses vocabulary.
-fn usage_of(usage: &Value) -> ResponseUsage {
-    let count = |name: &str| usage[name].as_i64().unwrap_or(0).max(0);
-    let (input, output) = (count("prompt_tokens"), count("completion_tokens"));
-    let total = usage["total_tokens"].as_i64().unwrap_or(input + output);
-    ResponseUsage {
-        input_tokens: input,
-        output_tokens: output,
-        total_tokens: total.max(0),
-        input_tokens_details: InputTokensDetails { cached_tokens: 0 },
-        output_tokens_details: OutputTokensDetails {
-            reasoning_tokens: 0,
-        },
-    }
-}
-
-impl OpenAiError {
+impl ResponsesError {
     /// 404 for a response id that is not one of the caller's.
     fn response_not_found(id: &str) -> Self {
         Self::not_found_error(format!(
             "No response with id '{id}' found: it is not one of your responses."
         ))
-        .with_code("response_not_found")
+        .code("response_not_found")
     }
 
     /// 409 for a cancel of a response that finished already.
@@ -364,14 +288,15 @@ impl OpenAiError {
                 _ => "completed",
             }
         ))
-        .with_code("response_already_finished")
+        .code("response_already_finished")
     }
 }
 
-/// The Responses API's documents: the answers are built from them, and the
-/// OpenAPI document describes them.
+/// The Responses request, for the OpenAPI document (which spells out its
+/// rules from the codec's).
 mod schemas {
-    use super::*;
+    use serde_json::Value;
+    use utoipa::ToSchema;
 
     /// An OpenAI Responses request (the OpenAPI document spells out its rules).
     #[derive(ToSchema)]
@@ -382,127 +307,12 @@ mod schemas {
         #[schema(value_type = Object)]
         pub input: Value,
     }
-
-    #[derive(Serialize, ToSchema)]
-    pub struct OutputText {
-        /// `output_text`
-        pub r#type: String,
-        pub text: String,
-        #[schema(value_type = Vec<Object>)]
-        pub annotations: Vec<Value>,
-        #[schema(value_type = Vec<Object>)]
-        pub logprobs: Vec<Value>,
-    }
-
-    impl OutputText {
-        pub fn of(text: String) -> Self {
-            Self {
-                r#type: "output_text".into(),
-                text,
-                annotations: Vec::new(),
-                logprobs: Vec::new(),
-            }
-        }
-    }
-
-    /// The answer, as one assistant message.
-    #[derive(Serialize, ToSchema)]
-    pub struct OutputMessage {
-        /// `msg_<job id>`
-        pub id: String,
-        /// `message`
-        pub r#type: String,
-        #[schema(pattern = "^(in_progress|completed|incomplete)$")]
-        pub status: String,
-        /// `assistant`
-        pub role: String,
-        pub content: Vec<OutputText>,
-    }
-
-    #[derive(Serialize, ToSchema)]
-    pub struct ResponseError {
-        pub code: String,
-        pub message: String,
-    }
-
-    #[derive(Serialize, ToSchema)]
-    pub struct IncompleteDetails {
-        /// `max_output_tokens`
-        pub reason: String,
-    }
-
-    #[derive(Serialize, ToSchema)]
-    pub struct InputTokensDetails {
-        pub cached_tokens: i64,
-    }
-
-    #[derive(Serialize, ToSchema)]
-    pub struct OutputTokensDetails {
-        pub reasoning_tokens: i64,
-    }
-
-    #[derive(Serialize, ToSchema)]
-    pub struct ResponseUsage {
-        pub input_tokens: i64,
-        pub output_tokens: i64,
-        pub total_tokens: i64,
-        pub input_tokens_details: InputTokensDetails,
-        pub output_tokens_details: OutputTokensDetails,
-    }
-
-    #[derive(Serialize, ToSchema)]
-    pub struct TextFormat {
-        /// `text`
-        pub r#type: String,
-    }
-
-    #[derive(Serialize, ToSchema)]
-    pub struct TextConfig {
-        pub format: TextFormat,
-    }
-
-    /// The Responses object: `id` is `resp_<job id>`; `status` is the job's.
-    #[derive(Serialize, ToSchema)]
-    pub struct ResponseObject {
-        pub id: String,
-        /// `response`
-        pub object: String,
-        /// Unix seconds
-        pub created_at: i64,
-        /// The job's status: pending → queued; running or unknown →
-        /// in_progress; succeeded → completed (incomplete when cut at the
-        /// token limit); failed; cancelled
-        #[schema(pattern = "^(queued|in_progress|completed|incomplete|failed|cancelled)$")]
-        pub status: String,
-        pub background: bool,
-        pub error: Option<ResponseError>,
-        pub incomplete_details: Option<IncompleteDetails>,
-        pub instructions: Option<String>,
-        pub max_output_tokens: Option<u64>,
-        pub model: String,
-        pub output: Vec<OutputMessage>,
-        pub parallel_tool_calls: bool,
-        pub previous_response_id: Option<String>,
-        pub temperature: Option<f64>,
-        pub top_p: Option<f64>,
-        /// `none`: onejob's Responses routes take no tools
-        pub tool_choice: String,
-        #[schema(value_type = Vec<Object>)]
-        pub tools: Vec<Value>,
-        pub text: TextConfig,
-        /// `disabled`
-        pub truncation: String,
-        pub usage: Option<ResponseUsage>,
-        pub user: Option<String>,
-        pub metadata: std::collections::BTreeMap<String, String>,
-        /// Always true: onejob stores every response
-        pub store: bool,
-    }
 }
 
-pub use schemas::{
+pub use crate::chat::responses::{
     IncompleteDetails, InputTokensDetails, OutputMessage, OutputText, OutputTokensDetails,
-    ResponseCreate, ResponseError, ResponseObject, ResponseUsage, TextConfig, TextFormat,
+    ResponseObject, ResponseUsage, TextConfig, TextFormat,
 };
+pub use schemas::ResponseCreate;
 
-use super::openai_compat::OpenAiErrorBody;
+use crate::chat::openai_chat::OpenAiErrorBody;

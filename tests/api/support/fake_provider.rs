@@ -303,6 +303,9 @@ pub enum Behaviour {
     /// As [`Behaviour::Answer`], with this `usage` member (in the
     /// provider's own shape) instead of the default one.
     AnswerWithUsage { value: Value, usage: Value },
+    /// 200 with an answer that calls the tool `name` with `arguments` (an
+    /// object), in the shape's own terms.
+    AnswerToolCall { name: String, arguments: Value },
     /// Any status with this body; `retry_after` adds a `Retry-After: N`
     /// header (seconds).
     Status {
@@ -1193,6 +1196,10 @@ async fn respond(
             let body = completion_stopping(shape, model, &text, stops);
             write_response(&mut stream, 200, None, &body).await
         }
+        Behaviour::AnswerToolCall { name, arguments } => {
+            let body = tool_call_completion(shape, model, &name, &arguments);
+            write_response(&mut stream, 200, None, &body).await
+        }
         Behaviour::AnswerWithUsage { value, usage } => {
             let mut body: Value =
                 serde_json::from_str(&completion(shape, model, &value.to_string())).unwrap();
@@ -1312,6 +1319,41 @@ fn completion_stopping(shape: Shape, model: &str, text: &str, stops: &[String]) 
         body["stop_reason"] = json!("stop_sequence");
         body["stop_sequence"] = json!(stop);
     }
+    body.to_string()
+}
+
+/// A well-formed answer in `shape` that calls the tool `name` with
+/// `arguments` (an object), as each provider says it.
+fn tool_call_completion(shape: Shape, model: &str, name: &str, arguments: &Value) -> String {
+    let body = match shape {
+        Shape::Gemini => json!({
+            "candidates": [{"content": {"role": "model", "parts": [
+                {"functionCall": {"name": name, "args": arguments}}]},
+                "finishReason": "STOP", "index": 0}],
+            "usageMetadata": {"promptTokenCount": 1, "candidatesTokenCount": 1, "totalTokenCount": 2},
+            "modelVersion": model,
+        }),
+        Shape::Bedrock => json!({
+            "output": {"message": {"role": "assistant", "content": [
+                {"toolUse": {"toolUseId": "tooluse_fake1", "name": name, "input": arguments}}]}},
+            "stopReason": "tool_use",
+            "usage": {"inputTokens": 1, "outputTokens": 1, "totalTokens": 2},
+            "metrics": {"latencyMs": 1},
+        }),
+        Shape::OpenAi | Shape::Azure => json!({
+            "id": "chatcmpl-fake", "object": "chat.completion", "created": 0, "model": model,
+            "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+                "role": "assistant", "content": null, "tool_calls": [{"id": "call_fake1",
+                    "type": "function", "function": {"name": name, "arguments": arguments.to_string()}}]}}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }),
+        Shape::Anthropic => json!({
+            "id": "msg_fake", "type": "message", "role": "assistant", "model": model,
+            "content": [{"type": "tool_use", "id": "toolu_fake1", "name": name, "input": arguments}],
+            "stop_reason": "tool_use",
+            "usage": {"input_tokens": 1, "output_tokens": 1},
+        }),
+    };
     body.to_string()
 }
 
