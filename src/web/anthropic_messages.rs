@@ -18,12 +18,9 @@
 //! - Errors are the doors' one error, in Anthropic's body
 //!   (`{"type": "error", "error": {"type", "message"}}`).
 
-use actix_web::body::{EitherBody, MessageBody};
-use actix_web::dev::{ServiceRequest, ServiceResponse};
-use actix_web::middleware::Next;
-use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
+use actix_web::{web, HttpRequest, HttpResponse};
 
-use super::auth::{authenticate_api_key_or, Caller};
+use super::auth::Caller;
 use super::body::{json_text, BodyRules};
 use super::chat_door::{
     answered, create_or_join, idempotency_key, last_event_id, stream_response, ChatError, Delivery,
@@ -38,18 +35,6 @@ use crate::domain::JsonText;
 
 /// The door's error: Anthropic's body.
 pub type AnthropicError = ChatError<Messages>;
-
-/// Middleware for `/v1/messages`: the onejob API token as `x-api-key` or a
-/// bearer; a refusal is an Anthropic-shaped 401.
-pub async fn require_api_key(
-    req: ServiceRequest,
-    next: Next<impl MessageBody>,
-) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, actix_web::Error> {
-    authenticate_api_key_or(req, next, |refusal| {
-        AnthropicError::from(refusal).error_response()
-    })
-    .await
-}
 
 /// `msg_<job id>`: the id every representation of a job's message shares.
 fn subject_of(job: &Job) -> Subject {
@@ -107,13 +92,7 @@ pub async fn create_message(
         route: read.route.clone(),
         input: JsonText::from_value(&serde_json::to_value(input).expect("a request serializes")),
         params: Some(params),
-        delivery: if stream {
-            Delivery::Stream { while_live: true }
-        } else {
-            Delivery::Wait {
-                ended_is_answer: false,
-            }
-        },
+        delivery: Delivery::streamed_or_waited(stream),
     };
     Ok(match create_or_join(&app, &caller, key, request).await? {
         // From the first chunk whatever the resumption: which block a chunk
@@ -226,6 +205,7 @@ pub use schemas::MessagesCreate;
 #[cfg(test)]
 mod tests {
     use actix_web::http::header;
+    use actix_web::ResponseError;
     use serde_json::json;
 
     use super::*;

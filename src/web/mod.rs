@@ -150,13 +150,15 @@ fn api_routes(cfg: &mut web::ServiceConfig) {
         // scope: Anthropic's error shape, its `x-api-key`.
         .service(
             resource("/v1/messages", "POST")
-                .wrap(from_fn(anthropic_messages::require_api_key))
+                .wrap(from_fn(chat_door::require_api_key::<chat_door::Messages>))
                 .route(web::post().to(anthropic_messages::create_message)),
         )
         // The OpenAI-compatible surface: OpenAI's error shape throughout.
         .service(
             web::scope("/v1")
-                .wrap(from_fn(openai_compat::require_bearer))
+                .wrap(from_fn(
+                    chat_door::require_bearer::<chat_door::ChatCompletions>,
+                ))
                 .service(
                     resource("/chat/completions", "POST")
                         .route(web::post().to(openai_compat::chat_completions)),

@@ -11,12 +11,9 @@
 //! or joined, waited for and streamed by the doors' shared flow
 //! (`chat_door`), whose errors this door writes in OpenAI's body.
 
-use actix_web::body::{EitherBody, MessageBody};
-use actix_web::dev::{ServiceRequest, ServiceResponse};
-use actix_web::middleware::Next;
 use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 
-use super::auth::{authenticate_or, Caller};
+use super::auth::Caller;
 use super::body::{json_text, BodyRules};
 use super::chat_door::{
     answered, create_or_join, idempotency_key, last_event_id, stream_response, ChatCompletions,
@@ -28,18 +25,6 @@ use crate::chat::openai_chat::{self, StoredAnswer};
 
 /// The door's error: OpenAI's body.
 pub type OpenAiError = ChatError<ChatCompletions>;
-
-/// Middleware for `/v1`: the bearer token is a onejob API token; a refusal
-/// is an OpenAI-shaped 401.
-pub async fn require_bearer(
-    req: ServiceRequest,
-    next: Next<impl MessageBody>,
-) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, actix_web::Error> {
-    authenticate_or(req, next, |refusal| {
-        OpenAiError::from(refusal).error_response()
-    })
-    .await
-}
 
 /// Unknown paths under `/v1`.
 pub async fn unknown_path(req: HttpRequest) -> HttpResponse {
@@ -90,13 +75,7 @@ pub async fn chat_completions(
         route,
         input,
         params: None,
-        delivery: if stream {
-            Delivery::Stream { while_live: true }
-        } else {
-            Delivery::Wait {
-                ended_is_answer: false,
-            }
-        },
+        delivery: Delivery::streamed_or_waited(stream),
     };
     Ok(match create_or_join(&app, &caller, key, request).await? {
         Settled::Stream { job, replayed } => {

@@ -288,7 +288,7 @@ fn chat_request_schema(routes: &[String], ceiling: u64) -> Value {
     schema
 }
 
-/// A Messages request as the server checks it (`web::anthropic_messages::read_request`).
+/// A Messages request as the server checks it (`chat::anthropic::read_request`).
 fn messages_request_schema(routes: &[String], ceiling: u64) -> Value {
     let any = json!({"$ref": "#/components/schemas/JsonValue"});
     let model = if routes.is_empty() {
@@ -396,7 +396,7 @@ fn messages_request_schema(routes: &[String], ceiling: u64) -> Value {
 }
 
 /// A Responses request as the server checks it
-/// (`domain::responses::read_request`): every member it honours, and those
+/// (`chat::responses::read_request`): every member it honours, and those
 /// it accepts only when they ask for nothing; any other is refused.
 fn responses_request_schema(routes: &[String], ceiling: u64) -> Value {
     let any = json!({"$ref": "#/components/schemas/JsonValue"});

@@ -9,7 +9,10 @@ pub mod error;
 
 use std::convert::Infallible;
 
+use actix_web::body::{EitherBody, MessageBody};
+use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::header;
+use actix_web::middleware::Next;
 use actix_web::web::Bytes;
 use actix_web::{HttpRequest, HttpResponse, HttpResponseBuilder, ResponseError};
 use futures_util::stream;
@@ -20,7 +23,7 @@ use crate::app::{App, Attempt, Job};
 use crate::chat::openai_chat::WireDelta;
 use crate::chat::Delta;
 use crate::domain::{IdempotencyKey, JobStatus, JsonText};
-use crate::web::auth::Caller;
+use crate::web::auth::{authenticate_api_key_or, authenticate_or, Caller};
 pub use error::{ChatCompletions, ChatError, Door, Messages, Responses, Retry};
 use error::{RETRY_IN_FLIGHT_SECONDS, RETRY_UNKNOWN_SECONDS};
 
@@ -145,6 +148,39 @@ pub enum Delivery {
     Stream { while_live: bool },
     /// Answered at once, however far the job has got.
     Background,
+}
+
+impl Delivery {
+    /// A chat door's: the stream while the job may answer, else the wait.
+    pub fn streamed_or_waited(stream: bool) -> Self {
+        if stream {
+            Self::Stream { while_live: true }
+        } else {
+            Self::Wait {
+                ended_is_answer: false,
+            }
+        }
+    }
+}
+
+/// Middleware for a door that takes the onejob API token as a bearer; a
+/// refusal is the door's 401.
+pub async fn require_bearer<D: Door + std::fmt::Debug>(
+    req: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, actix_web::Error> {
+    let refuse = |refusal| ChatError::<D>::from(refusal).error_response();
+    authenticate_or(req, next, refuse).await
+}
+
+/// [`require_bearer`] for a door whose SDK sends its key as `x-api-key`
+/// (Anthropic's), which takes either.
+pub async fn require_api_key<D: Door + std::fmt::Debug>(
+    req: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, actix_web::Error> {
+    let refuse = |refusal| ChatError::<D>::from(refusal).error_response();
+    authenticate_api_key_or(req, next, refuse).await
 }
 
 /// A door's request, as onejob makes or joins its job.

@@ -4,7 +4,7 @@
 //! a cancel is the job's cancel (`app::cancel`); retries and fallbacks stay
 //! the job's attempts.
 //!
-//! The request is read by `domain::responses::read_request`: what onejob
+//! The request is read by `chat::responses::read_request`: what onejob
 //! honours becomes the chat conversation of the route `model` names (the
 //! job's input, as a chat completion's would be), and the whole request is
 //! kept as the job's `params` under `responses`, so its fingerprint is the
