@@ -520,7 +520,7 @@ pub fn write_request(
                 if name.is_some() {
                     return Err(cannot("a message's `name`"));
                 }
-                system.push(content.text(""));
+                system.push(text_only(content, "a system message")?);
             }
             Message::User { content, name } => {
                 if name.is_some() {
@@ -544,7 +544,7 @@ pub fn write_request(
             Message::Tool { call_id, content } => {
                 let result = Block::ToolResult {
                     tool_use_id: call_id.clone(),
-                    content: Some(TextOr::Text(content.text(""))),
+                    content: Some(TextOr::Text(text_only(content, "a tool result")?)),
                     is_error: None,
                 };
                 // The results of one round of calls share one user turn.
@@ -600,6 +600,14 @@ pub fn write_request(
         structured_outputs_beta: body.output_format.is_some() || strict_tools,
         body,
     })
+}
+
+/// The text of content that must be text alone (a system prompt, a tool
+/// result): another part is refused, not dropped.
+fn text_only(content: &Content, what: &str) -> Result<String, CannotCarry> {
+    content
+        .text_only()
+        .ok_or_else(|| cannot(format!("a part other than text in {what}")))
 }
 
 fn write_content(content: &Content) -> Result<TextOr<Block>, CannotCarry> {
@@ -868,6 +876,10 @@ struct DeltaUsage {
     output_tokens: u64,
     #[serde(default)]
     input_tokens: Option<u64>,
+    #[serde(default)]
+    cache_creation_input_tokens: Option<u64>,
+    #[serde(default)]
+    cache_read_input_tokens: Option<u64>,
 }
 
 /// Anthropic's stream, read event by event. It remembers what the events
@@ -957,9 +969,16 @@ impl EventReader {
                 _ => Ok(Vec::new()),
             },
             ProviderEvent::MessageDelta { delta, usage } => {
-                // Newer servers repeat the prompt's tokens here.
-                if let Some(input) = usage.input_tokens {
-                    self.input.input = input;
+                // Newer servers repeat the prompt's tokens here, the cache's
+                // with them: counted as a whole message's are.
+                if let Some(input_tokens) = usage.input_tokens {
+                    self.input = WireUsage {
+                        input_tokens,
+                        output_tokens: 0,
+                        cache_creation_input_tokens: usage.cache_creation_input_tokens,
+                        cache_read_input_tokens: usage.cache_read_input_tokens,
+                    }
+                    .counts();
                 }
                 Ok(vec![
                     StreamEvent::Stop(read_stop(delta.stop_reason.as_deref(), delta.stop_sequence)),
@@ -1320,4 +1339,939 @@ impl<'a> CountTokensRequest<'a> {
 #[derive(Debug, Clone, Deserialize)]
 pub struct CountTokensResponse {
     pub input_tokens: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::chat::assembly::Assembly;
+    use crate::chat::{openai_chat, StreamError, StreamReader};
+
+    fn read(body: Value) -> ChatRequest {
+        read_request(&body).unwrap().request
+    }
+
+    /// A request in OpenAI's form, as the chat-completions door reads it.
+    fn from_openai(body: Value) -> ChatRequest {
+        openai_chat::read_request(&body).unwrap().request
+    }
+
+    /// The request in OpenAI's form, as a job's input keeps it.
+    fn as_openai(request: &ChatRequest, route: &str) -> Value {
+        let written = openai_chat::write_request(request, openai_chat::Target::Input { route });
+        serde_json::to_value(written).unwrap()
+    }
+
+    fn target(stream: bool) -> ProviderTarget<'static> {
+        ProviderTarget {
+            model: "claude",
+            default_max_tokens: 100,
+            default_temperature: Some(0.7),
+            stream,
+        }
+    }
+
+    fn written(request: &ChatRequest) -> Value {
+        serde_json::to_value(write_request(request, target(false)).unwrap().body).unwrap()
+    }
+
+    fn provider_message(value: Value) -> ProviderMessage {
+        serde_json::from_value(value).unwrap()
+    }
+
+    fn subject() -> Subject {
+        Subject {
+            id: "msg_1".into(),
+            model: "route".into(),
+        }
+    }
+
+    fn call(id: &str, name: &str, arguments: &str) -> ToolCall {
+        ToolCall {
+            id: id.into(),
+            name: name.into(),
+            arguments: arguments.into(),
+        }
+    }
+
+    #[test]
+    fn a_messages_request_becomes_the_chat_request_a_chat_completions_client_would_send() {
+        let read = read_request(&json!({
+            "model": "claude-route",
+            "system": [{"type": "text", "text": "Be brief."}, {"type": "text", "text": "Be kind."}],
+            "messages": [
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": [{"type": "text", "text": "Hello"}]},
+                {"role": "user", "content": [{"type": "text", "text": "Again"}]},
+            ],
+            "max_tokens": 64,
+            "temperature": 0.5,
+            "top_k": 5,
+            "stop_sequences": ["END"],
+            "metadata": {"user_id": "u1"},
+            "stream": true,
+        }))
+        .unwrap();
+        assert_eq!(read.route, "claude-route");
+        assert!(read.request.stream);
+        assert_eq!(read.request.user, None, "metadata is about the caller");
+        assert_eq!(
+            as_openai(&read.request, &read.route),
+            json!({
+                "model": "claude-route",
+                "messages": [
+                    {"role": "system", "content": "Be brief.\n\nBe kind."},
+                    {"role": "user", "content": "Hi"},
+                    {"role": "assistant", "content": [{"type": "text", "text": "Hello"}]},
+                    {"role": "user", "content": [{"type": "text", "text": "Again"}]},
+                ],
+                "max_tokens": 64,
+                "temperature": 0.5,
+                "top_k": 5,
+                "stop": ["END"],
+                "stream": true,
+            })
+        );
+    }
+
+    #[test]
+    fn tools_tool_use_and_tool_results_become_functions_tool_calls_and_tool_messages() {
+        let request = read(json!({
+            "model": "m",
+            "max_tokens": 50,
+            "tools": [{"name": "weather", "description": "By city",
+                       "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}],
+            "tool_choice": {"type": "tool", "name": "weather"},
+            "messages": [
+                {"role": "user", "content": "Weather in Oslo?"},
+                {"role": "assistant", "content": [
+                    {"type": "text", "text": "Let me look."},
+                    {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Oslo"}},
+                ]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "rain"}]},
+                    {"type": "text", "text": "And tomorrow?"},
+                ]},
+            ],
+        }));
+        assert_eq!(
+            request.messages,
+            [
+                Message::User {
+                    content: Content::Text("Weather in Oslo?".into()),
+                    name: None,
+                },
+                Message::Assistant {
+                    content: Some(Content::Text("Let me look.".into())),
+                    tool_calls: vec![call("toolu_1", "weather", "{\"city\":\"Oslo\"}")],
+                    name: None,
+                },
+                Message::Tool {
+                    call_id: "toolu_1".into(),
+                    content: Content::Text("rain".into()),
+                },
+                Message::User {
+                    content: Content::Parts(vec![Part::Text("And tomorrow?".into())]),
+                    name: None,
+                },
+            ]
+        );
+        assert_eq!(
+            request.tools,
+            [Tool {
+                name: "weather".into(),
+                description: Some("By city".into()),
+                parameters: Some(
+                    json!({"type": "object", "properties": {"city": {"type": "string"}}})
+                ),
+                strict: None,
+            }]
+        );
+        assert_eq!(
+            request.tool_choice,
+            Some(ToolChoice::Named("weather".into()))
+        );
+        let openai = as_openai(&request, "m");
+        assert_eq!(
+            openai["tools"],
+            json!([{"type": "function", "function": {"name": "weather", "description": "By city",
+                    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])
+        );
+        assert_eq!(
+            openai["tool_choice"],
+            json!({"type": "function", "function": {"name": "weather"}})
+        );
+
+        // A tool call in the answer goes back as a tool_use block.
+        let answer = Answer {
+            text: None,
+            tool_calls: vec![call("c1", "weather", "{\"city\":\"Rome\"}")],
+            stop: StopReason::ToolUse,
+            ..Answer::default()
+        };
+        let message = serde_json::to_value(message(&subject(), &answer)).unwrap();
+        assert_eq!(
+            message["content"],
+            json!([{"type": "tool_use", "id": "c1", "name": "weather", "input": {"city": "Rome"}}])
+        );
+        assert_eq!(message["stop_reason"], "tool_use");
+    }
+
+    #[test]
+    fn images_are_taken_as_urls_and_reach_anthropic_as_they_came() {
+        let blocks = json!([
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}},
+            {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}},
+            {"type": "text", "text": "What is this?"},
+        ]);
+        let request = read(json!({"model": "m", "max_tokens": 8,
+                                  "messages": [{"role": "user", "content": blocks}]}));
+        let image = |url: &str| {
+            Part::Image(Image {
+                url: url.into(),
+                detail: None,
+            })
+        };
+        assert_eq!(
+            request.messages,
+            [Message::User {
+                content: Content::Parts(vec![
+                    image("data:image/png;base64,AAAA"),
+                    image("https://example.com/a.png"),
+                    Part::Text("What is this?".into()),
+                ]),
+                name: None,
+            }]
+        );
+        assert_eq!(
+            written(&request)["messages"],
+            json!([{"role": "user", "content": blocks}])
+        );
+    }
+
+    #[test]
+    fn requests_of_the_wrong_shape_are_refused_naming_the_member_that_is_wrong() {
+        let base =
+            json!({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]});
+        assert!(read_request(&base).is_ok());
+        for (change, expected) in [
+            (json!({"model": null}), "model"),
+            (json!({"model": ""}), "model"),
+            (json!({"max_tokens": 0}), "max_tokens"),
+            (json!({"max_tokens": 1.5}), "max_tokens"),
+            (json!({"max_tokens": null}), "max_tokens"),
+            (json!({"messages": []}), "messages"),
+            (json!({"messages": null}), "messages"),
+            (
+                json!({"messages": [{"role": "system", "content": "x"}]}),
+                "messages.0.role",
+            ),
+            (
+                json!({"messages": [{"role": "user"}]}),
+                "messages.0.content",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": 7}]}),
+                "messages.0.content",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": [{"type": "document"}]}]}),
+                "messages.0.content.0.type",
+            ),
+            (
+                json!({"messages": [{"role": "assistant", "content": [{"type": "image",
+                "source": {"type": "url", "url": "https://example.com/a.png"}}]}]}),
+                "messages.0.content.0.type",
+            ),
+            (json!({"stream": "yes"}), "stream"),
+            (json!({"temperature": "hot"}), "temperature"),
+            (json!({"temperature": -1}), "temperature"),
+            (json!({"top_k": -1}), "top_k"),
+            (json!({"stop_sequences": [1]}), "stop_sequences.0"),
+            (
+                json!({"system": [{"type": "image",
+                "source": {"type": "url", "url": "https://example.com/a.png"}}]}),
+                "system.0.type",
+            ),
+            (json!({"tools": [{"name": "f"}]}), "tools.0"),
+            (
+                json!({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}),
+                "tools.0.type",
+            ),
+            (json!({"tool_choice": {"type": "tool"}}), "tool_choice"),
+            (
+                json!({"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "t",
+                "name": "f", "input": {}}]}]}),
+                "messages.0.content.0.type",
+            ),
+            (
+                json!({"messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "t",
+                "name": "f", "input": "x"}]}]}),
+                "messages.0.content.0",
+            ),
+            (
+                json!({"messages": [{"role": "assistant", "content": [{"type": "tool_result",
+                "tool_use_id": "t", "content": "x"}]}]}),
+                "messages.0.content.0.type",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": [{"type": "tool_result",
+                "tool_use_id": "t", "content": "failed", "is_error": true}]}]}),
+                "messages.0.content.0.is_error",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": [{"type": "tool_result",
+                "tool_use_id": "t", "content": [{"type": "document"}]}]}]}),
+                "messages.0.content.0",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": [{"type": "tool_result",
+                "tool_use_id": "t", "content": [{"type": "image",
+                "source": {"type": "url", "url": "https://example.com/a.png"}}]}]}]}),
+                "messages.0.content.0.content.0.type",
+            ),
+            (
+                json!({"output_format": {"type": "json_object", "schema": {}}}),
+                "output_format",
+            ),
+            (
+                json!({"thinking": {"type": "enabled", "budget_tokens": 1024}}),
+                "thinking",
+            ),
+        ] {
+            let mut body = base.clone();
+            for (name, value) in change.as_object().unwrap() {
+                body[name] = value.clone();
+            }
+            let refused = read_request(&body).expect_err(&format!("{change}"));
+            assert_eq!(refused.param, expected, "{change}: {}", refused.message);
+            assert!(
+                refused.message.starts_with(expected),
+                "{change}: {}",
+                refused.message
+            );
+        }
+        assert_eq!(read_request(&json!([1])).unwrap_err().param, "body");
+    }
+
+    #[test]
+    fn errors_take_anthropics_shape_and_type_by_status() {
+        for (status, kind) in [
+            (400, "invalid_request_error"),
+            (401, "authentication_error"),
+            (403, "permission_error"),
+            (404, "not_found_error"),
+            (409, "invalid_request_error"),
+            (413, "request_too_large"),
+            (429, "rate_limit_error"),
+            (500, "api_error"),
+            (503, "overloaded_error"),
+            (529, "overloaded_error"),
+        ] {
+            assert_eq!(
+                serde_json::to_value(error_body(status, "x")).unwrap(),
+                json!({"type": "error", "error": {"type": kind, "message": "x"}}),
+                "{status}"
+            );
+        }
+        let event = DoorEvent::error(429, "slow down");
+        assert_eq!(event.name(), "error");
+        assert_eq!(
+            serde_json::from_str::<Value>(&event.data()).unwrap(),
+            json!({"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}})
+        );
+    }
+
+    #[test]
+    fn deltas_open_one_block_each_and_the_finish_closes_the_last() {
+        let events = |events: Vec<DoorEvent>| -> Vec<Value> {
+            events
+                .iter()
+                .map(|event| serde_json::to_value(event).unwrap())
+                .collect()
+        };
+        let mut blocks = BlockWriter::default();
+        assert_eq!(
+            serde_json::to_value(BlockWriter::opening(&subject())).unwrap()["message"]["content"],
+            json!([])
+        );
+        assert_eq!(
+            events(blocks.delta(&Delta::text("Hel"))),
+            [
+                json!({"type": "content_block_start", "index": 0,
+                       "content_block": {"type": "text", "text": ""}}),
+                json!({"type": "content_block_delta", "index": 0,
+                       "delta": {"type": "text_delta", "text": "Hel"}}),
+            ]
+        );
+        assert_eq!(
+            events(blocks.delta(&Delta::text("lo"))),
+            [json!({"type": "content_block_delta", "index": 0,
+                    "delta": {"type": "text_delta", "text": "lo"}})],
+            "the text block is still open"
+        );
+        let piece = |id: Option<&str>, arguments: &str| Delta {
+            text: None,
+            tool_calls: vec![ToolCallDelta {
+                index: 0,
+                id: id.map(str::to_owned),
+                name: id.map(|_| "f".to_owned()),
+                arguments: Some(arguments.to_owned()),
+            }],
+        };
+        assert_eq!(
+            events(blocks.delta(&piece(Some("c1"), "{\"a\":"))),
+            [
+                json!({"type": "content_block_stop", "index": 0}),
+                json!({"type": "content_block_start", "index": 1,
+                       "content_block": {"type": "tool_use", "id": "c1", "name": "f", "input": {}}}),
+                json!({"type": "content_block_delta", "index": 1,
+                       "delta": {"type": "input_json_delta", "partial_json": "{\"a\":"}}),
+            ]
+        );
+        assert_eq!(
+            events(blocks.delta(&piece(None, "1}"))),
+            [json!({"type": "content_block_delta", "index": 1,
+                    "delta": {"type": "input_json_delta", "partial_json": "1}"}})],
+            "the call's next pieces land in its block"
+        );
+        let answer = Answer {
+            text: Some("Hello".into()),
+            tool_calls: vec![call("c1", "f", "{\"a\":1}")],
+            stop: StopReason::ToolUse,
+            usage: TokenCounts {
+                input: 3,
+                output: 2,
+                ..TokenCounts::default()
+            },
+            ..Answer::default()
+        };
+        let [stop, delta, end] = blocks.finish(&answer);
+        assert_eq!(stop, Some(DoorEvent::ContentBlockStop { index: 1 }));
+        assert_eq!(
+            serde_json::to_value(delta.unwrap()).unwrap(),
+            json!({"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": null},
+                   "usage": {"input_tokens": 3, "output_tokens": 2}})
+        );
+        assert_eq!(end, Some(DoorEvent::MessageStop));
+    }
+
+    #[test]
+    fn a_stream_that_opened_no_block_closes_none() {
+        let [stop, delta, end] = BlockWriter::default().finish(&Answer::default());
+        assert_eq!(stop, None);
+        assert!(matches!(delta, Some(DoorEvent::MessageDelta { .. })));
+        assert_eq!(end, Some(DoorEvent::MessageStop));
+    }
+
+    /// Feeds a provider's events through the reader and the assembly: the
+    /// deltas handed on, and the answer once the stream is done.
+    fn stream(events: &[(&str, Value)]) -> (Vec<Delta>, Option<Answer>) {
+        let mut reader = EventReader::default();
+        let mut assembly = Assembly::default();
+        let mut handed = Vec::new();
+        for (name, data) in events {
+            for event in reader.read(name, &data.to_string()).unwrap() {
+                match event {
+                    StreamEvent::Done => return (handed, Some(assembly.answer())),
+                    StreamEvent::Failed(message) => panic!("a failed stream: {message}"),
+                    event => handed.extend(assembly.add(event).unwrap()),
+                }
+            }
+        }
+        (handed, None)
+    }
+
+    #[test]
+    fn anthropic_events_become_the_same_deltas_and_the_same_answer_as_a_whole_message() {
+        let events = [
+            (
+                "message_start",
+                json!({"type": "message_start", "message": {"id": "msg_1", "type": "message",
+                "role": "assistant", "content": [], "usage": {"input_tokens": 9, "output_tokens": 1}}}),
+            ),
+            (
+                "content_block_start",
+                json!({"type": "content_block_start", "index": 0,
+                "content_block": {"type": "text", "text": ""}}),
+            ),
+            ("ping", json!({"type": "ping"})),
+            (
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": 0,
+                "delta": {"type": "text_delta", "text": "Hel"}}),
+            ),
+            (
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": 0,
+                "delta": {"type": "text_delta", "text": "lo"}}),
+            ),
+            (
+                "content_block_stop",
+                json!({"type": "content_block_stop", "index": 0}),
+            ),
+            (
+                "message_delta",
+                json!({"type": "message_delta",
+                "delta": {"stop_reason": "max_tokens", "stop_sequence": null}, "usage": {"output_tokens": 4}}),
+            ),
+            ("message_stop", json!({"type": "message_stop"})),
+        ];
+        let (handed, answer) = stream(&events);
+        assert_eq!(handed, [Delta::text("Hel"), Delta::text("lo")]);
+        let whole = read_answer(provider_message(json!({
+            "content": [{"type": "text", "text": "Hello"}], "stop_reason": "max_tokens",
+            "usage": {"input_tokens": 9, "output_tokens": 4}})));
+        assert_eq!(whole.stop, StopReason::MaxTokens);
+        assert_eq!(whole.usage.total(), 13);
+        assert_eq!(
+            answer.as_ref(),
+            Some(&whole),
+            "the stored answer is the whole message's"
+        );
+
+        // Events without their `event:` name are known by their `type`.
+        let unnamed: Vec<(&str, Value)> = events.iter().map(|(_, d)| ("", d.clone())).collect();
+        assert_eq!(stream(&unnamed).1, Some(whole));
+    }
+
+    #[test]
+    fn anthropic_tool_use_streams_as_tool_calls() {
+        let (handed, answer) = stream(&[
+            (
+                "message_start",
+                json!({"message": {"usage": {"input_tokens": 2}}}),
+            ),
+            (
+                "content_block_start",
+                json!({"index": 1,
+                "content_block": {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {}}}),
+            ),
+            (
+                "content_block_delta",
+                json!({"index": 1,
+                "delta": {"type": "input_json_delta", "partial_json": "{\"city\":"}}),
+            ),
+            (
+                "content_block_delta",
+                json!({"index": 1,
+                "delta": {"type": "input_json_delta", "partial_json": "\"Oslo\"}"}}),
+            ),
+            (
+                "content_block_start",
+                json!({"index": 2,
+                "content_block": {"type": "tool_use", "id": "toolu_2", "name": "time", "input": {}}}),
+            ),
+            (
+                "content_block_delta",
+                json!({"index": 2, "delta": {"type": "input_json_delta", "partial_json": "{}"}}),
+            ),
+            (
+                "message_delta",
+                json!({"delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 5}}),
+            ),
+            ("message_stop", json!({})),
+        ]);
+        assert_eq!(
+            handed[0].tool_calls,
+            [ToolCallDelta {
+                index: 0,
+                id: Some("toolu_1".into()),
+                name: Some("weather".into()),
+                arguments: Some(String::new()),
+            }]
+        );
+        assert_eq!(
+            handed[1].tool_calls,
+            [ToolCallDelta {
+                index: 0,
+                arguments: Some("{\"city\":".into()),
+                ..ToolCallDelta::default()
+            }]
+        );
+        assert_eq!(
+            handed[3].tool_calls[0].index, 1,
+            "the next block, the next call"
+        );
+        let answer = answer.unwrap();
+        assert_eq!(answer.stop, StopReason::ToolUse);
+        assert_eq!(answer.text, None, "no text beside tool calls");
+        assert_eq!(
+            answer.tool_calls,
+            [
+                call("toolu_1", "weather", "{\"city\":\"Oslo\"}"),
+                call("toolu_2", "time", "{}")
+            ]
+        );
+        assert_eq!(
+            answer.usage,
+            TokenCounts {
+                input: 2,
+                output: 5,
+                ..TokenCounts::default()
+            }
+        );
+    }
+
+    #[test]
+    fn an_error_event_fails_the_stream_and_stray_tool_input_is_invalid() {
+        let mut reader = EventReader::default();
+        let failed = reader
+            .read(
+                "error",
+                &json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})
+                    .to_string(),
+            )
+            .unwrap();
+        assert!(
+            matches!(&failed[..], [StreamEvent::Failed(message)] if message.contains("Overloaded")),
+            "{failed:?}"
+        );
+        let text_block = json!({"index": 0, "content_block": {"type": "text", "text": ""}});
+        reader
+            .read("content_block_start", &text_block.to_string())
+            .unwrap();
+        for index in [0, 3] {
+            let stray = json!({"index": index,
+                "delta": {"type": "input_json_delta", "partial_json": "{"}});
+            assert!(
+                matches!(
+                    reader.read("content_block_delta", &stray.to_string()),
+                    Err(StreamError::Invalid(_))
+                ),
+                "tool input for block {index}, which is no tool call"
+            );
+        }
+        assert_eq!(
+            reader.read("something_new", "{}").unwrap(),
+            [],
+            "an unknown event is skipped, as Anthropic asks of its clients"
+        );
+        assert!(matches!(
+            reader.read("content_block_delta", "{\"index\": 0, \"del"),
+            Err(StreamError::Garbled(_))
+        ));
+    }
+
+    #[test]
+    fn a_streams_usage_with_cached_tokens_is_the_whole_messages() {
+        let usage = json!({"input_tokens": 5, "cache_creation_input_tokens": 10,
+                           "cache_read_input_tokens": 100, "output_tokens": 4});
+        let (_, answer) = stream(&[
+            (
+                "message_start",
+                json!({"message": {"usage": {"input_tokens": 5, "cache_creation_input_tokens": 10,
+                       "cache_read_input_tokens": 100, "output_tokens": 1}}}),
+            ),
+            (
+                "content_block_start",
+                json!({"index": 0, "content_block": {"type": "text", "text": "Hi"}}),
+            ),
+            (
+                "message_delta",
+                json!({"delta": {"stop_reason": "end_turn"}, "usage": usage}),
+            ),
+            ("message_stop", json!({})),
+        ]);
+        let whole = read_answer(provider_message(json!({
+            "content": [{"type": "text", "text": "Hi"}], "stop_reason": "end_turn", "usage": usage})));
+        assert_eq!(whole.usage.input, 115);
+        assert_eq!(answer.unwrap().usage, whole.usage);
+    }
+
+    /// A Chat Completions request as the old provider tests sent it.
+    fn brief_request() -> ChatRequest {
+        from_openai(json!({
+            "model": "gpt-safe",
+            "stream": true,
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Hi"},
+            ],
+            "max_tokens": 50,
+            "temperature": 0.2,
+            "stop": "END",
+            "user": "u1",
+        }))
+    }
+
+    #[test]
+    fn anthropic_gets_the_conversation_in_its_terms() {
+        let written = write_request(&brief_request(), target(false)).unwrap();
+        assert!(!written.structured_outputs_beta);
+        assert_eq!(
+            serde_json::to_value(written.body).unwrap(),
+            json!({
+                "model": "claude",
+                "system": "Be brief.",
+                "messages": [{"role": "user", "content": "Hi"}],
+                "max_tokens": 50,
+                "temperature": 0.2,
+                "stop_sequences": ["END"],
+                "metadata": {"user_id": "u1"},
+            }),
+            "the provider's model; the request's own limit and temperature; no stream unasked"
+        );
+        let streamed = write_request(&brief_request(), target(true)).unwrap();
+        assert_eq!(streamed.body.stream, Some(true));
+    }
+
+    #[test]
+    fn a_request_without_a_limit_or_temperature_gets_the_providers() {
+        let bare = from_openai(json!({"messages": [{"role": "user", "content": "Hi"}]}));
+        let body = written(&bare);
+        assert_eq!(body["max_tokens"], 100);
+        assert_eq!(body["temperature"], 0.7);
+        let unset = ProviderTarget {
+            default_max_tokens: 64,
+            default_temperature: None,
+            ..target(false)
+        };
+        let body = serde_json::to_value(write_request(&bare, unset).unwrap().body).unwrap();
+        assert_eq!(body["max_tokens"], 64);
+        assert!(body.get("temperature").is_none(), "{body}");
+    }
+
+    #[test]
+    fn tools_and_their_results_reach_anthropic_in_its_terms_and_come_back_as_tool_calls() {
+        let request = from_openai(json!({
+            "messages": [
+                {"role": "user", "content": "Weather in Oslo and Rome?"},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{\"city\":\"Oslo\"}"}},
+                    {"id": "c2", "type": "function", "function": {"name": "weather", "arguments": "{\"city\":\"Rome\"}"}},
+                ]},
+                {"role": "tool", "tool_call_id": "c1", "content": "rain"},
+                {"role": "tool", "tool_call_id": "c2", "content": "sun"},
+            ],
+            "tools": [{"type": "function", "function": {"name": "weather", "description": "Weather by city",
+                       "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}],
+            "tool_choice": "required",
+        }));
+        let body = written(&request);
+        assert_eq!(
+            body["messages"][1],
+            json!({"role": "assistant", "content": [
+                {"type": "tool_use", "id": "c1", "name": "weather", "input": {"city": "Oslo"}},
+                {"type": "tool_use", "id": "c2", "name": "weather", "input": {"city": "Rome"}},
+            ]})
+        );
+        assert_eq!(
+            body["messages"][2],
+            json!({"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "c1", "content": "rain"},
+                {"type": "tool_result", "tool_use_id": "c2", "content": "sun"},
+            ]}),
+            "one round's results share one turn"
+        );
+        assert_eq!(body["messages"].as_array().unwrap().len(), 3);
+        assert_eq!(
+            body["tools"],
+            json!([{"name": "weather", "description": "Weather by city",
+                    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}])
+        );
+        assert_eq!(body["tool_choice"], json!({"type": "any"}));
+
+        let answer = read_answer(provider_message(json!({
+            "content": [{"type": "tool_use", "id": "t1", "name": "weather", "input": {"city": "Oslo"}}],
+            "stop_reason": "tool_use", "usage": {"input_tokens": 3, "output_tokens": 4}})));
+        assert_eq!(
+            answer,
+            Answer {
+                text: None,
+                tool_calls: vec![call("t1", "weather", "{\"city\":\"Oslo\"}")],
+                stop: StopReason::ToolUse,
+                usage: TokenCounts {
+                    input: 3,
+                    output: 4,
+                    ..TokenCounts::default()
+                },
+                message_extras: Map::new(),
+            }
+        );
+    }
+
+    #[test]
+    fn a_messages_request_reaches_an_anthropic_provider_as_the_client_wrote_it() {
+        let body = json!({
+            "model": "claude",
+            "system": "Be brief.",
+            "messages": [
+                {"role": "user", "content": [
+                    {"type": "text", "text": "Weather here?"},
+                    {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": "/9j/"}},
+                ]},
+                {"role": "assistant", "content": [
+                    {"type": "text", "text": "Let me look."},
+                    {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Oslo"}},
+                ]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": "rain"},
+                ]},
+            ],
+            "max_tokens": 64,
+            "temperature": 0.5,
+            "top_p": 0.9,
+            "top_k": 5,
+            "stop_sequences": ["END"],
+            "tools": [{"name": "weather", "input_schema": {"type": "object"}}],
+            "tool_choice": {"type": "auto"},
+        });
+        assert_eq!(written(&read(body.clone())), body);
+    }
+
+    #[test]
+    fn a_json_schema_output_or_a_strict_tool_asks_for_the_structured_outputs_beta() {
+        let request = read(json!({
+            "model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}],
+            "output_format": {"type": "json_schema", "schema": {"type": "object"}},
+        }));
+        let written = write_request(&request, target(false)).unwrap();
+        assert!(written.structured_outputs_beta);
+        assert_eq!(
+            serde_json::to_value(&written.body).unwrap()["output_format"],
+            json!({"type": "json_schema", "schema": {"type": "object"}})
+        );
+        let strict = from_openai(json!({
+            "messages": [{"role": "user", "content": "Hi"}],
+            "tools": [{"type": "function", "function": {"name": "f", "strict": true,
+                       "parameters": {"type": "object"}}}],
+        }));
+        let written = write_request(&strict, target(false)).unwrap();
+        assert!(written.structured_outputs_beta);
+        assert_eq!(written.body.tools.unwrap()[0].strict, Some(true));
+        assert!(
+            !write_request(&brief_request(), target(false))
+                .unwrap()
+                .structured_outputs_beta
+        );
+    }
+
+    #[test]
+    fn what_anthropic_cannot_carry_is_refused_rather_than_dropped() {
+        let carried = brief_request();
+        assert!(write_request(&carried, target(false)).is_ok());
+        let with = |change: fn(&mut ChatRequest)| {
+            let mut request = carried.clone();
+            change(&mut request);
+            request
+        };
+        for (request, named) in [
+            (with(|r| r.sampling.seed = Some(7)), "seed"),
+            (
+                with(|r| r.sampling.presence_penalty = Some(0.5)),
+                "presence_penalty",
+            ),
+            (
+                with(|r| r.sampling.frequency_penalty = Some(0.5)),
+                "frequency_penalty",
+            ),
+            (
+                with(|r| {
+                    r.openai_extras
+                        .insert("logit_bias".into(), json!({"50256": -100}));
+                }),
+                "logit_bias",
+            ),
+            (
+                with(|r| r.output = Some(OutputFormat::JsonObject)),
+                "json_object",
+            ),
+            (
+                with(|r| {
+                    r.messages[1] = Message::User {
+                        content: Content::Text("Hi".into()),
+                        name: Some("ann".into()),
+                    }
+                }),
+                "name",
+            ),
+            (
+                with(|r| {
+                    r.messages[1] = Message::User {
+                        content: Content::Parts(vec![Part::OpenAiOther(
+                            json!({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}),
+                        )]),
+                        name: None,
+                    }
+                }),
+                "content part",
+            ),
+        ] {
+            let CannotCarry(why) = write_request(&request, target(false)).expect_err(named);
+            assert!(why.contains(named), "{named}: {why}");
+        }
+    }
+
+    #[test]
+    fn parts_of_a_system_or_tool_message_that_are_not_text_are_refused_rather_than_dropped() {
+        let image = json!({"type": "image_url", "image_url": {"url": "https://example.com/a.png"}});
+        for message in [
+            json!({"role": "system", "content": [{"type": "text", "text": "Be brief."}, image]}),
+            json!({"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "rain"}, image]}),
+        ] {
+            let request =
+                from_openai(json!({"messages": [message, {"role": "user", "content": "Hi"}]}));
+            assert!(
+                write_request(&request, target(false)).is_err(),
+                "{message} was written as {}",
+                written(&request)
+            );
+        }
+    }
+
+    #[test]
+    fn a_stop_sequence_stop_comes_back_as_that_sequence_and_the_door_writes_it_back() {
+        let answer = read_answer(provider_message(json!({
+            "content": [{"type": "text", "text": "Done"}],
+            "stop_reason": "stop_sequence", "stop_sequence": "END",
+            "usage": {"input_tokens": 3, "output_tokens": 1}})));
+        assert_eq!(answer.stop, StopReason::StopSequence("END".into()));
+        assert_eq!(answer.text(), "Done");
+        let message = serde_json::to_value(message(&subject(), &answer)).unwrap();
+        assert_eq!(
+            message,
+            json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "route",
+                   "content": [{"type": "text", "text": "Done"}],
+                   "stop_reason": "stop_sequence", "stop_sequence": "END",
+                   "usage": {"input_tokens": 3, "output_tokens": 1}})
+        );
+        let [_, delta, _] = BlockWriter::default().finish(&answer);
+        assert_eq!(
+            serde_json::to_value(delta.unwrap()).unwrap()["delta"],
+            json!({"stop_reason": "stop_sequence", "stop_sequence": "END"})
+        );
+    }
+
+    #[test]
+    fn each_stop_reason_anthropic_gives_is_given_back_as_it_said_it() {
+        for reason in ["end_turn", "max_tokens", "tool_use", "refusal"] {
+            let answer = read_answer(provider_message(json!({
+                "content": [{"type": "text", "text": "x"}], "stop_reason": reason})));
+            let message = message(&subject(), &answer);
+            assert_eq!(message.stop_reason.as_deref(), Some(reason));
+            assert_eq!(message.stop_sequence, None);
+        }
+    }
+
+    #[test]
+    fn a_whole_messages_cached_tokens_count_in_its_prompt() {
+        let answer = read_answer(provider_message(json!({
+            "content": [{"type": "thinking", "thinking": "hm"}, {"type": "text", "text": "Hi"}],
+            "stop_reason": "end_turn",
+            "usage": {"input_tokens": 5, "cache_creation_input_tokens": 10,
+                      "cache_read_input_tokens": 100, "output_tokens": 4}})));
+        assert_eq!(answer.text(), "Hi", "thinking is not part of the answer");
+        assert_eq!(
+            answer.usage,
+            TokenCounts {
+                input: 115,
+                output: 4,
+                cached_input: 100,
+                reasoning: 0,
+            }
+        );
+    }
 }

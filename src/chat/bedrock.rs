@@ -229,6 +229,14 @@ pub struct ProviderTarget {
     pub default_temperature: Option<f64>,
 }
 
+/// The text of content that must be text alone: another part is refused,
+/// not dropped.
+fn text_only(content: &m::Content, what: &str) -> Result<String, CannotCarry> {
+    content
+        .text_only()
+        .ok_or_else(|| cannot(format!("a part other than text in {what}")))
+}
+
 fn cannot(what: impl std::fmt::Display) -> CannotCarry {
     CannotCarry(format!("Bedrock's Converse API cannot carry {what}"))
 }
@@ -351,7 +359,7 @@ fn conversation(messages: &[m::Message]) -> Result<(Vec<SystemBlock>, Vec<Messag
                 return Err(cannot("a message's `name`"))
             }
             m::Message::System { content, .. } => {
-                let text = content.text("");
+                let text = text_only(content, "a system message")?;
                 if !text.is_empty() {
                     system.push(SystemBlock { text });
                 }
@@ -383,7 +391,7 @@ fn conversation(messages: &[m::Message]) -> Result<(Vec<SystemBlock>, Vec<Messag
                 turns.push(turn("assistant", blocks));
             }
             m::Message::Tool { call_id, content } => {
-                let text = content.text("");
+                let text = text_only(content, "a tool result")?;
                 let result = match serde_json::from_str::<Value>(&text)
                     .ok()
                     .filter(Value::is_object)
@@ -708,6 +716,37 @@ mod tests {
     use super::*;
     use crate::chat::openai_chat;
     use crate::chat::StreamReader;
+
+    #[test]
+    fn a_part_other_than_text_in_a_system_message_or_a_tool_result_is_refused_not_dropped() {
+        let image =
+            json!({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}});
+        for message in [
+            json!({"role": "system", "content": [{"type": "text", "text": "Be brief."}, image]}),
+            json!({"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "rain"}, image]}),
+        ] {
+            let chat = json!({"messages": [
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+                    "function": {"name": "weather", "arguments": "{}"}}]},
+                message.clone(),
+            ]});
+            let request = openai_chat::read_request(&chat).unwrap().request;
+            let refused = write_request(
+                &request,
+                ProviderTarget {
+                    default_max_tokens: 256,
+                    default_temperature: None,
+                },
+            )
+            .expect_err(&message.to_string());
+            assert!(
+                refused.0.contains("a part other than text"),
+                "{}",
+                refused.0
+            );
+        }
+    }
 
     #[test]
     fn a_chat_request_becomes_turns_tools_and_an_inference_config() {

@@ -199,6 +199,14 @@ pub struct ProviderTarget {
     pub default_temperature: Option<f64>,
 }
 
+/// The text of content that must be text alone: another part is refused,
+/// not dropped.
+fn text_only(content: &m::Content, what: &str) -> Result<String, CannotCarry> {
+    content
+        .text_only()
+        .ok_or_else(|| cannot(format!("a part other than text in {what}")))
+}
+
 fn cannot(what: impl std::fmt::Display) -> CannotCarry {
     CannotCarry(format!("Gemini cannot carry {what}"))
 }
@@ -277,7 +285,9 @@ fn conversation(messages: &[m::Message]) -> Result<(Option<Content>, Vec<Content
             | m::Message::Assistant { name: Some(_), .. } => {
                 return Err(cannot("a message's `name`"))
             }
-            m::Message::System { content, .. } => system.push(content.text("")),
+            m::Message::System { content, .. } => {
+                system.push(text_only(content, "a system message")?)
+            }
             m::Message::User { content, .. } => contents.push(turn("user", user_parts(content)?)),
             m::Message::Assistant {
                 content,
@@ -317,7 +327,7 @@ fn conversation(messages: &[m::Message]) -> Result<(Option<Content>, Vec<Content
                              names a result after its call"
                         ))
                     })?;
-                let text = content.text("");
+                let text = text_only(content, "a tool result")?;
                 let response = serde_json::from_str::<Value>(&text)
                     .ok()
                     .filter(Value::is_object)
@@ -610,6 +620,30 @@ mod tests {
     use super::*;
     use crate::chat::openai_chat;
     use crate::chat::StreamReader;
+
+    #[test]
+    fn a_part_other_than_text_in_a_system_message_or_a_tool_result_is_refused_not_dropped() {
+        let image =
+            json!({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}});
+        for message in [
+            json!({"role": "system", "content": [{"type": "text", "text": "Be brief."}, image]}),
+            json!({"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "rain"}, image]}),
+        ] {
+            let chat = json!({"messages": [
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+                    "function": {"name": "weather", "arguments": "{}"}}]},
+                message.clone(),
+            ]});
+            let request = openai_chat::read_request(&chat).unwrap().request;
+            let refused = write_request(&request, TARGET).expect_err(&message.to_string());
+            assert!(
+                refused.0.contains("a part other than text"),
+                "{}",
+                refused.0
+            );
+        }
+    }
 
     const TARGET: ProviderTarget = ProviderTarget {
         default_max_tokens: 256,

@@ -109,6 +109,20 @@ impl Content {
         }
     }
 
+    /// The text of content that must be text alone (a system prompt, a
+    /// tool result, for most formats); `None` when it has another part,
+    /// which a writer then refuses rather than drops.
+    pub fn text_only(&self) -> Option<String> {
+        match self {
+            Self::Text(text) => Some(text.clone()),
+            Self::Parts(parts) => parts
+                .iter()
+                .map(Part::as_text)
+                .collect::<Option<Vec<_>>>()
+                .map(|texts| texts.concat()),
+        }
+    }
+
     /// The content's parts: a text is one text part.
     pub fn parts(&self) -> Vec<Part> {
         match self {

@@ -664,4 +664,65 @@ async fn every_door_serves_every_provider_kind(backend: TestBackend) {
     assert!(failures.is_empty(), "{figures}");
 }
 
-on_both_backends!(every_door_serves_every_provider_kind);
+/// A request the primary's format cannot carry (a `seed` for Anthropic, a
+/// `user` for Gemini, a `top_k` for Bedrock) is never sent to it: its
+/// attempt fails before anything leaves, naming what it cannot carry, and
+/// the job fails over to the qualified spare, which gets the request whole.
+async fn what_a_provider_cannot_carry_is_never_sent_to_it_and_fails_over(backend: TestBackend) {
+    let mut fakes = Vec::new();
+    for (kind, shape) in [
+        ("anthropic", Shape::Anthropic),
+        ("gemini", Shape::Gemini),
+        ("bedrock", Shape::Bedrock),
+    ] {
+        fakes.push((kind, shape, FakeProvider::start(shape).await));
+    }
+    let spare = FakeProvider::start(Shape::OpenAi).await;
+    let app = spawn_app_with(backend, config_of(&matrix_config(&fakes, &spare))).await;
+    for ((kind, _, fake), (member, value)) in fakes.iter().zip([
+        ("seed", json!(7)),
+        ("user", json!("u-1")),
+        ("top_k", json!(5)),
+    ]) {
+        spare.push(Behaviour::AnswerText("Qualified.".into()));
+        let report = app
+            .app
+            .qualify(None, "spare", &format!("f-{kind}"))
+            .await
+            .unwrap();
+        assert!(report.passed(), "{:?}", report.checks);
+        spare.push(Behaviour::AnswerText("From the spare.".into()));
+        let body = with(
+            Door::Chat.hello(&format!("f-{kind}")),
+            json!({ member: value }),
+        );
+        let answer = answered(send(&app, Door::Chat, &format!("carry-{kind}"), &body).await)
+            .await
+            .unwrap();
+        assert_eq!(
+            Door::Chat.text(&answer).as_deref(),
+            Some("From the spare."),
+            "{kind}"
+        );
+        assert_eq!(fake.total_requests(), 0, "nothing reached {kind}");
+        assert_eq!(spare.last_request().unwrap().body[member], value, "{kind}");
+        let job_id = answer["id"]
+            .as_str()
+            .unwrap()
+            .trim_start_matches("chatcmpl-");
+        let job = app.wait_for_status(job_id, "succeeded", WAIT).await;
+        let first = &job["attempts"][0];
+        assert_eq!(first["provider"], format!("p-{kind}"));
+        assert_eq!(first["state"], "failed", "{job}");
+        let reason = first["error"].to_string();
+        assert!(
+            reason.contains("cannot carry") && reason.contains(member),
+            "{kind}: {reason}"
+        );
+    }
+}
+
+on_both_backends!(
+    every_door_serves_every_provider_kind,
+    what_a_provider_cannot_carry_is_never_sent_to_it_and_fails_over,
+);
