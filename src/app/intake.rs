@@ -52,8 +52,10 @@ pub struct JobCreation {
 }
 
 /// Checks the input against the task's rules: a JSON object whose required
-/// fields are non-empty strings, valid against the input schema.
-fn check_input(contract: &TaskContract, input: &Value) -> AppResult<()> {
+/// fields are non-empty strings, valid against the input schema; a chat
+/// route's, a Chat Completions request its codec reads. Returns a chat
+/// request's own answer limit.
+fn check_input(contract: &TaskContract, input: &Value) -> AppResult<Option<u64>> {
     let object = input
         .as_object()
         .ok_or_else(|| AppError::invalid_input("`input` must be a JSON object"))?;
@@ -71,7 +73,20 @@ fn check_input(contract: &TaskContract, input: &Value) -> AppResult<()> {
             }
         }
     }
-    contract.check_input(input).map_err(AppError::invalid_input)
+    if contract.is_chat() {
+        // Read once here: the limit it asks for is the reservation's.
+        let read = crate::chat::openai_chat::read_request(input).map_err(|refused| {
+            AppError::InvalidInput {
+                detail: refused.message,
+                field: Some(format!("input.{}", refused.param)),
+            }
+        })?;
+        return Ok(read.request.sampling.max_tokens);
+    }
+    contract
+        .check_input(input)
+        .map_err(AppError::invalid_input)?;
+    Ok(None)
 }
 
 /// A provider named by a client must belong to the task's chain.
@@ -320,8 +335,8 @@ impl App {
         }
         require_in_chain(&contract, request.provider.as_deref())?;
         let input = request.input.value();
-        check_input(&contract, &input)?;
-        let reservation = self.reservation_for(&contract, &input)?;
+        let requested = check_input(&contract, &input)?;
+        let reservation = self.reservation_for(&contract, &input, requested)?;
         Ok(NewJob {
             reservation,
             owner_id: owner.id.clone(),

@@ -129,10 +129,13 @@ impl App {
     /// A request's own limit above what the route's providers can produce
     /// (`domain::ledger::check_max_tokens`) is refused: the reservation is
     /// never computed from a number the client chose freely.
+    /// `requested` is a chat request's own answer limit, as its input was
+    /// read (`app::intake`).
     pub(crate) fn reservation_for(
         &self,
         contract: &TaskContract,
         input: &Value,
+        requested: Option<u64>,
     ) -> AppResult<Reservation> {
         let config = self.config();
         let providers: Vec<_> = contract
@@ -140,20 +143,6 @@ impl App {
             .iter()
             .filter_map(|name| config.provider(name))
             .collect();
-        // A chat request's own answer limit (read whole: one the provider
-        // would read otherwise is never passed through).
-        let requested = if contract.is_chat() {
-            crate::chat::openai_chat::read_request(input)
-                .map_err(|refused| AppError::InvalidBody {
-                    detail: refused.message,
-                    field: Some(refused.param),
-                })?
-                .request
-                .sampling
-                .max_tokens
-        } else {
-            None
-        };
         if let Some(asked) = requested {
             let ceiling = config.output_token_ceiling(contract);
             crate::domain::ledger::check_max_tokens(asked, ceiling).map_err(|refusal| {

@@ -21,7 +21,7 @@ use super::model::{
     Answer, ChatRequest, Content, Delta, Image, Message, OutputFormat, Part, Sampling, StopReason,
     StreamEvent, TokenCounts, Tool, ToolCall, ToolCallDelta, ToolChoice,
 };
-use super::wire::{decode, PathStyle, Refused, TextOr, WholeNumber};
+use super::wire::{decode, PathStyle, Refused, TextOr, WholeInteger, WholeNumber};
 
 const STYLE: PathStyle = PathStyle::Brackets;
 
@@ -47,7 +47,7 @@ pub struct ChatCompletionRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_k: Option<WholeNumber>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub seed: Option<i64>,
+    pub seed: Option<WholeInteger>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub presence_penalty: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -275,7 +275,7 @@ pub fn read_request(body: &Value) -> Result<ReadRequest, Refused> {
             temperature: wire.temperature,
             top_p: wire.top_p,
             top_k: wire.top_k.map(|n| n.0),
-            seed: wire.seed,
+            seed: wire.seed.map(|n| n.0),
             presence_penalty: wire.presence_penalty,
             frequency_penalty: wire.frequency_penalty,
         },
@@ -516,7 +516,7 @@ pub fn write_request(request: &ChatRequest, target: Target<'_>) -> ChatCompletio
         temperature: sampling.temperature,
         top_p: sampling.top_p,
         top_k: sampling.top_k.map(WholeNumber),
-        seed: sampling.seed,
+        seed: sampling.seed.map(WholeInteger),
         presence_penalty: sampling.presence_penalty,
         frequency_penalty: sampling.frequency_penalty,
         stop: (!request.stop.is_empty()).then(|| TextOr::Items(request.stop.clone())),

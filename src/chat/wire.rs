@@ -63,6 +63,10 @@ pub fn decode<T: DeserializeOwned>(
     style: PathStyle,
     base: &str,
 ) -> Result<T, Refused> {
+    // Read plainly first: the path is tracked only to word a refusal.
+    if let Ok(read) = T::deserialize(value) {
+        return Ok(read);
+    }
     serde_path_to_error::deserialize::<_, T>(value).map_err(|error| {
         let mut param = base.to_owned();
         for segment in error.path() {
@@ -162,6 +166,42 @@ impl<'de> Deserialize<'de> for WholeNumber {
 impl Serialize for WholeNumber {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.serialize_u64(self.0)
+    }
+}
+
+/// A whole number, negative or not, written as an integer or not (`7` and
+/// `7.0` are one number, as JSON Schema's `integer` says).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WholeInteger(pub i64);
+
+impl WholeInteger {
+    /// `value` as a whole number, if it is one every JSON reader holds
+    /// exactly.
+    pub fn of(value: &Value) -> Option<i64> {
+        value
+            .as_i64()
+            .filter(|n| (*n as f64).abs() <= MAX_EXACT)
+            .or_else(|| {
+                value
+                    .as_f64()
+                    .filter(|f| f.fract() == 0.0 && f.abs() <= MAX_EXACT)
+                    .map(|f| f as i64)
+            })
+    }
+}
+
+impl<'de> Deserialize<'de> for WholeInteger {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let number = serde_json::Number::deserialize(deserializer)?;
+        Self::of(&Value::Number(number.clone()))
+            .map(WholeInteger)
+            .ok_or_else(|| de::Error::custom(format!("expected a whole number, not {number}")))
+    }
+}
+
+impl Serialize for WholeInteger {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_i64(self.0)
     }
 }
 

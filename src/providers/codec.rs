@@ -125,21 +125,9 @@ impl Codec {
     /// blocked prompt or an answer stopped by a filter is a definite
     /// failure naming why.
     pub fn decode(&self, bytes: &[u8], status: u16) -> Decoded {
-        let value: Value = match serde_json::from_slice(bytes) {
-            Ok(value) => value,
-            Err(e) => {
-                return Decoded {
-                    answer: Err(Outcome::Unknown(
-                        Reason::new(format!("the answer is truncated or garbled ({status})"))
-                            .with_detail(&e.to_string()),
-                    )),
-                    usage: None,
-                }
-            }
-        };
         match self.kind {
             ProviderKind::Anthropic => {
-                match shaped::<anthropic::ProviderMessage>(&value, "Message") {
+                match read::<anthropic::ProviderMessage>(bytes, status, "Message") {
                     Ok(message) => {
                         let answer = anthropic::read_answer(message);
                         let usage = Some(answer.usage);
@@ -152,7 +140,8 @@ impl Codec {
                 }
             }
             ProviderKind::Gemini => {
-                match shaped::<gemini::GenerateContentResponse>(&value, "GenerateContentResponse") {
+                let name = "GenerateContentResponse";
+                match read::<gemini::GenerateContentResponse>(bytes, status, name) {
                     Ok(response) => {
                         let usage = response.usage_metadata.map(gemini::UsageMetadata::counts);
                         let answer = match gemini::blocked(&response) {
@@ -165,7 +154,7 @@ impl Codec {
                 }
             }
             ProviderKind::Bedrock => {
-                match shaped::<bedrock::ConverseResponse>(&value, "ConverseResponse") {
+                match read::<bedrock::ConverseResponse>(bytes, status, "ConverseResponse") {
                     Ok(response) => {
                         let usage = Some(response.usage.counts());
                         let answer = match bedrock::blocked(&response) {
@@ -177,7 +166,7 @@ impl Codec {
                     Err(outcome) => no_answer(outcome),
                 }
             }
-            _ => match shaped::<openai_chat::ProviderCompletion>(&value, "chat completion") {
+            _ => match read::<openai_chat::ProviderCompletion>(bytes, status, "chat completion") {
                 Ok(completion) => {
                     let usage = completion
                         .usage
@@ -282,9 +271,17 @@ fn no_answer(outcome: Outcome) -> Decoded {
     }
 }
 
-/// `value` read as the format's answer type.
-fn shaped<T: DeserializeOwned>(value: &Value, name: &str) -> Result<T, Outcome> {
-    T::deserialize(value).map_err(|e| invalid(format!("the answer is not a {name}: {e}")))
+/// A whole answer's body read as the format's answer type: data that is
+/// not JSON is unknown (cut or garbled: the provider may have answered);
+/// JSON of the wrong shape is a definite failure.
+fn read<T: DeserializeOwned>(bytes: &[u8], status: u16, name: &str) -> Result<T, Outcome> {
+    serde_json::from_slice(bytes).map_err(|e| match e.classify() {
+        serde_json::error::Category::Data => invalid(format!("the answer is not a {name}: {e}")),
+        _ => Outcome::Unknown(
+            Reason::new(format!("the answer is truncated or garbled ({status})"))
+                .with_detail(&e.to_string()),
+        ),
+    })
 }
 
 fn json<T: serde::Serialize>(body: &T) -> Vec<u8> {

@@ -384,10 +384,11 @@ fn messages_request_schema(routes: &[String], ceiling: u64) -> Value {
             "tools": {"type": ["array", "null"], "maxItems": 128, "items": tool, "description": "The client's own tools (`custom`); Anthropic's server tools are refused"},
             "tool_choice": tool_choice,
             "top_k": {"type": ["integer", "null"], "minimum": 0, "maximum": 9_007_199_254_740_991_i64},
-            "metadata": {"type": ["object", "null"], "properties": {"user_id": {"type": ["string", "null"]}}},
+            "metadata": {"type": ["object", "null"], "properties": {"user_id": {"type": ["string", "null"]}}, "additionalProperties": any},
             "output_format": {"anyOf": [{"type": "null"}, {
                 "type": "object", "required": ["type", "schema"],
-                "properties": {"type": {"type": "string", "enum": ["json_schema"]}, "schema": {"type": "object"}},
+                "properties": {"type": {"type": "string", "enum": ["json_schema"]}, "schema": {"type": "object", "additionalProperties": any}},
+                "additionalProperties": any,
                 "description": "Structured output: the answer is JSON matching `schema`",
             }]},
         },
@@ -490,28 +491,107 @@ fn responses_request_schema(routes: &[String], ceiling: u64) -> Value {
 /// The rules every chat request meets, as a route's input.
 fn chat_input_schema() -> Value {
     let any = json!({"$ref": "#/components/schemas/JsonValue"});
-    json!({
+    let string_or_null = json!({"type": ["string", "null"]});
+    let number = json!({"type": ["number", "null"], "minimum": -9_007_199_254_740_991_i64, "maximum": 9_007_199_254_740_991_i64});
+    let whole =
+        json!({"type": ["integer", "null"], "minimum": 0, "maximum": 9_007_199_254_740_991_i64});
+    // What `chat::openai_chat::read_request` reads; a member it has no name
+    // for is refused in a message unless it asks for nothing.
+    let asks_nothing = json!({"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]});
+    let part = json!({"anyOf": [
+        {"type": "object", "required": ["type", "text"], "additionalProperties": any,
+         "properties": {"type": {"const": "text"}, "text": {"type": "string"}}},
+        {"type": "object", "required": ["type", "image_url"],
+         "properties": {"type": {"const": "image_url"}, "image_url": {"type": "object", "required": ["url"],
+             "properties": {"url": {"type": "string"}, "detail": string_or_null}}}},
+        {"type": "object", "required": ["type"],
+         "properties": {"type": {"type": "string", "not": {"enum": ["text", "image_url"]}}}},
+    ]});
+    let tool_call = json!({"type": "object", "required": ["function"], "properties": {
+        "id": string_or_null, "type": {"type": "string"},
+        "function": {"type": "object", "required": ["name"],
+            "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}}}}});
+    let message = json!({
+        "type": "object",
+        "required": ["role"],
+        "properties": {
+            "role": {"type": "string", "enum": ["system", "developer", "user", "assistant", "tool"]},
+            "content": {"type": ["string", "array", "null"], "items": part},
+            "name": string_or_null,
+            "tool_calls": {"type": ["array", "null"], "items": tool_call},
+            "tool_call_id": string_or_null,
+        },
+        "additionalProperties": asks_nothing,
+        "allOf": [
+            {"if": {"properties": {"role": {"const": "tool"}}},
+             "then": {"required": ["tool_call_id"],
+                      "properties": {"tool_call_id": {"type": "string"}, "name": {"type": "null"}}},
+             "else": {"properties": {"tool_call_id": {"type": "null"}}}},
+            {"if": {"properties": {"role": {"const": "assistant"}}},
+             "else": {"properties": {"tool_calls": {"type": "null"}}}},
+        ],
+    });
+    let tool = json!({"type": "object", "required": ["type", "function"], "properties": {
+        "type": {"const": "function"},
+        "function": {"type": "object", "required": ["name"], "properties": {
+            "name": {"type": "string"}, "description": string_or_null,
+            "parameters": any, "strict": {"type": ["boolean", "null"]}}}}});
+    let mut schema = json!({
         "type": "object",
         "required": ["messages"],
         "properties": {
-            "messages": {
-                "type": "array",
-                "minItems": 1,
-                "items": {
-                    "type": "object",
-                    "required": ["role"],
-                    "properties": {
-                        "role": {"type": "string", "enum": ["system", "developer", "user", "assistant", "tool"]},
-                        "content": {"type": ["string", "array", "null"], "items": any},
-                    },
-                    "additionalProperties": any,
-                },
-            },
-            "stream": {"type": ["boolean", "null"], "description": "Answer as server-sent events, sent once the job is done"},
+            "messages": {"type": "array", "minItems": 1, "items": message},
+            "stream": {"type": ["boolean", "null"], "description": "Answer as server-sent events, as the provider generates them"},
+            "stream_options": {"anyOf": [{"type": "null"}, {"type": "object",
+                "properties": {"include_usage": {"type": "boolean"}}}]},
             "n": {"type": ["integer", "null"], "enum": [1, null], "description": "One request, one answer"},
+            "temperature": number,
+            "top_p": number,
+            "top_k": whole,
+            "seed": {"type": ["integer", "null"], "minimum": -9_007_199_254_740_991_i64, "maximum": 9_007_199_254_740_991_i64},
+            "presence_penalty": number,
+            "frequency_penalty": number,
+            "user": string_or_null,
+            "stop": {"anyOf": [{"type": "null"}, {"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+            "tools": {"type": ["array", "null"], "items": tool},
+            "tool_choice": {"anyOf": [{"type": "null"}, {"type": "string", "enum": ["auto", "none", "required"]},
+                {"type": "object", "required": ["type", "function"], "properties": {
+                    "type": {"const": "function"},
+                    "function": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}}}]},
+            "response_format": {"anyOf": [{"type": "null"},
+                {"type": "object", "required": ["type"], "properties": {"type": {"enum": ["text", "json_object"]}}},
+                {"type": "object", "required": ["type", "json_schema"], "properties": {
+                    "type": {"const": "json_schema"},
+                    "json_schema": {"type": "object", "required": ["name"], "properties": {
+                        "name": {"type": "string"}, "schema": any, "description": string_or_null,
+                        "strict": {"type": ["boolean", "null"]}}}}}]},
         },
         "additionalProperties": any,
-    })
+    });
+    any_value_inside(&mut schema, &any);
+    schema
+}
+
+/// Every object schema below `schema` that lists its members and says
+/// nothing of others takes any other as any JSON value onejob accepts
+/// (`JsonValue`: numbers an IEEE double holds exactly, bounded depth).
+fn any_value_inside(schema: &mut Value, any: &Value) {
+    match schema {
+        Value::Object(members) => {
+            if members.contains_key("properties") && !members.contains_key("additionalProperties") {
+                members.insert("additionalProperties".into(), any.clone());
+            }
+            for (name, member) in members.iter_mut() {
+                if name != "additionalProperties" {
+                    any_value_inside(member, any);
+                }
+            }
+        }
+        Value::Array(items) => items
+            .iter_mut()
+            .for_each(|item| any_value_inside(item, any)),
+        _ => {}
+    }
 }
 
 /// `POST /api/v1/jobs`'s body: one alternative per configured task, with
