@@ -120,20 +120,24 @@ fn fingerprint(
     })
 }
 
-/// Whether a stored job is the same intent as a request with `fingerprint`.
-/// The stored fingerprint decides; a row written under an earlier way of
-/// fingerprinting is judged by its stored intent, fingerprinted today's way.
-fn same_intent(job: &Job, fingerprint: &Fingerprint) -> bool {
+/// Whether a stored job is the same intent as a request (`sent`, with its
+/// `fingerprint`). The stored fingerprint decides; a row written under an
+/// earlier way of fingerprinting is judged by its stored intent,
+/// fingerprinted today's way; a request through a door of another wire
+/// format is judged by its body as sent, whatever input an earlier release
+/// derived from it.
+fn same_intent(job: &Job, fingerprint: &Fingerprint, sent: &JobIntent<'_>) -> bool {
     if crate::domain::guards::is_replay(&job.fingerprint, fingerprint) {
         return true;
     }
-    Fingerprint::of(&JobIntent {
+    let stored = JobIntent {
         task: &job.task,
         input: job.input.as_str(),
         params: job.params.as_str(),
         provider: job.requested_provider.as_deref(),
-    })
-    .is_ok_and(|stored| &stored == fingerprint)
+    };
+    Fingerprint::of(&stored).is_ok_and(|stored| &stored == fingerprint)
+        || crate::domain::fingerprint::same_door_request(&stored, sent)
 }
 
 impl App {
@@ -166,6 +170,20 @@ impl App {
             &params,
             request.provider.as_deref(),
         )?;
+        // What the request was, to judge a key's job made by an earlier
+        // release (`same_intent`); a door's input is derived from its
+        // params, and is not compared there.
+        let (sent_task, sent_params, sent_provider) = (
+            request.task.clone(),
+            params.clone(),
+            request.provider.clone(),
+        );
+        let sent = JobIntent {
+            task: &sent_task,
+            input: "",
+            params: sent_params.as_str(),
+            provider: sent_provider.as_deref(),
+        };
         let leader = loop {
             match self.inner.key_flights.board(&owner.id, key.as_str()) {
                 Boarding::Leader(leader) => break leader,
@@ -176,7 +194,7 @@ impl App {
                         return self.replay_or_conflict(
                             (**job).clone(),
                             attempts.clone(),
-                            &fingerprint,
+                            (&fingerprint, &sent),
                             TallyKind::Joined,
                         );
                     }
@@ -275,7 +293,7 @@ impl App {
             // The key had made a job already (perhaps a concurrent request
             // with the same key won the insert).
             CreateOutcome::Existing(job) => {
-                self.replay_or_conflict(job, attempts, &fingerprint, TallyKind::Replayed)
+                self.replay_or_conflict(job, attempts, (&fingerprint, &sent), TallyKind::Replayed)
             }
         }
     }
@@ -284,10 +302,10 @@ impl App {
         &self,
         job: Job,
         attempts: Vec<Attempt>,
-        fingerprint: &Fingerprint,
+        (fingerprint, sent): (&Fingerprint, &JobIntent<'_>),
         duplicate: TallyKind,
     ) -> AppResult<JobCreation> {
-        if same_intent(&job, fingerprint) {
+        if same_intent(&job, fingerprint, sent) {
             self.metrics().jobs_replayed.inc();
             self.count_duplicate(&job, duplicate);
             Ok(JobCreation {

@@ -23,6 +23,40 @@ pub struct JobIntent<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fingerprint(String);
 
+/// The members of `params` under which a door of another wire format keeps
+/// the client's body as sent (`/v1/messages`, `/v1/responses`): such a
+/// job's input is derived from that body by the door's codec.
+pub const DOOR_BODY_PARAMS: [&str; 2] = [MESSAGES_BODY, RESPONSES_BODY];
+/// `/v1/messages`' member.
+pub const MESSAGES_BODY: &str = "messages_request";
+/// `/v1/responses`' member.
+pub const RESPONSES_BODY: &str = "responses";
+
+/// Whether a stored intent and a sent one are the same request made
+/// through a door of another wire format: the same task, the same named
+/// provider, and `params` holding one and the same body as sent under the
+/// same door member. Their inputs are then derived from that body, and may
+/// have been derived differently by an earlier release: a retry across an
+/// upgrade is still a replay. The inputs are not compared.
+pub fn same_door_request(stored: &JobIntent<'_>, sent: &JobIntent<'_>) -> bool {
+    let door_member = |params: &str| -> Option<String> {
+        let value: Value = serde_json::from_str(params).ok()?;
+        let object = value.as_object()?;
+        let (member, _) = object.iter().next().filter(|_| object.len() == 1)?;
+        DOOR_BODY_PARAMS
+            .contains(&member.as_str())
+            .then(|| member.clone())
+    };
+    stored.task == sent.task
+        && stored.provider == sent.provider
+        && door_member(stored.params).is_some()
+        && door_member(stored.params) == door_member(sent.params)
+        && matches!(
+            (canonicalize(stored.params), canonicalize(sent.params)),
+            (Ok(a), Ok(b)) if a == b
+        )
+}
+
 /// Which part of an intent could not be canonicalized, and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("`{field}`: {error}")]
@@ -107,6 +141,43 @@ fn write_canonical(value: &Value, out: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_same_body_through_a_door_is_the_same_request_however_its_input_was_derived() {
+        let intent = |input, params| JobIntent {
+            task: "chat",
+            input,
+            params,
+            provider: None,
+        };
+        let body = r#"{"messages_request":{"model":"chat","max_tokens":8,"messages":[]}}"#;
+        let spaced =
+            r#"{ "messages_request": {"max_tokens": 8.0, "model": "chat", "messages": []} }"#;
+        assert!(same_door_request(
+            &intent(
+                r#"{"messages":[{"role":"user","content":"old form"}]}"#,
+                body
+            ),
+            &intent(
+                r#"{"messages":[{"role":"user","content":[{"type":"text","text":"new form"}]}]}"#,
+                spaced
+            ),
+        ));
+        let other = r#"{"messages_request":{"model":"chat","max_tokens":9,"messages":[]}}"#;
+        assert!(!same_door_request(
+            &intent("{}", body),
+            &intent("{}", other)
+        ));
+        // Params a client wrote itself, or none, are not a door's body.
+        assert!(!same_door_request(&intent("{}", "{}"), &intent("{}", "{}")));
+        let own = r#"{"messages_request":{},"mine":1}"#;
+        assert!(!same_door_request(&intent("{}", own), &intent("{}", own)));
+        let wrong_task = JobIntent {
+            task: "other",
+            ..intent("{}", body)
+        };
+        assert!(!same_door_request(&intent("{}", body), &wrong_task));
+    }
 
     fn fp(task: &str, input: &str, params: &str, provider: Option<&str>) -> Fingerprint {
         Fingerprint::of(&JobIntent {

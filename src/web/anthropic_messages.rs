@@ -85,7 +85,8 @@ pub async fn create_message(
     let read = anthropic::read_request(&sent.value())?;
     let stream = read.request.stream;
     let resume = last_event_id(&req)?.filter(|_| stream);
-    let params = JsonText::parse(format!("{{\"messages_request\":{}}}", sent.as_str()))
+    let member = crate::domain::fingerprint::MESSAGES_BODY;
+    let params = JsonText::parse(format!("{{\"{member}\":{}}}", sent.as_str()))
         .map_err(|_| AnthropicError::invalid_request("the body could not be read"))?;
     let input = openai_chat::write_request(&read.request, Target::Input { route: &read.route });
     let request = DoorRequest {

@@ -25,6 +25,7 @@ on_both_backends!(
     tools_reach_either_kind_of_provider_and_tool_calls_come_back_as_tool_use,
     a_follower_past_the_cap_is_refused_in_anthropics_shape,
     a_stop_sequence_the_provider_stopped_at_comes_back_as_stop_sequence,
+    a_retry_of_a_message_whose_input_an_earlier_release_derived_otherwise_is_a_replay,
 );
 
 /// How long an upstream may go quiet between chunks: longer than any wait
@@ -841,4 +842,62 @@ async fn a_stop_sequence_the_provider_stopped_at_comes_back_as_stop_sequence(bac
     let answer = stored_answer(&app, &job_id_of(&events)).await;
     assert_eq!(answer["stop_sequence"], "END");
     assert_eq!(answer["finish_reason"], "stop");
+}
+
+/// A job made by an earlier release keeps the input that release derived
+/// from the body (and a fingerprint of it). Its retry after an upgrade,
+/// the same body under the same key, is still a replay, never a 409 or a
+/// second call; another body is still a 409.
+async fn a_retry_of_a_message_whose_input_an_earlier_release_derived_otherwise_is_a_replay(
+    backend: TestBackend,
+) {
+    use diesel::prelude::*;
+    use onejob::domain::{Fingerprint, JobIntent};
+    use onejob::store::schema::jobs;
+
+    let (app, openai, _claude) = start(backend).await;
+    openai.set_default(Behaviour::AnswerText("first".into()));
+    let body = hello("via-openai", "first");
+    let first = messages(&app, "upgraded", &body).send().await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    let job_id = header(&first, "x-onejob-job-id").unwrap().to_owned();
+    // As an earlier release stored it: the blocks flattened to a string.
+    let (id, earlier) = (
+        job_id.clone(),
+        r#"{"model":"via-openai","max_tokens":20,"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"first"}],"stop":["END"]}"#,
+    );
+    let rewritten = app
+        .with_conn(move |conn| {
+            let (task, params): (String, String) = jobs::table
+                .filter(jobs::id.eq(&id))
+                .select((jobs::task, jobs::params))
+                .first(conn)
+                .unwrap();
+            let fingerprint = Fingerprint::of(&JobIntent {
+                task: &task,
+                input: earlier,
+                params: &params,
+                provider: None,
+            })
+            .unwrap();
+            diesel::update(jobs::table.filter(jobs::id.eq(&id)))
+                .set((
+                    jobs::input.eq(earlier),
+                    jobs::fingerprint.eq(fingerprint.as_str()),
+                ))
+                .execute(conn)
+                .unwrap()
+        })
+        .await;
+    assert_eq!(rewritten, 1);
+    let retry = messages(&app, "upgraded", &body).send().await.unwrap();
+    assert_eq!(retry.status(), StatusCode::OK);
+    assert_eq!(header(&retry, "idempotent-replayed"), Some("true"));
+    assert_eq!(header(&retry, "x-onejob-job-id"), Some(job_id.as_str()));
+    assert_eq!(openai.total_requests(), 1, "no second upstream call");
+    let other = messages(&app, "upgraded", &hello("via-openai", "another"))
+        .send()
+        .await
+        .unwrap();
+    anthropic_error(other, StatusCode::CONFLICT, "invalid_request_error").await;
 }

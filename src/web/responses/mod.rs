@@ -40,7 +40,7 @@ use crate::domain::{JobStatus, JsonText};
 pub type ResponsesError = ChatError<Responses>;
 
 /// The member of a job's `params` that holds its Responses request.
-pub const PARAMS_MEMBER: &str = "responses";
+pub const PARAMS_MEMBER: &str = crate::domain::fingerprint::RESPONSES_BODY;
 
 /// The Responses request a job was made from, if it was made by one.
 pub fn request_of(job: &Job) -> Option<Value> {
