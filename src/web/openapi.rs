@@ -497,7 +497,7 @@ fn chat_input_schema() -> Value {
         json!({"type": ["integer", "null"], "minimum": 0, "maximum": 9_007_199_254_740_991_i64});
     // What `chat::openai_chat::read_request` reads; a member it has no name
     // for is refused in a message unless it asks for nothing.
-    let asks_nothing = json!({"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]});
+    let asks_nothing = json!({"enum": [null, []]});
     let part = json!({"anyOf": [
         {"type": "object", "required": ["type", "text"], "additionalProperties": any,
          "properties": {"type": {"const": "text"}, "text": {"type": "string"}}},

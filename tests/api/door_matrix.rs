@@ -567,9 +567,10 @@ async fn every_door_serves_every_provider_kind(backend: TestBackend) {
     }
     let spare = FakeProvider::start(Shape::OpenAi).await;
     let mut config = config_of(&matrix_config(&fakes, &spare));
-    // An unknown outcome is answered when the wait ends: a short wait keeps
-    // the timeout cells short, and is long enough for a rate limit's retry.
-    config.server.max_wait_seconds = 20;
+    // An unknown outcome is answered when the wait ends (the timeout cells
+    // run last, side by side, and wait it out); long enough for a rate
+    // limit's retry and a failover on a loaded machine.
+    config.server.max_wait_seconds = 8;
     let app = spawn_app_with(backend, config).await;
     for (kind, _, _) in &fakes {
         spare.push(Behaviour::AnswerText("Qualified.".into()));
