@@ -11,6 +11,7 @@ use serde::de::DeserializeOwned;
 
 use super::classify::{classify_status, parse_retry_after_headers, StatusClass};
 use super::codec::{conclude, Codec, ErrorReason};
+use super::error_chain;
 use super::streaming::{self, DeltaSink};
 use super::{BoxFuture, Call, ProviderClient, ProviderKind, ProviderSettings, Reply};
 use crate::chat::{anthropic, bedrock, gemini};
@@ -458,18 +459,6 @@ async fn read_capped(
         body.extend_from_slice(&chunk);
     }
     Ok((body, true))
-}
-
-/// An error with its sources, for a reason people can act on.
-pub(super) fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(e) = source {
-        text.push_str(": ");
-        text.push_str(&e.to_string());
-        source = e.source();
-    }
-    text
 }
 
 #[cfg(test)]

@@ -390,6 +390,18 @@ impl Providers {
     }
 }
 
+/// An error with its sources, for a reason people can act on.
+pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

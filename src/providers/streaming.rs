@@ -38,7 +38,7 @@ enum ReadError {
 impl std::fmt::Display for ReadError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Transport(e) => write!(f, "{}", super::http::error_chain(e)),
+            Self::Transport(e) => write!(f, "{}", super::error_chain(e)),
             Self::TooLarge => f.write_str("too large"),
         }
     }
@@ -201,8 +201,7 @@ pub async fn read_aws_event_stream(
             Ok(None) => break Err(unfinished()),
             Err(e) => {
                 break Err(Outcome::Unknown(
-                    Reason::new("the stream was cut off")
-                        .with_detail(&super::http::error_chain(&e)),
+                    Reason::new("the stream was cut off").with_detail(&super::error_chain(&e)),
                 ))
             }
         };

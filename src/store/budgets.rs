@@ -12,8 +12,8 @@ use diesel::prelude::*;
 
 use super::connection::DbConnection;
 use super::prepared::KeepPrepared;
+use super::rows::JobKey;
 use super::schema::{budget_reservations, budgets};
-use super::transitions::JobKey;
 use super::{StoreError, StoreResult};
 use crate::domain::ledger::{
     may_reserve, month_start_ms, next_month_start_ms, BudgetCounters, BudgetLimits, Reservation,

@@ -74,13 +74,7 @@ pub fn mark_cancelled(conn: &mut DbConnection, job: &Job, now: i64) -> StoreResu
         return Ok(None);
     }
     // Its `job.cancelled` webhook events commit with the cancel.
-    super::webhooks::record_event(
-        conn,
-        &job.key(),
-        crate::domain::webhook::EventKind::JobCancelled,
-        now,
-    )?;
-    super::budgets::release(conn, &job.key(), now)?;
+    super::ended::job_ended(conn, &job.key(), super::ended::JobEnd::Cancelled, now)?;
     let withdrawn =
         super::completion::skip_queued_attempts(conn, &job.id, &job.owner_id, WITHDRAWN_NOTE, now)?;
     if withdrawn > 0 {

@@ -6,10 +6,10 @@ use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Nullable, Text};
 use serde_json::Value;
 
-use super::connection::write_transaction;
+use super::connection::{db_clock_ms, write_transaction};
+use super::ended::{job_ended, JobEnd};
 use super::ledger::{record_call, Charge, LedgerEntry};
 use super::prepared::KeepPrepared;
-use super::queue::db_clock_ms;
 use super::rows::{Attempt, Job, RaceEntry};
 use super::schema::{attempts, jobs, race_log};
 use super::transitions::{
@@ -58,120 +58,159 @@ pub fn settle_answer(
     charge: &Charge,
 ) -> StoreResult<Recorded> {
     write_transaction(conn, |conn| {
-        let now = now_ms();
         let attempt = lock_attempt_and_job(conn, key)?.ok_or(StoreError::NotFound)?;
-        let payload_text = canonical_json(payload);
-        let recorded = |applied: Applied, entry: Option<LedgerEntry>| Recorded {
-            applied,
-            job_id: attempt.job_id.clone(),
-            entry,
-            finished: None,
+        let answer = Answer {
+            text: canonical_json(payload),
+            attempt,
+            charge,
+            now: now_ms(),
         };
-        if let Some(first) = already_delivered(conn, &attempt, &payload_text)? {
-            return Ok(recorded(Applied::Repeated(first), None));
+        if let Some(first) = already_delivered(conn, &answer.attempt, &answer.text)? {
+            return Ok(answer.recorded(Applied::Repeated(first), None));
         }
         if AttemptEvent::ProviderSucceeded
-            .apply(attempt.state)
+            .apply(answer.attempt.state)
             .is_err()
         {
-            // Every success that is not applied is in the race log, with why.
-            let job = get_job(conn, &attempt.job_key())?;
-            let reason = match (attempt.state, &attempt.error) {
-                (AttemptState::Succeeded, _) => {
-                    "a repeated answer: the attempt had already answered".to_owned()
-                }
-                (AttemptState::Failed, Some(error)) => {
-                    format!("the attempt had already been recorded as failed ({error})")
-                }
-                (state, _) => format!("the attempt was {state} and takes no answer"),
-            };
-            log_race(conn, &attempt, &job, &payload_text, reason, now)?;
-            // Billed all the same (counted once: a call already in the
-            // ledger is not counted again).
-            let entry = record_call(
-                conn,
-                &attempt,
-                AnswerKind::Lost,
-                payload_text.len(),
-                charge,
-                Some(&job.task),
-                now,
-            )?;
-            if let Some(entry) = &entry {
-                super::budgets::spend(conn, &attempt.job_key(), entry.spent(), now)?;
-            }
-            return Ok(recorded(Applied::Discarded(attempt.state), entry));
+            return discard_answer(conn, answer);
         }
-        let version_read = attempt.version_read.ok_or_else(|| {
+        let version_read = answer.attempt.version_read.ok_or_else(|| {
             StoreError::corrupt(format!("attempt {} has a result but never started", key.id))
         })?;
-        let Settlement {
-            finished,
-            subscribed,
-        } = settle_success(conn, &attempt, version_read, &payload_text, now)?;
-        let won = finished.is_some();
-        let kind = if won {
-            AnswerKind::Won
-        } else {
-            AnswerKind::Lost
-        };
-        let entry = record_call(
+        let settlement = settle_success(
             conn,
-            &attempt,
-            kind,
-            payload_text.len(),
-            charge,
-            finished.as_ref().map(|job| job.task.as_str()),
-            now,
+            &answer.attempt,
+            version_read,
+            &answer.text,
+            answer.now,
         )?;
-        // The call's cost, and for the winner its job's reservation back,
-        // under one lock of the owner's budget.
-        let spent = entry.as_ref().map(LedgerEntry::spent).unwrap_or_default();
-        super::budgets::settle(conn, &attempt.job_key(), won, spent, now)?;
-        if won {
-            // The job's `job.succeeded` webhook events commit with its
-            // result (no look-up when the compare-and-swap found no
-            // endpoint for them).
-            if subscribed != Some(false) {
-                super::webhooks::record_event(
-                    conn,
-                    &attempt.job_key(),
-                    crate::domain::webhook::EventKind::JobSucceeded,
-                    now,
-                )?;
-            }
-            // A live attempt is the job's only one (the one-live-attempt
-            // index); only an answer on a non-live attempt (abandoned, say)
-            // can find a queued successor to close.
-            if !AttemptState::LIVE.contains(&attempt.state) {
-                skip_queued_attempts(
-                    conn,
-                    &attempt.job_id,
-                    &attempt.owner_id,
-                    "not sent: the job had already finished",
-                    now,
-                )?;
-            }
-            return Ok(Recorded {
-                finished,
-                ..recorded(Applied::Won, entry)
-            });
+        match settlement.finished {
+            Some(job) => record_win(conn, answer, job, settlement.subscribed),
+            None => record_loss(conn, answer),
         }
-        let job = get_job(conn, &attempt.job_key())?;
-        let reason = match (&job.completed_by, job.status) {
-            (Some(winner), _) => format!("attempt {winner} had already completed the job"),
-            (None, JobStatus::Failed) => "the job had already been finalized as failed".to_owned(),
-            (None, JobStatus::Cancelled) => "the job had been cancelled by its owner".to_owned(),
-            (None, _) => "the job's version changed since the attempt started".to_owned(),
-        };
-        log_race(conn, &attempt, &job, &payload_text, reason, now)?;
-        Ok(recorded(
-            Applied::Lost {
-                winner: job.completed_by,
-            },
-            entry,
-        ))
     })
+}
+
+/// A successful answer being recorded, inside its transaction.
+struct Answer<'a> {
+    /// The attempt, locked with its job.
+    attempt: Attempt,
+    /// The answer as canonical JSON.
+    text: String,
+    charge: &'a Charge,
+    now: i64,
+}
+
+impl Answer<'_> {
+    fn recorded(&self, applied: Applied, entry: Option<LedgerEntry>) -> Recorded {
+        Recorded {
+            applied,
+            job_id: self.attempt.job_id.clone(),
+            entry,
+            finished: None,
+        }
+    }
+
+    /// Counts the call in the usage ledger as `kind` (once: a call already
+    /// in the ledger is not counted again).
+    fn record_call(
+        &self,
+        conn: &mut DbConnection,
+        kind: AnswerKind,
+        task: Option<&str>,
+    ) -> StoreResult<Option<LedgerEntry>> {
+        record_call(
+            conn,
+            &self.attempt,
+            kind,
+            self.text.len(),
+            self.charge,
+            task,
+            self.now,
+        )
+    }
+}
+
+/// An answer the attempt's state takes no more (it answered already, or
+/// was recorded failed): into the race log with why, and billed all the
+/// same.
+fn discard_answer(conn: &mut DbConnection, answer: Answer<'_>) -> StoreResult<Recorded> {
+    let attempt = &answer.attempt;
+    let job = get_job(conn, &attempt.job_key())?;
+    let reason = match (attempt.state, &attempt.error) {
+        (AttemptState::Succeeded, _) => {
+            "a repeated answer: the attempt had already answered".to_owned()
+        }
+        (AttemptState::Failed, Some(error)) => {
+            format!("the attempt had already been recorded as failed ({error})")
+        }
+        (state, _) => format!("the attempt was {state} and takes no answer"),
+    };
+    log_race(conn, attempt, &job, &answer.text, reason, answer.now)?;
+    let entry = answer.record_call(conn, AnswerKind::Lost, Some(&job.task))?;
+    if let Some(entry) = &entry {
+        super::budgets::spend(conn, &attempt.job_key(), entry.spent(), answer.now)?;
+    }
+    Ok(answer.recorded(Applied::Discarded(attempt.state), entry))
+}
+
+/// The answer that won its job: its call in the ledger, and the job's end
+/// (its `job.succeeded` events, its reservation back with the call's cost)
+/// in the same transaction.
+fn record_win(
+    conn: &mut DbConnection,
+    answer: Answer<'_>,
+    finished: Job,
+    subscribed: Option<bool>,
+) -> StoreResult<Recorded> {
+    let attempt = &answer.attempt;
+    let entry = answer.record_call(conn, AnswerKind::Won, Some(&finished.task))?;
+    let spent = entry.as_ref().map(LedgerEntry::spent).unwrap_or_default();
+    job_ended(
+        conn,
+        &attempt.job_key(),
+        JobEnd::Succeeded { spent, subscribed },
+        answer.now,
+    )?;
+    // A live attempt is the job's only one (the one-live-attempt index);
+    // only an answer on a non-live attempt (abandoned, say) can find a
+    // queued successor to close.
+    if !AttemptState::LIVE.contains(&attempt.state) {
+        skip_queued_attempts(
+            conn,
+            &attempt.job_id,
+            &attempt.owner_id,
+            "not sent: the job had already finished",
+            answer.now,
+        )?;
+    }
+    Ok(Recorded {
+        finished: Some(finished),
+        ..answer.recorded(Applied::Won, entry)
+    })
+}
+
+/// An answer that came after its job's outcome was decided: billed, and
+/// into the race log with who won.
+fn record_loss(conn: &mut DbConnection, answer: Answer<'_>) -> StoreResult<Recorded> {
+    let attempt = &answer.attempt;
+    let entry = answer.record_call(conn, AnswerKind::Lost, None)?;
+    let spent = entry.as_ref().map(LedgerEntry::spent).unwrap_or_default();
+    super::budgets::spend(conn, &attempt.job_key(), spent, answer.now)?;
+    let job = get_job(conn, &attempt.job_key())?;
+    let reason = match (&job.completed_by, job.status) {
+        (Some(winner), _) => format!("attempt {winner} had already completed the job"),
+        (None, JobStatus::Failed) => "the job had already been finalized as failed".to_owned(),
+        (None, JobStatus::Cancelled) => "the job had been cancelled by its owner".to_owned(),
+        (None, _) => "the job's version changed since the attempt started".to_owned(),
+    };
+    log_race(conn, attempt, &job, &answer.text, reason, answer.now)?;
+    Ok(answer.recorded(
+        Applied::Lost {
+            winner: job.completed_by,
+        },
+        entry,
+    ))
 }
 
 /// Whether this attempt already delivered exactly this answer (a callback

@@ -277,14 +277,14 @@ impl WriterTurn {
 /// How the database behind `conn` keeps its rows: distributed by owner when
 /// it is a Citus database (the extension is installed), else one database.
 /// A database that cannot say is taken as one: its statements work on both.
-pub fn placement_of(conn: &mut DbConnection) -> super::jobs::Placement {
+pub fn placement_of(conn: &mut DbConnection) -> Placement {
     #[derive(diesel::QueryableByName)]
     struct Citus {
         #[diesel(sql_type = diesel::sql_types::Bool)]
         installed: bool,
     }
     let DbConnection::Postgresql(pg) = conn else {
-        return super::jobs::Placement::OneDatabase;
+        return Placement::OneDatabase;
     };
     // Kept prepared like every statement the tests record.
     let citus = super::prepared::KeepPrepared::keep_prepared(diesel::sql_query(
@@ -292,11 +292,11 @@ pub fn placement_of(conn: &mut DbConnection) -> super::jobs::Placement {
     ))
     .get_result::<Citus>(pg);
     match citus {
-        Ok(Citus { installed: true }) => super::jobs::Placement::ByOwner,
-        Ok(_) => super::jobs::Placement::OneDatabase,
+        Ok(Citus { installed: true }) => Placement::ByOwner,
+        Ok(_) => Placement::OneDatabase,
         Err(error) => {
             tracing::warn!(%error, "could not tell whether the database is distributed; writing as to one");
-            super::jobs::Placement::OneDatabase
+            Placement::OneDatabase
         }
     }
 }
@@ -455,4 +455,50 @@ mod tests {
             "the SQLite database /tmp/x.db"
         );
     }
+}
+
+/// How the database keeps its rows, which decides how a creation is
+/// written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Placement {
+    /// One database (SQLite, or one PostgreSQL): on PostgreSQL a creation
+    /// is one statement, and a batch of one owner's one multi-row
+    /// statement, each an `INSERT … SELECT`.
+    #[default]
+    OneDatabase,
+    /// Distributed by owner (Citus): a creation is plain `INSERT … VALUES`
+    /// statements in one transaction, which Citus routes to the owner's
+    /// shard. Citus runs an `INSERT … SELECT` through the coordinator, with
+    /// intermediate results and a two-phase commit, on every creation.
+    ByOwner,
+}
+
+/// PostgreSQL's clock in Unix milliseconds, as SQL: `statement_timestamp()`,
+/// one value for the whole statement, which Citus evaluates once on the
+/// coordinator (a volatile `clock_timestamp()` is refused inside an UPDATE
+/// on a distributed table; see docs/scaling.md).
+pub const PG_NOW_MS: &str = "(EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT";
+
+/// SQLite's clock in Unix milliseconds, as SQL.
+pub const SQLITE_NOW_MS: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
+
+/// The database's clock in Unix milliseconds, as SQL for this backend.
+pub fn db_now_ms(conn: &DbConnection) -> &'static str {
+    match conn {
+        DbConnection::Postgresql(_) => PG_NOW_MS,
+        DbConnection::Sqlite(_) => SQLITE_NOW_MS,
+    }
+}
+
+#[derive(QueryableByName)]
+struct Clock {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    now_ms: i64,
+}
+
+/// Reads the database's clock (Unix ms): statements bind it rather than
+/// evaluate a clock inside a write.
+pub fn db_clock_ms(conn: &mut DbConnection) -> super::StoreResult<i64> {
+    let query = format!("SELECT {} AS now_ms", db_now_ms(conn));
+    Ok(diesel::sql_query(query).get_result::<Clock>(conn)?.now_ms)
 }

@@ -2,7 +2,7 @@
 
 use diesel::prelude::*;
 
-use super::connection::{per_backend, write_transaction};
+use super::connection::{per_backend, write_transaction, PG_NOW_MS, SQLITE_NOW_MS};
 use super::prepared::KeepPrepared;
 use super::queue::{self, StartNow};
 use super::rows::{Attempt, Job};
@@ -47,21 +47,7 @@ pub enum CreateOutcome {
     Existing(Job),
 }
 
-/// How the database keeps its rows, which decides how a creation is
-/// written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Placement {
-    /// One database (SQLite, or one PostgreSQL): on PostgreSQL a creation
-    /// is one statement, and a batch of one owner's one multi-row
-    /// statement, each an `INSERT … SELECT`.
-    #[default]
-    OneDatabase,
-    /// Distributed by owner (Citus): a creation is plain `INSERT … VALUES`
-    /// statements in one transaction, which Citus routes to the owner's
-    /// shard. Citus runs an `INSERT … SELECT` through the coordinator, with
-    /// intermediate results and a two-phase commit, on every creation.
-    ByOwner,
-}
+pub use super::connection::Placement;
 
 /// Creates the job, or finds the one this key already made.
 ///
@@ -226,7 +212,7 @@ fn insert_job_and_attempt(
                 {now_ms} + $17, $12, $18, $19, $18
          FROM job
          RETURNING {ATTEMPT_COLUMNS}",
-        now_ms = queue::PG_NOW_MS,
+        now_ms = PG_NOW_MS,
     );
     let inserted: Vec<Attempt> = diesel::sql_query(statement)
         .bind::<Text, _>(job.id.as_str())
@@ -502,7 +488,7 @@ fn sqlite_jobs_statement(rows: usize) -> String {
 /// rows: queued, or started as [`queue::insert_started_attempt`] starts
 /// one (its lease on the database's clock).
 fn sqlite_attempts_statement(rows: usize) -> String {
-    let clock = queue::SQLITE_NOW_MS;
+    let clock = SQLITE_NOW_MS;
     let values = numbered_rows(rows, 9, |m| {
         format!(
             "({}, {}, ?1, 1, {}, {}, {}, {}, {clock} + {}, ?2, {}, {}, {})",
@@ -550,7 +536,7 @@ pub fn multi_row_creation_statement() -> String {
                 input.started_at + input.soft_timeout_ms, input.started_at
          FROM job JOIN input ON input.id = job.id
          RETURNING {ATTEMPT_COLUMNS}",
-        now_ms = queue::PG_NOW_MS,
+        now_ms = PG_NOW_MS,
     )
 }
 

@@ -11,7 +11,8 @@ use diesel::dsl::sql;
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Nullable};
 
-use super::connection::{per_backend, write_transaction};
+pub use super::connection::db_clock_ms;
+use super::connection::{db_now_ms, per_backend, write_transaction};
 use super::prepared::KeepPrepared;
 use super::rows::{Attempt, Job};
 use super::schema::{attempts, jobs};
@@ -25,24 +26,6 @@ use std::collections::{BTreeMap, HashMap};
 use crate::domain::guards;
 use crate::domain::webhook::EventKind;
 use crate::domain::{Applied, AttemptEvent, AttemptId, AttemptState, JobId, JobStatus, UserId};
-
-/// PostgreSQL's clock in Unix milliseconds, as SQL: `statement_timestamp()`,
-/// one value for the whole statement, which Citus evaluates once on the
-/// coordinator (a volatile `clock_timestamp()` is refused inside an UPDATE
-/// on a distributed table; see docs/scaling.md).
-pub(crate) const PG_NOW_MS: &str = "(EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT";
-
-/// SQLite's clock in Unix milliseconds, as SQL.
-pub(crate) const SQLITE_NOW_MS: &str =
-    "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
-
-/// The database's clock in Unix milliseconds, as SQL for this backend.
-pub fn db_now_ms(conn: &DbConnection) -> &'static str {
-    match conn {
-        DbConnection::Postgresql(_) => PG_NOW_MS,
-        DbConnection::Sqlite(_) => SQLITE_NOW_MS,
-    }
-}
 
 /// Lease columns are nullable, so the clock is typed to match them.
 type Millis = diesel::expression::SqlLiteral<Nullable<BigInt>>;
@@ -86,19 +69,6 @@ fn job_version_of_attempt(owner_id: &UserId) -> JobVersionOfAttempt {
     )
     .bind::<diesel::sql_types::Text, _>(owner_id.as_str().to_owned())
     .sql(")")
-}
-
-#[derive(QueryableByName)]
-struct Clock {
-    #[diesel(sql_type = BigInt)]
-    now_ms: i64,
-}
-
-/// Reads the database's clock (Unix ms): statements bind it rather than
-/// evaluate a clock inside a write.
-pub fn db_clock_ms(conn: &mut DbConnection) -> StoreResult<i64> {
-    let query = format!("SELECT {} AS now_ms", db_now_ms(conn));
-    Ok(diesel::sql_query(query).get_result::<Clock>(conn)?.now_ms)
 }
 
 /// What a claim may take, and how.

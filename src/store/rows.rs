@@ -136,3 +136,53 @@ pub struct QualificationRun {
     pub round_trip_ms: i64,
     pub qualified_at: i64,
 }
+
+/// A job named by its whole primary key: its id and its owner. Every
+/// statement that locks, updates or deletes a job's rows names the owner,
+/// so on a database distributed by owner it runs on one shard
+/// (docs/scaling.md, "The statement rule").
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct JobKey {
+    pub id: JobId,
+    pub owner_id: UserId,
+}
+
+/// An attempt named by its whole primary key, as [`JobKey`] names a job.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct AttemptKey {
+    pub id: AttemptId,
+    pub owner_id: UserId,
+}
+
+/// Shown as the attempt's id, which names it to people.
+impl std::fmt::Display for AttemptKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.id.fmt(f)
+    }
+}
+
+impl Job {
+    pub fn key(&self) -> JobKey {
+        JobKey {
+            id: self.id.clone(),
+            owner_id: self.owner_id.clone(),
+        }
+    }
+}
+
+impl Attempt {
+    pub fn key(&self) -> AttemptKey {
+        AttemptKey {
+            id: self.id.clone(),
+            owner_id: self.owner_id.clone(),
+        }
+    }
+
+    /// The key of this attempt's job.
+    pub fn job_key(&self) -> JobKey {
+        JobKey {
+            id: self.job_id.clone(),
+            owner_id: self.owner_id.clone(),
+        }
+    }
+}

@@ -5,8 +5,8 @@
 use diesel::prelude::*;
 
 use super::connection::write_transaction;
+use super::rows::JobKey;
 use super::schema::stream_chunks;
-use super::transitions::JobKey;
 use super::{now_ms, DbConnection, StoreResult};
 use crate::domain::AttemptId;
 

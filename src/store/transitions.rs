@@ -7,142 +7,17 @@
 use diesel::prelude::*;
 
 use super::connection::per_backend;
+use super::ended::{job_ended, JobEnd};
 use super::prepared::KeepPrepared;
+pub use super::reads::{
+    attempts_of, find_attempt, find_job, find_owned_attempt, find_owned_job, get_attempt, get_job,
+    with_attempts,
+};
 use super::rows::{Attempt, Job};
+pub use super::rows::{AttemptKey, JobKey};
 use super::schema::{attempts, jobs};
-use super::{DbConnection, StoreError, StoreResult};
-use crate::domain::webhook::EventKind;
+use super::{DbConnection, StoreResult};
 use crate::domain::{AttemptEvent, AttemptId, AttemptState, JobId, JobStatus, UserId};
-
-/// A job named by its whole primary key: its id and its owner. Every
-/// statement that locks, updates or deletes a job's rows names the owner,
-/// so on a database distributed by owner it runs on one shard
-/// (docs/scaling.md, "The statement rule").
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct JobKey {
-    pub id: JobId,
-    pub owner_id: UserId,
-}
-
-/// An attempt named by its whole primary key, as [`JobKey`] names a job.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct AttemptKey {
-    pub id: AttemptId,
-    pub owner_id: UserId,
-}
-
-/// Shown as the attempt's id, which names it to people.
-impl std::fmt::Display for AttemptKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.id.fmt(f)
-    }
-}
-
-impl Job {
-    pub fn key(&self) -> JobKey {
-        JobKey {
-            id: self.id.clone(),
-            owner_id: self.owner_id.clone(),
-        }
-    }
-}
-
-impl Attempt {
-    pub fn key(&self) -> AttemptKey {
-        AttemptKey {
-            id: self.id.clone(),
-            owner_id: self.owner_id.clone(),
-        }
-    }
-
-    /// The key of this attempt's job.
-    pub fn job_key(&self) -> JobKey {
-        JobKey {
-            id: self.job_id.clone(),
-            owner_id: self.owner_id.clone(),
-        }
-    }
-}
-
-/// An attempt found by its id alone: for callers that have nothing else (a
-/// callback's URL, a staff action). On a distributed database this read
-/// asks every shard; what follows names the owner it found.
-pub fn find_attempt(
-    conn: &mut DbConnection,
-    attempt_id: &AttemptId,
-) -> StoreResult<Option<Attempt>> {
-    Ok(attempts::table
-        .filter(attempts::id.eq(attempt_id))
-        .select(Attempt::as_select())
-        .first(conn)
-        .optional()?)
-}
-
-/// An attempt of a known owner, by its whole key.
-pub fn find_owned_attempt(
-    conn: &mut DbConnection,
-    attempt_id: &AttemptId,
-    owner_id: &UserId,
-) -> StoreResult<Option<Attempt>> {
-    Ok(attempts::table
-        .filter(attempts::id.eq(attempt_id))
-        .filter(attempts::owner_id.eq(owner_id))
-        .select(Attempt::as_select())
-        .first(conn)
-        .optional()?)
-}
-
-pub fn get_attempt(conn: &mut DbConnection, attempt_id: &AttemptId) -> StoreResult<Attempt> {
-    find_attempt(conn, attempt_id)?.ok_or(StoreError::NotFound)
-}
-
-/// A job found by its id alone (a staff look-up; a shared link). On a
-/// distributed database this read asks every shard.
-pub fn find_job(conn: &mut DbConnection, job_id: &JobId) -> StoreResult<Option<Job>> {
-    Ok(jobs::table
-        .filter(jobs::id.eq(job_id))
-        .select(Job::as_select())
-        .first(conn)
-        .optional()?)
-}
-
-/// A job by its whole key.
-pub fn find_owned_job(conn: &mut DbConnection, key: &JobKey) -> StoreResult<Option<Job>> {
-    Ok(jobs::table
-        .filter(jobs::id.eq(&key.id))
-        .filter(jobs::owner_id.eq(&key.owner_id))
-        .select(Job::as_select())
-        .first(conn)
-        .optional()?)
-}
-
-pub fn get_job(conn: &mut DbConnection, key: &JobKey) -> StoreResult<Job> {
-    find_owned_job(conn, key)?.ok_or(StoreError::NotFound)
-}
-
-/// `job`, read a moment ago, with its attempts, as a pair that never says
-/// "not finished, and no live attempt" only because the two statements
-/// straddled a commit: an attempt that is seen finished was finished in the
-/// transaction that also settled its job or queued its successor, so when
-/// the attempts show nothing live the job is read again, after them.
-pub fn with_attempts(conn: &mut DbConnection, job: Job) -> StoreResult<(Job, Vec<Attempt>)> {
-    let key = job.key();
-    let attempts = attempts_of(conn, &key)?;
-    if job.status.is_terminal() || attempts.iter().any(|a| a.state.is_live()) {
-        return Ok((job, attempts));
-    }
-    Ok((get_job(conn, &key)?, attempts))
-}
-
-/// The job's attempts in the order they were made.
-pub fn attempts_of(conn: &mut DbConnection, key: &JobKey) -> StoreResult<Vec<Attempt>> {
-    Ok(attempts::table
-        .filter(attempts::job_id.eq(&key.id))
-        .filter(attempts::owner_id.eq(&key.owner_id))
-        .order(attempts::number.asc())
-        .select(Attempt::as_select())
-        .load(conn)?)
-}
 
 /// The job's live attempt (queued, running or unknown), if any.
 pub fn live_attempt(conn: &mut DbConnection, key: &JobKey) -> StoreResult<Option<Attempt>> {
@@ -391,8 +266,8 @@ pub fn insert_waiting_attempt(
 }
 
 /// Finalizes a job as failed: a version-guarded update, so it cannot overwrite
-/// a result that won in the meantime. The `job.failed` webhook events are
-/// written in the same transaction (`store::webhooks::record_event`).
+/// a result that won in the meantime. What its end brings (`job.failed`
+/// events, the budget reservation back) is written in the same transaction.
 pub fn fail_job(conn: &mut DbConnection, job: &Job, reason: &str, now: i64) -> StoreResult<bool> {
     let updated = diesel::update(
         jobs::table
@@ -413,8 +288,7 @@ pub fn fail_job(conn: &mut DbConnection, job: &Job, reason: &str, now: i64) -> S
     .load::<JobId>(conn)?
     .len();
     if updated == 1 {
-        super::webhooks::record_event(conn, &job.key(), EventKind::JobFailed, now)?;
-        super::budgets::release(conn, &job.key(), now)?;
+        job_ended(conn, &job.key(), JobEnd::Failed, now)?;
     }
     Ok(updated == 1)
 }

@@ -31,10 +31,10 @@
 
 use diesel::prelude::*;
 
-use super::connection::{per_backend, write_transaction};
-use super::queue::db_clock_ms;
+use super::connection::{db_clock_ms, per_backend, write_transaction};
+use super::reads::get_job;
+use super::rows::JobKey;
 use super::schema::{attempts, webhook_deliveries, webhook_endpoints, webhook_events};
-use super::transitions::{get_job, JobKey};
 use super::{DbConnection, StoreError, StoreResult};
 use crate::domain::webhook::{
     disabled_reason, event_body, events_column, new_webhook_id, next_attempt_at,
@@ -839,7 +839,7 @@ pub struct FollowUp {
 }
 
 /// What [`record_delivery`] did.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Recorded {
     Delivered,
     /// Tried again at this time (Unix ms).
@@ -865,64 +865,23 @@ pub fn record_delivery(
     follow_up: FollowUp,
     now: i64,
 ) -> StoreResult<(Recorded, bool)> {
-    let event_key = claimed.event.key();
-    let endpoint_key = claimed.endpoint.key();
     write_transaction(conn, |conn| {
         // The endpoint first, then the event: the order every writer keeps.
-        let endpoint = lock_endpoint(conn, &endpoint_key)?;
-        macro_rules! held {
-            () => {
-                webhook_events::table
-                    .filter(webhook_events::id.eq(&event_key.id))
-                    .filter(webhook_events::owner_id.eq(&event_key.owner_id))
-                    .filter(webhook_events::state.eq(EventState::Pending.as_str()))
-                    .filter(webhook_events::lease_owner.eq(lease_owner))
-                    .filter(webhook_events::attempts.eq(claimed.event.attempts))
-                    .select(Event::as_select())
-            };
-        }
-        let event: Option<Event> = match conn {
-            DbConnection::Postgresql(pg) => held!().for_update().first(pg).optional()?,
-            DbConnection::Sqlite(_) => held!().first(conn).optional()?,
-        };
+        let endpoint = lock_endpoint(conn, &claimed.endpoint.key())?;
+        let event = held_event(conn, claimed, lease_owner)?;
         let (Some(event), Some(endpoint)) = (event, endpoint) else {
             return Ok((Recorded::LeaseLost, false));
         };
         diesel::insert_into(webhook_deliveries::table)
-            .values(&Delivery {
-                id: uuid::Uuid::now_v7().to_string(),
-                owner_id: event.owner_id.clone(),
-                event_id: event.id.clone(),
-                endpoint_id: event.endpoint_id.clone(),
-                number: event.attempts.max(1),
-                outcome: attempted.outcome.as_str().to_owned(),
-                status_code: attempted.status_code,
-                error: attempted.error.clone(),
-                latency_ms: attempted.latency_ms.max(0),
-                response_body: attempted.response_body.clone(),
-                at: now,
-            })
+            .values(&delivery_row(&event, attempted, now))
             .execute(conn)?;
-        let this_event = diesel::update(
-            webhook_events::table
-                .filter(webhook_events::id.eq(&event.id))
-                .filter(webhook_events::owner_id.eq(&event.owner_id))
-                .filter(webhook_events::lease_owner.eq(lease_owner)),
-        );
         let this_endpoint = diesel::update(
             webhook_endpoints::table
                 .filter(webhook_endpoints::id.eq(&endpoint.id))
                 .filter(webhook_endpoints::owner_id.eq(&endpoint.owner_id)),
         );
         if attempted.outcome == DeliveryOutcome::Delivered {
-            this_event
-                .set((
-                    webhook_events::state.eq(EventState::Delivered.as_str()),
-                    webhook_events::delivered_at.eq(now),
-                    webhook_events::lease_owner.eq(None::<String>),
-                    webhook_events::lease_expires_at.eq(None::<i64>),
-                ))
-                .execute(conn)?;
+            write_event(conn, &event, lease_owner, Recorded::Delivered, now)?;
             if endpoint.consecutive_failures != 0 || endpoint.failing_since.is_some() {
                 this_endpoint
                     .set((
@@ -933,52 +892,24 @@ pub fn record_delivery(
             }
             return Ok((Recorded::Delivered, false));
         }
-        // Failed attempts in this event's current window (this one included).
-        let failed_in_window: i64 = webhook_deliveries::table
-            .filter(webhook_deliveries::event_id.eq(&event.id))
-            .filter(webhook_deliveries::owner_id.eq(&event.owner_id))
-            .filter(webhook_deliveries::at.ge(event.window_start_at))
-            .filter(webhook_deliveries::outcome.ne(DeliveryOutcome::Delivered.as_str()))
-            .count()
-            .get_result(conn)?;
-        let recorded = match next_attempt_at(
-            follow_up.schedule,
-            failed_in_window.clamp(1, u32::MAX as i64) as u32,
-            now,
-            event.window_start_at,
-            endpoint.retry_for_ms,
-            follow_up.jitter,
-        ) {
-            Some(at) => {
-                this_event
-                    .set((
-                        webhook_events::next_attempt_at.eq(at),
-                        webhook_events::lease_owner.eq(None::<String>),
-                        webhook_events::lease_expires_at.eq(None::<i64>),
-                    ))
-                    .execute(conn)?;
-                Recorded::RetryAt(at)
-            }
-            None => {
-                this_event
-                    .set((
-                        webhook_events::state.eq(EventState::Dead.as_str()),
-                        webhook_events::lease_owner.eq(None::<String>),
-                        webhook_events::lease_expires_at.eq(None::<i64>),
-                    ))
-                    .execute(conn)?;
-                Recorded::Dead
-            }
+        let recorded = match retry_at(conn, &event, &endpoint, follow_up, now)? {
+            Some(at) => Recorded::RetryAt(at),
+            None => Recorded::Dead,
         };
+        write_event(conn, &event, lease_owner, recorded, now)?;
+        // The endpoint's run of failures grown by one, and the endpoint
+        // disabled once `domain::webhook::should_disable` says so.
         let failures = (endpoint.consecutive_failures.max(0) as u32).saturating_add(1);
         let since = endpoint.failing_since.unwrap_or(now);
         let disable = endpoint.enabled && should_disable(follow_up.disable, failures, since, now);
+        let run = (
+            webhook_endpoints::consecutive_failures.eq(failures.min(i32::MAX as u32) as i32),
+            webhook_endpoints::failing_since.eq(since),
+        );
         if disable {
             this_endpoint
                 .set((
-                    webhook_endpoints::consecutive_failures
-                        .eq(failures.min(i32::MAX as u32) as i32),
-                    webhook_endpoints::failing_since.eq(since),
+                    run,
                     webhook_endpoints::enabled.eq(false),
                     webhook_endpoints::disabled_reason.eq(disabled_reason(failures, since, now)),
                     webhook_endpoints::disabled_at.eq(now),
@@ -986,16 +917,116 @@ pub fn record_delivery(
                 ))
                 .execute(conn)?;
         } else {
-            this_endpoint
-                .set((
-                    webhook_endpoints::consecutive_failures
-                        .eq(failures.min(i32::MAX as u32) as i32),
-                    webhook_endpoints::failing_since.eq(since),
-                ))
-                .execute(conn)?;
+            this_endpoint.set(run).execute(conn)?;
         }
         Ok((recorded, disable))
     })
+}
+
+/// `claimed`'s event, locked on PostgreSQL, while `lease_owner` still holds
+/// it at the attempt it claimed; `None` once it does not.
+fn held_event(
+    conn: &mut DbConnection,
+    claimed: &Claimed,
+    lease_owner: &str,
+) -> StoreResult<Option<Event>> {
+    let key = claimed.event.key();
+    macro_rules! held {
+        () => {
+            webhook_events::table
+                .filter(webhook_events::id.eq(&key.id))
+                .filter(webhook_events::owner_id.eq(&key.owner_id))
+                .filter(webhook_events::state.eq(EventState::Pending.as_str()))
+                .filter(webhook_events::lease_owner.eq(lease_owner))
+                .filter(webhook_events::attempts.eq(claimed.event.attempts))
+                .select(Event::as_select())
+        };
+    }
+    Ok(match conn {
+        DbConnection::Postgresql(pg) => held!().for_update().first(pg).optional()?,
+        DbConnection::Sqlite(_) => held!().first(conn).optional()?,
+    })
+}
+
+/// The row of one delivery attempt of `event`.
+fn delivery_row(event: &Event, attempted: &Attempted, now: i64) -> Delivery {
+    Delivery {
+        id: uuid::Uuid::now_v7().to_string(),
+        owner_id: event.owner_id.clone(),
+        event_id: event.id.clone(),
+        endpoint_id: event.endpoint_id.clone(),
+        number: event.attempts.max(1),
+        outcome: attempted.outcome.as_str().to_owned(),
+        status_code: attempted.status_code,
+        error: attempted.error.clone(),
+        latency_ms: attempted.latency_ms.max(0),
+        response_body: attempted.response_body.clone(),
+        at: now,
+    }
+}
+
+/// When a failed event is tried again (`domain::webhook::next_attempt_at`
+/// over the failed attempts of its current window, this one included), or
+/// `None`: its window has no retry left.
+fn retry_at(
+    conn: &mut DbConnection,
+    event: &Event,
+    endpoint: &Endpoint,
+    follow_up: FollowUp,
+    now: i64,
+) -> StoreResult<Option<i64>> {
+    let failed_in_window: i64 = webhook_deliveries::table
+        .filter(webhook_deliveries::event_id.eq(&event.id))
+        .filter(webhook_deliveries::owner_id.eq(&event.owner_id))
+        .filter(webhook_deliveries::at.ge(event.window_start_at))
+        .filter(webhook_deliveries::outcome.ne(DeliveryOutcome::Delivered.as_str()))
+        .count()
+        .get_result(conn)?;
+    Ok(next_attempt_at(
+        follow_up.schedule,
+        failed_in_window.clamp(1, u32::MAX as i64) as u32,
+        now,
+        event.window_start_at,
+        endpoint.retry_for_ms,
+        follow_up.jitter,
+    ))
+}
+
+/// The held event as its attempt left it (`recorded`), its lease released.
+fn write_event(
+    conn: &mut DbConnection,
+    event: &Event,
+    lease_owner: &str,
+    recorded: Recorded,
+    now: i64,
+) -> StoreResult<()> {
+    let this_event = diesel::update(
+        webhook_events::table
+            .filter(webhook_events::id.eq(&event.id))
+            .filter(webhook_events::owner_id.eq(&event.owner_id))
+            .filter(webhook_events::lease_owner.eq(lease_owner)),
+    );
+    let released = (
+        webhook_events::lease_owner.eq(None::<String>),
+        webhook_events::lease_expires_at.eq(None::<i64>),
+    );
+    match recorded {
+        Recorded::Delivered => this_event
+            .set((
+                webhook_events::state.eq(EventState::Delivered.as_str()),
+                webhook_events::delivered_at.eq(now),
+                released,
+            ))
+            .execute(conn)?,
+        Recorded::RetryAt(at) => this_event
+            .set((webhook_events::next_attempt_at.eq(at), released))
+            .execute(conn)?,
+        Recorded::Dead => this_event
+            .set((webhook_events::state.eq(EventState::Dead.as_str()), released))
+            .execute(conn)?,
+        Recorded::LeaseLost => 0,
+    };
+    Ok(())
 }
 
 /// When the oldest pending event of an enabled endpoint started waiting

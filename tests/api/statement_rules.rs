@@ -696,6 +696,7 @@ const WRITERS: &[(&str, Option<&str>)] = &[
     ("webhooks.rs::resend", Some("update webhook_events set state = $1, delivered_at = $2, next_attempt_at = $3, window_start_at")),
     ("webhooks.rs::rotate_secret", Some("update webhook_endpoints set generation = $1")),
     ("webhooks.rs::update_endpoint", Some("update webhook_endpoints set url = $1")),
+    ("webhooks.rs::write_event", Some("update webhook_events set state = $1, delivered_at = $2, lease_owner = $3, lease_expires_at = $4 where")),
 ];
 
 /// Every item of `src/store` (a function, or a `static` holding SQL) whose
