@@ -7,7 +7,7 @@
 //!    today's configuration, so a retry after a configuration change or
 //!    during a rolling deploy gets the answer its first request got. A twin
 //!    of a request this process is still creating waits for it and answers
-//!    from the job it commits, without a database round trip (`twins`).
+//!    from the job it commits, without a database round trip (`singleflight`).
 //! 3. A new request is validated against the task's contract, then inserted
 //!    under (owner, key); a concurrent twin that won the key is answered as in 2.
 //! 4. The job's first attempt is queued; or, when this process's worker has
@@ -19,7 +19,7 @@
 
 use serde_json::Value;
 
-use super::twins::{self, Boarding, Landed};
+use super::singleflight::{Call, Leader, Shared};
 use super::{App, AppError, AppResult, Attempt, Claim, Job, User};
 use crate::contracts::TaskContract;
 use crate::domain::ledger::TallyKind;
@@ -40,6 +40,15 @@ pub struct JobRequest {
     /// (checked with the rest of today's configuration, after the key's
     /// job, if any, has answered).
     pub chat_route: bool,
+}
+
+/// What a twin took from the leader it followed.
+enum Followed {
+    Job {
+        job: Box<Job>,
+        attempts: Vec<Attempt>,
+    },
+    Unavailable(String),
 }
 
 /// A job as creation left it.
@@ -149,21 +158,7 @@ impl App {
         key: IdempotencyKey,
         request: JobRequest,
     ) -> AppResult<JobCreation> {
-        let params = request
-            .params
-            .clone()
-            .unwrap_or_else(|| JsonText::parse("{}").expect("an empty object"));
-        // Before anything walks them (the fingerprint, the contract's checks).
-        let max_depth = self.config().server.max_json_depth;
-        for text in [&request.input, &params] {
-            crate::domain::json_depth::check_nesting(text.as_str().as_bytes(), max_depth)?;
-        }
-        if !params.value().is_object() {
-            return Err(AppError::InvalidBody {
-                detail: "`params` must be a JSON object".into(),
-                field: Some("params".into()),
-            });
-        }
+        let params = self.checked_params(&request)?;
         let fingerprint = fingerprint(
             &request.task,
             &request.input,
@@ -184,27 +179,17 @@ impl App {
             params: sent_params.as_str(),
             provider: sent_provider.as_deref(),
         };
-        let leader = loop {
-            match self.inner.key_flights.board(&owner.id, key.as_str()) {
-                Boarding::Leader(leader) => break leader,
-                Boarding::Follower(flight) => match twins::follow(flight).await.as_deref() {
-                    Some(Landed::Job { job, attempts }) => {
-                        self.metrics().twins_joined.inc();
-                        tracing::debug!(job_id = %job.id, "answered from a twin in flight");
-                        return self.replay_or_conflict(
-                            (**job).clone(),
-                            attempts.clone(),
-                            (&fingerprint, &sent),
-                            TallyKind::Joined,
-                        );
-                    }
-                    Some(Landed::Unavailable(detail)) => {
-                        return Err(AppError::Unavailable(detail.clone()))
-                    }
-                    // The twin ended with nothing to hand on: board again.
-                    None => continue,
-                },
+        let leader = match self.lead_or_follow(owner, &key).await {
+            Ok(leader) => leader,
+            Err(Followed::Job { job, attempts }) => {
+                return self.replay_or_conflict(
+                    *job,
+                    attempts,
+                    (&fingerprint, &sent),
+                    TallyKind::Joined,
+                )
             }
+            Err(Followed::Unavailable(detail)) => return Err(AppError::Unavailable(detail)),
         };
         // A request that today's configuration refuses may still be the
         // retry of one it accepted: its key is looked up before the refusal
@@ -212,89 +197,139 @@ impl App {
         // goes straight to the insert, which finds an existing key itself.
         let validated =
             self.validate_new_job(owner, key.clone(), request, params, fingerprint.clone());
-        let mut new_job = validated.as_ref().ok().cloned();
-        // With a worker slot free, the first attempt starts in the creating
-        // transaction and is handed to the worker once it commits.
-        let start = new_job.as_mut().and_then(|new_job| {
-            let slot = self.reserve_start(&new_job.provider)?;
-            new_job.start = Some(slot.start.clone());
-            Some(slot)
-        });
-        let (owner_id, key_text) = (owner.id.clone(), key.as_str().to_owned());
-        let refusable = new_job
-            .as_ref()
-            .map(|n| (n.task.clone(), n.provider.clone()));
-        let found = match new_job {
-            Some(new_job) => {
-                // Once the creation is durable, a started attempt goes to the
-                // worker (on the committing thread, even if this request is
-                // gone by then).
-                let after_commit = start.map(|start| -> AfterCommit {
-                    Box::new(move |(outcome, attempts): &Created| {
-                        if let (CreateOutcome::Created(job), [attempt]) =
-                            (outcome, attempts.as_slice())
-                        {
-                            start.run(Claim {
-                                attempt: attempt.clone(),
-                                job: job.clone(),
-                            });
-                        }
-                    })
-                });
-                self.store()
-                    .create_job(new_job, after_commit)
-                    .await
-                    .map(Some)
-            }
-            None => {
-                self.store()
-                    .run(move |conn| {
-                        let Some(job) = job_store::find_by_key(conn, &owner_id, &key_text)? else {
-                            return Ok(None);
-                        };
-                        let (job, attempts) = job_store::with_attempts(conn, job)?;
-                        Ok(Some((CreateOutcome::Existing(job), attempts)))
-                    })
-                    .await
-            }
+        let found = match &validated {
+            Ok(new_job) => self.insert_job(owner, new_job.clone()).await.map(Some),
+            Err(_) => self.find_by_key(owner, &key).await,
         }
-        .map_err(|error| match error {
-            StoreError::BudgetExceeded(refused) => {
-                if let Some((task, provider)) = &refusable {
-                    self.count_refused(&owner.id, task, provider);
-                }
-                AppError::budget_exceeded(&refused, &self.config().ledger.currency)
-            }
-            other => AppError::from(other),
-        })
         .inspect_err(|error| {
             if let AppError::Unavailable(detail) = error {
-                leader.land_unavailable(detail);
+                leader.share_unavailable(detail);
             }
         })?;
         let Some((outcome, attempts)) = found else {
             return Err(validated.expect_err("only a refused request looks its key up alone"));
         };
         let (CreateOutcome::Created(job) | CreateOutcome::Existing(job)) = &outcome;
-        leader.land(job, &attempts);
+        leader.share(job, &attempts);
         match outcome {
-            CreateOutcome::Created(job) => {
-                if attempts.iter().any(|a| a.state == AttemptState::Queued) {
-                    self.notify_queued();
-                }
-                self.metrics().jobs_created.inc();
-                tracing::info!(job_id = %job.id, "job created");
-                Ok(JobCreation {
-                    job,
-                    attempts,
-                    replayed: false,
-                })
-            }
+            CreateOutcome::Created(job) => Ok(self.created(job, attempts)),
             // The key had made a job already (perhaps a concurrent request
             // with the same key won the insert).
             CreateOutcome::Existing(job) => {
                 self.replay_or_conflict(job, attempts, (&fingerprint, &sent), TallyKind::Replayed)
             }
+        }
+    }
+
+    /// The request's `params` (`{}` when it sent none), once it and its
+    /// input are known to nest no deeper than allowed: before anything
+    /// walks them (the fingerprint, the contract's checks).
+    fn checked_params(&self, request: &JobRequest) -> AppResult<JsonText> {
+        let params = request
+            .params
+            .clone()
+            .unwrap_or_else(|| JsonText::parse("{}").expect("an empty object"));
+        let max_depth = self.config().server.max_json_depth;
+        for text in [&request.input, &params] {
+            crate::domain::json_depth::check_nesting(text.as_str().as_bytes(), max_depth)?;
+        }
+        if !params.value().is_object() {
+            return Err(AppError::InvalidBody {
+                detail: "`params` must be a JSON object".into(),
+                field: Some("params".into()),
+            });
+        }
+        Ok(params)
+    }
+
+    /// Leads the creation under `owner`'s key, or waits for the twin
+    /// already creating it in this process and takes what it shares
+    /// (`Err`: the answer comes from there).
+    async fn lead_or_follow(
+        &self,
+        owner: &User,
+        key: &IdempotencyKey,
+    ) -> Result<Leader<'_>, Followed> {
+        loop {
+            match self.inner.creations.join(&owner.id, key.as_str()) {
+                Call::Leader(leader) => return Ok(leader),
+                Call::Follower(follower) => match follower.wait().await.as_deref() {
+                    Some(Shared::Job { job, attempts }) => {
+                        self.metrics().twins_joined.inc();
+                        tracing::debug!(job_id = %job.id, "answered from a twin in flight");
+                        return Err(Followed::Job {
+                            job: job.clone(),
+                            attempts: attempts.clone(),
+                        });
+                    }
+                    Some(Shared::Unavailable(detail)) => {
+                        return Err(Followed::Unavailable(detail.clone()))
+                    }
+                    // The twin ended with nothing to share: join again.
+                    None => continue,
+                },
+            }
+        }
+    }
+
+    /// Inserts a new job under its key (or finds the job the key already
+    /// made). With a worker slot free, its first attempt starts in the
+    /// creating transaction and goes to the worker once that commits (on
+    /// the committing thread, even if this request is gone by then).
+    async fn insert_job(&self, owner: &User, mut new_job: NewJob) -> AppResult<Created> {
+        let start = self
+            .reserve_start(&new_job.provider)
+            .inspect(|slot| new_job.start = Some(slot.start.clone()));
+        let (task, provider) = (new_job.task.clone(), new_job.provider.clone());
+        let after_commit = start.map(|start| -> AfterCommit {
+            Box::new(move |(outcome, attempts): &Created| {
+                if let (CreateOutcome::Created(job), [attempt]) = (outcome, attempts.as_slice()) {
+                    start.run(Claim {
+                        attempt: attempt.clone(),
+                        job: job.clone(),
+                    });
+                }
+            })
+        });
+        self.store()
+            .create_job(new_job, after_commit)
+            .await
+            .map_err(|error| match error {
+                StoreError::BudgetExceeded(refused) => {
+                    self.count_refused(&owner.id, &task, &provider);
+                    AppError::budget_exceeded(&refused, &self.config().ledger.currency)
+                }
+                other => AppError::from(other),
+            })
+    }
+
+    /// The job `owner`'s key already made, if any, with its attempts.
+    async fn find_by_key(&self, owner: &User, key: &IdempotencyKey) -> AppResult<Option<Created>> {
+        let (owner_id, key) = (owner.id.clone(), key.as_str().to_owned());
+        Ok(self
+            .store()
+            .run(move |conn| {
+                let Some(job) = job_store::find_by_key(conn, &owner_id, &key)? else {
+                    return Ok(None);
+                };
+                let (job, attempts) = job_store::with_attempts(conn, job)?;
+                Ok(Some((CreateOutcome::Existing(job), attempts)))
+            })
+            .await?)
+    }
+
+    /// A job this request created: the worker woken for its queued
+    /// attempt, and counted.
+    fn created(&self, job: Job, attempts: Vec<Attempt>) -> JobCreation {
+        if attempts.iter().any(|a| a.state == AttemptState::Queued) {
+            self.notify_queued();
+        }
+        self.metrics().jobs_created.inc();
+        tracing::info!(job_id = %job.id, "job created");
+        JobCreation {
+            job,
+            attempts,
+            replayed: false,
         }
     }
 
@@ -322,7 +357,7 @@ impl App {
     /// Keys this process is creating jobs for right now, and the twins
     /// waiting on them (for tests and diagnostics).
     pub fn creations_in_flight(&self) -> (usize, usize) {
-        self.inner.key_flights.counts()
+        self.inner.creations.counts()
     }
 
     /// Checks a new request against today's configuration.

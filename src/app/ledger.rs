@@ -122,6 +122,17 @@ pub struct UsageReport {
 }
 
 impl App {
+    /// The id of the user named `name`, for a usage filter; `None` when
+    /// there is no such user.
+    pub async fn user_id_by_name(&self, name: &str) -> AppResult<Option<UserId>> {
+        let name = name.to_owned();
+        let found = self
+            .store()
+            .run(move |conn| users::find_by_name(conn, &name))
+            .await?;
+        Ok(found.map(|user| user.id))
+    }
+
     /// The most a new job of `contract` with `input` can cost: its prompt
     /// estimate plus its `max_tokens` (the request's, else the largest of
     /// its route's providers') at the dearest provider of its route, by

@@ -36,8 +36,8 @@ pub mod queries;
 pub mod resolve;
 pub mod retention;
 pub mod retry;
+mod singleflight;
 pub mod streams;
-mod twins;
 pub mod waiting;
 pub mod webhook_views;
 pub mod webhooks;
@@ -57,11 +57,14 @@ pub use crate::contracts::TaskDefinition;
 pub use crate::store::console::{
     AttemptBrief, AuditEntry, ConsoleCounts, RaceDetail, UnknownAttempt,
 };
+pub use crate::store::ledger::LedgerEntry;
 pub use crate::store::now_ms;
 pub use crate::store::queue::{Claim, SendPermit};
+pub use crate::store::reports::{LedgerSums, UsageFilter, UsageGrouping};
 pub use crate::store::transitions::{AttemptKey, JobKey};
 pub use crate::store::users::User;
-pub use crate::store::{Attempt, Job, QualificationRun, RaceEntry};
+pub use crate::store::webhooks::{Delivery, Endpoint, Event, Resent};
+pub use crate::store::{Attempt, Job, QualificationRun, RaceEntry, StoreError};
 pub use accounts::SignIn;
 pub use error::{AppError, AppResult, BudgetRefusal};
 
@@ -98,7 +101,7 @@ struct Inner {
     /// This process's worker's offer to start new jobs at once (`work`).
     start_offer: std::sync::RwLock<std::sync::Weak<work::StartOffer>>,
     /// Keys this process is creating jobs for (`twins`).
-    key_flights: twins::KeyFlights,
+    creations: singleflight::Singleflight,
     tallies: ledger::Tallies,
     /// The streams running in this process, by job.
     streams: streams::StreamHub,
@@ -134,7 +137,7 @@ impl App {
                 startup_qualified,
                 metrics,
                 start_offer: Default::default(),
-                key_flights: Default::default(),
+                creations: Default::default(),
                 tallies: Default::default(),
                 streams: Default::default(),
             }),

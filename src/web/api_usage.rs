@@ -12,11 +12,9 @@ use super::error::{ApiError, ProblemType};
 use super::views::{rfc3339, Problem};
 use crate::app::ledger::{BudgetState, UsageGroup, UsageReport};
 use crate::app::{now_ms, App};
+use crate::app::{LedgerEntry, UsageFilter, UsageGrouping};
 use crate::domain::ledger::{format_micros, usage_status, BudgetLimits, UsageStatus, DAY_MS};
 use crate::domain::JobId;
-use crate::store::ledger::LedgerEntry;
-use crate::store::reports::{UsageFilter, UsageGrouping};
-use crate::store::users as user_store;
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -220,14 +218,9 @@ pub async fn owner_filter(app: &App, name: Option<&str>) -> Result<String, ApiEr
     let Some(name) = name.filter(|n| !n.is_empty()) else {
         return Ok(String::new());
     };
-    let name = name.to_owned();
-    let found = app
-        .store()
-        .run(move |conn| user_store::find_by_name(conn, &name))
-        .await
-        .map_err(crate::app::AppError::from)?;
-    found
-        .map(|user| user.id.as_str().to_owned())
+    app.user_id_by_name(name)
+        .await?
+        .map(|id| id.as_str().to_owned())
         .ok_or_else(ApiError::not_found)
 }
 

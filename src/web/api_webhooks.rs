@@ -16,8 +16,8 @@ use super::views::{rfc3339, Problem};
 use super::{read, resource, READ};
 use crate::app::webhooks::{NewWebhook, WebhookChange, WithSecret};
 use crate::app::App;
+use crate::app::{Delivery, Endpoint, Event, Resent};
 use crate::domain::webhook::{EventKind, MAX_URL_INPUT_LEN};
-use crate::store::webhooks::{Delivery, Endpoint, Event, Resent};
 
 /// The webhook routes, inside the `/api/v1` scope (bearer tokens).
 pub fn routes(cfg: &mut web::ServiceConfig) {

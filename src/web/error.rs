@@ -379,7 +379,7 @@ mod tests {
 
     #[test]
     fn storage_errors_map_to_404_503_and_500() {
-        use crate::store::StoreError;
+        use crate::app::StoreError;
         let status = |e: StoreError| ApiError::from(AppError::from(e)).problem.status();
         assert_eq!(status(StoreError::NotFound), StatusCode::NOT_FOUND);
         assert_eq!(

@@ -321,7 +321,7 @@ struct AttemptLine {
 }
 
 /// An attempt's usage in words (docs/design.md, "Usage, prices and budgets").
-fn usage_words(a: &Attempt, entry: Option<&crate::store::ledger::LedgerEntry>) -> String {
+fn usage_words(a: &Attempt, entry: Option<&crate::app::LedgerEntry>) -> String {
     use crate::domain::ledger::{format_micros, usage_status, UsageStatus};
     match (
         usage_status(a.state, a.sent_at.is_some(), entry.is_some()),
@@ -350,7 +350,7 @@ fn usage_words(a: &Attempt, entry: Option<&crate::store::ledger::LedgerEntry>) -
 
 impl AttemptLine {
     /// Staff see the provider's own text; the owner sees the reason.
-    fn new(a: &Attempt, staff: bool, entry: Option<&crate::store::ledger::LedgerEntry>) -> Self {
+    fn new(a: &Attempt, staff: bool, entry: Option<&crate::app::LedgerEntry>) -> Self {
         let error = a.error.as_deref().map(|e| {
             if staff {
                 e.to_owned()
@@ -469,7 +469,7 @@ fn job_live(
     job: &Job,
     attempts: &[Attempt],
     allowed: Vec<String>,
-    usage: &[crate::store::ledger::LedgerEntry],
+    usage: &[crate::app::LedgerEntry],
 ) -> JobLive {
     let live = attempts.iter().find(|a| a.state.is_live());
     let retry_refusal = match may_start_attempt(job.status, live.map(|a| a.state)) {

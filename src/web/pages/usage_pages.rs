@@ -232,7 +232,7 @@ fn spend_chart(report: &UsageReport, groups: &[UsageGroupView]) -> Option<Chart>
     if groups.is_empty() {
         return None;
     }
-    let micros = |f: &dyn Fn(&crate::store::reports::LedgerSums) -> i64| -> Vec<f64> {
+    let micros = |f: &dyn Fn(&crate::app::LedgerSums) -> i64| -> Vec<f64> {
         report
             .groups
             .iter()

@@ -11,9 +11,9 @@ use serde::Deserialize;
 use super::{duration, render, render_with, see_other, when, Nav, PageError, SignedIn};
 use crate::app::webhooks::{NewWebhook, WebhookChange, WithSecret};
 use crate::app::{App, AppError, Job};
+use crate::app::{Delivery, Endpoint, Event};
 use crate::domain::webhook::{DeliveryOutcome, EventKind, EventState};
 use crate::domain::UserId;
-use crate::store::webhooks::{Delivery, Endpoint, Event};
 
 /// One event of the delivery log, with its delivery attempts.
 pub struct EventLine {
