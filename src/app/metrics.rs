@@ -168,182 +168,212 @@ impl Metrics {
             budget_refusals: Counter::default(),
             registry: Registry::default(),
         };
+        metrics.register_job_metrics(&mut registry);
+        metrics.register_latency_metrics(&mut registry);
+        metrics.register_provider_metrics(&mut registry);
+        metrics.register_stream_and_unknown_metrics(&mut registry);
+        metrics.register_webhook_metrics(&mut registry);
+        metrics.register_commit_and_usage_metrics(&mut registry);
+        Self {
+            registry,
+            ..metrics
+        }
+    }
+
+    /// Jobs: created, replayed, refused, cancelled, joined; attempts and races.
+    fn register_job_metrics(&self, registry: &mut Registry) {
         registry.register(
             "onejob_jobs_created",
             "Jobs created (first requests under a key)",
-            metrics.jobs_created.clone(),
+            self.jobs_created.clone(),
         );
         registry.register(
             "onejob_jobs_replayed",
             "Requests answered with the job their key already made (same payload)",
-            metrics.jobs_replayed.clone(),
+            self.jobs_replayed.clone(),
         );
         registry.register(
             "onejob_idempotency_conflicts",
             "Requests refused because their key made a job with a different payload",
-            metrics.key_conflicts.clone(),
+            self.key_conflicts.clone(),
         );
         registry.register(
             "onejob_jobs_cancelled",
             "Jobs their owner cancelled (each once, however often the cancel was repeated)",
-            metrics.jobs_cancelled.clone(),
+            self.jobs_cancelled.clone(),
         );
         registry.register(
             "onejob_twins_joined",
             "Requests answered from the job a twin under the same key was creating in this \
              process, without a database round trip (also counted as replays or conflicts)",
-            metrics.twins_joined.clone(),
+            self.twins_joined.clone(),
         );
         registry.register(
             "onejob_attempts",
             "Attempts that reached a final or unknown state, by provider and state",
-            metrics.attempts.clone(),
+            self.attempts.clone(),
         );
         registry.register(
             "onejob_races",
             "Answers that did not win and were written to the race log",
-            metrics.races.clone(),
+            self.races.clone(),
         );
+    }
+
+    /// How long calls, claims, connections and HTTP requests took; what retention removed.
+    fn register_latency_metrics(&self, registry: &mut Registry) {
         registry.register(
             "onejob_provider_call_seconds",
             "How long provider calls took to answer, by provider",
-            metrics.provider_call_seconds.clone(),
+            self.provider_call_seconds.clone(),
         );
         registry.register(
             "onejob_claim_lag_seconds",
             "From an attempt being queued to it being sent",
-            metrics.claim_lag_seconds.clone(),
+            self.claim_lag_seconds.clone(),
         );
         registry.register(
             "onejob_pool_wait_seconds",
             "How long a request waited for a database connection",
-            metrics.pool_wait_seconds.clone(),
+            self.pool_wait_seconds.clone(),
         );
         registry.register(
             "onejob_http_request_seconds",
             "HTTP requests, by method, route and status",
-            metrics.http_request_seconds.clone(),
+            self.http_request_seconds.clone(),
         );
         registry.register(
             "onejob_pruned_rows",
             "Rows retention removed, by table",
-            metrics.pruned_rows.clone(),
+            self.pruned_rows.clone(),
         );
+    }
+
+    /// Providers' waits, pauses, limits, retries and dropped late calls.
+    fn register_provider_metrics(&self, registry: &mut Registry) {
         registry.register(
             "onejob_provider_wait_seconds",
             "How long attempts waited from being due (created, or a retry's Retry-After over) to \
              being sent, by provider: grows while a provider's limits or pauses hold attempts \
              back (or every worker slot is busy)",
-            metrics.provider_wait_seconds.clone(),
+            self.provider_wait_seconds.clone(),
         );
         registry.register(
             "onejob_provider_pauses",
             "Pauses a provider asked for (429 or 529 with Retry-After; a 429 without one pauses 1 s)",
-            metrics.provider_pauses.clone(),
+            self.provider_pauses.clone(),
         );
         registry.register(
             "onejob_provider_paused_seconds",
             "Seconds of pause providers asked for, in all",
-            metrics.provider_paused_seconds.clone(),
+            self.provider_paused_seconds.clone(),
         );
         registry.register(
             "onejob_provider_held_back",
             "Claims that found a provider paused or at one of its limits (max_in_flight, \
              requests_per_minute, tokens_per_minute) and passed its queued attempts, if any, over",
-            metrics.provider_held_back.clone(),
+            self.provider_held_back.clone(),
         );
         registry.register(
             "onejob_retries",
             "Retries scheduled on the same provider after a refusal in which nothing happened",
-            metrics.retries.clone(),
+            self.retries.clone(),
         );
         registry.register(
             "onejob_late_calls_dropped",
             "Timed-out calls dropped instead of kept open for a late answer, because \
              max_late_calls were open (their attempts stay unknown)",
-            metrics.late_calls_dropped.clone(),
+            self.late_calls_dropped.clone(),
         );
+    }
+
+    /// Streams, and attempts whose outcome is unknown.
+    fn register_stream_and_unknown_metrics(&self, registry: &mut Registry) {
         registry.register(
             "onejob_time_to_first_token_seconds",
             "From a streamed call's start to its first delta being released to the job's \
              followers, by provider",
-            metrics.time_to_first_token_seconds.clone(),
+            self.time_to_first_token_seconds.clone(),
         );
         registry.register(
             "onejob_streams_followed",
             "Requests following a job's stream now in this process (chat completions with \
              stream: true, job pages' live text)",
-            metrics.streams_followed.clone(),
+            self.streams_followed.clone(),
         );
         registry.register(
             "onejob_stream_limits_hit",
             "Stream limits reached: a follower refused past server.max_followers_per_job \
              (followers), a streamed answer refused past server.max_stream_bytes (buffer)",
-            metrics.stream_limits_hit.clone(),
+            self.stream_limits_hit.clone(),
         );
         registry.register(
             "onejob_unknown_attempts",
             "Attempts whose outcome is unknown now (read at scrape time)",
-            metrics.unknown_attempts.clone(),
+            self.unknown_attempts.clone(),
         );
         registry.register(
             "onejob_oldest_unknown_attempt_age_seconds",
             "Age of the oldest unknown attempt since it was sent; 0 when there is none",
-            metrics.oldest_unknown_seconds.clone(),
+            self.oldest_unknown_seconds.clone(),
         );
+    }
+
+    /// Webhook deliveries, the outbox and disabled endpoints.
+    fn register_webhook_metrics(&self, registry: &mut Registry) {
         registry.register(
             "onejob_webhook_deliveries",
             "Webhook delivery attempts by outcome: delivered (2xx), failed (another status, \
              a timeout, a connection error, a redirect), refused (the host resolved to an \
              address webhooks may not reach)",
-            metrics.webhook_deliveries.clone(),
+            self.webhook_deliveries.clone(),
         );
         registry.register(
             "onejob_webhook_outbox_oldest_age_seconds",
             "How long the oldest undelivered, not dead webhook event of an enabled endpoint \
              has waited (read at scrape time); 0 when there is none",
-            metrics.webhook_outbox_oldest_seconds.clone(),
+            self.webhook_outbox_oldest_seconds.clone(),
         );
         registry.register(
             "onejob_webhook_endpoints_disabled",
             "Webhook endpoints disabled now, by their owner or for failing (read at scrape time)",
-            metrics.webhook_endpoints_disabled.clone(),
+            self.webhook_endpoints_disabled.clone(),
         );
+    }
+
+    /// Group commits, and the usage ledger's tokens, spend and budget refusals.
+    fn register_commit_and_usage_metrics(&self, registry: &mut Registry) {
         registry.register(
             "onejob_group_commits",
             "Commits (on PostgreSQL, multi-row statements) that carried batched writes since \
              the start (read at scrape time); with onejob_group_commit_rows, the writes each \
              flush carried",
-            metrics.group_commits.clone(),
+            self.group_commits.clone(),
         );
         registry.register(
             "onejob_group_commit_rows",
             "Writes those commits carried: job creations (each creation, replay or refusal \
              once) and, on SQLite, compare-and-swaps",
-            metrics.group_commit_rows.clone(),
+            self.group_commit_rows.clone(),
         );
         registry.register(
             "onejob_tokens",
             "Tokens of the provider calls counted in the usage ledger (each call once, winners, \
              losers and late answers alike), by provider and kind: prompt, completion, and \
              cached (the prompt tokens read from the provider's cache, also counted as prompt)",
-            metrics.tokens.clone(),
+            self.tokens.clone(),
         );
         registry.register(
             "onejob_spend",
             "Cost of the provider calls counted in the usage ledger, in micro-units \
              (millionths) of ledger.currency, by provider; calls without a price add nothing",
-            metrics.spend.clone(),
+            self.spend.clone(),
         );
         registry.register(
             "onejob_budget_refusals",
             "Job creations refused because the owner's monthly budget had no room",
-            metrics.budget_refusals.clone(),
+            self.budget_refusals.clone(),
         );
-        Self {
-            registry,
-            ..metrics
-        }
     }
 
     /// Counts a call just written to the usage ledger.

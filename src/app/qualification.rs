@@ -105,17 +105,7 @@ pub async fn check_contract(provider: &Arc<Provider>, contract: &Arc<TaskContrac
     }
     let has_template = !contract.is_chat() && contract.definition.template.is_some();
     // Render every golden prompt first: nothing is sent if one does not render.
-    let mut prompts = Vec::new();
-    for (i, golden) in goldens.iter().enumerate() {
-        match prompt_of(contract, &golden.input) {
-            Ok(prompt) => prompts.push(prompt),
-            Err(e) => checks.push(Check::new(
-                format!("golden[{i}] template renders"),
-                false,
-                e,
-            )),
-        }
-    }
+    let prompts = render_goldens(contract, &mut checks);
     if prompts.len() == goldens.len() && !goldens.is_empty() {
         if has_template {
             checks.push(Check::new(
@@ -124,37 +114,10 @@ pub async fn check_contract(provider: &Arc<Provider>, contract: &Arc<TaskContrac
                 format!("for all {} golden inputs", goldens.len()),
             ));
         }
-        let settings = &provider.settings;
-        let budget = settings.context_budget();
-        let mut counted = Vec::with_capacity(prompts.len());
-        for (prompt, golden) in prompts.iter().zip(goldens) {
-            // The provider's own tokenizer where it has one (a count call,
-            // never an attempt), else tiktoken or an estimate.
-            let (tokens, method) = provider.count_tokens(prompt).await;
-            counted.push((
-                tokens,
-                method,
-                answer_limit(contract, settings, &golden.input),
-            ));
-        }
-        let (longest, method, answer_limit) = counted
-            .into_iter()
-            .max_by_key(|(tokens, _, limit)| u64::from(*tokens) + limit)
-            .unwrap_or((0, "none", u64::from(settings.max_tokens)));
-        let needed = u64::from(longest) + answer_limit;
-        let what = if contract.is_chat() {
-            "request"
-        } else {
-            "prompt"
-        };
-        checks.push(Check::new(
-            "fits the context budget",
-            needed <= u64::from(budget),
-            format!(
-                "longest {what} {longest} tokens ({method}) + max_tokens {answer_limit} = {needed}, budget {budget}"
-            ),
-        ));
-        if needed <= u64::from(budget) {
+        let budget = budget_check(provider, contract, &prompts).await;
+        let fits = budget.passed;
+        checks.push(budget);
+        if fits {
             for (i, golden) in goldens.iter().enumerate() {
                 checks.push(golden_check(provider, contract, i, golden).await);
             }
@@ -181,6 +144,62 @@ pub async fn check_contract(provider: &Arc<Provider>, contract: &Arc<TaskContrac
         template_sha256: contract.template_sha256.clone(),
         output_schema_sha256: contract.output_schema_sha256.clone(),
     }
+}
+
+/// The prompt of every golden input that renders; a failed check for each
+/// one that does not.
+fn render_goldens(contract: &TaskContract, checks: &mut Vec<Check>) -> Vec<String> {
+    let mut prompts = Vec::new();
+    for (i, golden) in contract.definition.golden.iter().enumerate() {
+        match prompt_of(contract, &golden.input) {
+            Ok(prompt) => prompts.push(prompt),
+            Err(e) => checks.push(Check::new(
+                format!("golden[{i}] template renders"),
+                false,
+                e,
+            )),
+        }
+    }
+    prompts
+}
+
+/// Whether the longest golden prompt, with the most tokens its answer may
+/// take, fits the provider's context budget.
+async fn budget_check(
+    provider: &Arc<Provider>,
+    contract: &TaskContract,
+    prompts: &[String],
+) -> Check {
+    let settings = &provider.settings;
+    let budget = settings.context_budget();
+    let mut counted = Vec::with_capacity(prompts.len());
+    for (prompt, golden) in prompts.iter().zip(&contract.definition.golden) {
+        // The provider's own tokenizer where it has one (a count call,
+        // never an attempt), else tiktoken or an estimate.
+        let (tokens, method) = provider.count_tokens(prompt).await;
+        counted.push((
+            tokens,
+            method,
+            answer_limit(contract, settings, &golden.input),
+        ));
+    }
+    let (longest, method, answer_limit) = counted
+        .into_iter()
+        .max_by_key(|(tokens, _, limit)| u64::from(*tokens) + limit)
+        .unwrap_or((0, "none", u64::from(settings.max_tokens)));
+    let needed = u64::from(longest) + answer_limit;
+    let what = if contract.is_chat() {
+        "request"
+    } else {
+        "prompt"
+    };
+    Check::new(
+        "fits the context budget",
+        needed <= u64::from(budget),
+        format!(
+            "longest {what} {longest} tokens ({method}) + max_tokens {answer_limit} = {needed}, budget {budget}"
+        ),
+    )
 }
 
 /// The text a golden input puts in front of the provider: the rendered

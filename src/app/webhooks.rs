@@ -376,30 +376,11 @@ async fn deliver(app: &App, claimed: Claimed, lease_owner: &str) {
     };
     let settings = &app.config().webhooks.settings;
     let started = Instant::now();
-    let now = crate::store::now_ms();
-    let timestamp = now.div_euclid(1000);
-    let endpoint = &claimed.endpoint;
-    let generations = signing_generations(
-        endpoint.generation,
-        endpoint.previous_generation_valid_until,
-        now,
-    );
-    let signature = key.signature_header(
-        &endpoint.id,
-        &generations,
-        &claimed.event.webhook_id,
-        timestamp,
-        claimed.event.body.as_bytes(),
-    );
     let attempted = send(
-        &endpoint.url,
+        &claimed.endpoint.url,
         settings.allow_private_addresses,
         Duration::from_millis(settings.timeout_ms),
-        &[
-            ("webhook-id", claimed.event.webhook_id.clone()),
-            ("webhook-timestamp", timestamp.to_string()),
-            ("webhook-signature", signature),
-        ],
+        &signed_headers(&key, &claimed, crate::store::now_ms()),
         claimed.event.body.clone(),
         started,
     )
@@ -428,35 +409,76 @@ async fn deliver(app: &App, claimed: Claimed, lease_owner: &str) {
         .await;
     match recorded {
         Ok(((recorded, disabled), claimed)) => {
-            let (event_id, endpoint_id) = (&claimed.event.id, &claimed.endpoint.id);
-            match recorded {
-                Recorded::Delivered => {
-                    tracing::debug!(%event_id, %endpoint_id, "webhook delivered")
-                }
-                Recorded::RetryAt(at) => tracing::info!(
-                    %event_id, %endpoint_id, outcome = %attempted.outcome,
-                    error = attempted.error.as_deref().unwrap_or(""),
-                    status = attempted.status_code.unwrap_or(0),
-                    retry_in_ms = at - crate::store::now_ms(),
-                    "webhook delivery failed; retried later"
-                ),
-                Recorded::Dead => tracing::warn!(
-                    %event_id, %endpoint_id,
-                    "webhook delivery failed for the endpoint's whole retry window: the event is dead"
-                ),
-                Recorded::LeaseLost => tracing::warn!(
-                    %event_id, %endpoint_id,
-                    "a webhook delivery's lease passed on before its result was recorded"
-                ),
-            }
-            if disabled {
-                tracing::warn!(%endpoint_id, "webhook endpoint disabled: it kept failing");
-            }
+            log_recorded(&claimed, &attempted, recorded, disabled)
         }
         Err(error) => {
             tracing::warn!(%error, "recording a webhook delivery failed; its lease will run out and it is sent again")
         }
     }
+}
+
+/// The Standard Webhooks headers of a claimed event sent at `now`: its id,
+/// the timestamp, and its signature by each secret generation still valid.
+fn signed_headers(
+    key: &crate::domain::webhook::WebhookKey,
+    claimed: &Claimed,
+    now: i64,
+) -> [(&'static str, String); 3] {
+    let timestamp = now.div_euclid(1000);
+    let endpoint = &claimed.endpoint;
+    let generations = signing_generations(
+        endpoint.generation,
+        endpoint.previous_generation_valid_until,
+        now,
+    );
+    let signature = key.signature_header(
+        &endpoint.id,
+        &generations,
+        &claimed.event.webhook_id,
+        timestamp,
+        claimed.event.body.as_bytes(),
+    );
+    [
+        ("webhook-id", claimed.event.webhook_id.clone()),
+        ("webhook-timestamp", timestamp.to_string()),
+        ("webhook-signature", signature),
+    ]
+}
+
+/// Logs what a recorded delivery leads to.
+fn log_recorded(claimed: &Claimed, attempted: &Attempted, recorded: Recorded, disabled: bool) {
+    let (event_id, endpoint_id) = (&claimed.event.id, &claimed.endpoint.id);
+    match recorded {
+        Recorded::Delivered => {
+            tracing::debug!(%event_id, %endpoint_id, "webhook delivered")
+        }
+        Recorded::RetryAt(at) => tracing::info!(
+            %event_id, %endpoint_id, outcome = %attempted.outcome,
+            error = attempted.error.as_deref().unwrap_or(""),
+            status = attempted.status_code.unwrap_or(0),
+            retry_in_ms = at - crate::store::now_ms(),
+            "webhook delivery failed; retried later"
+        ),
+        Recorded::Dead => tracing::warn!(
+            %event_id, %endpoint_id,
+            "webhook delivery failed for the endpoint's whole retry window: the event is dead"
+        ),
+        Recorded::LeaseLost => tracing::warn!(
+            %event_id, %endpoint_id,
+            "a webhook delivery's lease passed on before its result was recorded"
+        ),
+    }
+    if disabled {
+        tracing::warn!(%endpoint_id, "webhook endpoint disabled: it kept failing");
+    }
+}
+
+/// Why a delivery got no answer: its outcome, and what went wrong.
+type NoAnswer = (DeliveryOutcome, String);
+
+/// Milliseconds since `started`.
+fn elapsed_ms(started: Instant) -> i64 {
+    started.elapsed().as_millis().min(i64::MAX as u128) as i64
 }
 
 /// One POST of `body` to `url`, to an address checked by
@@ -470,27 +492,78 @@ async fn send(
     body: String,
     started: Instant,
 ) -> Attempted {
-    let elapsed = |started: Instant| started.elapsed().as_millis().min(i64::MAX as u128) as i64;
-    let failed = |outcome: DeliveryOutcome, error: String, status: Option<i32>| Attempted {
-        outcome,
-        status_code: status,
-        error: Some(error),
-        latency_ms: elapsed(started),
-        response_body: None,
-    };
-    let Ok(parsed) = url::Url::parse(url) else {
-        return failed(
-            DeliveryOutcome::Refused,
-            "the URL does not parse".into(),
-            None,
-        );
-    };
-    let Some(port) = parsed.port_or_known_default() else {
-        return failed(DeliveryOutcome::Refused, "the URL has no port".into(), None);
-    };
-    let (domain, addresses): (Option<String>, Vec<IpAddr>) = match parsed.host() {
-        Some(url::Host::Ipv4(v4)) => (None, vec![IpAddr::V4(v4)]),
-        Some(url::Host::Ipv6(v6)) => (None, vec![IpAddr::V6(v6)]),
+    match post(url, allow_private, timeout, headers, body, started).await {
+        Ok(response) => read_answer(response, started).await,
+        Err((outcome, error)) => Attempted {
+            outcome,
+            status_code: None,
+            error: Some(error),
+            latency_ms: elapsed_ms(started),
+            response_body: None,
+        },
+    }
+}
+
+/// Checks the URL, resolves and checks its host, and POSTs to the address
+/// found: the response, or why there is none.
+async fn post(
+    url: &str,
+    allow_private: bool,
+    timeout: Duration,
+    headers: &[(&str, String)],
+    body: String,
+    started: Instant,
+) -> Result<reqwest::Response, NoAnswer> {
+    let refused = |why: &str| (DeliveryOutcome::Refused, why.to_owned());
+    let parsed = url::Url::parse(url).map_err(|_| refused("the URL does not parse"))?;
+    let port = parsed
+        .port_or_known_default()
+        .ok_or_else(|| refused("the URL has no port"))?;
+    let (domain, addresses) = resolve_host(&parsed, port, timeout).await?;
+    let address =
+        check_resolved(&addresses, allow_private).map_err(|why| (DeliveryOutcome::Refused, why))?;
+    let client = pinned_client(
+        domain.as_deref(),
+        SocketAddr::new(address, port),
+        timeout,
+        started,
+    )
+    .map_err(|error| {
+        (
+            DeliveryOutcome::Failed,
+            format!("no HTTP client: {}", error.without_url()),
+        )
+    })?;
+    let mut request = client
+        .post(parsed)
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(body);
+    for (name, value) in headers {
+        request = request.header(*name, value.as_str());
+    }
+    request.send().await.map_err(|error| {
+        let what = if error.is_timeout() {
+            "the delivery timed out"
+        } else if error.is_connect() {
+            "could not connect"
+        } else {
+            "the request failed"
+        };
+        let detail = error.without_url();
+        (DeliveryOutcome::Failed, format!("{what}: {detail}"))
+    })
+}
+
+/// The addresses of the URL's host, within `timeout`, and its name when it
+/// is a domain (to pin the address found for it).
+async fn resolve_host(
+    parsed: &url::Url,
+    port: u16,
+    timeout: Duration,
+) -> Result<(Option<String>, Vec<IpAddr>), NoAnswer> {
+    match parsed.host() {
+        Some(url::Host::Ipv4(v4)) => Ok((None, vec![IpAddr::V4(v4)])),
+        Some(url::Host::Ipv6(v6)) => Ok((None, vec![IpAddr::V6(v6)])),
         Some(url::Host::Domain(name)) => {
             let name = name.to_owned();
             let looked_up =
@@ -498,30 +571,31 @@ async fn send(
             match looked_up {
                 Ok(Ok(found)) => {
                     let found: Vec<IpAddr> = found.map(|a| a.ip()).collect();
-                    (Some(name), found)
+                    Ok((Some(name), found))
                 }
-                Ok(Err(error)) => {
-                    return failed(
-                        DeliveryOutcome::Refused,
-                        format!("the host did not resolve: {error}"),
-                        None,
-                    )
-                }
-                Err(_) => {
-                    return failed(
-                        DeliveryOutcome::Failed,
-                        "resolving the host timed out".into(),
-                        None,
-                    )
-                }
+                Ok(Err(error)) => Err((
+                    DeliveryOutcome::Refused,
+                    format!("the host did not resolve: {error}"),
+                )),
+                Err(_) => Err((
+                    DeliveryOutcome::Failed,
+                    "resolving the host timed out".into(),
+                )),
             }
         }
-        None => return failed(DeliveryOutcome::Refused, "the URL has no host".into(), None),
-    };
-    let address = match check_resolved(&addresses, allow_private) {
-        Ok(address) => address,
-        Err(why) => return failed(DeliveryOutcome::Refused, why, None),
-    };
+        None => Err((DeliveryOutcome::Refused, "the URL has no host".into())),
+    }
+}
+
+/// A client that follows no redirects, uses no proxy, reaches `domain` (if
+/// any) at `address` alone, and gives up when `timeout` since `started`
+/// runs out.
+fn pinned_client(
+    domain: Option<&str>,
+    address: SocketAddr,
+    timeout: Duration,
+    started: Instant,
+) -> reqwest::Result<reqwest::Client> {
     let mut builder = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .no_proxy()
@@ -531,40 +605,14 @@ async fn send(
                 .max(Duration::from_millis(1)),
         )
         .user_agent(USER_AGENT);
-    if let Some(domain) = &domain {
-        builder = builder.resolve(domain, SocketAddr::new(address, port));
+    if let Some(domain) = domain {
+        builder = builder.resolve(domain, address);
     }
-    let client = match builder.build() {
-        Ok(client) => client,
-        Err(error) => {
-            return failed(
-                DeliveryOutcome::Failed,
-                format!("no HTTP client: {}", error.without_url()),
-                None,
-            )
-        }
-    };
-    let mut request = client
-        .post(parsed)
-        .header(reqwest::header::CONTENT_TYPE, "application/json")
-        .body(body);
-    for (name, value) in headers {
-        request = request.header(*name, value.as_str());
-    }
-    let mut response = match request.send().await {
-        Ok(response) => response,
-        Err(error) => {
-            let what = if error.is_timeout() {
-                "the delivery timed out"
-            } else if error.is_connect() {
-                "could not connect"
-            } else {
-                "the request failed"
-            };
-            let detail = error.without_url();
-            return failed(DeliveryOutcome::Failed, format!("{what}: {detail}"), None);
-        }
-    };
+    builder.build()
+}
+
+/// What the endpoint answered: delivered on a 2xx, else failed.
+async fn read_answer(mut response: reqwest::Response, started: Instant) -> Attempted {
     let status = response.status();
     let mut kept: Vec<u8> = Vec::new();
     // At most 1 KiB of the answer is kept, and no more is read.
@@ -592,7 +640,7 @@ async fn send(
         outcome,
         status_code: code,
         error,
-        latency_ms: elapsed(started),
+        latency_ms: elapsed_ms(started),
         response_body,
     }
 }

@@ -201,6 +201,44 @@ pub fn read_request(body: &Value) -> Result<ReadRequest, Refused> {
             .filter(|n| *n >= 1)
             .ok_or_else(|| refused("max_tokens", "must be a whole number, 1 or more"))?,
     };
+    let messages = read_messages(&wire)?;
+    for (name, value) in [("temperature", wire.temperature), ("top_p", wire.top_p)] {
+        if value.is_some_and(|v| v < 0.0) {
+            return Err(refused(name, "must be a number, 0 or more"));
+        }
+    }
+    let stop = wire.stop_sequences.clone().unwrap_or_default();
+    if stop.len() > MAX_STOP_SEQUENCES {
+        return Err(refused(
+            "stop_sequences",
+            format!("must be an array of at most {MAX_STOP_SEQUENCES} strings"),
+        ));
+    }
+    let tools = read_tools(wire.tools.as_deref())?;
+    let output = read_output_format(wire.output_format.as_ref())?;
+    let request = ChatRequest {
+        messages,
+        tools,
+        tool_choice: wire.tool_choice.as_ref().map(read_tool_choice),
+        sampling: Sampling {
+            max_tokens: Some(max_tokens),
+            temperature: wire.temperature,
+            top_p: wire.top_p,
+            top_k: wire.top_k.map(|n| n.0),
+            ..Sampling::default()
+        },
+        stop,
+        output,
+        stream: wire.stream.unwrap_or(false),
+        user: None,
+        openai_extras: Map::new(),
+    };
+    Ok(ReadRequest { route, request })
+}
+
+/// The conversation: the `system` prompt as a system message, then each
+/// turn's messages.
+fn read_messages(wire: &MessagesRequest) -> Result<Vec<Message>, Refused> {
     let turns = match &wire.messages {
         None => return Err(refused("messages", "Field required (an array of messages)")),
         Some(turns) if turns.is_empty() => {
@@ -237,67 +275,40 @@ pub fn read_request(body: &Value) -> Result<ReadRequest, Refused> {
             &mut messages,
         )?;
     }
-    for (name, value) in [("temperature", wire.temperature), ("top_p", wire.top_p)] {
-        if value.is_some_and(|v| v < 0.0) {
-            return Err(refused(name, "must be a number, 0 or more"));
-        }
-    }
-    let stop = wire.stop_sequences.clone().unwrap_or_default();
-    if stop.len() > MAX_STOP_SEQUENCES {
-        return Err(refused(
-            "stop_sequences",
-            format!("must be an array of at most {MAX_STOP_SEQUENCES} strings"),
-        ));
-    }
-    let tools = match &wire.tools {
-        None => Vec::new(),
-        Some(tools) if tools.len() > MAX_TOOLS => {
-            return Err(refused(
-                "tools",
-                format!("must be an array of at most {MAX_TOOLS} tools"),
-            ))
-        }
+    Ok(messages)
+}
+
+fn read_tools(tools: Option<&[WireTool]>) -> Result<Vec<Tool>, Refused> {
+    match tools {
+        None => Ok(Vec::new()),
+        Some(tools) if tools.len() > MAX_TOOLS => Err(refused(
+            "tools",
+            format!("must be an array of at most {MAX_TOOLS} tools"),
+        )),
         Some(tools) => tools
             .iter()
             .enumerate()
             .map(|(i, tool)| read_tool(i, tool))
-            .collect::<Result<_, _>>()?,
-    };
-    let output = match &wire.output_format {
-        None => None,
+            .collect(),
+    }
+}
+
+fn read_output_format(format: Option<&WireOutputFormat>) -> Result<Option<OutputFormat>, Refused> {
+    match format {
+        None => Ok(None),
         Some(format) if format.kind == "json_schema" && format.schema.is_object() => {
-            Some(OutputFormat::JsonSchema {
+            Ok(Some(OutputFormat::JsonSchema {
                 name: "output".into(),
                 schema: format.schema.clone(),
                 description: None,
                 strict: Some(true),
-            })
+            }))
         }
-        Some(_) => {
-            return Err(refused(
-                "output_format",
-                "must be {\"type\": \"json_schema\", \"schema\": {…}}",
-            ))
-        }
-    };
-    let request = ChatRequest {
-        messages,
-        tools,
-        tool_choice: wire.tool_choice.as_ref().map(read_tool_choice),
-        sampling: Sampling {
-            max_tokens: Some(max_tokens),
-            temperature: wire.temperature,
-            top_p: wire.top_p,
-            top_k: wire.top_k.map(|n| n.0),
-            ..Sampling::default()
-        },
-        stop,
-        output,
-        stream: wire.stream.unwrap_or(false),
-        user: None,
-        openai_extras: Map::new(),
-    };
-    Ok(ReadRequest { route, request })
+        Some(_) => Err(refused(
+            "output_format",
+            "must be {\"type\": \"json_schema\", \"schema\": {…}}",
+        )),
+    }
 }
 
 /// The texts of a `system` prompt or a tool result: a string, or text
@@ -346,17 +357,7 @@ fn read_turn(
 ) -> Result<(), Refused> {
     let blocks = match content {
         TextOr::Text(text) => {
-            messages.push(match role {
-                TurnRole::User => Message::User {
-                    content: Content::Text(text.clone()),
-                    name: None,
-                },
-                TurnRole::Assistant => Message::Assistant {
-                    content: Some(Content::Text(text.clone())),
-                    tool_calls: Vec::new(),
-                    name: None,
-                },
-            });
+            messages.push(text_turn(role, text));
             return Ok(());
         }
         TextOr::Items(blocks) => blocks,
@@ -366,29 +367,19 @@ fn read_turn(
     let mut results = 0;
     for (i, block) in blocks.iter().enumerate() {
         let at = STYLE.join(at, i);
-        let misplaced = |kind: &str| {
-            let role = match role {
-                TurnRole::User => "user",
-                TurnRole::Assistant => "assistant",
-            };
-            Err(refused(
-                STYLE.join(&at, "type"),
-                format!("a {kind} block does not belong in a {role} turn"),
-            ))
-        };
         allowance.take()?;
         match (role, block) {
             (_, Block::Text { text }) => parts.push(Part::Text(text.clone())),
             (TurnRole::User, Block::Image { source }) => {
                 parts.push(Part::Image(read_image(source)))
             }
-            (TurnRole::Assistant, Block::Image { .. }) => return misplaced("image"),
+            (TurnRole::Assistant, Block::Image { .. }) => return misplaced(role, "image", &at),
             (TurnRole::Assistant, Block::ToolUse { id, name, input }) => calls.push(ToolCall {
                 id: id.clone(),
                 name: name.clone(),
                 arguments: Value::Object(input.clone()).to_string(),
             }),
-            (TurnRole::User, Block::ToolUse { .. }) => return misplaced("tool_use"),
+            (TurnRole::User, Block::ToolUse { .. }) => return misplaced(role, "tool_use", &at),
             (
                 TurnRole::User,
                 Block::ToolResult {
@@ -397,49 +388,105 @@ fn read_turn(
                     is_error,
                 },
             ) => {
-                if *is_error == Some(true) {
-                    return Err(refused(
-                        STYLE.join(&at, "is_error"),
-                        "onejob cannot pass on that a tool failed: say so in the result's text",
-                    ));
-                }
-                let text = match content {
-                    None => String::new(),
-                    Some(content) => {
-                        texts(content, &STYLE.join(&at, "content"), allowance)?.join("\n\n")
-                    }
-                };
                 // Tool results go first: the turn's other blocks follow them.
-                messages.push(Message::Tool {
-                    call_id: tool_use_id.clone(),
-                    content: Content::Text(text),
-                });
+                messages.push(read_tool_result(
+                    tool_use_id,
+                    content.as_ref(),
+                    *is_error,
+                    &at,
+                    allowance,
+                )?);
                 results += 1;
             }
-            (TurnRole::Assistant, Block::ToolResult { .. }) => return misplaced("tool_result"),
+            (TurnRole::Assistant, Block::ToolResult { .. }) => {
+                return misplaced(role, "tool_result", &at)
+            }
         }
     }
+    messages.extend(blocks_turn(role, parts, calls, results));
+    Ok(())
+}
+
+/// A turn whose content is a string.
+fn text_turn(role: TurnRole, text: &str) -> Message {
+    match role {
+        TurnRole::User => Message::User {
+            content: Content::Text(text.to_owned()),
+            name: None,
+        },
+        TurnRole::Assistant => Message::Assistant {
+            content: Some(Content::Text(text.to_owned())),
+            tool_calls: Vec::new(),
+            name: None,
+        },
+    }
+}
+
+/// The refusal of a `kind` block in a turn of `role`, at `at`.
+fn misplaced(role: TurnRole, kind: &str, at: &str) -> Result<(), Refused> {
+    let role = match role {
+        TurnRole::User => "user",
+        TurnRole::Assistant => "assistant",
+    };
+    Err(refused(
+        STYLE.join(at, "type"),
+        format!("a {kind} block does not belong in a {role} turn"),
+    ))
+}
+
+/// A user's `tool_result` block, as a tool message.
+fn read_tool_result(
+    tool_use_id: &str,
+    content: Option<&TextOr<Block>>,
+    is_error: Option<bool>,
+    at: &str,
+    allowance: &mut Allowance,
+) -> Result<Message, Refused> {
+    if is_error == Some(true) {
+        return Err(refused(
+            STYLE.join(at, "is_error"),
+            "onejob cannot pass on that a tool failed: say so in the result's text",
+        ));
+    }
+    let text = match content {
+        None => String::new(),
+        Some(content) => texts(content, &STYLE.join(at, "content"), allowance)?.join("\n\n"),
+    };
+    Ok(Message::Tool {
+        call_id: tool_use_id.to_owned(),
+        content: Content::Text(text),
+    })
+}
+
+/// The message a turn of blocks leaves besides its tool results: an
+/// assistant's text and tool calls; a user's parts, unless the turn held
+/// only tool results.
+fn blocks_turn(
+    role: TurnRole,
+    parts: Vec<Part>,
+    calls: Vec<ToolCall>,
+    results: usize,
+) -> Option<Message> {
     match role {
         TurnRole::Assistant if !calls.is_empty() => {
             let text = Content::Parts(parts).text("\n\n");
-            messages.push(Message::Assistant {
+            Some(Message::Assistant {
                 content: (!text.is_empty()).then_some(Content::Text(text)),
                 tool_calls: calls,
                 name: None,
-            });
+            })
         }
-        TurnRole::Assistant => messages.push(Message::Assistant {
+        TurnRole::Assistant => Some(Message::Assistant {
             content: Some(Content::Parts(parts)),
             tool_calls: Vec::new(),
             name: None,
         }),
-        TurnRole::User if !parts.is_empty() || results == 0 => messages.push(Message::User {
+        TurnRole::User if !parts.is_empty() || results == 0 => Some(Message::User {
             content: Content::Parts(parts),
             name: None,
         }),
-        TurnRole::User => {}
+        TurnRole::User => None,
     }
-    Ok(())
 }
 
 fn read_tool(i: usize, tool: &WireTool) -> Result<Tool, Refused> {
@@ -512,9 +559,40 @@ pub fn write_request(
             return Err(cannot(format!("`{name}`")));
         }
     }
+    let (system, turns) = write_conversation(&request.messages)?;
+    let strict_tools = request.tools.iter().any(|tool| tool.strict == Some(true));
+    let output_format = write_output_format(request.output.as_ref())?;
+    let body = MessagesRequest {
+        model: Some(Value::String(target.model.to_owned())),
+        messages: Some(turns),
+        max_tokens: Some(Value::from(
+            sampling.max_tokens.unwrap_or(target.default_max_tokens),
+        )),
+        system: (!system.is_empty()).then(|| TextOr::Text(system.join("\n\n"))),
+        stream: target.stream.then_some(true),
+        temperature: sampling.temperature.or(target.default_temperature),
+        top_p: sampling.top_p,
+        top_k: sampling.top_k.map(WholeNumber),
+        stop_sequences: (!request.stop.is_empty()).then(|| request.stop.clone()),
+        tools: (!request.tools.is_empty()).then(|| request.tools.iter().map(write_tool).collect()),
+        tool_choice: request.tool_choice.as_ref().map(write_tool_choice),
+        metadata: request.user.as_ref().map(|user| Metadata {
+            user_id: Some(user.clone()),
+        }),
+        output_format,
+        extras: Map::new(),
+    };
+    Ok(Written {
+        structured_outputs_beta: body.output_format.is_some() || strict_tools,
+        body,
+    })
+}
+
+/// The system prompts' texts and the turns of the conversation.
+fn write_conversation(messages: &[Message]) -> Result<(Vec<String>, Vec<WireTurn>), CannotCarry> {
     let mut system = Vec::new();
     let mut turns: Vec<WireTurn> = Vec::new();
-    for message in &request.messages {
+    for message in messages {
         match message {
             Message::System { content, name, .. } => {
                 if name.is_some() {
@@ -547,59 +625,41 @@ pub fn write_request(
                     content: Some(TextOr::Text(text_only(content, "a tool result")?)),
                     is_error: None,
                 };
-                // The results of one round of calls share one user turn.
-                match turns.last_mut() {
-                    Some(WireTurn {
-                        role: TurnRole::User,
-                        content: Some(TextOr::Items(blocks)),
-                    }) if matches!(blocks.first(), Some(Block::ToolResult { .. })) => {
-                        blocks.push(result)
-                    }
-                    _ => turns.push(WireTurn {
-                        role: TurnRole::User,
-                        content: Some(TextOr::Items(vec![result])),
-                    }),
-                }
+                push_tool_result(&mut turns, result);
             }
         }
     }
-    let strict_tools = request.tools.iter().any(|tool| tool.strict == Some(true));
-    let output_format = match &request.output {
-        None => None,
-        Some(OutputFormat::JsonSchema { schema, .. }) => Some(WireOutputFormat {
+    Ok((system, turns))
+}
+
+/// Adds a tool result to the turns: the results of one round of calls share
+/// one user turn.
+fn push_tool_result(turns: &mut Vec<WireTurn>, result: Block) {
+    match turns.last_mut() {
+        Some(WireTurn {
+            role: TurnRole::User,
+            content: Some(TextOr::Items(blocks)),
+        }) if matches!(blocks.first(), Some(Block::ToolResult { .. })) => blocks.push(result),
+        _ => turns.push(WireTurn {
+            role: TurnRole::User,
+            content: Some(TextOr::Items(vec![result])),
+        }),
+    }
+}
+
+fn write_output_format(
+    output: Option<&OutputFormat>,
+) -> Result<Option<WireOutputFormat>, CannotCarry> {
+    match output {
+        None => Ok(None),
+        Some(OutputFormat::JsonSchema { schema, .. }) => Ok(Some(WireOutputFormat {
             kind: "json_schema".into(),
             schema: schema.clone(),
-        }),
-        Some(OutputFormat::JsonObject) => {
-            return Err(cannot(
-                "`response_format` `json_object` (it takes a JSON schema)",
-            ))
-        }
-    };
-    let body = MessagesRequest {
-        model: Some(Value::String(target.model.to_owned())),
-        messages: Some(turns),
-        max_tokens: Some(Value::from(
-            sampling.max_tokens.unwrap_or(target.default_max_tokens),
+        })),
+        Some(OutputFormat::JsonObject) => Err(cannot(
+            "`response_format` `json_object` (it takes a JSON schema)",
         )),
-        system: (!system.is_empty()).then(|| TextOr::Text(system.join("\n\n"))),
-        stream: target.stream.then_some(true),
-        temperature: sampling.temperature.or(target.default_temperature),
-        top_p: sampling.top_p,
-        top_k: sampling.top_k.map(WholeNumber),
-        stop_sequences: (!request.stop.is_empty()).then(|| request.stop.clone()),
-        tools: (!request.tools.is_empty()).then(|| request.tools.iter().map(write_tool).collect()),
-        tool_choice: request.tool_choice.as_ref().map(write_tool_choice),
-        metadata: request.user.as_ref().map(|user| Metadata {
-            user_id: Some(user.clone()),
-        }),
-        output_format,
-        extras: Map::new(),
-    };
-    Ok(Written {
-        structured_outputs_beta: body.output_format.is_some() || strict_tools,
-        body,
-    })
+    }
 }
 
 /// The text of content that must be text alone (a system prompt, a tool
@@ -912,7 +972,6 @@ impl super::StreamReader for EventReader {
 
 impl EventReader {
     fn event(&mut self, event: ProviderEvent) -> Result<Vec<StreamEvent>, String> {
-        let piece = |delta: Delta| Ok(vec![StreamEvent::Delta(delta)]);
         match event {
             ProviderEvent::MessageStart { message } => {
                 self.input = message.usage.counts();
@@ -921,73 +980,9 @@ impl EventReader {
             ProviderEvent::ContentBlockStart {
                 index,
                 content_block,
-            } => match content_block {
-                StartedBlock::Text { text } if !text.is_empty() => piece(Delta::text(text)),
-                StartedBlock::ToolUse { id, name } => {
-                    let call = self.tools.len();
-                    if call >= super::assembly::MAX_TOOL_CALLS {
-                        return Err(format!(
-                            "the stream has more than {} tool calls",
-                            super::assembly::MAX_TOOL_CALLS
-                        ));
-                    }
-                    self.tools.push((index, call));
-                    // The arguments arrive as `input_json_delta`s.
-                    piece(Delta {
-                        text: None,
-                        tool_calls: vec![ToolCallDelta {
-                            index: call,
-                            id: Some(id),
-                            name: Some(name),
-                            arguments: Some(String::new()),
-                        }],
-                    })
-                }
-                _ => Ok(Vec::new()),
-            },
-            ProviderEvent::ContentBlockDelta { index, delta } => match delta {
-                BlockDelta::TextDelta { text } if !text.is_empty() => piece(Delta::text(text)),
-                BlockDelta::InputJsonDelta { partial_json } => {
-                    let Some(&(_, call)) = self.tools.iter().find(|(block, _)| *block == index)
-                    else {
-                        return Err(format!(
-                            "the stream sent tool input for block {index}, which is no tool call"
-                        ));
-                    };
-                    if partial_json.is_empty() {
-                        return Ok(Vec::new());
-                    }
-                    piece(Delta {
-                        text: None,
-                        tool_calls: vec![ToolCallDelta {
-                            index: call,
-                            arguments: Some(partial_json),
-                            ..ToolCallDelta::default()
-                        }],
-                    })
-                }
-                _ => Ok(Vec::new()),
-            },
-            ProviderEvent::MessageDelta { delta, usage } => {
-                // Newer servers repeat the prompt's tokens here, the cache's
-                // with them: counted as a whole message's are.
-                if let Some(input_tokens) = usage.input_tokens {
-                    self.input = WireUsage {
-                        input_tokens,
-                        output_tokens: 0,
-                        cache_creation_input_tokens: usage.cache_creation_input_tokens,
-                        cache_read_input_tokens: usage.cache_read_input_tokens,
-                    }
-                    .counts();
-                }
-                Ok(vec![
-                    StreamEvent::Stop(read_stop(delta.stop_reason.as_deref(), delta.stop_sequence)),
-                    StreamEvent::Usage(TokenCounts {
-                        output: usage.output_tokens,
-                        ..self.input
-                    }),
-                ])
-            }
+            } => self.block_started(index, content_block),
+            ProviderEvent::ContentBlockDelta { index, delta } => self.block_delta(index, delta),
+            ProviderEvent::MessageDelta { delta, usage } => Ok(self.message_delta(delta, usage)),
             ProviderEvent::MessageStop => Ok(vec![StreamEvent::Done]),
             ProviderEvent::Error { error } => Ok(vec![StreamEvent::Failed(format!(
                 "the provider ended the stream with an error: {}",
@@ -996,6 +991,92 @@ impl EventReader {
             ProviderEvent::Other => Ok(Vec::new()),
         }
     }
+
+    /// A content block begins: text, or a tool call (remembered by its
+    /// block's index).
+    fn block_started(
+        &mut self,
+        index: u64,
+        block: StartedBlock,
+    ) -> Result<Vec<StreamEvent>, String> {
+        match block {
+            StartedBlock::Text { text } if !text.is_empty() => piece(Delta::text(text)),
+            StartedBlock::ToolUse { id, name } => {
+                let call = self.tools.len();
+                if call >= super::assembly::MAX_TOOL_CALLS {
+                    return Err(format!(
+                        "the stream has more than {} tool calls",
+                        super::assembly::MAX_TOOL_CALLS
+                    ));
+                }
+                self.tools.push((index, call));
+                // The arguments arrive as `input_json_delta`s.
+                piece(Delta {
+                    text: None,
+                    tool_calls: vec![ToolCallDelta {
+                        index: call,
+                        id: Some(id),
+                        name: Some(name),
+                        arguments: Some(String::new()),
+                    }],
+                })
+            }
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    /// More of a content block: text, or a piece of a tool call's arguments.
+    fn block_delta(&self, index: u64, delta: BlockDelta) -> Result<Vec<StreamEvent>, String> {
+        match delta {
+            BlockDelta::TextDelta { text } if !text.is_empty() => piece(Delta::text(text)),
+            BlockDelta::InputJsonDelta { partial_json } => {
+                let Some(&(_, call)) = self.tools.iter().find(|(block, _)| *block == index) else {
+                    return Err(format!(
+                        "the stream sent tool input for block {index}, which is no tool call"
+                    ));
+                };
+                if partial_json.is_empty() {
+                    return Ok(Vec::new());
+                }
+                piece(Delta {
+                    text: None,
+                    tool_calls: vec![ToolCallDelta {
+                        index: call,
+                        arguments: Some(partial_json),
+                        ..ToolCallDelta::default()
+                    }],
+                })
+            }
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    /// The message's end: why it stopped, and its usage.
+    fn message_delta(&mut self, delta: StopDelta, usage: DeltaUsage) -> Vec<StreamEvent> {
+        // Newer servers repeat the prompt's tokens here, the cache's
+        // with them: counted as a whole message's are.
+        if let Some(input_tokens) = usage.input_tokens {
+            self.input = WireUsage {
+                input_tokens,
+                output_tokens: 0,
+                cache_creation_input_tokens: usage.cache_creation_input_tokens,
+                cache_read_input_tokens: usage.cache_read_input_tokens,
+            }
+            .counts();
+        }
+        vec![
+            StreamEvent::Stop(read_stop(delta.stop_reason.as_deref(), delta.stop_sequence)),
+            StreamEvent::Usage(TokenCounts {
+                output: usage.output_tokens,
+                ..self.input
+            }),
+        ]
+    }
+}
+
+/// One delta, as the events it makes.
+fn piece(delta: Delta) -> Result<Vec<StreamEvent>, String> {
+    Ok(vec![StreamEvent::Delta(delta)])
 }
 
 /// Anthropic's error detail: `{"type", "message"}`.
@@ -1436,9 +1517,9 @@ mod tests {
         );
     }
 
-    #[test]
-    fn tools_tool_use_and_tool_results_become_functions_tool_calls_and_tool_messages() {
-        let request = read(json!({
+    /// A request with a tool, a call of it and its result.
+    fn weather_request() -> ChatRequest {
+        read(json!({
             "model": "m",
             "max_tokens": 50,
             "tools": [{"name": "weather", "description": "By city",
@@ -1455,9 +1536,13 @@ mod tests {
                     {"type": "text", "text": "And tomorrow?"},
                 ]},
             ],
-        }));
+        }))
+    }
+
+    #[test]
+    fn tool_use_and_tool_results_become_tool_calls_and_tool_messages() {
         assert_eq!(
-            request.messages,
+            weather_request().messages,
             [
                 Message::User {
                     content: Content::Text("Weather in Oslo?".into()),
@@ -1478,6 +1563,11 @@ mod tests {
                 },
             ]
         );
+    }
+
+    #[test]
+    fn tools_and_a_named_tool_choice_are_read_as_the_models() {
+        let request = weather_request();
         assert_eq!(
             request.tools,
             [Tool {
@@ -1493,7 +1583,11 @@ mod tests {
             request.tool_choice,
             Some(ToolChoice::Named("weather".into()))
         );
-        let openai = as_openai(&request, "m");
+    }
+
+    #[test]
+    fn tools_and_a_named_tool_choice_become_chat_completions_functions() {
+        let openai = as_openai(&weather_request(), "m");
         assert_eq!(
             openai["tools"],
             json!([{"type": "function", "function": {"name": "weather", "description": "By city",
@@ -1503,8 +1597,10 @@ mod tests {
             openai["tool_choice"],
             json!({"type": "function", "function": {"name": "weather"}})
         );
+    }
 
-        // A tool call in the answer goes back as a tool_use block.
+    #[test]
+    fn a_tool_call_in_the_answer_goes_back_as_a_tool_use_block() {
         let answer = Answer {
             text: None,
             tool_calls: vec![call("c1", "weather", "{\"city\":\"Rome\"}")],
@@ -1551,12 +1647,37 @@ mod tests {
         );
     }
 
+    /// The request every refusal case changes: one that is taken.
+    fn well_formed() -> Value {
+        json!({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]})
+    }
+
+    /// Each change to the well-formed request is refused, naming the member
+    /// that is wrong (the message starts with it).
+    fn assert_refused<const N: usize>(cases: [(Value, &str); N]) {
+        for (change, expected) in cases {
+            let mut body = well_formed();
+            for (name, value) in change.as_object().unwrap() {
+                body[name] = value.clone();
+            }
+            let refused = read_request(&body).expect_err(&format!("{change}"));
+            assert_eq!(refused.param, expected, "{change}: {}", refused.message);
+            assert!(
+                refused.message.starts_with(expected),
+                "{change}: {}",
+                refused.message
+            );
+        }
+    }
+
     #[test]
-    fn requests_of_the_wrong_shape_are_refused_naming_the_member_that_is_wrong() {
-        let base =
-            json!({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]});
-        assert!(read_request(&base).is_ok());
-        for (change, expected) in [
+    fn a_well_formed_request_is_taken() {
+        assert!(read_request(&well_formed()).is_ok());
+    }
+
+    #[test]
+    fn missing_or_empty_required_members_are_refused() {
+        assert_refused([
             (json!({"model": null}), "model"),
             (json!({"model": ""}), "model"),
             (json!({"max_tokens": 0}), "max_tokens"),
@@ -1564,6 +1685,12 @@ mod tests {
             (json!({"max_tokens": null}), "max_tokens"),
             (json!({"messages": []}), "messages"),
             (json!({"messages": null}), "messages"),
+        ]);
+    }
+
+    #[test]
+    fn turns_of_the_wrong_shape_are_refused() {
+        assert_refused([
             (
                 json!({"messages": [{"role": "system", "content": "x"}]}),
                 "messages.0.role",
@@ -1585,11 +1712,23 @@ mod tests {
                 "source": {"type": "url", "url": "https://example.com/a.png"}}]}]}),
                 "messages.0.content.0.type",
             ),
+        ]);
+    }
+
+    #[test]
+    fn stream_sampling_and_stop_members_of_the_wrong_shape_are_refused() {
+        assert_refused([
             (json!({"stream": "yes"}), "stream"),
             (json!({"temperature": "hot"}), "temperature"),
             (json!({"temperature": -1}), "temperature"),
             (json!({"top_k": -1}), "top_k"),
             (json!({"stop_sequences": [1]}), "stop_sequences.0"),
+        ]);
+    }
+
+    #[test]
+    fn system_prompts_and_tools_of_the_wrong_shape_are_refused() {
+        assert_refused([
             (
                 json!({"system": [{"type": "image",
                 "source": {"type": "url", "url": "https://example.com/a.png"}}]}),
@@ -1601,6 +1740,12 @@ mod tests {
                 "tools.0.type",
             ),
             (json!({"tool_choice": {"type": "tool"}}), "tool_choice"),
+        ]);
+    }
+
+    #[test]
+    fn tool_blocks_out_of_place_or_of_the_wrong_shape_are_refused() {
+        assert_refused([
             (
                 json!({"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "t",
                 "name": "f", "input": {}}]}]}),
@@ -1632,6 +1777,12 @@ mod tests {
                 "source": {"type": "url", "url": "https://example.com/a.png"}}]}]}]}),
                 "messages.0.content.0.content.0.type",
             ),
+        ]);
+    }
+
+    #[test]
+    fn other_output_formats_and_members_not_taken_are_refused() {
+        assert_refused([
             (
                 json!({"output_format": {"type": "json_object", "schema": {}}}),
                 "output_format",
@@ -1640,19 +1791,11 @@ mod tests {
                 json!({"thinking": {"type": "enabled", "budget_tokens": 1024}}),
                 "thinking",
             ),
-        ] {
-            let mut body = base.clone();
-            for (name, value) in change.as_object().unwrap() {
-                body[name] = value.clone();
-            }
-            let refused = read_request(&body).expect_err(&format!("{change}"));
-            assert_eq!(refused.param, expected, "{change}: {}", refused.message);
-            assert!(
-                refused.message.starts_with(expected),
-                "{change}: {}",
-                refused.message
-            );
-        }
+        ]);
+    }
+
+    #[test]
+    fn a_body_that_is_no_object_is_refused() {
         assert_eq!(read_request(&json!([1])).unwrap_err().param, "body");
     }
 

@@ -274,10 +274,6 @@ fn conversation(messages: &[m::Message]) -> Result<(Option<Content>, Vec<Content
     let mut system: Vec<String> = Vec::new();
     let mut contents: Vec<Content> = Vec::new();
     let mut call_names: Vec<(&str, &str)> = Vec::new();
-    let turn = |role: &str, parts| Content {
-        role: Some(role.to_owned()),
-        parts,
-    };
     for message in messages {
         match message {
             m::Message::System { name: Some(_), .. }
@@ -294,53 +290,11 @@ fn conversation(messages: &[m::Message]) -> Result<(Option<Content>, Vec<Content
                 tool_calls,
                 ..
             } => {
-                let mut parts = Vec::new();
-                let text = content.as_ref().map(|c| c.text("")).unwrap_or_default();
-                if !text.is_empty() {
-                    parts.push(text_part(text));
-                }
-                for call in tool_calls {
-                    call_names.push((&call.id, &call.name));
-                    parts.push(Part {
-                        function_call: Some(FunctionCall {
-                            id: None,
-                            name: call.name.clone(),
-                            args: call.input(),
-                        }),
-                        ..Part::default()
-                    });
-                }
-                if parts.is_empty() {
-                    parts.push(text_part(""));
-                }
-                contents.push(turn("model", parts));
+                call_names.extend(tool_calls.iter().map(|c| (c.id.as_str(), c.name.as_str())));
+                contents.push(turn("model", model_parts(content.as_ref(), tool_calls)));
             }
             m::Message::Tool { call_id, content } => {
-                let name = call_names
-                    .iter()
-                    .rev()
-                    .find(|(known, _)| known == call_id)
-                    .map(|(_, name)| (*name).to_owned())
-                    .ok_or_else(|| {
-                        CannotCarry(format!(
-                            "the tool result for {call_id:?} answers no earlier tool call; Gemini \
-                             names a result after its call"
-                        ))
-                    })?;
-                let text = text_only(content, "a tool result")?;
-                let response = serde_json::from_str::<Value>(&text)
-                    .ok()
-                    .filter(Value::is_object)
-                    .unwrap_or_else(|| {
-                        Value::Object(Map::from_iter([(
-                            "content".to_owned(),
-                            Value::String(text),
-                        )]))
-                    });
-                let part = Part {
-                    function_response: Some(FunctionResponse { name, response }),
-                    ..Part::default()
-                };
+                let part = tool_result_part(call_id, content, &call_names)?;
                 match contents.last_mut() {
                     Some(last)
                         if last.role.as_deref() == Some("user")
@@ -358,6 +312,71 @@ fn conversation(messages: &[m::Message]) -> Result<(Option<Content>, Vec<Content
         parts: vec![text_part(system.join("\n\n"))],
     });
     Ok((system, contents))
+}
+
+fn turn(role: &str, parts: Vec<Part>) -> Content {
+    Content {
+        role: Some(role.to_owned()),
+        parts,
+    }
+}
+
+/// An assistant turn's parts: its text, and a function call for each tool
+/// call (a turn with neither has one empty text).
+fn model_parts(content: Option<&m::Content>, tool_calls: &[ToolCall]) -> Vec<Part> {
+    let mut parts = Vec::new();
+    let text = content.map(|c| c.text("")).unwrap_or_default();
+    if !text.is_empty() {
+        parts.push(text_part(text));
+    }
+    for call in tool_calls {
+        parts.push(Part {
+            function_call: Some(FunctionCall {
+                id: None,
+                name: call.name.clone(),
+                args: call.input(),
+            }),
+            ..Part::default()
+        });
+    }
+    if parts.is_empty() {
+        parts.push(text_part(""));
+    }
+    parts
+}
+
+/// A tool's result as a function response, named after the latest call
+/// with its id; a result that is no JSON object is wrapped as `content`.
+fn tool_result_part(
+    call_id: &str,
+    content: &m::Content,
+    call_names: &[(&str, &str)],
+) -> Result<Part, CannotCarry> {
+    let name = call_names
+        .iter()
+        .rev()
+        .find(|(known, _)| *known == call_id)
+        .map(|(_, name)| (*name).to_owned())
+        .ok_or_else(|| {
+            CannotCarry(format!(
+                "the tool result for {call_id:?} answers no earlier tool call; Gemini \
+                 names a result after its call"
+            ))
+        })?;
+    let text = text_only(content, "a tool result")?;
+    let response = serde_json::from_str::<Value>(&text)
+        .ok()
+        .filter(Value::is_object)
+        .unwrap_or_else(|| {
+            Value::Object(Map::from_iter([(
+                "content".to_owned(),
+                Value::String(text),
+            )]))
+        });
+    Ok(Part {
+        function_response: Some(FunctionResponse { name, response }),
+        ..Part::default()
+    })
 }
 
 /// The client's tools, as one tool of function declarations (`strict` is

@@ -242,30 +242,8 @@ pub fn read_request(body: &Value) -> Result<ReadRequest, Refused> {
         .as_ref()
         .map(read_tool_choice)
         .transpose()?;
-    let max_tokens = match (wire.max_completion_tokens, wire.max_tokens) {
-        (Some(WholeNumber(0)), _) => Some("max_completion_tokens"),
-        (None, Some(WholeNumber(0))) => Some("max_tokens"),
-        _ => None,
-    };
-    if let Some(member) = max_tokens {
-        return Err(Refused::new(
-            member,
-            format!("`{member}` must be a whole number, 1 or more"),
-        ));
-    }
-    let output = match &wire.response_format {
-        None | Some(WireResponseFormat::Text) => None,
-        Some(WireResponseFormat::JsonObject) => Some(OutputFormat::JsonObject),
-        Some(WireResponseFormat::JsonSchema { json_schema }) => Some(OutputFormat::JsonSchema {
-            name: json_schema.name.clone(),
-            schema: json_schema
-                .schema
-                .clone()
-                .unwrap_or_else(|| Value::Object(Map::new())),
-            description: json_schema.description.clone(),
-            strict: json_schema.strict,
-        }),
-    };
+    check_max_tokens(&wire)?;
+    let output = read_response_format(wire.response_format.as_ref());
     let request = ChatRequest {
         messages,
         tools,
@@ -299,6 +277,39 @@ pub fn read_request(body: &Value) -> Result<ReadRequest, Refused> {
         request,
         include_usage: wire.stream_options.is_some_and(|o| o.include_usage),
     })
+}
+
+/// A token limit of 0 is refused (`max_completion_tokens` first, which
+/// wins over `max_tokens`).
+fn check_max_tokens(wire: &ChatCompletionRequest) -> Result<(), Refused> {
+    let zero = match (wire.max_completion_tokens, wire.max_tokens) {
+        (Some(WholeNumber(0)), _) => Some("max_completion_tokens"),
+        (None, Some(WholeNumber(0))) => Some("max_tokens"),
+        _ => None,
+    };
+    match zero {
+        Some(member) => Err(Refused::new(
+            member,
+            format!("`{member}` must be a whole number, 1 or more"),
+        )),
+        None => Ok(()),
+    }
+}
+
+fn read_response_format(format: Option<&WireResponseFormat>) -> Option<OutputFormat> {
+    match format {
+        None | Some(WireResponseFormat::Text) => None,
+        Some(WireResponseFormat::JsonObject) => Some(OutputFormat::JsonObject),
+        Some(WireResponseFormat::JsonSchema { json_schema }) => Some(OutputFormat::JsonSchema {
+            name: json_schema.name.clone(),
+            schema: json_schema
+                .schema
+                .clone()
+                .unwrap_or_else(|| Value::Object(Map::new())),
+            description: json_schema.description.clone(),
+            strict: json_schema.strict,
+        }),
+    }
 }
 
 /// Whether a member the model has no name for asks for nothing (`null`,

@@ -205,89 +205,21 @@ fn resolve(
     let contracts = Contracts::compile(&raw.tasks)?;
     let mut providers = raw.providers;
     for (i, provider) in providers.iter_mut().enumerate() {
-        if !needed.wants_key_of(&provider.name) {
-            continue;
-        }
-        let secret = |key: &str, var: &str| {
-            env.get(var).map(Secret::new).ok_or_else(|| {
-                (
-                    format!("providers[{i}].{key}"),
-                    format!("the environment variable {var} is not set"),
-                )
-            })
-        };
-        if let Some(var) = &provider.api_key_env {
-            provider.api_key = Some(secret("api_key_env", var)?);
-        }
-        if let Some(var) = &provider.bearer_token_env {
-            provider.bearer_token = Some(secret("bearer_token_env", var)?);
-        }
-        if provider.kind == crate::providers::ProviderKind::Bedrock {
-            let region = match &provider.region {
-                Some(region) => region.clone(),
-                None => secret("region", "AWS_REGION")?.expose().to_owned(),
-            };
-            provider.aws = Some(crate::providers::bedrock::AwsSigning {
-                access_key_id: secret("kind", "AWS_ACCESS_KEY_ID")?.expose().to_owned(),
-                secret_access_key: secret("kind", "AWS_SECRET_ACCESS_KEY")?,
-                session_token: env.get("AWS_SESSION_TOKEN").map(Secret::new),
-                region,
-            });
+        if needed.wants_key_of(&provider.name) {
+            resolve_provider_secrets(i, provider, env)?;
         }
     }
     let callbacks = match &raw.server.callback_secret_env {
         None => None,
         Some(_) if *needed != SecretsNeeded::All => None,
-        Some(var) => {
-            let key = env.get(var).ok_or_else(|| {
-                (
-                    "server.callback_secret_env".to_owned(),
-                    format!("the environment variable {var} is not set"),
-                )
-            })?;
-            if key.len() < 32 {
-                return Err((
-                    "server.callback_secret_env".to_owned(),
-                    format!(
-                        "the key in {var} is {} bytes long; use at least 32 random bytes \
-                         (e.g. `openssl rand -hex 32`)",
-                        key.len()
-                    ),
-                ));
-            }
-            let public_url = raw.server.public_url.as_deref().ok_or_else(|| {
-                (
-                    "server.public_url".to_owned(),
-                    "callbacks need the URL providers reach this server at".to_owned(),
-                )
-            })?;
-            Some(CallbackSettings {
-                key: CallbackKey::new(&Secret::new(key)),
-                public_url: public_url.trim_end_matches('/').to_owned(),
-            })
-        }
+        Some(var) => Some(callback_settings(&raw.server, var, env)?),
     };
     raw.webhooks.check()?;
     let webhook_key = match &raw.webhooks.signing_key_env {
         None => None,
         Some(_) if *needed != SecretsNeeded::All => None,
         Some(var) => {
-            let key = env.get(var).ok_or_else(|| {
-                (
-                    "webhooks.signing_key_env".to_owned(),
-                    format!("the environment variable {var} is not set"),
-                )
-            })?;
-            if key.len() < 32 {
-                return Err((
-                    "webhooks.signing_key_env".to_owned(),
-                    format!(
-                        "the key in {var} is {} bytes long; use at least 32 random bytes \
-                         (e.g. `openssl rand -hex 32`)",
-                        key.len()
-                    ),
-                ));
-            }
+            let key = signing_key(env, "webhooks.signing_key_env", var)?;
             Some(crate::domain::webhook::WebhookKey::new(&Secret::new(key)))
         }
     };
@@ -312,6 +244,84 @@ fn resolve(
         webhooks,
         ledger,
     })
+}
+
+/// Reads the secrets of `provider` (the `i`th) from the environment: its
+/// API key or bearer token, and Bedrock's AWS credentials and region.
+fn resolve_provider_secrets(
+    i: usize,
+    provider: &mut ProviderSettings,
+    env: &Environment,
+) -> Result<(), (String, String)> {
+    let secret = |key: &str, var: &str| {
+        env.get(var).map(Secret::new).ok_or_else(|| {
+            (
+                format!("providers[{i}].{key}"),
+                format!("the environment variable {var} is not set"),
+            )
+        })
+    };
+    if let Some(var) = &provider.api_key_env {
+        provider.api_key = Some(secret("api_key_env", var)?);
+    }
+    if let Some(var) = &provider.bearer_token_env {
+        provider.bearer_token = Some(secret("bearer_token_env", var)?);
+    }
+    if provider.kind == crate::providers::ProviderKind::Bedrock {
+        let region = match &provider.region {
+            Some(region) => region.clone(),
+            None => secret("region", "AWS_REGION")?.expose().to_owned(),
+        };
+        provider.aws = Some(crate::providers::bedrock::AwsSigning {
+            access_key_id: secret("kind", "AWS_ACCESS_KEY_ID")?.expose().to_owned(),
+            secret_access_key: secret("kind", "AWS_SECRET_ACCESS_KEY")?,
+            session_token: env.get("AWS_SESSION_TOKEN").map(Secret::new),
+            region,
+        });
+    }
+    Ok(())
+}
+
+/// The callback key (read from `var`) and the URL providers reach this
+/// server at.
+fn callback_settings(
+    server: &ServerSettings,
+    var: &str,
+    env: &Environment,
+) -> Result<CallbackSettings, (String, String)> {
+    let key = signing_key(env, "server.callback_secret_env", var)?;
+    let public_url = server.public_url.as_deref().ok_or_else(|| {
+        (
+            "server.public_url".to_owned(),
+            "callbacks need the URL providers reach this server at".to_owned(),
+        )
+    })?;
+    Ok(CallbackSettings {
+        key: CallbackKey::new(&Secret::new(key)),
+        public_url: public_url.trim_end_matches('/').to_owned(),
+    })
+}
+
+/// The key in the environment variable `var`, which the setting `setting`
+/// names: it must be set, and at least 32 bytes long.
+fn signing_key(env: &Environment, setting: &str, var: &str) -> Result<String, (String, String)> {
+    let key = env.get(var).ok_or_else(|| {
+        (
+            setting.to_owned(),
+            format!("the environment variable {var} is not set"),
+        )
+    })?;
+    if key.len() < 32 {
+        return Err((
+            setting.to_owned(),
+            format!(
+                "the key in {var} is {} bytes long; use at least 32 random bytes \
+                 (e.g. `openssl rand -hex 32`)",
+                key.len()
+            ),
+        ));
+    }
+    Ok(key)
 }
 
 #[cfg(test)]

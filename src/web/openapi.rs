@@ -153,6 +153,35 @@ pub const IDEMPOTENCY_KEY_PATTERN: &str =
 pub const NOT_BLANK: &str =
     r"[^\t-\r \u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]";
 
+/// With `stream: true` the answer is an event stream.
+fn event_stream_schemas(doc: &mut Value) {
+    doc["paths"]["/v1/chat/completions"]["post"]["responses"]["200"]["content"]
+        ["text/event-stream"] = json!({
+        "schema": {
+            "description": "One server-sent event: `data` is a `chat.completion.chunk` as JSON, and the last event's is `[DONE]`",
+            "type": "object",
+            "required": ["data"],
+            "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+        }
+    });
+    doc["paths"]["/v1/messages"]["post"]["responses"]["200"]["content"]["text/event-stream"] = json!({
+        "schema": {
+            "description": "One server-sent event: `event` names it (message_start, content_block_start, content_block_delta, content_block_stop, message_delta, message_stop, error), `data` is its JSON",
+            "type": "object",
+            "required": ["data"],
+            "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"}},
+        }
+    });
+    doc["paths"]["/v1/responses"]["post"]["responses"]["200"]["content"]["text/event-stream"] = json!({
+        "schema": {
+            "description": "One server-sent event: `event` names it (response.created, response.in_progress, response.output_item.added, response.content_part.added, response.output_text.delta, response.output_text.done, response.content_part.done, response.output_item.done, then response.completed, response.incomplete, response.failed, response.cancelled or error); `data` is its JSON, with `type` and `sequence_number`",
+            "type": "object",
+            "required": ["data"],
+            "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+        }
+    });
+}
+
 /// The generated document, completed with the configuration's truths: the
 /// task names and each task's input rules for `POST /api/v1/jobs`, the chat
 /// routes for `/v1/chat/completions`, the most output tokens a chat job may
@@ -197,32 +226,7 @@ pub fn document(config: &crate::config::Config) -> Value {
         "enum": providers.iter().map(|p| json!(p)).chain([Value::Null]).collect::<Vec<_>>(),
         "description": "A provider of the job's task chain (422 for one outside it); default: the next untried one",
     });
-    // With `stream: true` the answer is an event stream.
-    doc["paths"]["/v1/chat/completions"]["post"]["responses"]["200"]["content"]
-        ["text/event-stream"] = json!({
-        "schema": {
-            "description": "One server-sent event: `data` is a `chat.completion.chunk` as JSON, and the last event's is `[DONE]`",
-            "type": "object",
-            "required": ["data"],
-            "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
-        }
-    });
-    doc["paths"]["/v1/messages"]["post"]["responses"]["200"]["content"]["text/event-stream"] = json!({
-        "schema": {
-            "description": "One server-sent event: `event` names it (message_start, content_block_start, content_block_delta, content_block_stop, message_delta, message_stop, error), `data` is its JSON",
-            "type": "object",
-            "required": ["data"],
-            "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"}},
-        }
-    });
-    doc["paths"]["/v1/responses"]["post"]["responses"]["200"]["content"]["text/event-stream"] = json!({
-        "schema": {
-            "description": "One server-sent event: `event` names it (response.created, response.in_progress, response.output_item.added, response.content_part.added, response.output_text.delta, response.output_text.done, response.content_part.done, response.output_item.done, then response.completed, response.incomplete, response.failed, response.cancelled or error); `data` is its JSON, with `type` and `sequence_number`",
-            "type": "object",
-            "required": ["data"],
-            "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
-        }
-    });
+    event_stream_schemas(&mut doc);
     for path in [
         "/api/v1/jobs",
         "/v1/chat/completions",
@@ -296,48 +300,7 @@ fn messages_request_schema(routes: &[String], ceiling: u64) -> Value {
     } else {
         json!({"type": "string", "enum": routes, "description": "A chat route (GET /v1/models); any other name is 404 `not_found_error`"})
     };
-    let text_block = json!({
-        "type": "object",
-        "required": ["type", "text"],
-        "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}},
-        "additionalProperties": any,
-    });
-    let text_blocks = json!({"type": "array", "items": text_block});
-    let tool_use = json!({
-        "type": "object",
-        "required": ["type", "id", "name", "input"],
-        "properties": {
-            "type": {"type": "string", "enum": ["tool_use"]},
-            "id": {"type": "string"},
-            "name": {"type": "string"},
-            "input": {"type": "object", "additionalProperties": any},
-        },
-        "additionalProperties": any,
-    });
-    let tool_result = json!({
-        "type": "object",
-        "required": ["type", "tool_use_id"],
-        "properties": {
-            "type": {"type": "string", "enum": ["tool_result"]},
-            "tool_use_id": {"type": "string"},
-            "content": {"anyOf": [{"type": "string"}, {"type": "null"}, text_blocks]},
-        },
-        "additionalProperties": any,
-    });
-    let turn = |role: &str, block: &Value| {
-        json!({
-            "type": "object",
-            "required": ["role", "content"],
-            "properties": {
-                "role": {"type": "string", "enum": [role]},
-                "content": {"anyOf": [
-                    {"type": "string"},
-                    {"type": "array", "items": {"anyOf": [text_block, block]}},
-                ]},
-            },
-            "additionalProperties": any,
-        })
-    };
+    let text_blocks = json!({"type": "array", "items": messages_text_block(&any)});
     let tool = json!({
         "type": "object",
         "required": ["name", "input_schema"],
@@ -374,7 +337,7 @@ fn messages_request_schema(routes: &[String], ceiling: u64) -> Value {
             "messages": {
                 "type": "array",
                 "minItems": 1,
-                "items": {"anyOf": [turn("user", &tool_result), turn("assistant", &tool_use)]},
+                "items": messages_turn_schema(&any),
             },
             "system": {"anyOf": [{"type": "string"}, {"type": "null"}, text_blocks]},
             "stream": {"type": ["boolean", "null"], "description": "Answer as server-sent events, as the provider generates them"},
@@ -396,6 +359,59 @@ fn messages_request_schema(routes: &[String], ceiling: u64) -> Value {
     })
 }
 
+/// A text block of a Messages request.
+fn messages_text_block(any: &Value) -> Value {
+    json!({
+        "type": "object",
+        "required": ["type", "text"],
+        "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}},
+        "additionalProperties": any,
+    })
+}
+
+/// A Messages turn: a user's, with text and `tool_result` blocks, or an
+/// assistant's, with text and `tool_use` blocks.
+fn messages_turn_schema(any: &Value) -> Value {
+    let text_block = messages_text_block(any);
+    let text_blocks = json!({"type": "array", "items": text_block});
+    let tool_use = json!({
+        "type": "object",
+        "required": ["type", "id", "name", "input"],
+        "properties": {
+            "type": {"type": "string", "enum": ["tool_use"]},
+            "id": {"type": "string"},
+            "name": {"type": "string"},
+            "input": {"type": "object", "additionalProperties": any},
+        },
+        "additionalProperties": any,
+    });
+    let tool_result = json!({
+        "type": "object",
+        "required": ["type", "tool_use_id"],
+        "properties": {
+            "type": {"type": "string", "enum": ["tool_result"]},
+            "tool_use_id": {"type": "string"},
+            "content": {"anyOf": [{"type": "string"}, {"type": "null"}, text_blocks]},
+        },
+        "additionalProperties": any,
+    });
+    let turn = |role: &str, block: &Value| {
+        json!({
+            "type": "object",
+            "required": ["role", "content"],
+            "properties": {
+                "role": {"type": "string", "enum": [role]},
+                "content": {"anyOf": [
+                    {"type": "string"},
+                    {"type": "array", "items": {"anyOf": [text_block, block]}},
+                ]},
+            },
+            "additionalProperties": any,
+        })
+    };
+    json!({"anyOf": [turn("user", &tool_result), turn("assistant", &tool_use)]})
+}
+
 /// A Responses request as the server checks it
 /// (`chat::responses::read_request`): every member it honours, and those
 /// it accepts only when they ask for nothing; any other is refused.
@@ -406,29 +422,6 @@ fn responses_request_schema(routes: &[String], ceiling: u64) -> Value {
     } else {
         json!({"type": "string", "enum": routes, "description": "A chat route (GET /v1/models); any other name is 404 `model_not_found`"})
     };
-    let part = json!({
-        "type": "object",
-        "required": ["type", "text"],
-        "additionalProperties": false,
-        "properties": {
-            "type": {"type": "string", "enum": ["input_text", "output_text"]},
-            "text": {"type": "string"},
-            "annotations": any,
-            "logprobs": any,
-        },
-    });
-    let message = json!({
-        "type": "object",
-        "required": ["role", "content"],
-        "additionalProperties": false,
-        "properties": {
-            "type": {"type": ["string", "null"], "enum": ["message", null]},
-            "role": {"type": "string", "enum": ["user", "assistant", "system", "developer"]},
-            "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": part}]},
-            "id": any,
-            "status": any,
-        },
-    });
     let nothing = |why: &str| json!({"type": "null", "description": why});
     let max = ceiling;
     json!({
@@ -444,7 +437,7 @@ fn responses_request_schema(routes: &[String], ceiling: u64) -> Value {
             "model": model,
             "input": {"anyOf": [
                 {"type": "string", "minLength": 1},
-                {"type": "array", "minItems": 1, "items": message},
+                {"type": "array", "minItems": 1, "items": responses_input_message(&any)},
             ]},
             "instructions": {"type": ["string", "null"], "description": "The conversation's system message"},
             "stream": {"type": ["boolean", "null"]},
@@ -488,6 +481,33 @@ fn responses_request_schema(routes: &[String], ceiling: u64) -> Value {
     })
 }
 
+/// A message of a Responses request's `input`.
+fn responses_input_message(any: &Value) -> Value {
+    let part = json!({
+        "type": "object",
+        "required": ["type", "text"],
+        "additionalProperties": false,
+        "properties": {
+            "type": {"type": "string", "enum": ["input_text", "output_text"]},
+            "text": {"type": "string"},
+            "annotations": any,
+            "logprobs": any,
+        },
+    });
+    json!({
+        "type": "object",
+        "required": ["role", "content"],
+        "additionalProperties": false,
+        "properties": {
+            "type": {"type": ["string", "null"], "enum": ["message", null]},
+            "role": {"type": "string", "enum": ["user", "assistant", "system", "developer"]},
+            "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": part}]},
+            "id": any,
+            "status": any,
+        },
+    })
+}
+
 /// The rules every chat request meets, as a route's input.
 fn chat_input_schema() -> Value {
     let any = json!({"$ref": "#/components/schemas/JsonValue"});
@@ -495,42 +515,6 @@ fn chat_input_schema() -> Value {
     let number = json!({"type": ["number", "null"], "minimum": -9_007_199_254_740_991_i64, "maximum": 9_007_199_254_740_991_i64});
     let whole =
         json!({"type": ["integer", "null"], "minimum": 0, "maximum": 9_007_199_254_740_991_i64});
-    // What `chat::openai_chat::read_request` reads; a member it has no name
-    // for is refused in a message unless it asks for nothing.
-    let asks_nothing = json!({"enum": [null, []]});
-    let part = json!({"anyOf": [
-        {"type": "object", "required": ["type", "text"], "additionalProperties": any,
-         "properties": {"type": {"const": "text"}, "text": {"type": "string"}}},
-        {"type": "object", "required": ["type", "image_url"],
-         "properties": {"type": {"const": "image_url"}, "image_url": {"type": "object", "required": ["url"],
-             "properties": {"url": {"type": "string"}, "detail": string_or_null}}}},
-        {"type": "object", "required": ["type"],
-         "properties": {"type": {"type": "string", "not": {"enum": ["text", "image_url"]}}}},
-    ]});
-    let tool_call = json!({"type": "object", "required": ["function"], "properties": {
-        "id": string_or_null, "type": {"type": "string"},
-        "function": {"type": "object", "required": ["name"],
-            "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}}}}});
-    let message = json!({
-        "type": "object",
-        "required": ["role"],
-        "properties": {
-            "role": {"type": "string", "enum": ["system", "developer", "user", "assistant", "tool"]},
-            "content": {"type": ["string", "array", "null"], "items": part},
-            "name": string_or_null,
-            "tool_calls": {"type": ["array", "null"], "items": tool_call},
-            "tool_call_id": string_or_null,
-        },
-        "additionalProperties": asks_nothing,
-        "allOf": [
-            {"if": {"properties": {"role": {"const": "tool"}}},
-             "then": {"required": ["tool_call_id"],
-                      "properties": {"tool_call_id": {"type": "string"}, "name": {"type": "null"}}},
-             "else": {"properties": {"tool_call_id": {"type": "null"}}}},
-            {"if": {"properties": {"role": {"const": "assistant"}}},
-             "else": {"properties": {"tool_calls": {"type": "null"}}}},
-        ],
-    });
     let tool = json!({"type": "object", "required": ["type", "function"], "properties": {
         "type": {"const": "function"},
         "function": {"type": "object", "required": ["name"], "properties": {
@@ -540,7 +524,7 @@ fn chat_input_schema() -> Value {
         "type": "object",
         "required": ["messages"],
         "properties": {
-            "messages": {"type": "array", "minItems": 1, "items": message},
+            "messages": {"type": "array", "minItems": 1, "items": chat_message_schema(&any, &string_or_null)},
             "stream": {"type": ["boolean", "null"], "description": "Answer as server-sent events, as the provider generates them"},
             "stream_options": {"anyOf": [{"type": "null"}, {"type": "object",
                 "properties": {"include_usage": {"type": "boolean"}}}]},
@@ -570,6 +554,46 @@ fn chat_input_schema() -> Value {
     });
     any_value_inside(&mut schema, &any);
     schema
+}
+
+/// A message of a chat request.
+fn chat_message_schema(any: &Value, string_or_null: &Value) -> Value {
+    // What `chat::openai_chat::read_request` reads; a member it has no name
+    // for is refused in a message unless it asks for nothing.
+    let asks_nothing = json!({"enum": [null, []]});
+    let part = json!({"anyOf": [
+        {"type": "object", "required": ["type", "text"], "additionalProperties": any,
+         "properties": {"type": {"const": "text"}, "text": {"type": "string"}}},
+        {"type": "object", "required": ["type", "image_url"],
+         "properties": {"type": {"const": "image_url"}, "image_url": {"type": "object", "required": ["url"],
+             "properties": {"url": {"type": "string"}, "detail": string_or_null}}}},
+        {"type": "object", "required": ["type"],
+         "properties": {"type": {"type": "string", "not": {"enum": ["text", "image_url"]}}}},
+    ]});
+    let tool_call = json!({"type": "object", "required": ["function"], "properties": {
+        "id": string_or_null, "type": {"type": "string"},
+        "function": {"type": "object", "required": ["name"],
+            "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}}}}});
+    json!({
+        "type": "object",
+        "required": ["role"],
+        "properties": {
+            "role": {"type": "string", "enum": ["system", "developer", "user", "assistant", "tool"]},
+            "content": {"type": ["string", "array", "null"], "items": part},
+            "name": string_or_null,
+            "tool_calls": {"type": ["array", "null"], "items": tool_call},
+            "tool_call_id": string_or_null,
+        },
+        "additionalProperties": asks_nothing,
+        "allOf": [
+            {"if": {"properties": {"role": {"const": "tool"}}},
+             "then": {"required": ["tool_call_id"],
+                      "properties": {"tool_call_id": {"type": "string"}, "name": {"type": "null"}}},
+             "else": {"properties": {"tool_call_id": {"type": "null"}}}},
+            {"if": {"properties": {"role": {"const": "assistant"}}},
+             "else": {"properties": {"tool_calls": {"type": "null"}}}},
+        ],
+    })
 }
 
 /// Every object schema below `schema` that lists its members and says

@@ -76,6 +76,17 @@ struct LateCall {
     _hold: LateHold,
 }
 
+/// A sent claim's lease, kept while its call is out: renewed at each beat
+/// of a heartbeat, every third of its length.
+struct KeptLease {
+    attempt_id: AttemptId,
+    owner_id: UserId,
+    length: Duration,
+    heartbeat: tokio::time::Interval,
+    /// Until when the lease holds.
+    until: Instant,
+}
+
 #[derive(Clone)]
 struct Worker {
     app: App,
@@ -391,36 +402,18 @@ impl Worker {
     /// Sends a confirmed claim and applies what comes back (or, past the
     /// soft timeout, marks it unknown and keeps listening for late news).
     async fn send(&self, claim: Claim, dispatch: Arc<Dispatch>, mut slot: Option<SendSlot>) {
-        let attempt_id = claim.attempt.key();
-        let owner_id = claim.attempt.owner_id.clone();
-        let provider = claim.attempt.provider.clone();
         if let Some(slot) = slot.as_mut() {
             slot.sending();
             slot.settle_tokens(dispatch.estimated_tokens());
         }
         tracing::info!("attempt sent");
-        let metrics = self.app.metrics();
-        let now = now_ms();
-        metrics
-            .claim_lag_seconds
-            .observe((now - claim.attempt.created_at).max(0) as f64 / 1000.0);
-        let due = claim.attempt.not_before.unwrap_or(claim.attempt.created_at);
-        metrics
-            .provider_wait_seconds
-            .get_or_create(&crate::app::metrics::ProviderLabel {
-                provider: provider.clone(),
-            })
-            .observe((now - due).max(0) as f64 / 1000.0);
+        self.observe_waits(&claim);
         if dispatch.call.wants_stream() {
             return self.send_streaming(claim, dispatch, slot).await;
         }
-        let lease = Duration::from_millis(self.app.config().worker.lease_ms);
-        // The first beat is one period from now (an `interval`'s immediate
-        // first tick, awaited, would pass through the timer for nothing).
-        let period = (lease / 3).max(Duration::from_millis(50));
-        let mut heartbeat = tokio::time::interval_at(Instant::now() + period, period);
-        // The claim set the lease just now; each renewal moves it on.
-        let mut lease_until = Instant::now() + lease;
+        let attempt_id = claim.attempt.key();
+        let provider = claim.attempt.provider.clone();
+        let mut lease = self.keep_lease(&claim);
         let sent_at = Instant::now();
         let soft_timeout = dispatch.provider.soft_timeout();
         let soft_deadline = Instant::now() + soft_timeout;
@@ -430,68 +423,112 @@ impl Worker {
             tokio::select! {
                 reply = &mut call => break Some(reply),
                 _ = tokio::time::sleep_until(soft_deadline) => break None,
-                _ = heartbeat.tick() => {
+                _ = lease.heartbeat.tick() => {
                     // Sent already: the lease is kept while the call is out,
                     // whatever happened to the job (an answer still goes
                     // through the compare-and-swap).
-                    let renewed_at = Instant::now();
-                    if self.renew_lease(&attempt_id.id, &owner_id).await {
-                        lease_until = renewed_at + lease;
-                    }
+                    self.renew_kept(&mut lease).await;
                 }
             }
         };
-        match answered {
-            Some(reply) => {
-                metrics.observe_provider_call(&provider, sent_at.elapsed());
-                let (outcome, usage) = self.settle(&provider, reply, slot.as_ref());
-                drop(slot);
-                self.apply(&attempt_id, &provider, outcome, usage, lease_until)
-                    .await
-            }
-            None => {
-                let reason = format!(
-                    "no answer within the soft timeout of {} ms",
-                    soft_timeout.as_millis()
-                );
-                tracing::warn!("{reason}: attempt is now unknown");
-                self.apply(
-                    &attempt_id,
-                    &provider,
-                    Outcome::Unknown(reason.into()),
-                    None,
-                    lease_until,
-                )
-                .await;
-                // Keep the call open for late news, off this claim loop's
-                // slot, if the provider's cap on open late calls allows.
-                let Some(hold) = dispatch.provider.limiter().try_hold_late() else {
-                    metrics
-                        .late_calls_dropped
-                        .get_or_create(&crate::app::metrics::ProviderLabel {
-                            provider: provider.clone(),
-                        })
-                        .inc();
-                    tracing::warn!(
-                        max_late_calls = dispatch.provider.settings.max_late_calls,
-                        "too many timed-out calls are open to this provider: this one is dropped, \
-                         and its attempt stays unknown until support resolves it"
-                    );
-                    return;
-                };
-                let worker = self.clone();
-                let window = dispatch.provider.late_result_window();
-                let late = LateCall {
-                    attempt_id,
-                    provider,
-                    sent_at,
-                    window,
-                    slot,
-                    _hold: hold,
-                };
-                self.tracker
-                    .spawn(async move { worker.await_late_result(late, call).await });
-            }
+        let Some(reply) = answered else {
+            let reason = format!(
+                "no answer within the soft timeout of {} ms",
+                soft_timeout.as_millis()
+            );
+            tracing::warn!("{reason}: attempt is now unknown");
+            self.apply(
+                &attempt_id,
+                &provider,
+                Outcome::Unknown(reason.into()),
+                None,
+                lease.until,
+            )
+            .await;
+            // Keep the call open for late news, off this claim loop's
+            // slot, if the provider's cap on open late calls allows.
+            let Some(hold) = dispatch.provider.limiter().try_hold_late() else {
+                self.late_call_dropped(&dispatch, &provider);
+                return;
+            };
+            let worker = self.clone();
+            let late = LateCall {
+                attempt_id,
+                provider,
+                sent_at,
+                window: dispatch.provider.late_result_window(),
+                slot,
+                _hold: hold,
+            };
+            self.tracker
+                .spawn(async move { worker.await_late_result(late, call).await });
+            return;
+        };
+        self.app
+            .metrics()
+            .observe_provider_call(&provider, sent_at.elapsed());
+        let (outcome, usage) = self.settle(&provider, reply, slot.as_ref());
+        drop(slot);
+        self.apply(&attempt_id, &provider, outcome, usage, lease.until)
+            .await
+    }
+
+    /// Observes how long a claim waited: since it was queued, and since it
+    /// was due (created, or a retry's Retry-After over).
+    fn observe_waits(&self, claim: &Claim) {
+        let metrics = self.app.metrics();
+        let now = now_ms();
+        metrics
+            .claim_lag_seconds
+            .observe((now - claim.attempt.created_at).max(0) as f64 / 1000.0);
+        let due = claim.attempt.not_before.unwrap_or(claim.attempt.created_at);
+        metrics
+            .provider_wait_seconds
+            .get_or_create(&crate::app::metrics::ProviderLabel {
+                provider: claim.attempt.provider.clone(),
+            })
+            .observe((now - due).max(0) as f64 / 1000.0);
+    }
+
+    /// Counts and logs a timed-out call dropped because too many are open.
+    fn late_call_dropped(&self, dispatch: &Dispatch, provider: &str) {
+        self.app
+            .metrics()
+            .late_calls_dropped
+            .get_or_create(&crate::app::metrics::ProviderLabel {
+                provider: provider.to_owned(),
+            })
+            .inc();
+        tracing::warn!(
+            max_late_calls = dispatch.provider.settings.max_late_calls,
+            "too many timed-out calls are open to this provider: this one is dropped, \
+             and its attempt stays unknown until support resolves it"
+        );
+    }
+
+    /// The lease of a claim about to be sent, to keep while its call is out.
+    fn keep_lease(&self, claim: &Claim) -> KeptLease {
+        let length = Duration::from_millis(self.app.config().worker.lease_ms);
+        // The first beat is one period from now (an `interval`'s immediate
+        // first tick, awaited, would pass through the timer for nothing).
+        let period = (length / 3).max(Duration::from_millis(50));
+        let heartbeat = tokio::time::interval_at(Instant::now() + period, period);
+        KeptLease {
+            attempt_id: claim.attempt.id.clone(),
+            owner_id: claim.attempt.owner_id.clone(),
+            length,
+            heartbeat,
+            // The claim set the lease just now; each renewal moves it on.
+            until: Instant::now() + length,
+        }
+    }
+
+    /// Renews a kept lease at its heartbeat; `until` moves on only when it
+    /// was renewed.
+    async fn renew_kept(&self, lease: &mut KeptLease) {
+        let renewed_at = Instant::now();
+        if self.renew_lease(&lease.attempt_id, &lease.owner_id).await {
+            lease.until = renewed_at + lease.length;
         }
     }
 

@@ -10,7 +10,6 @@
 //! followers already got their terminal event).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::chat::Delta;
 use tokio::sync::mpsc;
@@ -20,6 +19,7 @@ use super::Worker;
 use crate::app::dispatch::Dispatch;
 use crate::app::streams::{StreamWriter, TooLarge};
 use crate::app::Claim;
+use crate::domain::stream::StreamTimeouts;
 use crate::domain::Outcome;
 use crate::providers::limits::SendSlot;
 
@@ -36,18 +36,16 @@ impl Worker {
         slot: Option<SendSlot>,
     ) {
         let attempt_id = claim.attempt.key();
-        let owner_id = claim.attempt.owner_id.clone();
         let provider = claim.attempt.provider.clone();
-        let lease = Duration::from_millis(self.app.config().worker.lease_ms);
-        let period = (lease / 3).max(Duration::from_millis(50));
-        let mut heartbeat = tokio::time::interval_at(Instant::now() + period, period);
-        let mut lease_until = Instant::now() + lease;
+        let mut lease = self.keep_lease(&claim);
         let timeouts = dispatch.provider.stream_timeouts();
-        let mut writer = self
-            .app
-            .open_stream(&claim.job.key(), &claim.attempt.id, &provider);
-        // An answer that must match a schema is held whole until judged.
-        let mut held: Option<Vec<Delta>> = (!dispatch.releases_as_generated()).then(Vec::new);
+        let mut outlet = Outlet {
+            writer: self
+                .app
+                .open_stream(&claim.job.key(), &claim.attempt.id, &provider),
+            // An answer that must match a schema is held whole until judged.
+            held: (!dispatch.releases_as_generated()).then(Vec::new),
+        };
         let (sink, mut deltas) = mpsc::channel(DELTAS_IN_FLIGHT);
         let sending = dispatch.clone();
         let mut call = Box::pin(async move { sending.send_streaming(sink).await });
@@ -60,15 +58,10 @@ impl Worker {
                 // deltas, so a reply is taken only once every delta the call
                 // handed on before it is released.
                 biased;
-                _ = heartbeat.tick() => {
-                    let renewed_at = Instant::now();
-                    if self.renew_lease(&attempt_id.id, &owner_id).await {
-                        lease_until = renewed_at + lease;
-                    }
-                }
+                _ = lease.heartbeat.tick() => self.renew_kept(&mut lease).await,
                 Some(delta) = deltas.recv() => {
                     last_chunk_at = Some(std::time::Instant::now());
-                    if let Err(too_large) = release(&mut writer, held.as_mut(), &delta) {
+                    if let Err(too_large) = outlet.release(&delta) {
                         break Err(Stop::TooLarge(too_large));
                     }
                 }
@@ -77,55 +70,25 @@ impl Worker {
             }
         };
         // What the call used, when it answered and said.
-        let mut usage = None;
-        let outcome = match answered {
+        let (outcome, usage) = match answered {
             Ok(reply) => {
                 // The call has ended, so its sender is gone: what is left
                 // in the channel is all there is.
-                let mut refused = None;
-                while let Ok(delta) = deltas.try_recv() {
-                    if let Err(too_large) = release(&mut writer, held.as_mut(), &delta) {
-                        refused = Some(too_large);
-                        break;
-                    }
-                }
+                let refused = outlet.drain(&mut deltas).err();
                 self.app
                     .metrics()
                     .observe_provider_call(&provider, sent_at.elapsed());
-                let (outcome, reported) = self.settle(&provider, reply, slot.as_ref());
-                usage = reported;
-                if let (Some(held), Outcome::Succeeded(_), None) = (held, &outcome, &refused) {
-                    for delta in &held {
-                        if let Err(too_large) = writer.release(delta) {
-                            refused = Some(too_large);
-                            break;
-                        }
-                    }
-                }
-                match refused {
-                    Some(too_large) => too_large_outcome(&too_large, writer.released()),
-                    None => outcome,
-                }
+                let (outcome, usage) = self.settle(&provider, reply, slot.as_ref());
+                (outlet.judged(outcome, refused), usage)
             }
-            Err(Stop::TooLarge(too_large)) => {
-                // Refused: nothing more of this call is read or released.
+            Err(stop) => {
+                // Nothing more of this call is read or released.
                 drop(call);
-                too_large_outcome(&too_large, writer.released())
-            }
-            Err(Stop::TimedOut(waiting)) => {
-                // Closed: the provider may still be generating (and
-                // billing), so the attempt is unknown, and nothing more of
-                // this call is released.
-                drop(call);
-                let reason = timeouts.reason(waiting);
-                tracing::warn!(
-                    released = writer.released(),
-                    "{reason}: attempt is now unknown"
-                );
-                Outcome::Unknown(reason.into())
+                (outlet.stopped(stop, &timeouts), None)
             }
         };
         drop(slot);
+        let Outlet { mut writer, .. } = outlet;
         writer.flush().await;
         let released = writer.released();
         self.apply_released(
@@ -133,7 +96,7 @@ impl Worker {
             &provider,
             outcome,
             usage,
-            lease_until,
+            lease.until,
             released,
         )
         .await;
@@ -160,17 +123,65 @@ fn too_large_outcome(too_large: &TooLarge, released: u64) -> Outcome {
     Outcome::Failed(crate::domain::outcome::Reason::invalid_output(reason))
 }
 
-/// Releases a delta, or holds it while the answer must be judged whole.
-fn release(
-    writer: &mut StreamWriter,
-    held: Option<&mut Vec<Delta>>,
-    delta: &Delta,
-) -> Result<(), TooLarge> {
-    match held {
-        Some(held) => {
-            held.push(delta.clone());
-            Ok(())
+/// Where a streaming call's deltas go: released to the job's followers,
+/// or held while the answer must be judged whole.
+struct Outlet {
+    writer: StreamWriter,
+    held: Option<Vec<Delta>>,
+}
+
+impl Outlet {
+    /// Releases a delta, or holds it while the answer must be judged whole.
+    fn release(&mut self, delta: &Delta) -> Result<(), TooLarge> {
+        match self.held.as_mut() {
+            Some(held) => {
+                held.push(delta.clone());
+                Ok(())
+            }
+            None => self.writer.release(delta),
         }
-        None => writer.release(delta),
+    }
+
+    /// Releases the deltas left in the channel, up to one refused.
+    fn drain(&mut self, deltas: &mut mpsc::Receiver<Delta>) -> Result<(), TooLarge> {
+        while let Ok(delta) = deltas.try_recv() {
+            self.release(&delta)?;
+        }
+        Ok(())
+    }
+
+    /// What a call that answered ends in: a held answer that succeeded is
+    /// released now; one refused past the buffer cap fails.
+    fn judged(&mut self, outcome: Outcome, mut refused: Option<TooLarge>) -> Outcome {
+        if let (Some(held), Outcome::Succeeded(_), None) = (self.held.take(), &outcome, &refused) {
+            for delta in &held {
+                if let Err(too_large) = self.writer.release(delta) {
+                    refused = Some(too_large);
+                    break;
+                }
+            }
+        }
+        match refused {
+            Some(too_large) => too_large_outcome(&too_large, self.writer.released()),
+            None => outcome,
+        }
+    }
+
+    /// What a call the worker stopped listening to ends in.
+    fn stopped(&self, stop: Stop, timeouts: &StreamTimeouts) -> Outcome {
+        match stop {
+            Stop::TooLarge(too_large) => too_large_outcome(&too_large, self.writer.released()),
+            Stop::TimedOut(waiting) => {
+                // Closed: the provider may still be generating (and
+                // billing), so the attempt is unknown, and nothing more of
+                // this call is released.
+                let reason = timeouts.reason(waiting);
+                tracing::warn!(
+                    released = self.writer.released(),
+                    "{reason}: attempt is now unknown"
+                );
+                Outcome::Unknown(reason.into())
+            }
+        }
     }
 }

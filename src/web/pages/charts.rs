@@ -95,22 +95,38 @@ impl Chart {
             escape(&self.title)
         );
 
-        let (lo, hi, ticks) = if empty {
-            (0.0, 1.0, Vec::new())
-        } else {
-            let (min, max) = values.iter().fold((0.0_f64, 0.0_f64), |(lo, hi), v| {
-                (lo.min(v.min), hi.max(v.max))
-            });
-            let ticks = nice_ticks(min, max);
-            let lo = ticks.first().copied().unwrap_or(0.0);
-            let hi = ticks.last().copied().unwrap_or(1.0);
-            (lo, hi, ticks)
-        };
-        let scale = Scale { lo, hi };
+        let (scale, ticks) = y_range(&values, empty);
+        self.y_axis(&mut out, &scale, &ticks);
+        axis_lines(&mut out);
+        self.x_axis(&mut out);
 
-        // Grid and y axis labels.
+        // The data.
+        out.push_str("<g class=\"data\">");
+        match self.kind {
+            ChartKind::StackedBars => self.bars(&mut out, &values, &scale),
+            ChartKind::Lines => self.lines(&mut out, &values, &scale, empty),
+        }
+        out.push_str("</g>");
+
+        if empty {
+            let _ = write!(
+                out,
+                "<text class=\"empty\" x=\"{x}\" y=\"{y}\" text-anchor=\"middle\" \
+                 fill=\"currentColor\" fill-opacity=\"0.7\" font-size=\"14\">{EMPTY_TEXT}</text>",
+                x = num((PLOT_LEFT + PLOT_RIGHT) / 2.0),
+                y = num((PLOT_TOP + PLOT_BOTTOM) / 2.0 + 5.0),
+            );
+        }
+
+        out.push_str(&legend);
+        out.push_str("</svg>");
+        out
+    }
+
+    /// Grid and y axis labels, and the unit.
+    fn y_axis(&self, out: &mut String, scale: &Scale, ticks: &[f64]) {
         out.push_str("<g class=\"y-axis\" fill=\"currentColor\" text-anchor=\"end\">");
-        for &t in &ticks {
+        for &t in ticks {
             let y = scale.y(t);
             let _ = write!(
                 out,
@@ -137,20 +153,10 @@ impl Chart {
             );
         }
         out.push_str("</g>");
+    }
 
-        // Axis lines.
-        let _ = write!(
-            out,
-            "<g class=\"axes\" stroke=\"currentColor\" stroke-opacity=\"0.6\">\
-             <line x1=\"{l}\" y1=\"{t}\" x2=\"{l}\" y2=\"{b}\"/>\
-             <line x1=\"{l}\" y1=\"{b}\" x2=\"{r}\" y2=\"{b}\"/></g>",
-            l = num(PLOT_LEFT),
-            t = num(PLOT_TOP),
-            b = num(PLOT_BOTTOM),
-            r = num(PLOT_RIGHT),
-        );
-
-        // X labels, thinned.
+    /// X labels, thinned.
+    fn x_axis(&self, out: &mut String) {
         out.push_str("<g class=\"x-axis\" fill=\"currentColor\" text-anchor=\"middle\">");
         for (i, text, x) in x_labels(&self.buckets) {
             let _ = write!(
@@ -162,28 +168,6 @@ impl Chart {
             );
         }
         out.push_str("</g>");
-
-        // The data.
-        out.push_str("<g class=\"data\">");
-        match self.kind {
-            ChartKind::StackedBars => self.bars(&mut out, &values, &scale),
-            ChartKind::Lines => self.lines(&mut out, &values, &scale, empty),
-        }
-        out.push_str("</g>");
-
-        if empty {
-            let _ = write!(
-                out,
-                "<text class=\"empty\" x=\"{x}\" y=\"{y}\" text-anchor=\"middle\" \
-                 fill=\"currentColor\" fill-opacity=\"0.7\" font-size=\"14\">{EMPTY_TEXT}</text>",
-                x = num((PLOT_LEFT + PLOT_RIGHT) / 2.0),
-                y = num((PLOT_TOP + PLOT_BOTTOM) / 2.0 + 5.0),
-            );
-        }
-
-        out.push_str(&legend);
-        out.push_str("</svg>");
-        out
     }
 
     /// Whether every value of every series is zero (or there are no buckets).
@@ -412,6 +396,35 @@ impl Scale {
         let f = ((v - self.lo) / span).clamp(0.0, 1.0);
         PLOT_BOTTOM - f * (PLOT_BOTTOM - PLOT_TOP)
     }
+}
+
+/// The y axis's scale and ticks: nice ticks around every value and zero,
+/// or 0 to 1 with none for an empty chart.
+fn y_range(values: &[Clean], empty: bool) -> (Scale, Vec<f64>) {
+    if empty {
+        return (Scale { lo: 0.0, hi: 1.0 }, Vec::new());
+    }
+    let (min, max) = values.iter().fold((0.0_f64, 0.0_f64), |(lo, hi), v| {
+        (lo.min(v.min), hi.max(v.max))
+    });
+    let ticks = nice_ticks(min, max);
+    let lo = ticks.first().copied().unwrap_or(0.0);
+    let hi = ticks.last().copied().unwrap_or(1.0);
+    (Scale { lo, hi }, ticks)
+}
+
+/// The axis lines.
+fn axis_lines(out: &mut String) {
+    let _ = write!(
+        out,
+        "<g class=\"axes\" stroke=\"currentColor\" stroke-opacity=\"0.6\">\
+         <line x1=\"{l}\" y1=\"{t}\" x2=\"{l}\" y2=\"{b}\"/>\
+         <line x1=\"{l}\" y1=\"{b}\" x2=\"{r}\" y2=\"{b}\"/></g>",
+        l = num(PLOT_LEFT),
+        t = num(PLOT_TOP),
+        b = num(PLOT_BOTTOM),
+        r = num(PLOT_RIGHT),
+    );
 }
 
 fn colour(index: usize) -> &'static str {

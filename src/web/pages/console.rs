@@ -525,21 +525,9 @@ pub async fn jobs_search(
     query: web::Query<JobSearchQuery>,
 ) -> Result<HttpResponse, PageError> {
     crate::app::require_staff(&user.user)?;
-    let text = |v: &Option<String>| {
-        v.as_deref()
-            .map(str::trim)
-            .filter(|v| !v.is_empty())
-            .map(str::to_owned)
-    };
-    let echo = SearchEcho {
-        job: text(&query.job).unwrap_or_default(),
-        owner: text(&query.owner).unwrap_or_default(),
-        key: text(&query.key).unwrap_or_default(),
-        status: text(&query.status).unwrap_or_default(),
-        provider: text(&query.provider).unwrap_or_default(),
-    };
+    let echo = SearchEcho::of(&query);
     let mut message = None;
-    if let Some(raw) = text(&query.job) {
+    if let Some(raw) = given(&query.job) {
         match JobId::parse(&raw) {
             Some(id) => match app.job_for(&user.user, &id).await {
                 Ok((job, _)) => return Ok(see_other(&format!("/jobs/{}", job.id))),
@@ -551,37 +539,14 @@ pub async fn jobs_search(
             None => message = Some(format!("{raw} is not a job id.")),
         }
     }
-    let status = match text(&query.status) {
-        Some(s) => Some(
-            JobStatus::parse(&s)
-                .ok_or_else(|| PageError::bad_request("That is not a job status."))?,
-        ),
-        None => None,
-    };
-    let before = cursor(text(&query.before).as_deref(), JobId::parse)?;
-    let filter = JobFilter {
-        owner_name: text(&query.owner),
-        idempotency_key: text(&query.key),
-        status,
-        provider: text(&query.provider),
-        before,
-    };
+    let filter = query.filter()?;
     let rows = if message.is_some() {
         Vec::new()
     } else {
         app.search_jobs(&user.user, filter, JOBS_SEARCHED_PAGE.fetch())
             .await?
     };
-    let (rows, next) = JOBS_SEARCHED_PAGE.cut(rows, |last| {
-        format!(
-            "/admin/jobs?owner={}&key={}&status={}&provider={}&before={}",
-            super::percent_encode(&echo.owner),
-            super::percent_encode(&echo.key),
-            super::percent_encode(&echo.status),
-            super::percent_encode(&echo.provider),
-            last.id
-        )
-    });
+    let (rows, next) = JOBS_SEARCHED_PAGE.cut(rows, |last| echo.page_before(&last.id));
     if rows.is_empty() && message.is_none() {
         message = Some("No job matches.".into());
     }
@@ -594,20 +559,77 @@ pub async fn jobs_search(
             .iter()
             .map(|p| p.name.clone())
             .collect(),
-        rows: rows
-            .into_iter()
-            .map(|j| JobLine {
-                id: j.id.to_string(),
-                owner: j.owner,
-                key: j.idempotency_key,
-                task: j.task,
-                provider: j.provider,
-                status: j.status.as_str(),
-                created: when(j.created_at),
-            })
-            .collect(),
+        rows: rows.into_iter().map(JobLine::of).collect(),
         query: echo,
         message,
         next,
     }))
+}
+
+/// A search field's text, trimmed; none when blank.
+fn given(field: &Option<String>) -> Option<String> {
+    field
+        .as_deref()
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .map(str::to_owned)
+}
+
+impl JobSearchQuery {
+    /// The filter the search asks for.
+    fn filter(&self) -> Result<JobFilter, PageError> {
+        let status = match given(&self.status) {
+            Some(s) => Some(
+                JobStatus::parse(&s)
+                    .ok_or_else(|| PageError::bad_request("That is not a job status."))?,
+            ),
+            None => None,
+        };
+        let before = cursor(given(&self.before).as_deref(), JobId::parse)?;
+        Ok(JobFilter {
+            owner_name: given(&self.owner),
+            idempotency_key: given(&self.key),
+            status,
+            provider: given(&self.provider),
+            before,
+        })
+    }
+}
+
+impl SearchEcho {
+    fn of(query: &JobSearchQuery) -> Self {
+        Self {
+            job: given(&query.job).unwrap_or_default(),
+            owner: given(&query.owner).unwrap_or_default(),
+            key: given(&query.key).unwrap_or_default(),
+            status: given(&query.status).unwrap_or_default(),
+            provider: given(&query.provider).unwrap_or_default(),
+        }
+    }
+
+    /// The link to the same search's jobs older than `before`.
+    fn page_before(&self, before: &JobId) -> String {
+        format!(
+            "/admin/jobs?owner={}&key={}&status={}&provider={}&before={}",
+            super::percent_encode(&self.owner),
+            super::percent_encode(&self.key),
+            super::percent_encode(&self.status),
+            super::percent_encode(&self.provider),
+            before
+        )
+    }
+}
+
+impl JobLine {
+    fn of(job: crate::app::queries::JobListing) -> Self {
+        Self {
+            id: job.id.to_string(),
+            owner: job.owner,
+            key: job.idempotency_key,
+            task: job.task,
+            provider: job.provider,
+            status: job.status.as_str(),
+            created: when(job.created_at),
+        }
+    }
 }

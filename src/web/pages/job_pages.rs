@@ -21,6 +21,7 @@ use crate::domain::{
 };
 
 /// One input field of the submit form, with what was typed.
+#[derive(Clone)]
 struct Field {
     name: String,
     value: String,
@@ -177,6 +178,24 @@ impl SubmittedForm {
             .find(|(k, _)| k == name)
             .map(|(_, v)| v.as_str())
     }
+
+    /// The form's one submission key.
+    fn submission_key(&self) -> Result<IdempotencyKey, PageError> {
+        let keys = self.all("idempotency_key");
+        if keys > 1 {
+            return Err(PageError::bad_request(format!(
+                "The form carries {keys} submission keys, and only one can say which job it \
+                 makes ({}). Open a fresh form.",
+                crate::domain::IdempotencyKeyError::Repeated(keys)
+            )));
+        }
+        let raw_key = self.get("idempotency_key").unwrap_or_default();
+        IdempotencyKey::parse(raw_key).map_err(|e| {
+            PageError::bad_request(format!(
+                "The form's submission key is not valid ({e}). Open a fresh form."
+            ))
+        })
+    }
 }
 
 /// `POST /jobs`: a double click, Enter twice or a resubmitted POST all carry
@@ -188,47 +207,14 @@ pub async fn submit_job(
 ) -> Result<HttpResponse, PageError> {
     let form = SubmittedForm(form.into_inner());
     user.check_csrf(form.get("csrf"))?;
-    let keys = form.all("idempotency_key");
-    if keys > 1 {
-        return Err(PageError::bad_request(format!(
-            "The form carries {keys} submission keys, and only one can say which job it \
-             makes ({}). Open a fresh form.",
-            crate::domain::IdempotencyKeyError::Repeated(keys)
-        )));
-    }
-    let raw_key = form.get("idempotency_key").unwrap_or_default();
-    let key = IdempotencyKey::parse(raw_key).map_err(|e| {
-        PageError::bad_request(format!(
-            "The form's submission key is not valid ({e}). Open a fresh form."
-        ))
-    })?;
+    let key = form.submission_key()?;
     let contract = app
         .config()
         .contracts
         .get(form.get("task").unwrap_or_default())
         .ok_or_else(|| PageError::bad_request("That task does not exist. Open a fresh form."))?;
     let task = &contract.definition;
-    let provider = form
-        .get("provider")
-        .filter(|p| !p.is_empty())
-        .map(str::to_owned);
-    let fields: Vec<Field> = task
-        .input_fields
-        .iter()
-        .map(|f| Field {
-            name: f.clone(),
-            value: form
-                .get(&format!("input.{f}"))
-                .unwrap_or_default()
-                .to_owned(),
-        })
-        .collect();
-    let input_json = form.get("input_json").unwrap_or("{}").to_owned();
-    let params_json = form
-        .get("params_json")
-        .unwrap_or_default()
-        .trim()
-        .to_owned();
+    let typed = Typed::read(&form, task);
     let key_text = key.as_str().to_owned();
     let redisplay = |error: String| {
         render_with(
@@ -239,48 +225,24 @@ pub async fn submit_job(
                 task,
                 // The key is not reserved by a refused submission: keep it.
                 idempotency_key: key_text.clone(),
-                provider: provider.clone().unwrap_or_default(),
-                fields: fields
-                    .iter()
-                    .map(|f| Field {
-                        name: f.name.clone(),
-                        value: f.value.clone(),
-                    })
-                    .collect(),
+                provider: typed.provider.clone().unwrap_or_default(),
+                fields: typed.fields.clone(),
                 is_chat: task.kind == TaskKind::Chat,
-                input_json: input_json.clone(),
-                params_json: params_json.clone(),
+                input_json: typed.input_json.clone(),
+                params_json: typed.params_json.clone(),
                 error: Some(error),
                 submitted: None,
             },
         )
     };
-    // JSON typed into the form is kept as typed, like an API request's.
-    let input = if task.input_fields.is_empty() {
-        match JsonText::parse(input_json.trim()) {
-            Ok(v) => v,
-            Err(e) => return Ok(redisplay(format!("The input is not valid JSON: {e}"))),
-        }
-    } else {
-        JsonText::from_value(&Value::Object(
-            fields
-                .iter()
-                .map(|f| (f.name.clone(), Value::String(f.value.clone())))
-                .collect(),
-        ))
-    };
-    let params = if params_json.is_empty() {
-        None
-    } else {
-        match JsonText::parse(params_json.as_str()) {
-            Ok(v) => Some(v),
-            Err(e) => return Ok(redisplay(format!("The parameters are not valid JSON: {e}"))),
-        }
+    let (input, params) = match typed.input_and_params(task) {
+        Ok(read) => read,
+        Err(error) => return Ok(redisplay(error)),
     };
     let request = JobRequest {
         task: task.name.clone(),
         input,
-        provider: provider.clone(),
+        provider: typed.provider.clone(),
         params,
         chat_route: false,
     };
@@ -303,6 +265,71 @@ pub async fn submit_job(
             | AppError::NestingTooDeep(_)),
         ) => Ok(redisplay(refusal.to_string())),
         Err(other) => Err(other.into()),
+    }
+}
+
+/// What was typed into the submit form, kept to show it again.
+struct Typed {
+    provider: Option<String>,
+    fields: Vec<Field>,
+    input_json: String,
+    params_json: String,
+}
+
+impl Typed {
+    fn read(form: &SubmittedForm, task: &TaskDefinition) -> Self {
+        Self {
+            provider: form
+                .get("provider")
+                .filter(|p| !p.is_empty())
+                .map(str::to_owned),
+            fields: task
+                .input_fields
+                .iter()
+                .map(|f| Field {
+                    name: f.clone(),
+                    value: form
+                        .get(&format!("input.{f}"))
+                        .unwrap_or_default()
+                        .to_owned(),
+                })
+                .collect(),
+            input_json: form.get("input_json").unwrap_or("{}").to_owned(),
+            params_json: form
+                .get("params_json")
+                .unwrap_or_default()
+                .trim()
+                .to_owned(),
+        }
+    }
+
+    /// The job's input (the fields, or the JSON typed) and parameters, or
+    /// why they are refused, for the form. JSON typed into the form is kept
+    /// as typed, like an API request's.
+    fn input_and_params(
+        &self,
+        task: &TaskDefinition,
+    ) -> Result<(JsonText, Option<JsonText>), String> {
+        let input = if task.input_fields.is_empty() {
+            JsonText::parse(self.input_json.trim())
+                .map_err(|e| format!("The input is not valid JSON: {e}"))?
+        } else {
+            JsonText::from_value(&Value::Object(
+                self.fields
+                    .iter()
+                    .map(|f| (f.name.clone(), Value::String(f.value.clone())))
+                    .collect(),
+            ))
+        };
+        let params = if self.params_json.is_empty() {
+            None
+        } else {
+            Some(
+                JsonText::parse(self.params_json.as_str())
+                    .map_err(|e| format!("The parameters are not valid JSON: {e}"))?,
+            )
+        };
+        Ok((input, params))
     }
 }
 

@@ -237,6 +237,8 @@ pub async fn sign_in(
         .map(|n| n.as_str().to_owned())
         .unwrap_or_default();
     let address = crate::web::client_address(&req, &app.config().server.trusted_proxies);
+    let again =
+        |status: StatusCode, error: &str| sign_in_page(&req, status, &next, &name, Some(error));
     match app.sign_in(&form.name, &form.password, address).await? {
         SignIn::Ok(user) => {
             let token = app.start_session(&user).await?;
@@ -262,64 +264,53 @@ pub async fn sign_in(
                     "failed sign-in for a name that is no account's"
                 ),
             }
-            Ok(sign_in_page(
-                &req,
-                StatusCode::UNAUTHORIZED,
-                &next,
-                &name,
-                Some("Wrong name or password."),
-            ))
+            Ok(again(StatusCode::UNAUTHORIZED, "Wrong name or password."))
         }
         SignIn::Disabled => {
             tracing::warn!(user = %name, "sign-in refused: the user is disabled");
-            Ok(sign_in_page(
-                &req,
+            Ok(again(
                 StatusCode::FORBIDDEN,
-                &next,
-                &name,
-                Some("This account is disabled. Ask an admin to enable it."),
+                "This account is disabled. Ask an admin to enable it.",
             ))
         }
-        SignIn::Busy => {
-            let mut response = sign_in_page(
-                &req,
+        SignIn::Busy => Ok(retry_after(
+            again(
                 StatusCode::SERVICE_UNAVAILABLE,
-                &next,
-                &name,
-                Some("Signing in is busy right now. Try again in a moment."),
-            );
-            response.headers_mut().insert(
-                actix_web::http::header::RETRY_AFTER,
-                actix_web::http::header::HeaderValue::from(1),
-            );
-            Ok(response)
-        }
+                "Signing in is busy right now. Try again in a moment.",
+            ),
+            actix_web::http::header::HeaderValue::from(1),
+        )),
         SignIn::Throttled { retry_after_s } => {
             tracing::warn!(%address, "sign-in throttled");
-            let message = if retry_after_s < 60 {
-                format!(
-                    "Too many failed sign-ins from here. Try again in {retry_after_s} second(s)."
-                )
-            } else {
-                format!(
-                    "Too many failed sign-ins from here. Try again in {} minute(s).",
-                    (retry_after_s + 59) / 60
-                )
-            };
-            let mut response = sign_in_page(
-                &req,
-                StatusCode::TOO_MANY_REQUESTS,
-                &next,
-                &name,
-                Some(&message),
-            );
-            response.headers_mut().insert(
-                actix_web::http::header::RETRY_AFTER,
+            Ok(retry_after(
+                again(StatusCode::TOO_MANY_REQUESTS, &throttled(retry_after_s)),
                 actix_web::http::header::HeaderValue::from(retry_after_s),
-            );
-            Ok(response)
+            ))
         }
     }
+}
+
+/// Why signing in from here must wait, and for how long.
+fn throttled(retry_after_s: i64) -> String {
+    if retry_after_s < 60 {
+        format!("Too many failed sign-ins from here. Try again in {retry_after_s} second(s).")
+    } else {
+        format!(
+            "Too many failed sign-ins from here. Try again in {} minute(s).",
+            (retry_after_s + 59) / 60
+        )
+    }
+}
+
+/// The response, saying when to try again.
+fn retry_after(
+    mut response: HttpResponse,
+    after: actix_web::http::header::HeaderValue,
+) -> HttpResponse {
+    response
+        .headers_mut()
+        .insert(actix_web::http::header::RETRY_AFTER, after);
+    response
 }
 
 #[derive(Deserialize)]
