@@ -242,13 +242,20 @@ impl App {
             .await?)
     }
 
-    /// An endpoint's events, newest first.
-    pub async fn webhook_events(&self, user: &User, id: &str) -> AppResult<Vec<Event>> {
+    /// A page of an endpoint's events, newest first: at most `limit`,
+    /// older than the event `before` (a parsed event id) when given.
+    pub async fn webhook_events(
+        &self,
+        user: &User,
+        id: &str,
+        before: Option<String>,
+        limit: i64,
+    ) -> AppResult<Vec<Event>> {
         let endpoint = self.webhook(user, id).await?;
         let key = endpoint.key();
         Ok(self
             .store()
-            .run(move |conn| outbox::events_of_endpoint(conn, &key))
+            .run(move |conn| outbox::events_of_endpoint_page(conn, &key, before.as_deref(), limit))
             .await?)
     }
 

@@ -20,6 +20,7 @@
 //! | [`get_event`] | one outbox row by its key |
 //! | [`events_of_job`] | a job's outbox rows (every endpoint), oldest first |
 //! | [`events_of_endpoint`] | an endpoint's outbox rows, newest first |
+//! | [`events_of_endpoint_page`] | a page of them, older than an event |
 //! | [`deliveries_of_event`] | an event's delivery attempts, in order |
 //! | [`deliveries_of_endpoint`] | an endpoint's delivery attempts, newest first |
 //! | [`deliveries_of_job`] | a job's delivery attempts (every endpoint), in order |
@@ -513,6 +514,28 @@ pub fn events_of_endpoint(conn: &mut DbConnection, key: &EndpointKey) -> StoreRe
         .limit(LIST_LIMIT)
         .select(Event::as_select())
         .load(conn)?)
+}
+
+/// A page of an endpoint's outbox rows, newest first (ids are
+/// time-ordered): at most `limit` (the caller bounds it), those older
+/// than the event `before` when given.
+pub fn events_of_endpoint_page(
+    conn: &mut DbConnection,
+    key: &EndpointKey,
+    before: Option<&str>,
+    limit: i64,
+) -> StoreResult<Vec<Event>> {
+    let mut query = webhook_events::table
+        .filter(webhook_events::endpoint_id.eq(&key.id))
+        .filter(webhook_events::owner_id.eq(&key.owner_id))
+        .order(webhook_events::id.desc())
+        .limit(limit.max(1))
+        .select(Event::as_select())
+        .into_boxed();
+    if let Some(before) = before {
+        query = query.filter(webhook_events::id.lt(before.to_owned()));
+    }
+    Ok(query.load(conn)?)
 }
 
 /// An event's delivery attempts, in order.

@@ -7,7 +7,7 @@ use serde::Deserialize;
 use utoipa::IntoParams;
 
 use super::auth::Caller;
-use super::body::{json_body, page_limit, parse_query, query_id, BodyRules, EmptyBody};
+use super::body::{json_body, no_query, page_limit, parse_query, query_id, BodyRules, EmptyBody};
 use super::error::{job_location, ApiError};
 use super::views::{
     AttemptView, CreateJobRequest, JobPage, JobSummary, JobView, Problem, StartAttemptRequest,
@@ -140,6 +140,7 @@ pub fn job_id(raw: &str) -> Result<JobId, ApiError> {
     responses(
         (status = 200, body = JobView,
             headers(("Preference-Applied" = String, description = "`wait=N` when a wait was honoured"))),
+        (status = 400, description = "A query parameter: this path takes none", body = Problem, content_type = "application/problem+json"),
         (status = 401, body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such job, or another owner's", body = Problem, content_type = "application/problem+json"),
     ),
@@ -151,6 +152,7 @@ pub async fn get_job(
     req: HttpRequest,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
+    no_query(&req)?;
     let id = job_id(&path)?;
     let (job, attempts, applied) =
         wait_if_preferred(&app, &req, async { Ok(app.job_for(&caller.0, &id).await?) }).await?;

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, OpenApi, ToSchema};
 
 use super::auth::Caller;
-use super::body::{json_body, parse_query, BodyRules, EmptyBody};
+use super::body::{json_body, no_query, parse_query, BodyRules, EmptyBody};
 use super::error::{ApiError, ProblemType};
 use super::views::{rfc3339, Problem};
 use crate::app::ledger::{BudgetState, UsageGroup, UsageReport};
@@ -343,6 +343,7 @@ impl JobUsageView {
     params(("id" = String, Path, description = "Job id")),
     responses(
         (status = 200, body = JobUsageView),
+        (status = 400, description = "A query parameter: this path takes none", body = Problem, content_type = "application/problem+json"),
         (status = 401, body = Problem, content_type = "application/problem+json"),
         (status = 404, body = Problem, content_type = "application/problem+json"),
     ),
@@ -351,8 +352,10 @@ impl JobUsageView {
 pub async fn job_usage(
     app: web::Data<App>,
     caller: Caller,
+    req: HttpRequest,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
+    no_query(&req)?;
     let id = JobId::parse(&path).ok_or_else(ApiError::not_found)?;
     let (job, attempts) = app.job_for(&caller.0, &id).await?;
     let entries = app.job_usage(&job).await?;
@@ -501,6 +504,7 @@ pub async fn set_budget(
     params(("owner" = String, Path, description = "The owner's user name")),
     responses(
         (status = 200, body = BudgetView),
+        (status = 400, description = "A query parameter: this path takes none", body = Problem, content_type = "application/problem+json"),
         (status = 401, body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Another owner's, and not an admin", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such user, or no budget", body = Problem, content_type = "application/problem+json"),
@@ -510,8 +514,10 @@ pub async fn set_budget(
 pub async fn get_budget(
     app: web::Data<App>,
     caller: Caller,
+    req: HttpRequest,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
+    no_query(&req)?;
     match app.budget(&caller.0, &path).await? {
         Some(budget) => Ok(HttpResponse::Ok().json(BudgetView::from(&budget))),
         None => Err(ApiError::not_found()),
@@ -562,12 +568,18 @@ pub async fn remove_budget(
     get, path = "/api/v1/budgets", tag = "usage",
     responses(
         (status = 200, body = Vec<BudgetView>),
+        (status = 400, description = "A query parameter: this path takes none", body = Problem, content_type = "application/problem+json"),
         (status = 401, body = Problem, content_type = "application/problem+json"),
         (status = 403, body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
-pub async fn list_budgets(app: web::Data<App>, caller: Caller) -> Result<HttpResponse, ApiError> {
+pub async fn list_budgets(
+    app: web::Data<App>,
+    caller: Caller,
+    req: HttpRequest,
+) -> Result<HttpResponse, ApiError> {
+    no_query(&req)?;
     let budgets = app.budgets(&caller.0).await?;
     Ok(HttpResponse::Ok().json(budgets.iter().map(BudgetView::from).collect::<Vec<_>>()))
 }

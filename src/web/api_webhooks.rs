@@ -10,11 +10,11 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, OpenApi, ToSchema};
 
 use super::auth::Caller;
-use super::body::{json_body, page_limit, parse_query, BodyRules, EmptyBody};
+use super::body::{json_body, no_query, page_limit, parse_query, query_id, BodyRules, EmptyBody};
 use super::error::ApiError;
 use super::views::{rfc3339, Problem};
 use super::{read, resource, READ};
-use crate::app::webhooks::{NewWebhook, WebhookChange, WithSecret};
+use crate::app::webhooks::{parse_endpoint_id, NewWebhook, WebhookChange, WithSecret};
 use crate::app::App;
 use crate::app::{Delivery, Endpoint, Event, Resent};
 use crate::domain::webhook::{EventKind, MAX_URL_INPUT_LEN};
@@ -240,9 +240,13 @@ impl From<&Event> for WebhookEventView {
     }
 }
 
+/// A page of an endpoint's events, newest first.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct WebhookEventList {
     pub events: Vec<WebhookEventView>,
+    /// The path of the following (older) page, with the same `limit`;
+    /// `null` on the last page.
+    pub next: Option<String>,
 }
 
 /// One delivery attempt.
@@ -298,6 +302,20 @@ pub struct DeliveriesQuery {
     /// How many, newest first: 1-200 (default 50).
     #[param(minimum = 1, maximum = 200)]
     pub limit: Option<i64>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct EventsQuery {
+    /// Page size, 1-200 (default 50).
+    #[param(minimum = 1, maximum = 200)]
+    pub limit: Option<i64>,
+    /// Return events older than this event id (from `next`).
+    #[param(
+        pattern = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+    )]
+    pub before: Option<String>,
 }
 
 fn location(id: &str) -> String {
@@ -381,6 +399,7 @@ pub async fn list_webhooks(
     params(("id" = String, Path, description = "Endpoint id")),
     responses(
         (status = 200, body = WebhookView),
+        (status = 400, description = "A query parameter: this path takes none", body = Problem, content_type = "application/problem+json"),
         (status = 401, body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such endpoint, or another owner's", body = Problem, content_type = "application/problem+json"),
     ),
@@ -389,8 +408,10 @@ pub async fn list_webhooks(
 pub async fn get_webhook(
     app: web::Data<App>,
     caller: Caller,
+    req: HttpRequest,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
+    no_query(&req)?;
     let endpoint = app.webhook(&caller.0, &path).await?;
     Ok(HttpResponse::Ok().json(WebhookView::from(&endpoint)))
 }
@@ -514,12 +535,14 @@ pub async fn list_deliveries(
     }))
 }
 
-/// An endpoint's events, newest first (at most 200).
+/// An endpoint's events, newest first, a page at a time: `next` is the
+/// path of the following page.
 #[utoipa::path(
     get, path = "/api/v1/webhooks/{id}/events", tag = "webhooks",
-    params(("id" = String, Path, description = "Endpoint id")),
+    params(("id" = String, Path, description = "Endpoint id"), EventsQuery),
     responses(
         (status = 200, body = WebhookEventList),
+        (status = 400, description = "`invalid-query`: a `limit` out of range, a `before` that is not an event id, or a parameter this path does not take", body = Problem, content_type = "application/problem+json"),
         (status = 401, body = Problem, content_type = "application/problem+json"),
         (status = 404, body = Problem, content_type = "application/problem+json"),
     ),
@@ -528,11 +551,28 @@ pub async fn list_deliveries(
 pub async fn list_events(
     app: web::Data<App>,
     caller: Caller,
+    req: HttpRequest,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    let events = app.webhook_events(&caller.0, &path).await?;
+    let query: EventsQuery = parse_query(&req)?;
+    let limit = page_limit(query.limit, 50, 200)?;
+    let before = query_id(query.before, "before", "an event id", parse_endpoint_id)?;
+    let mut events = app
+        .webhook_events(&caller.0, &path, before, limit + 1)
+        .await?;
+    let more = events.len() as i64 > limit;
+    events.truncate(limit as usize);
+    let next = match (more, events.last()) {
+        (true, Some(last)) => Some(format!(
+            "{}/events?limit={limit}&before={}",
+            location(&path),
+            last.id
+        )),
+        _ => None,
+    };
     Ok(HttpResponse::Ok().json(WebhookEventList {
         events: events.iter().map(WebhookEventView::from).collect(),
+        next,
     }))
 }
 

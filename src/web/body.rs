@@ -233,6 +233,15 @@ pub fn parse_query<T: serde::de::DeserializeOwned>(req: &HttpRequest) -> Result<
         .map_err(|e| ApiError::new(ProblemType::InvalidQuery, e.to_string()))
 }
 
+/// The query of a path that takes none: empty, or 400 `invalid-query`
+/// naming the parameter, which is never ignored.
+pub fn no_query(req: &HttpRequest) -> Result<(), ApiError> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct NoParameters {}
+    parse_query::<NoParameters>(req).map(|NoParameters {}| ())
+}
+
 /// A page size from the query: `default` when absent, else 1..=`max` (400
 /// `invalid-query` outside it).
 pub fn page_limit(limit: Option<i64>, default: i64, max: i64) -> Result<i64, ApiError> {

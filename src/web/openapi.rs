@@ -729,6 +729,60 @@ mod tests {
         }
     }
 
+    /// Every `GET` under `/api/v1` documents the `400 invalid-query` an
+    /// unknown or bad query parameter gets, and the events of an endpoint
+    /// document their paging (`limit`, `before`) as the jobs list does.
+    #[test]
+    fn every_api_get_documents_its_query_and_the_events_page() {
+        let config = crate::config::Config::from_toml(
+            crate::config::DEFAULT_CONFIG_TOML,
+            "built-in",
+            &crate::config::Environment::from_pairs([]),
+        )
+        .unwrap();
+        let doc = document(&config);
+        let mut gets = 0;
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            let Some(get) = item.get("get") else { continue };
+            if !path.starts_with("/api/v1/") || path == "/api/v1/openapi.json" {
+                continue;
+            }
+            gets += 1;
+            assert!(
+                get["responses"].get("400").is_some(),
+                "GET {path} does not document its 400"
+            );
+        }
+        assert!(gets >= 12, "only {gets} GET paths");
+        let events = &doc["paths"]["/api/v1/webhooks/{id}/events"]["get"];
+        let param = |name: &str| {
+            events["parameters"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["name"] == name)
+                .unwrap_or_else(|| panic!("no parameter {name}: {events:#}"))
+                .clone()
+        };
+        assert_eq!(param("limit")["in"], "query");
+        assert_eq!(param("limit")["schema"]["minimum"], 1);
+        assert_eq!(param("limit")["schema"]["maximum"], 200);
+        assert_eq!(param("before")["in"], "query");
+        let jobs = &doc["paths"]["/api/v1/jobs"]["get"]["parameters"];
+        let before_of_jobs = jobs
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == "before")
+            .unwrap();
+        assert_eq!(
+            param("before")["schema"]["pattern"],
+            before_of_jobs["schema"]["pattern"]
+        );
+        let page = &doc["components"]["schemas"]["WebhookEventList"];
+        assert!(page["properties"].get("next").is_some(), "{page:#}");
+    }
+
     /// The documented `url` pattern is the one the server enforces, and a
     /// JSON Schema validator reads it as the hand-written check does.
     #[test]

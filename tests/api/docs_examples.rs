@@ -411,7 +411,8 @@ on_both_backends!(every_configuration_example_in_the_docs_starts_a_server);
 
 /// Every screenshot the README and the docs show is in `docs/screenshots/`
 /// at both widths, and a browser test takes it (into `target/screenshots/`,
-/// from where it is copied after a page changes).
+/// from where it is copied after a page changes). The README links them as
+/// `docs/screenshots/…`, a page under `docs/` as `screenshots/…`.
 #[test]
 fn every_screenshot_the_readme_shows_is_taken_by_a_browser_test() {
     let readme: String = documentation().iter().map(|file| read(file)).collect();
@@ -421,7 +422,7 @@ fn every_screenshot_the_readme_shows_is_taken_by_a_browser_test() {
         .collect::<String>()
         + &read("tests/api/browser_pages.rs");
     let mut shown: Vec<&str> = readme
-        .split("docs/screenshots/")
+        .split("screenshots/")
         .skip(1)
         .filter_map(|rest| rest.split(".png").next())
         .filter(|name| {

@@ -66,4 +66,5 @@ mod storage;
 mod streaming;
 mod twins;
 mod webhook_fairness;
+mod webhook_paging;
 mod webhooks;

@@ -17,9 +17,14 @@
 //!
 //! `localhost:8080` is the test server's address; `<id>` the job the last
 //! `POST /api/v1/jobs` made, `<attempt-id>` that job's attempt in the last
-//! Unknown queue read; `NAME=$(…)` sets NAME for the commands after it. The
+//! Unknown queue read, `<webhook-id>` the endpoint the last `POST
+//! /api/v1/webhooks` registered, `<next>` the `next` of the last answer
+//! that had one; `NAME=$(…)` sets NAME for the commands after it. The
 //! server runs the demo's configuration ([`crate::demo`]): the built-in one
-//! with the late answer sooner.
+//! with the late answer sooner, so `src/config/default_config.toml` (the
+//! built-in configuration, as a file) stands for it. `NAME=$(…) onejob
+//! serve --config FILE` stops the server and starts it again on FILE, with
+//! NAME set for it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -179,6 +184,14 @@ impl Shell {
     }
 }
 
+/// `NAME=$(…) onejob serve --config FILE`: the server started again on
+/// FILE with NAME set to what `$(…)` prints; the name, `$(…)` and FILE.
+fn restart(command: &str) -> Option<(&str, &str, &str)> {
+    let (assignment, file) = command.split_once(" onejob serve --config ")?;
+    let name = assigned(assignment)?;
+    Some((name, &assignment[name.len() + 1..], file.trim()))
+}
+
 /// `NAME=$(…)`: the variable's name, when the line sets one.
 fn assigned(command: &str) -> Option<&str> {
     let (name, rest) = command.split_once('=')?;
@@ -228,8 +241,14 @@ async fn the_readme_quick_start_works_as_written_at_a_persons_pace(backend: Test
             .env
             .push(("DATABASE_URL".into(), db.url.as_str().to_owned()));
     }
+    let database = db
+        .as_ref()
+        .map_or_else(|| "onejob.db".to_owned(), |db| db.url.as_str().to_owned());
     let mut server: Option<ServerProcess> = None;
     let (mut job_id, mut attempt_id) = (String::new(), String::new());
+    // The job whose attempt went unknown, and whose late answer lost.
+    let mut raced_job = String::new();
+    let (mut webhook_id, mut next) = (String::new(), String::new());
     let mut ran = 0;
     let mut curls = 0;
     for step in &steps {
@@ -239,9 +258,6 @@ async fn the_readme_quick_start_works_as_written_at_a_persons_pace(backend: Test
             // The test's binary is on the PATH already.
             "cargo install --path ." => continue,
             "onejob serve" => {
-                let database = db
-                    .as_ref()
-                    .map_or_else(|| "onejob.db".to_owned(), |db| db.url.as_str().to_owned());
                 let mut process =
                     ServerProcess::spawn_on(work.path(), "serve", &config, &database, port);
                 process.wait_ready().await;
@@ -255,6 +271,25 @@ async fn the_readme_quick_start_works_as_written_at_a_persons_pace(backend: Test
             server.is_some(),
             "{command:?} runs before the server starts"
         );
+        if let Some((name, value, file)) = restart(command) {
+            let (ok, key, said) = shell.run(&format!("printf '%s' {value}")).await;
+            assert!(ok && !key.is_empty(), "{command}: {said}");
+            let mut stopped = server.take().unwrap();
+            stopped.terminate();
+            stopped.wait_exit(Duration::from_secs(30)).await;
+            let mut process = ServerProcess::spawn_on_with_env(
+                work.path(),
+                "restarted",
+                &work.path().join(file),
+                &database,
+                port,
+                &[(name, key.as_str())],
+            );
+            process.wait_ready().await;
+            server = Some(process);
+            ran += 1;
+            continue;
+        }
         if let Some(name) = assigned(command) {
             let (ok, stdout, said) = shell
                 .run(&format!("{command}\nprintf '\\n%s' \"${name}\""))
@@ -270,7 +305,13 @@ async fn the_readme_quick_start_works_as_written_at_a_persons_pace(backend: Test
         let command = command
             .replace("localhost:8080", &format!("127.0.0.1:{port}"))
             .replace("<attempt-id>", &attempt_id)
-            .replace("<id>", &job_id);
+            .replace("<webhook-id>", &webhook_id)
+            .replace("<next>", &next)
+            .replace("<id>", &job_id)
+            .replace(
+                "src/config/default_config.toml",
+                &config.display().to_string(),
+            );
         if is_curl {
             let pause = claims.wait.map_or(PERSON_PAUSE, |wait| {
                 (wait + Duration::from_millis(1500)).max(PERSON_PAUSE)
@@ -308,7 +349,19 @@ async fn the_readme_quick_start_works_as_written_at_a_persons_pace(backend: Test
                 }
             }
         }
+        let registers = command.contains("-X POST")
+            && command.contains("/api/v1/webhooks ")
+            && claims.status == Some(201);
+        if let Some(id) = body.as_ref().and_then(|b| b["webhook"]["id"].as_str()) {
+            if registers {
+                webhook_id = id.to_owned();
+            }
+        }
+        if let Some(link) = body.as_ref().and_then(|b| b["next"].as_str()) {
+            next = link.to_owned();
+        }
         if command.contains("/api/v1/admin/unknown") {
+            raced_job = job_id.clone();
             let rows = body.expect("the Unknown queue is JSON");
             attempt_id = rows
                 .as_array()
@@ -325,7 +378,7 @@ async fn the_readme_quick_start_works_as_written_at_a_persons_pace(backend: Test
     // What the README says happened, read from the server.
     let token = &shell.env.iter().find(|(k, _)| k == "TOKEN").unwrap().1;
     let job: Value = reqwest::Client::new()
-        .get(format!("http://127.0.0.1:{port}/api/v1/jobs/{job_id}"))
+        .get(format!("http://127.0.0.1:{port}/api/v1/jobs/{raced_job}"))
         .bearer_auth(token)
         .send()
         .await

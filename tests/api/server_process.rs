@@ -75,6 +75,31 @@ impl ServerProcess {
         port: u16,
         role: &str,
     ) -> Self {
+        Self::start(dir, name, config, database_url, port, role, &[])
+    }
+
+    /// As [`spawn_on`](Self::spawn_on), with the variables of `env` set
+    /// too (a key the configuration names, say).
+    pub fn spawn_on_with_env(
+        dir: &Path,
+        name: &str,
+        config: &Path,
+        database_url: &str,
+        port: u16,
+        env: &[(&str, &str)],
+    ) -> Self {
+        Self::start(dir, name, config, database_url, port, "all", env)
+    }
+
+    fn start(
+        dir: &Path,
+        name: &str,
+        config: &Path,
+        database_url: &str,
+        port: u16,
+        role: &str,
+        env: &[(&str, &str)],
+    ) -> Self {
         let stderr_path = dir.join(format!("{name}.err"));
         let stdout_path = dir.join(format!("{name}.out"));
         let child = Command::new(env!("CARGO_BIN_EXE_onejob"))
@@ -86,6 +111,7 @@ impl ServerProcess {
             .env("ONEJOB_TEST_FAKE_KEY", FAKE_API_KEY)
             .env("ONEJOB_TEST_WEBHOOK_KEY", crate::webhooks::WEBHOOK_KEY)
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&stdout_path).unwrap())
             .stderr(std::fs::File::create(&stderr_path).unwrap())
