@@ -180,133 +180,183 @@ pub fn distribute(
 ) -> Result<Vec<String>, DistributeError> {
     use diesel::connection::SimpleConnection;
     use diesel::prelude::*;
-    use diesel::sql_types::{Integer, Text};
 
     require_citus(conn)?;
     conn.transaction(|conn| {
         let mut done = Vec::new();
         conn.batch_execute("CREATE EXTENSION IF NOT EXISTS citus")?;
-        if let Some(node) = coordinator {
-            // Registered as given already: nothing to say on a second run.
-            let registered: Count = diesel::sql_query(
-                "SELECT count(*) AS n FROM pg_dist_node \
-                  WHERE groupid = 0 AND nodename = $1 AND nodeport = $2",
-            )
-            .bind::<Text, _>(&node.host)
-            .bind::<Integer, _>(node.port)
-            .get_result(conn)?;
-            if registered.n == 0 {
-                diesel::sql_query("SELECT citus_set_coordinator_host($1, $2)")
-                    .bind::<Text, _>(&node.host)
-                    .bind::<Integer, _>(node.port)
-                    .execute(conn)?;
-                done.push(format!(
-                    "coordinator registered as {}:{}",
-                    node.host, node.port
-                ));
-            }
-        }
-        let is_coordinator: Flag =
-            diesel::sql_query("SELECT citus_is_coordinator() AS flag").get_result(conn)?;
-        if !is_coordinator.flag {
-            return Err(DistributeError::NotCoordinator);
-        }
-        for node in workers {
-            let known: Count = diesel::sql_query(
-                "SELECT count(*) AS n FROM pg_dist_node WHERE nodename = $1 AND nodeport = $2",
-            )
-            .bind::<Text, _>(&node.host)
-            .bind::<Integer, _>(node.port)
-            .get_result(conn)?;
-            if known.n == 0 {
-                diesel::sql_query("SELECT citus_add_node($1, $2)")
-                    .bind::<Text, _>(&node.host)
-                    .bind::<Integer, _>(node.port)
-                    .execute(conn)?;
-                done.push(format!("worker {}:{} added", node.host, node.port));
-            }
-        }
-        let placed: Vec<Placement> = diesel::sql_query(
-            "SELECT logicalrelid::regclass::text AS table_name, partmethod::text AS method, \
-                    repmodel::text AS replication FROM pg_dist_partition",
-        )
-        .load(conn)?;
-        let is = |table: &str, method: &str, replication: &str| {
-            placed.iter().any(|p| {
-                p.table_name == table && p.method == method && p.replication == replication
-            })
-        };
-        let to_distribute: Vec<&str> = LAYOUT
-            .distributed
-            .iter()
-            .copied()
-            .filter(|t| !is(t, "h", "s"))
-            .collect();
-        // Citus refuses foreign keys among tables it is distributing: they
-        // go, and come back once every table is in place.
-        let keys: Vec<ForeignKey> = if to_distribute.is_empty() {
-            Vec::new()
-        } else {
-            diesel::sql_query(
-                "SELECT conrelid::regclass::text AS table_name, conname::text AS name, \
-                        pg_get_constraintdef(oid) AS definition
-                   FROM pg_constraint
-                  WHERE contype = 'f'
-                    AND conrelid::regclass::text = ANY($1)
-                    AND confrelid::regclass::text = ANY($1)
-                  ORDER BY conname",
-            )
-            .bind::<diesel::sql_types::Array<Text>, _>(LAYOUT.distributed)
-            .load(conn)?
-        };
-        for key in &keys {
-            conn.batch_execute(&format!(
-                "ALTER TABLE {} DROP CONSTRAINT {}",
-                key.table_name, key.name
-            ))?;
-        }
-        if !keys.is_empty() {
-            done.push(format!(
-                "{} foreign keys among the owner tables dropped for the conversion",
-                keys.len()
-            ));
-        }
-        for table in LAYOUT.reference {
-            if !is(table, "n", "t") {
-                diesel::sql_query("SELECT create_reference_table($1)")
-                    .bind::<Text, _>(table)
-                    .execute(conn)?;
-                done.push(format!("{table}: reference table"));
-            }
-        }
-        let anchor = LAYOUT.distributed[0];
-        for table in &to_distribute {
-            let statement = if *table == anchor {
-                "SELECT create_distributed_table($1, $2)".to_owned()
-            } else {
-                format!("SELECT create_distributed_table($1, $2, colocate_with => '{anchor}')")
-            };
-            diesel::sql_query(statement)
-                .bind::<Text, _>(*table)
-                .bind::<Text, _>(DISTRIBUTION_COLUMN)
-                .execute(conn)?;
-            done.push(format!(
-                "{table}: distributed by {DISTRIBUTION_COLUMN}, colocated with {anchor}"
-            ));
-        }
-        // One subcommand per ALTER TABLE: Citus refuses more.
-        for key in &keys {
-            conn.batch_execute(&format!(
-                "ALTER TABLE {} ADD CONSTRAINT {} {}",
-                key.table_name, key.name, key.definition
-            ))?;
-        }
-        if !keys.is_empty() {
-            done.push(format!("{} foreign keys added back", keys.len()));
-        }
+        register_nodes(conn, coordinator, workers, &mut done)?;
+        place_tables(conn, &mut done)?;
         if done.is_empty() {
             done.push("already distributed: nothing to do".to_owned());
         }
         Ok(done)
     })
+}
+
+/// Registers the coordinator (when given) and each worker not registered
+/// yet, and checks that this database is the coordinator.
+fn register_nodes(
+    conn: &mut diesel::PgConnection,
+    coordinator: Option<&Node>,
+    workers: &[Node],
+    done: &mut Vec<String>,
+) -> Result<(), DistributeError> {
+    use diesel::prelude::*;
+    use diesel::sql_types::{Integer, Text};
+
+    if let Some(node) = coordinator {
+        // Registered as given already: nothing to say on a second run.
+        let registered: Count = diesel::sql_query(
+            "SELECT count(*) AS n FROM pg_dist_node \
+              WHERE groupid = 0 AND nodename = $1 AND nodeport = $2",
+        )
+        .bind::<Text, _>(&node.host)
+        .bind::<Integer, _>(node.port)
+        .get_result(conn)?;
+        if registered.n == 0 {
+            diesel::sql_query("SELECT citus_set_coordinator_host($1, $2)")
+                .bind::<Text, _>(&node.host)
+                .bind::<Integer, _>(node.port)
+                .execute(conn)?;
+            done.push(format!(
+                "coordinator registered as {}:{}",
+                node.host, node.port
+            ));
+        }
+    }
+    let is_coordinator: Flag =
+        diesel::sql_query("SELECT citus_is_coordinator() AS flag").get_result(conn)?;
+    if !is_coordinator.flag {
+        return Err(DistributeError::NotCoordinator);
+    }
+    for node in workers {
+        let known: Count = diesel::sql_query(
+            "SELECT count(*) AS n FROM pg_dist_node WHERE nodename = $1 AND nodeport = $2",
+        )
+        .bind::<Text, _>(&node.host)
+        .bind::<Integer, _>(node.port)
+        .get_result(conn)?;
+        if known.n == 0 {
+            diesel::sql_query("SELECT citus_add_node($1, $2)")
+                .bind::<Text, _>(&node.host)
+                .bind::<Integer, _>(node.port)
+                .execute(conn)?;
+            done.push(format!("worker {}:{} added", node.host, node.port));
+        }
+    }
+    Ok(())
+}
+
+/// Makes the reference tables and distributes the owner tables not placed
+/// yet, with the foreign keys among them dropped for the conversion (Citus
+/// refuses them there) and added back after.
+fn place_tables(
+    conn: &mut diesel::PgConnection,
+    done: &mut Vec<String>,
+) -> Result<(), DistributeError> {
+    use diesel::prelude::*;
+    use diesel::sql_types::Text;
+
+    let placed: Vec<Placement> = diesel::sql_query(
+        "SELECT logicalrelid::regclass::text AS table_name, partmethod::text AS method, \
+                repmodel::text AS replication FROM pg_dist_partition",
+    )
+    .load(conn)?;
+    let is = |table: &str, method: &str, replication: &str| {
+        placed
+            .iter()
+            .any(|p| p.table_name == table && p.method == method && p.replication == replication)
+    };
+    let to_distribute: Vec<&str> = LAYOUT
+        .distributed
+        .iter()
+        .copied()
+        .filter(|t| !is(t, "h", "s"))
+        .collect();
+    let keys = if to_distribute.is_empty() {
+        Vec::new()
+    } else {
+        drop_foreign_keys(conn, done)?
+    };
+    for table in LAYOUT.reference {
+        if !is(table, "n", "t") {
+            diesel::sql_query("SELECT create_reference_table($1)")
+                .bind::<Text, _>(table)
+                .execute(conn)?;
+            done.push(format!("{table}: reference table"));
+        }
+    }
+    let anchor = LAYOUT.distributed[0];
+    for table in &to_distribute {
+        let statement = if *table == anchor {
+            "SELECT create_distributed_table($1, $2)".to_owned()
+        } else {
+            format!("SELECT create_distributed_table($1, $2, colocate_with => '{anchor}')")
+        };
+        diesel::sql_query(statement)
+            .bind::<Text, _>(*table)
+            .bind::<Text, _>(DISTRIBUTION_COLUMN)
+            .execute(conn)?;
+        done.push(format!(
+            "{table}: distributed by {DISTRIBUTION_COLUMN}, colocated with {anchor}"
+        ));
+    }
+    add_foreign_keys(conn, &keys, done)
+}
+
+/// Drops the foreign keys among the owner tables; returns them, to be
+/// added back.
+fn drop_foreign_keys(
+    conn: &mut diesel::PgConnection,
+    done: &mut Vec<String>,
+) -> Result<Vec<ForeignKey>, DistributeError> {
+    use diesel::connection::SimpleConnection;
+    use diesel::prelude::*;
+    use diesel::sql_types::Text;
+
+    let keys: Vec<ForeignKey> = diesel::sql_query(
+        "SELECT conrelid::regclass::text AS table_name, conname::text AS name, \
+                pg_get_constraintdef(oid) AS definition
+           FROM pg_constraint
+          WHERE contype = 'f'
+            AND conrelid::regclass::text = ANY($1)
+            AND confrelid::regclass::text = ANY($1)
+          ORDER BY conname",
+    )
+    .bind::<diesel::sql_types::Array<Text>, _>(LAYOUT.distributed)
+    .load(conn)?;
+    for key in &keys {
+        conn.batch_execute(&format!(
+            "ALTER TABLE {} DROP CONSTRAINT {}",
+            key.table_name, key.name
+        ))?;
+    }
+    if !keys.is_empty() {
+        done.push(format!(
+            "{} foreign keys among the owner tables dropped for the conversion",
+            keys.len()
+        ));
+    }
+    Ok(keys)
+}
+
+/// Adds `keys` back, one `ALTER TABLE` each: Citus refuses more
+/// subcommands in one.
+fn add_foreign_keys(
+    conn: &mut diesel::PgConnection,
+    keys: &[ForeignKey],
+    done: &mut Vec<String>,
+) -> Result<(), DistributeError> {
+    use diesel::connection::SimpleConnection;
+    for key in keys {
+        conn.batch_execute(&format!(
+            "ALTER TABLE {} ADD CONSTRAINT {} {}",
+            key.table_name, key.name, key.definition
+        ))?;
+    }
+    if !keys.is_empty() {
+        done.push(format!("{} foreign keys added back", keys.len()));
+    }
+    Ok(())
 }
