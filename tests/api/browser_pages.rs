@@ -16,9 +16,7 @@ use serde_json::{json, Value};
 
 use crate::demo::{demo_config, DEMO_LATE_ANSWER_MS, PERSON_PAUSE};
 use crate::support::db::{attempt_rows, race_rows, summary};
-use crate::support::harness::{
-    spawn_app_with, summarize, test_config, FormClient, TestApp, TestBackend,
-};
+use crate::support::harness::{spawn_app_with, summarize, test_config, FormClient, TestBackend};
 use crate::support::webdriver::{is_job_path, Browser};
 
 async fn pause() {
@@ -78,30 +76,6 @@ async fn assert_plain_legend(browser: &Browser) {
         assert!(legend.contains(said), "the legend says {said:?}: {legend}");
     }
     assert!(!legend.contains("·"), "no cryptic separators: {legend}");
-}
-
-/// Reloads the job page, a pause apart (as a person would), until `ok`
-/// holds of the page's attempt rows' text; panics after `within`.
-async fn reload_until(
-    browser: &Browser,
-    app: &TestApp,
-    path: &str,
-    within: Duration,
-    ok: impl Fn(&str) -> bool,
-) {
-    let deadline = Instant::now() + within;
-    loop {
-        browser.goto(app, path).await;
-        let rows = browser.text_of("table.attempts").await;
-        if ok(&rows) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the job page never showed it: {rows}"
-        );
-        pause().await;
-    }
 }
 
 async fn the_built_in_demo_at_a_persons_pace_in_the_browser(backend: TestBackend) {
@@ -211,14 +185,16 @@ async fn the_built_in_demo_at_a_persons_pace_in_the_browser(backend: TestBackend
     pause().await;
 
     // Later, sim-slow's answer arrives and loses: a reload shows it.
-    reload_until(
-        &browser,
-        &app,
-        &job_path,
-        Duration::from_millis(DEMO_LATE_ANSWER_MS as u64 + 30_000),
-        |rows| rows.contains("lost"),
-    )
-    .await;
+    browser
+        .reload_until(
+            &app,
+            &job_path,
+            "table.attempts",
+            Duration::from_millis(DEMO_LATE_ANSWER_MS as u64 + 30_000),
+            PERSON_PAUSE,
+            |rows| rows.iter().any(|r| r.contains("lost")),
+        )
+        .await;
     assert_eq!(browser.count("svg rect.bar.lost").await, 1);
     assert_eq!(browser.count("svg rect.bar.won").await, 1);
     assert_timeline_readable(&browser).await;

@@ -1,12 +1,19 @@
 //! Real headless Chromium, driven through chromedriver, one module a page:
 //! the Submit form ([`submit`]), the support console's Unknown queue and
-//! race log ([`console`]), Users ([`users`]), job search ([`job_search`]), the job page's
-//! forms while it refreshes itself ([`job_forms`]),
-//! a chat job's live text ([`live_text`]), and the console's charts and the
-//! usage ledger ([`usage`]). The browser, the DevTools client, the holding
-//! proxy and the row readers they use are in [`crate::support`]; whether
-//! pages fit at 1280 and 390 px, and the README's screenshots of them, are
-//! in [`crate::browser_pages`].
+//! race log ([`console`]), Users ([`users`]), job search ([`job_search`]),
+//! the job page's forms while it refreshes itself ([`job_forms`]), a chat
+//! job's live text ([`live_text`]), the console's charts and the usage
+//! ledger ([`usage`]), and webhook endpoints and a job's deliveries
+//! ([`webhooks`]). The browser, the DevTools client, the holding proxy and
+//! the row readers they use are in [`crate::support`]; whether pages fit at
+//! 1280 and 390 px, and the README's screenshots of them, are in
+//! [`crate::browser_pages`].
+//!
+//! State that another task commits after a page is read (a delivery
+//! recorded, a late answer) is waited for by reading the page again,
+//! [`Browser::reload_until`](crate::support::webdriver::Browser::reload_until),
+//! unless the page follows it itself (a live job's page refreshes every
+//! second): a page read once, before that commit, never shows it.
 
 use crate::support::fake_provider::{
     config_of, strict_task_toml, Behaviour, FakeProvider, ProviderToml, Shape,

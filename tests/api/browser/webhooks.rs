@@ -12,6 +12,9 @@ use crate::support::webdriver::{Browser, WAIT};
 use crate::support::webhook_receiver::WebhookReceiver;
 use crate::webhooks::webhook_config;
 
+/// How long a delivery the receiver has may take to show as recorded.
+const RECORDED: Duration = Duration::from_secs(20);
+
 async fn a_user_registers_an_endpoint_sees_a_delivery_on_the_job_page_and_resends_it(
     backend: TestBackend,
 ) {
@@ -66,33 +69,22 @@ async fn a_user_registers_an_endpoint_sees_a_delivery_on_the_job_page_and_resend
     assert_eq!(first[0].json()["type"], "job.succeeded");
 
     // The receiver has the delivery; its state commits just after. The
-    // page is read again until it shows the delivery recorded (a page read
-    // once, before that commit, would never change).
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        browser.goto(&app, &format!("/jobs/{job_id}")).await;
-        if browser
-            .count(".delivery-event[data-state=delivered] .delivery-status")
-            .await
-            > 0
-        {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the job page never showed the delivery as delivered"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let status = browser
-        .wait_for_text(
+    // page of a finished job does not refresh itself, so a page read before
+    // that commit would never show it: the page is read again until it does.
+    let job_path = format!("/jobs/{job_id}");
+    let statuses = browser
+        .reload_until(
+            &app,
+            &job_path,
             ".delivery-event[data-state=delivered] .delivery-status",
-            |t| !t.is_empty(),
+            RECORDED,
+            Duration::from_millis(200),
+            |statuses| statuses.first().is_some_and(|s| !s.is_empty()),
         )
         .await;
     assert!(
-        status.starts_with('2'),
-        "the receiver's own status: {status}"
+        statuses[0].starts_with('2'),
+        "the receiver's own status: {statuses:?}"
     );
     assert_eq!(
         browser
@@ -101,31 +93,29 @@ async fn a_user_registers_an_endpoint_sees_a_delivery_on_the_job_page_and_resend
             .as_deref(),
         Some(webhook_id.as_str())
     );
-    browser.click("button.resend").await;
     browser
-        .wait_for_path(|p| p == format!("/jobs/{job_id}"))
+        .click_and_wait("button.resend", |p| p == job_path)
         .await;
     let both = receiver.wait_for(2, Duration::from_secs(20)).await;
     assert_eq!(both[1].webhook_id(), webhook_id, "a resend keeps the id");
     assert_eq!(both[1].body, both[0].body, "and the body");
     // The job page shows both tries once the second is recorded.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        browser.goto(&app, &format!("/jobs/{job_id}")).await;
-        if browser.count("tr.delivery[data-outcome=delivered]").await == 2 {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the job page never showed the second delivery"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    browser
+        .reload_until(
+            &app,
+            &job_path,
+            "tr.delivery[data-outcome=delivered]",
+            RECORDED,
+            Duration::from_millis(200),
+            |delivered| delivered.len() == 2,
+        )
+        .await;
 
     // The endpoint's page has the same log.
     browser.goto(&app, "/webhooks").await;
-    browser.click(".endpoint-link").await;
-    browser.wait_for_path(|p| p.starts_with("/webhooks/")).await;
+    browser
+        .click_and_wait(".endpoint-link", |p| p.starts_with("/webhooks/"))
+        .await;
     assert_eq!(browser.count("tr.delivery").await, 2);
     assert_eq!(browser.text_of("#endpoint-state").await, "enabled");
 

@@ -415,6 +415,46 @@ impl Browser {
         }
     }
 
+    /// Loads `path` again, `every` apart, until the texts of the elements
+    /// matching `css` (none, one or many, in document order) satisfy `ok`;
+    /// returns them. Fails after `within`, saying what the page last showed.
+    ///
+    /// For state that another task commits after the page is read: a page
+    /// that does not refresh itself (a finished job's, say) stays as it was
+    /// read, so waiting on it for that state waits in vain.
+    pub async fn reload_until(
+        &self,
+        app: &TestApp,
+        path: &str,
+        css: &str,
+        within: Duration,
+        every: Duration,
+        ok: impl Fn(&[String]) -> bool,
+    ) -> Vec<String> {
+        let deadline = Instant::now() + within;
+        loop {
+            self.goto(app, path).await;
+            let read = self
+                .client
+                .execute(
+                    "return [...document.querySelectorAll(arguments[0])]
+                       .map(e => e.innerText.trim());",
+                    vec![json!(css)],
+                )
+                .await
+                .unwrap();
+            let texts: Vec<String> = serde_json::from_value(read).unwrap();
+            if ok(&texts) {
+                return texts;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{path} never showed {css} as expected within {within:?}; it shows {texts:?}"
+            );
+            tokio::time::sleep(every).await;
+        }
+    }
+
     pub async fn count(&self, css: &str) -> usize {
         self.client.find_all(Locator::Css(css)).await.unwrap().len()
     }
