@@ -1045,7 +1045,10 @@ fn write_event(
             .set((webhook_events::next_attempt_at.eq(at), released))
             .execute(conn)?,
         Recorded::Dead => this_event
-            .set((webhook_events::state.eq(EventState::Dead.as_str()), released))
+            .set((
+                webhook_events::state.eq(EventState::Dead.as_str()),
+                released,
+            ))
             .execute(conn)?,
         Recorded::LeaseLost => 0,
     };
