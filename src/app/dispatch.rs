@@ -5,12 +5,10 @@
 
 use std::sync::Arc;
 
-use serde_json::Value;
-
 use super::App;
 use crate::config::CallbackSettings;
 use crate::contracts::TaskContract;
-use crate::domain::{AttemptId, Outcome};
+use crate::domain::{AttemptId, JsonText, Outcome};
 use crate::providers::limits::estimate_tokens;
 use crate::providers::{Call, CallbackTarget, Provider, Reply};
 use crate::store::queue::Claim;
@@ -28,7 +26,7 @@ impl Dispatch {
     pub fn new(
         provider: Arc<Provider>,
         contract: Arc<TaskContract>,
-        input: &Value,
+        input: &JsonText,
         request_id: String,
         attempt_number: i32,
         temperature: Option<f64>,
@@ -37,9 +35,10 @@ impl Dispatch {
         let mut call = if contract.is_chat() {
             // A chat job's input was read when it was created: one that no
             // longer reads is a definite failure, and nothing is sent.
-            let read = crate::chat::openai_chat::read_request(input).map_err(|refused| {
-                Outcome::Failed(format!("the chat request cannot be read: {refused}").into())
-            })?;
+            let read =
+                crate::chat::openai_chat::read_request_text(input.as_str()).map_err(|refused| {
+                    Outcome::Failed(format!("the chat request cannot be read: {refused}").into())
+                })?;
             Call::for_chat(
                 request_id,
                 attempt_number,
@@ -49,7 +48,7 @@ impl Dispatch {
             )
         } else {
             let prompt = contract
-                .render_prompt(input)
+                .render_prompt(&input.value())
                 .map_err(|e| Outcome::Failed(e.into()))?;
             Call::for_task(
                 request_id,
@@ -161,7 +160,7 @@ impl App {
         Dispatch::new(
             provider,
             contract,
-            &claim.job.input.value(),
+            &claim.job.input,
             claim.attempt.id.to_string(),
             claim.attempt.number,
             None,

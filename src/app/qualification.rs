@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use super::dispatch::Dispatch;
 use super::{App, AppError, AppResult, User};
 use crate::contracts::{golden_mismatches, GoldenExample, TaskContract};
-use crate::domain::{AuditAction, Outcome};
+use crate::domain::{AuditAction, JsonText, Outcome};
 use crate::providers::Provider;
 use crate::store::operator::{record_audit, Audited};
 use crate::store::{now_ms, qualifications, QualificationRun};
@@ -260,7 +260,7 @@ async fn golden_check(
     let dispatch = match Dispatch::new(
         provider.clone(),
         contract.clone(),
-        &golden.input,
+        &JsonText::from_value(&golden.input),
         format!("qualify-{}", uuid::Uuid::now_v7()),
         // Not a job's attempt: a simulated provider's script does not apply.
         0,

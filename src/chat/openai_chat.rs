@@ -214,7 +214,22 @@ pub fn read_request(body: &Value) -> Result<ReadRequest, Refused> {
     if !body.is_object() {
         return Err(Refused::new("body", "the body must be a JSON object"));
     }
-    let wire: ChatCompletionRequest = decode(body, STYLE, "")?;
+    read_wire(decode(body, STYLE, "")?)
+}
+
+/// [`read_request`] from the request's JSON text, read straight into its
+/// types: the JSON tree is built only to word a refusal. For a chat job's
+/// input, read on every attempt, and a door's body.
+pub fn read_request_text(text: &str) -> Result<ReadRequest, Refused> {
+    match serde_json::from_str::<ChatCompletionRequest>(text) {
+        Ok(wire) => read_wire(wire),
+        // As `JsonText::value` reads it: what does not read is no object.
+        Err(_) => read_request(&serde_json::from_str(text).unwrap_or(Value::Null)),
+    }
+}
+
+/// A decoded request held to the rules the model keeps.
+fn read_wire(wire: ChatCompletionRequest) -> Result<ReadRequest, Refused> {
     if wire.messages.is_empty() {
         return Err(Refused::new(
             "messages",
@@ -904,7 +919,15 @@ impl StoredAnswer {
     /// A job's stored answer; an answer kept in another shape reads as an
     /// empty one.
     pub fn read(stored: &Value) -> Self {
-        serde_json::from_value(stored.clone()).unwrap_or_else(|_| Self::of(&Answer::default()))
+        Self::deserialize(stored).unwrap_or_else(|_| Self::of(&Answer::default()))
+    }
+
+    /// [`read`](Self::read) from a job's result as stored (`None`: no
+    /// result), straight from its text.
+    pub fn read_text(stored: Option<&str>) -> Self {
+        stored
+            .and_then(|text| serde_json::from_str(text).ok())
+            .unwrap_or_else(|| Self::of(&Answer::default()))
     }
 
     /// How `answer` is kept.
@@ -1306,6 +1329,38 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn a_request_read_from_its_text_reads_as_from_its_json_tree() {
+        let user = json!([{"role": "user", "content": "hello"}]);
+        for body in [
+            json!({"model": "m", "messages": user, "temperature": 0.5, "stop": "x",
+                   "max_tokens": 7, "stream": true, "stream_options": {"include_usage": true},
+                   "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+                   "tool_choice": "auto", "logit_bias": {"5": 1}, "seed": 3}),
+            json!({"model": "m", "messages": []}),
+            json!({"model": "m", "messages": user, "n": 2}),
+            json!({"model": "m", "messages": [{"role": "robot", "content": "x"}]}),
+            json!({"model": "m", "messages": [{"role": "user", "content": 5}]}),
+            json!({"model": 5, "messages": user}),
+            json!({"model": "m", "messages": user, "max_tokens": 0}),
+            json!({"model": "m", "messages": user, "temperature": "hot"}),
+            json!([1, 2]),
+            json!("text"),
+        ] {
+            assert_eq!(
+                read_request_text(&body.to_string()),
+                read_request(&body),
+                "{body}"
+            );
+        }
+        // Text that is no JSON document reads as no object, as a job's
+        // input that does not read is taken.
+        assert_eq!(
+            read_request_text("{").unwrap_err(),
+            read_request(&Value::Null).unwrap_err()
+        );
+    }
 
     fn read(body: Value) -> ChatRequest {
         read_request(&body).unwrap().request

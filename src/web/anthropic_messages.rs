@@ -46,7 +46,7 @@ fn subject_of(job: &Job) -> Subject {
 
 /// A succeeded job's answer.
 fn answer_of(job: &Job) -> Answer {
-    StoredAnswer::read(&job.result.as_ref().map(|r| r.value()).unwrap_or_default()).answer()
+    StoredAnswer::read_text(job.result.as_ref().map(|r| r.as_str())).answer()
 }
 
 /// `POST /v1/messages`.

@@ -40,7 +40,7 @@ fn writer_of(job: &Job, include_usage: bool) -> ChunkWriter {
 /// The events that end a succeeded job's stream, numbered after its
 /// `chunks` chunks: the answer whole first if none were stored.
 fn finish(writer: &ChunkWriter, job: &Job, chunks: i64) -> Vec<(i64, String)> {
-    let stored = StoredAnswer::read(&job.result.as_ref().map(|r| r.value()).unwrap_or_default());
+    let stored = StoredAnswer::read_text(job.result.as_ref().map(|r| r.as_str()));
     let mut events = Vec::new();
     let mut n = chunks;
     if chunks == 0 {

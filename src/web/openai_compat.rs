@@ -63,7 +63,7 @@ pub async fn chat_completions(
 ) -> Result<HttpResponse, OpenAiError> {
     let key = idempotency_key(&req)?;
     let input = json_text(&req, payload, BodyRules::of(&app.config().server)).await?;
-    let read = openai_chat::read_request(&input.value())?;
+    let read = openai_chat::read_request_text(input.as_str())?;
     let route = read.route.ok_or_else(|| {
         OpenAiError::invalid_request("you must provide a model parameter").param("model")
     })?;
@@ -83,8 +83,7 @@ pub async fn chat_completions(
             stream_response(&app, job, replayed, resume.unwrap_or(0), chunks)
         }
         Settled::Answer { job, replayed } => {
-            let stored =
-                StoredAnswer::read(&job.result.as_ref().map(|r| r.value()).unwrap_or_default());
+            let stored = StoredAnswer::read_text(job.result.as_ref().map(|r| r.as_str()));
             answered(&job, replayed).json(openai_chat::completion(&subject_of(&job), &stored))
         }
     })

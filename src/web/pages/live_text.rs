@@ -45,7 +45,7 @@ const RECONNECT_MS: u64 = 1000;
 /// for a stream (its upstream call streams) and has not finished.
 pub fn streams_live(job: &Job) -> bool {
     !job.status.is_terminal()
-        && openai_chat::read_request(&job.input.value()).is_ok_and(|read| read.request.stream)
+        && openai_chat::read_request_text(job.input.as_str()).is_ok_and(|read| read.request.stream)
 }
 
 /// The text of a released delta, if it has some.

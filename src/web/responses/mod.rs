@@ -129,7 +129,7 @@ async fn earlier_turns(
     }
     let had_instructions = kept_request(&job).instructions.is_some();
     // Its input was read when it was made; it reads the same now.
-    let conversation = openai_chat::read_request(&job.input.value())
+    let conversation = openai_chat::read_request_text(job.input.as_str())
         .map(|read| read.request)
         .unwrap_or_default();
     Ok(codec::earlier_turns(
@@ -148,7 +148,7 @@ fn kept_request(job: &Job) -> ResponsesRequest {
 
 /// A job's stored answer.
 fn answer_of(job: &Job) -> Answer {
-    StoredAnswer::read(&job.result.as_ref().map(|r| r.value()).unwrap_or_default()).answer()
+    StoredAnswer::read_text(job.result.as_ref().map(|r| r.as_str())).answer()
 }
 
 /// The caller's own response `id`: a job of theirs made by a Responses
