@@ -4,6 +4,7 @@
 //! front end words it once (problem+json in `web::error`, a page in
 //! `web::pages`).
 
+use crate::domain::ledger::BudgetLimit;
 use crate::domain::{AttemptId, AttemptState, AuditReasonError, JobId, JobStatus, Role};
 use crate::store::operator::ActionError;
 use crate::store::StoreError;
@@ -93,8 +94,8 @@ pub enum AppError {
 /// Which of an owner's limits refused a creation, and by how much.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BudgetRefusal {
-    /// `spend_limit` or `token_limit`.
-    pub limit_name: &'static str,
+    /// Which limit it met.
+    pub limit_name: BudgetLimit,
     /// The limit, in micro-units of `currency` or in tokens.
     pub limit: i64,
     /// What the month has spent and unfinished jobs hold.
@@ -108,24 +109,22 @@ pub struct BudgetRefusal {
 
 impl BudgetRefusal {
     fn amount(&self, value: i64) -> String {
-        if self.limit_name == "spend_limit" {
-            format!(
+        match self.limit_name {
+            BudgetLimit::Spend => format!(
                 "{} {}",
                 crate::domain::ledger::format_micros(value),
                 self.currency
-            )
-        } else {
-            format!("{value} tokens")
+            ),
+            BudgetLimit::Tokens => format!("{value} tokens"),
         }
     }
 }
 
 impl std::fmt::Display for BudgetRefusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let what = if self.limit_name == "spend_limit" {
-            "spend"
-        } else {
-            "token"
+        let what = match self.limit_name {
+            BudgetLimit::Spend => "spend",
+            BudgetLimit::Tokens => "token",
         };
         write!(
             f,
@@ -151,13 +150,13 @@ impl AppError {
         });
         let (limit_name, limit, committed, wanted) = match (spend_hit, refused.limits) {
             (true, limits) => (
-                "spend_limit",
+                BudgetLimit::Spend,
                 limits.spend_micros.unwrap_or(0),
                 refused.committed.micros,
                 refused.wanted.micros,
             ),
             (false, limits) => (
-                "token_limit",
+                BudgetLimit::Tokens,
                 limits.tokens.unwrap_or(0),
                 refused.committed.tokens,
                 refused.wanted.tokens,

@@ -15,7 +15,7 @@ use utoipa::ToSchema;
 use super::model::{ChatRequest, Content, Message, Sampling};
 use super::wire::{decode, PathStyle, Refused, TextOr, WholeNumber};
 use crate::domain::responses::{
-    ResponseId, MAX_METADATA_KEY, MAX_METADATA_PAIRS, MAX_METADATA_VALUE,
+    ResponseId, ResponseStatus, MAX_METADATA_KEY, MAX_METADATA_PAIRS, MAX_METADATA_VALUE,
 };
 
 const STYLE: PathStyle = PathStyle::Brackets;
@@ -559,8 +559,9 @@ pub struct ResponseObject {
     /// The job's status: pending → queued; running or unknown →
     /// in_progress; succeeded → completed (incomplete when cut at the
     /// token limit); failed; cancelled
-    #[schema(pattern = "^(queued|in_progress|completed|incomplete|failed|cancelled)$")]
-    pub status: String,
+    #[schema(value_type = String, pattern = "^(queued|in_progress|completed|incomplete|failed|cancelled)$")]
+    #[serde(serialize_with = "status_text")]
+    pub status: ResponseStatus,
     pub background: bool,
     pub error: Option<ResponseError>,
     pub incomplete_details: Option<IncompleteDetails>,
@@ -586,6 +587,11 @@ pub struct ResponseObject {
     pub store: bool,
 }
 
+/// A status as its text.
+fn status_text<S: serde::Serializer>(status: &ResponseStatus, to: S) -> Result<S::Ok, S::Error> {
+    to.serialize_str(status.as_str())
+}
+
 /// What a Responses object shows of its job.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ResponseView {
@@ -593,7 +599,7 @@ pub struct ResponseView {
     pub created_at: i64,
     pub route: String,
     /// The status in the Responses vocabulary.
-    pub status: &'static str,
+    pub status: ResponseStatus,
     /// The answer, once the job has one to show.
     pub answer: Option<super::Answer>,
     pub error: Option<ResponseError>,
@@ -609,8 +615,9 @@ impl ResponseObject {
             .iter()
             .map(|answer| OutputMessage::of(&view.id, Some(answer.text().to_owned()), "completed"))
             .collect();
-        let incomplete_details =
-            (view.answer.is_some() && view.status == "incomplete").then(|| IncompleteDetails {
+        let incomplete_details = (view.answer.is_some()
+            && view.status == ResponseStatus::Incomplete)
+            .then(|| IncompleteDetails {
                 reason: "max_output_tokens".into(),
             });
         let metadata = request
@@ -623,7 +630,7 @@ impl ResponseObject {
             id: view.id.to_string(),
             object: "response".into(),
             created_at: view.created_at,
-            status: view.status.into(),
+            status: view.status,
             background: request.background.unwrap_or(false),
             error: view.error.clone(),
             incomplete_details,

@@ -10,7 +10,19 @@
 //! with up to six decimals is held exactly; a call's cost is rounded to a
 //! micro-unit once.
 
+use super::ids::text_enum;
 use super::Usage;
+
+text_enum! {
+    /// Which of an owner's monthly limits a creation met, named as the API
+    /// names it.
+    pub enum BudgetLimit {
+        /// Money, in micro-units of the ledger's currency.
+        Spend = "spend_limit",
+        /// Tokens.
+        Tokens = "token_limit",
+    }
+}
 
 /// A price per million tokens, in millionths of a micro-unit of currency
 /// per token (which is the same number as micro-units per million tokens).

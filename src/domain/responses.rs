@@ -3,6 +3,7 @@
 //! in the Responses vocabulary. Its request is read by its codec
 //! (`chat::responses`), under the limits here.
 
+use super::ids::text_enum;
 use super::{JobId, JobStatus};
 
 /// The prefix of a response's id.
@@ -55,18 +56,31 @@ impl std::fmt::Display for ResponseId {
     }
 }
 
+text_enum! {
+    /// A response's `status`, in the Responses vocabulary.
+    pub enum ResponseStatus {
+        Queued = "queued",
+        InProgress = "in_progress",
+        Completed = "completed",
+        /// Completed, its answer cut at the token limit.
+        Incomplete = "incomplete",
+        Failed = "failed",
+        Cancelled = "cancelled",
+    }
+}
+
 /// A response's `status` for its job's: `queued` until an attempt is
 /// running, `in_progress` while one is out (an unknown outcome included:
 /// it may yet answer), `completed` (or `incomplete` when the answer was
 /// `cut_at_limit`, the token limit), `failed`, `cancelled`.
-pub fn status_of(job: JobStatus, cut_at_limit: bool) -> &'static str {
+pub fn status_of(job: JobStatus, cut_at_limit: bool) -> ResponseStatus {
     match job {
-        JobStatus::Pending => "queued",
-        JobStatus::Running | JobStatus::Unknown => "in_progress",
-        JobStatus::Succeeded if cut_at_limit => "incomplete",
-        JobStatus::Succeeded => "completed",
-        JobStatus::Failed => "failed",
-        JobStatus::Cancelled => "cancelled",
+        JobStatus::Pending => ResponseStatus::Queued,
+        JobStatus::Running | JobStatus::Unknown => ResponseStatus::InProgress,
+        JobStatus::Succeeded if cut_at_limit => ResponseStatus::Incomplete,
+        JobStatus::Succeeded => ResponseStatus::Completed,
+        JobStatus::Failed => ResponseStatus::Failed,
+        JobStatus::Cancelled => ResponseStatus::Cancelled,
     }
 }
 
@@ -99,10 +113,12 @@ mod tests {
 
     #[test]
     fn a_jobs_status_in_the_responses_vocabulary() {
-        assert_eq!(status_of(JobStatus::Pending, false), "queued");
-        assert_eq!(status_of(JobStatus::Unknown, false), "in_progress");
-        assert_eq!(status_of(JobStatus::Succeeded, false), "completed");
-        assert_eq!(status_of(JobStatus::Succeeded, true), "incomplete");
-        assert_eq!(status_of(JobStatus::Cancelled, false), "cancelled");
+        let shown = |job, cut| status_of(job, cut).as_str();
+        assert_eq!(shown(JobStatus::Pending, false), "queued");
+        assert_eq!(shown(JobStatus::Unknown, false), "in_progress");
+        assert_eq!(shown(JobStatus::Succeeded, false), "completed");
+        assert_eq!(shown(JobStatus::Succeeded, true), "incomplete");
+        assert_eq!(shown(JobStatus::Failed, false), "failed");
+        assert_eq!(shown(JobStatus::Cancelled, false), "cancelled");
     }
 }

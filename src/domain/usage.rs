@@ -5,29 +5,17 @@
 //! "Usage, prices and budgets"). An attempt whose outcome is unknown has
 //! unknown usage: `None` where an `Option<Usage>` is kept, never zero.
 
-/// Where a call's token counts come from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum UsageSource {
-    /// The provider's answer said (`usage` of OpenAI's or Anthropic's
-    /// answer, or of a stream's last event).
-    Reported,
-    /// The provider answered without saying: onejob counted the prompt
-    /// and the answer itself.
-    Estimated,
-}
+use super::ids::text_enum;
 
-impl UsageSource {
-    pub const ALL: [UsageSource; 2] = [UsageSource::Reported, UsageSource::Estimated];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            UsageSource::Reported => "reported",
-            UsageSource::Estimated => "estimated",
-        }
-    }
-
-    pub fn parse(text: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|s| s.as_str() == text)
+text_enum! {
+    /// Where a call's token counts come from.
+    stored pub enum UsageSource {
+        /// The provider's answer said (`usage` of OpenAI's or Anthropic's
+        /// answer, or of a stream's last event).
+        Reported = "reported",
+        /// The provider answered without saying: onejob counted the prompt
+        /// and the answer itself.
+        Estimated = "estimated",
     }
 }
 

@@ -11,7 +11,7 @@ use super::rows::Attempt;
 use super::schema::{jobs, usage_ledger, usage_tallies};
 use super::{DbConnection, StoreError, StoreResult};
 use crate::domain::ledger::{is_late, AnswerKind, Price};
-use crate::domain::{AttemptId, JobId, Usage, UserId};
+use crate::domain::{AttemptId, JobId, Usage, UsageSource, UserId};
 
 /// What the caller knows of a call's cost before its outcome is recorded:
 /// the tokens the provider reported (`None`: it did not say, and onejob
@@ -52,7 +52,7 @@ pub struct LedgerEntry {
     pub prompt_tokens: i64,
     pub completion_tokens: i64,
     pub cached_tokens: i64,
-    pub usage_source: String,
+    pub usage_source: UsageSource,
     pub cost_micros: Option<i64>,
     pub price_effective_from: Option<i64>,
     pub currency: Option<String>,
@@ -136,7 +136,7 @@ pub(super) fn record_call(
         prompt_tokens: tokens(usage.prompt_tokens),
         completion_tokens: tokens(usage.completion_tokens),
         cached_tokens: tokens(usage.cached_tokens),
-        usage_source: usage.source.as_str().to_owned(),
+        usage_source: usage.source,
         cost_micros: price.map(|p| p.cost_micros(&usage)),
         price_effective_from: price.map(|p| p.effective_from_ms),
         currency: price.map(|_| charge.currency.clone()),

@@ -11,7 +11,8 @@ use diesel::sqlite::{Sqlite, SqliteValue};
 
 use super::DbConnection;
 use crate::domain::{
-    AttemptId, AttemptState, AuditAction, JobId, JobStatus, JsonText, RaceResult, Role, UserId,
+    AttemptId, AttemptState, AuditAction, JobId, JobStatus, JsonText, RaceResult, Role,
+    UsageSource, UserId,
 };
 
 type Multi = <DbConnection as diesel::Connection>::Backend;
@@ -80,6 +81,8 @@ text_column!(Role, |v| v.as_str(), |t| Role::parse(&t)
     .ok_or_else(|| unknown("role", &t)));
 text_column!(AuditAction, |v| v.as_str(), |t| AuditAction::parse(&t)
     .ok_or_else(|| unknown("audit action", &t)));
+text_column!(UsageSource, |v| v.as_str(), |t| UsageSource::parse(&t)
+    .ok_or_else(|| unknown("usage source", &t)));
 text_column!(JsonText, |v| v.as_str(), |t| JsonText::parse(t).map_err(
     |e| format!("a stored JSON column does not parse: {e}").into()
 ));

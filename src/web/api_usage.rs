@@ -303,7 +303,7 @@ fn attempt_usage(attempt: &crate::app::Attempt, entry: Option<&LedgerEntry>) -> 
         prompt_tokens: entry.map(|e| e.prompt_tokens),
         completion_tokens: entry.map(|e| e.completion_tokens),
         cached_tokens: entry.map(|e| e.cached_tokens),
-        usage_source: entry.map(|e| e.usage_source.clone()),
+        usage_source: entry.map(|e| e.usage_source.as_str().to_owned()),
         cost: entry.and_then(|e| e.cost_micros).map(format_micros),
         price_effective_from: entry
             .and_then(|e| e.price_effective_from)

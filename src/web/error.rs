@@ -8,6 +8,7 @@ use actix_web::{HttpResponse, ResponseError};
 use serde_json::{json, Map, Value};
 
 use crate::app::AppError;
+use crate::domain::ledger::BudgetLimit;
 
 /// The stable problem types. The `type` URI is `/problems/<slug>`, which
 /// the server also answers with a short description.
@@ -260,18 +261,16 @@ impl From<crate::domain::json_depth::TooDeep> for ApiError {
 /// A budget amount as the API shows it: currency units (a decimal string)
 /// for a spend limit, a count for a token limit.
 fn refused_amount(refused: &crate::app::BudgetRefusal, value: i64) -> Value {
-    if refused.limit_name == "spend_limit" {
-        json!(crate::domain::ledger::format_micros(value))
-    } else {
-        json!(value)
+    match refused.limit_name {
+        BudgetLimit::Spend => json!(crate::domain::ledger::format_micros(value)),
+        BudgetLimit::Tokens => json!(value),
     }
 }
 
 fn refused_unit(refused: &crate::app::BudgetRefusal) -> String {
-    if refused.limit_name == "spend_limit" {
-        refused.currency.clone()
-    } else {
-        "tokens".into()
+    match refused.limit_name {
+        BudgetLimit::Spend => refused.currency.clone(),
+        BudgetLimit::Tokens => "tokens".into(),
     }
 }
 
@@ -339,7 +338,7 @@ impl From<AppError> for ApiError {
                 Self::new(ProblemType::WebhookEndpointLimit, detail).with("limit", cap)
             }
             AppError::BudgetExceeded(refused) => Self::new(ProblemType::BudgetExceeded, detail)
-                .with("limit", refused.limit_name)
+                .with("limit", refused.limit_name.as_str())
                 .with("limit_value", refused_amount(&refused, refused.limit))
                 .with("committed", refused_amount(&refused, refused.committed))
                 .with("requested", refused_amount(&refused, refused.wanted))

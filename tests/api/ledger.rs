@@ -152,7 +152,7 @@ async fn usage_and_cost_are_recorded_for_winning_losing_and_late_answers(backend
         (won.prompt_tokens, won.completion_tokens, won.cached_tokens),
         (1000, 200, 0)
     );
-    assert_eq!(won.usage_source, "reported");
+    assert_eq!(won.usage_source, onejob::domain::UsageSource::Reported);
     // 1000 × 1.0 + 200 × 4.0 per million: 0.0018 EUR.
     assert_eq!(won.cost_micros, Some(1800));
     assert_eq!(won.currency.as_deref(), Some("EUR"));

@@ -359,7 +359,7 @@ fn usage_words(a: &Attempt, entry: Option<&crate::app::LedgerEntry>) -> String {
                 (Some(micros), Some(currency)) => format!(", {} {currency}", format_micros(micros)),
                 _ => ", not priced".to_owned(),
             };
-            let estimated = if e.usage_source == "estimated" {
+            let estimated = if e.usage_source == crate::domain::UsageSource::Estimated {
                 " (estimated)"
             } else {
                 ""

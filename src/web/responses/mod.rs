@@ -33,7 +33,7 @@ use crate::app::{App, AppError, Attempt, Job};
 use crate::chat::openai_chat::{self, StoredAnswer, Target};
 use crate::chat::responses::{self as codec, ResponseError, ResponseView, ResponsesRequest};
 use crate::chat::{Answer, Message, StopReason};
-use crate::domain::responses::{status_of, ResponseId};
+use crate::domain::responses::{status_of, ResponseId, ResponseStatus};
 use crate::domain::{JobStatus, JsonText};
 
 /// The door's error: OpenAI's body.
@@ -247,7 +247,7 @@ fn response_object(job: &Job, stage: Stage) -> ResponseObject {
                 .as_ref()
                 .is_some_and(|a| a.stop == StopReason::MaxTokens),
         ),
-        Stage::Started => "in_progress",
+        Stage::Started => ResponseStatus::InProgress,
     };
     let error = (stage == Stage::AsIs && job.status == JobStatus::Failed).then(|| {
         let reason = job.failure_reason.as_deref().map_or_else(

@@ -22,7 +22,7 @@ use super::{answer_of, response_object, Stage};
 use crate::app::{App, Job};
 use crate::chat::responses::{event_text, OutputMessage, OutputText, StreamData};
 use crate::chat::Delta;
-use crate::domain::responses::ResponseId;
+use crate::domain::responses::{ResponseId, ResponseStatus};
 use crate::domain::JobStatus;
 use crate::web::chat_door::{stream_response, ChatError, Responses, StreamFormat};
 
@@ -133,8 +133,8 @@ impl StreamFormat for Events {
             item: OutputMessage::of(&self.id, Some(answer), "completed"),
         };
         text.push_str(&self.event("response.output_item.done", &item));
-        let kind = match response.status.as_str() {
-            "incomplete" => "response.incomplete",
+        let kind = match response.status {
+            ResponseStatus::Incomplete => "response.incomplete",
             _ => "response.completed",
         };
         let response = Box::new(response);
