@@ -7,7 +7,9 @@
 //! | use case | module |
 //! |---|---|
 //! | create a job under an idempotency key | [`intake`] |
+//! | let a duplicate in flight wait for its twin's creation | `singleflight` |
 //! | start a new attempt (behind the failover gate) | [`retry`] |
+//! | the failover gate: which providers a job may go to | [`gate`] |
 //! | cancel a job (no new attempts; a late answer is race-logged) | [`cancel`] |
 //! | apply a provider's outcome (CAS, race log, failover) | [`outcomes`] |
 //! | abandon an unknown attempt, mark a job failed (audited) | [`resolve`] |
@@ -15,9 +17,21 @@
 //! | send an attempt (render, call, judge) | [`dispatch`] |
 //! | a provider's signed late answer | [`callbacks`] |
 //! | claim, lease and reap attempts (the worker) | [`work`] |
+//! | wait for a job to finish (`Prefer: wait`, the chat doors) | [`waiting`] |
+//! | a job's stream: release, batch, follow | [`streams`] |
 //! | users, tokens, sessions | [`accounts`] |
+//! | take password checks in turn | [`password_queue`] |
 //! | what people read: jobs, the console | [`queries`] |
+//! | the console's charts | [`charts`] |
+//! | usage, prices, budgets and the usage report | [`ledger`] |
 //! | completion webhooks: endpoints, delivery | [`webhooks`] |
+//! | what the webhook pages read | [`webhook_views`] |
+//! | remove what retention no longer keeps | [`retention`] |
+//! | the Prometheus metrics | [`metrics`] |
+//! | the one error type, storage errors mapped once | [`error`] |
+//!
+//! `web` reaches the store only through here: the rows and reports the use
+//! cases return are re-exported below.
 
 pub mod accounts;
 pub mod callbacks;
