@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# The server's instructions per /v1/chat/completions request, counted by
+# callgrind: a figure that does not move with the machine's load, to set
+# beside the benchmark's latencies (`bench --only overhead`) when two builds
+# are compared. One `onejob serve` runs under valgrind against a local
+# OpenAI-compatible upstream; counting is on only while N sequential
+# requests (each under its own key, each answered 200) are served, after a
+# warm-up.
+#
+# Usage: scripts/door_instructions.sh path/to/onejob sqlite|postgres [N]
+# (PostgreSQL at $ONEJOB_TEST_POSTGRES, default postgres://postgres@127.0.0.1:5432)
+set -euo pipefail
+onejob=$1; backend=$2; n=${3:-200}
+pg=${ONEJOB_TEST_POSTGRES:-postgres://postgres@127.0.0.1:5432}
+work=$(mktemp -d)
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+up=$(free_port); port=$(free_port)
+pids=()
+db=""
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  if [ -n "$db" ]; then psql -q "$pg/postgres" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" || true; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+cat > "$work/upstream.py" <<'PY'
+import json, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+BODY = json.dumps({"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m",
+  "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+  "usage": {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12}}).encode()
+class Upstream(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(BODY)))
+        self.end_headers()
+        self.wfile.write(BODY)
+    def log_message(self, *args):
+        pass
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Upstream).serve_forever()
+PY
+cat > "$work/client.py" <<'PY'
+import http.client, json, sys
+port, token, n, tag = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+for i in range(n):
+    body = json.dumps({"model": "chat", "messages": [{"role": "user", "content": f"hello {i}"}]})
+    conn.request("POST", "/v1/chat/completions", body, {"Authorization": "Bearer " + token,
+                 "Idempotency-Key": f"{tag}-{i}", "Content-Type": "application/json"})
+    response = conn.getresponse(); response.read()
+    if response.status != 200:
+        sys.exit(f"request {i} answered {response.status}")
+PY
+cat > "$work/onejob.toml" <<TOML
+[[providers]]
+name = "up"
+kind = "openai"
+base_url = "http://127.0.0.1:$up/v1"
+model = "m"
+api_key_env = "DOOR_INSTRUCTIONS_KEY"
+timeout_ms = 30000
+
+[[tasks]]
+name = "chat"
+kind = "chat"
+providers = ["up"]
+TOML
+python3 "$work/upstream.py" "$up" & pids+=($!)
+if [ "$backend" = sqlite ]; then
+  url="$work/onejob.db"
+else
+  db="door_instructions_$$"
+  psql -q "$pg/postgres" -c "CREATE DATABASE $db"
+  url="$pg/$db"
+fi
+export DOOR_INSTRUCTIONS_KEY=key
+run() { "$onejob" --config "$work/onejob.toml" --database-url "$url" "$@"; }
+run migrate >/dev/null 2>&1
+token=$(run users add caller --role admin 2>/dev/null | tail -n 1)
+RUST_LOG=warn valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/callgrind.out" \
+  "$onejob" --config "$work/onejob.toml" --database-url "$url" serve --bind "127.0.0.1:$port" \
+  >"$work/server.log" 2>&1 & pids+=($!)
+server=$!
+for _ in $(seq 1 300); do curl -fsS "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break; sleep 0.5; done
+python3 "$work/client.py" "$port" "$token" 30 warm-up
+callgrind_control -i on "$server" >/dev/null 2>&1
+python3 "$work/client.py" "$port" "$token" "$n" counted
+callgrind_control -i off "$server" >/dev/null 2>&1
+callgrind_control -d "$server" >/dev/null 2>&1
+sleep 1
+total=$(cat "$work"/callgrind.out* | awk '/^(summary|totals):/ {s += $2} END {print s}')
+echo "door instructions: $backend, $n requests: $total instructions, $((total / n)) per request"
