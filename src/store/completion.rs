@@ -486,9 +486,7 @@ fn settle_success_in_one_statement(
         .bind::<Text, _>(attempt.owner_id.as_str())
         .bind::<BigInt, _>(version_read)
         .bind::<Array<Text>, _>(from_states)
-        .bind::<Text, _>(crate::domain::webhook::subscription_pattern(
-            crate::domain::webhook::EventKind::JobSucceeded,
-        ))
+        .bind::<Text, _>(crate::domain::webhook::EventKind::JobSucceeded.as_str())
         .keep_prepared()
         .load(conn)?;
     let mut rows = settled.into_iter();

@@ -182,7 +182,6 @@ diesel::table! {
         id -> Text,
         owner_id -> Text,
         url -> Text,
-        events -> Text,
         enabled -> Bool,
         disabled_reason -> Nullable<Text>,
         disabled_at -> Nullable<BigInt>,
@@ -194,6 +193,16 @@ diesel::table! {
         failing_since -> Nullable<BigInt>,
         created_at -> BigInt,
         updated_at -> BigInt,
+    }
+}
+
+diesel::table! {
+    /// The event kinds an endpoint is subscribed to, one row each
+    /// (`store::webhooks`).
+    webhook_subscriptions (owner_id, endpoint_id, kind) {
+        owner_id -> Text,
+        endpoint_id -> Text,
+        kind -> Text,
     }
 }
 
@@ -238,8 +247,10 @@ diesel::table! {
 
 diesel::joinable!(webhook_events -> webhook_endpoints (endpoint_id));
 diesel::joinable!(webhook_deliveries -> webhook_events (event_id));
+diesel::joinable!(webhook_subscriptions -> webhook_endpoints (endpoint_id));
 diesel::allow_tables_to_appear_in_same_query!(
     webhook_endpoints,
+    webhook_subscriptions,
     webhook_events,
     webhook_deliveries,
     jobs
