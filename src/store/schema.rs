@@ -64,9 +64,13 @@ diesel::table! {
         version -> BigInt,
         result -> Nullable<Text>,
         completed_by -> Nullable<Text>,
+        /// A failed job's reason: its summary (`failure_kind` and
+        /// `failure_detail` are the rest, `domain::outcome::Reason`).
         failure_reason -> Nullable<Text>,
         created_at -> BigInt,
         updated_at -> BigInt,
+        failure_kind -> Nullable<Text>,
+        failure_detail -> Nullable<Text>,
     }
 }
 
@@ -85,11 +89,15 @@ diesel::table! {
         started_at -> Nullable<BigInt>,
         timeout_at -> Nullable<BigInt>,
         finished_at -> Nullable<BigInt>,
+        /// Why it failed, is unknown or was closed: the reason's summary
+        /// (`error_kind` and `error_detail` are the rest).
         error -> Nullable<Text>,
         sent_at -> Nullable<BigInt>,
         /// The job's owner.
         owner_id -> Text,
         not_before -> Nullable<BigInt>,
+        error_kind -> Nullable<Text>,
+        error_detail -> Nullable<Text>,
     }
 }
 

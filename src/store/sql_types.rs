@@ -12,7 +12,8 @@ use diesel::sqlite::{Sqlite, SqliteValue};
 use super::DbConnection;
 use crate::domain::webhook::EventKind;
 use crate::domain::{
-    AttemptId, AttemptState, AuditAction, JobId, JobStatus, JsonText, RaceResult, Role, UserId,
+    AttemptId, AttemptState, AuditAction, JobId, JobStatus, JsonText, RaceResult, ReasonKind, Role,
+    UserId,
 };
 
 type Multi = <DbConnection as diesel::Connection>::Backend;
@@ -81,6 +82,8 @@ text_column!(Role, |v| v.as_str(), |t| Role::parse(&t)
     .ok_or_else(|| unknown("role", &t)));
 text_column!(EventKind, |v| v.as_str(), |t| EventKind::parse(&t)
     .ok_or_else(|| unknown("webhook event kind", &t)));
+text_column!(ReasonKind, |v| v.as_str(), |t| ReasonKind::parse(&t)
+    .ok_or_else(|| unknown("failure kind", &t)));
 text_column!(AuditAction, |v| v.as_str(), |t| AuditAction::parse(&t)
     .ok_or_else(|| unknown("audit action", &t)));
 text_column!(JsonText, |v| v.as_str(), |t| JsonText::parse(t).map_err(

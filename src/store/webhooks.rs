@@ -564,6 +564,7 @@ pub fn record_event(
     };
     let result = job.result.as_ref().map(|r| r.as_str().to_owned());
     let completed_by = job.completed_by.as_ref().map(|a| a.to_string());
+    let failure_reason = job.failure().map(|r| r.for_staff());
     let data = EventData {
         job_id: job.id.as_str(),
         owner_id: job.owner_id.as_str(),
@@ -572,7 +573,7 @@ pub fn record_event(
         task: &job.task,
         provider: &job.provider,
         completed_by: completed_by.as_deref(),
-        failure_reason: job.failure_reason.as_deref(),
+        failure_reason: failure_reason.as_deref(),
         result: result.as_deref(),
         attempt_id: attempt_id.as_deref(),
         created_at_ms: job.created_at,
