@@ -9,7 +9,7 @@ use serde_json::Value;
 use super::{App, AppError, AppResult, Attempt, Job};
 use crate::domain::retry::Failure;
 use crate::domain::stream::failure_after;
-use crate::domain::{Applied, AttemptId, Outcome, RetryPolicy, Usage};
+use crate::domain::{Applied, AttemptId, Outcome, Reason, RetryPolicy, Usage};
 use crate::store::completion::{FailurePlan, Recorded};
 use crate::store::ledger::Charge;
 use crate::store::transitions::AttemptKey;
@@ -56,7 +56,7 @@ impl App {
                 let recorded = self
                     .apply_failure(
                         attempt,
-                        error.to_stored(),
+                        error,
                         failure_after(released, Failure::Definite),
                         charge,
                     )
@@ -70,13 +70,13 @@ impl App {
                 };
                 let failure = failure_after(released, failure);
                 let recorded = self
-                    .apply_failure(attempt, refusal.reason.to_stored(), failure, charge)
+                    .apply_failure(attempt, refusal.reason, failure, charge)
                     .await?;
                 self.count_usage(&recorded);
                 (recorded.applied, Some(recorded.job_id))
             }
             Outcome::Unknown(reason) => {
-                let (key, reason) = (attempt.clone(), reason.to_stored());
+                let key = attempt.clone();
                 let applied = self
                     .store()
                     .run(move |conn| queue::mark_unknown(conn, &key, &reason))
@@ -196,7 +196,7 @@ impl App {
     async fn apply_failure(
         &self,
         attempt: &AttemptKey,
-        error: String,
+        error: Reason,
         failure: Failure,
         charge: Charge,
     ) -> AppResult<Recorded> {

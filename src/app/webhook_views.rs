@@ -45,7 +45,7 @@ impl App {
                     deliveries: webhooks::deliveries_of_job(conn, &key)?,
                     endpoints: webhooks::list_endpoints(conn, &key.owner_id)?
                         .into_iter()
-                        .map(|e| (e.id, e.url))
+                        .map(|e| (e.row.id, e.row.url))
                         .collect(),
                 })
             })

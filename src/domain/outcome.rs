@@ -55,32 +55,37 @@ impl Refusal {
     }
 }
 
-/// What kind of failure a [`Reason`] tells of.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReasonKind {
-    /// The provider answered, but not with what the task takes: not JSON,
-    /// outside the output schema, too large (`invalid_output`).
-    InvalidOutput,
-    /// Any other failure; its summary says which.
-    Other,
+text_enum! {
+    /// What kind of failure a [`Reason`] tells of (stored as its text in
+    /// `attempts.error_kind` and `jobs.failure_kind`).
+    stored pub enum ReasonKind {
+        /// The provider answered, but not with what the task takes: not
+        /// JSON, outside the output schema, too large (`invalid_output`).
+        InvalidOutput = "invalid_output",
+        /// Any other failure; its summary says which.
+        Other = "other",
+    }
 }
 
 /// How an [`ReasonKind::InvalidOutput`] reason's text begins.
 const INVALID_OUTPUT_PREFIX: &str = "invalid_output: ";
 
 /// Where a reason's own words end and the provider's text (an error body,
-/// a connection error naming hosts) begins, in its stored text. Owners see
-/// the words before it; support staff see all.
+/// a connection error naming hosts) begins, in the text support staff are
+/// shown ([`Reason::for_staff`]). Owners see the words before it.
 pub const DETAIL_MARKER: &str = "\n— the provider said: ";
 
 /// Why an attempt failed or has an unknown outcome: its kind, the summary
 /// its job's owner may see, and the provider's own text (which can name
 /// internal hosts or accounts), for support staff only.
 ///
-/// It is stored as one text (`attempts.error`): the kind's prefix
-/// (`invalid_output: `), the summary, then [`DETAIL_MARKER`] and the
-/// provider's text, if any. Rows written before this type was read the same
-/// way, so [`Reason::from_stored`] reads every stored reason.
+/// It is stored in three columns: the kind, the summary and the detail
+/// (`attempts.error_kind`, `error`, `error_detail`; `jobs.failure_kind`,
+/// `failure_reason`, `failure_detail`), and read back with
+/// [`Reason::from_columns`]. Rows written when it was one text, the kind's
+/// prefix (`invalid_output: `), the summary, then [`DETAIL_MARKER`] and the
+/// provider's text, were split into the columns by the migration
+/// `2026-12-03-000016_failure_reason_columns`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reason {
     kind: ReasonKind,
@@ -102,6 +107,16 @@ impl Reason {
         Self {
             kind: ReasonKind::InvalidOutput,
             ..Self::new(summary)
+        }
+    }
+
+    /// A reason as its columns hold it: nothing is parsed, trimmed or
+    /// dropped.
+    pub fn from_columns(kind: ReasonKind, summary: String, detail: Option<String>) -> Self {
+        Self {
+            kind,
+            summary,
+            detail,
         }
     }
 
@@ -134,29 +149,24 @@ impl Reason {
         }
     }
 
-    /// The text it is stored as (and support staff are shown).
-    pub fn to_stored(&self) -> String {
+    /// What support staff are shown: what the owner sees, then
+    /// [`DETAIL_MARKER`] and the provider's text, if any.
+    pub fn for_staff(&self) -> String {
         match &self.detail {
             Some(detail) => format!("{}{DETAIL_MARKER}{detail}", self.for_owner()),
             None => self.for_owner(),
         }
     }
 
-    /// Reads a stored reason back.
-    pub fn from_stored(text: &str) -> Self {
-        let (words, detail) = match text.split_once(DETAIL_MARKER) {
-            Some((words, detail)) => (words, Some(detail.to_owned())),
-            None => (text, None),
-        };
-        let (kind, summary) = match words.strip_prefix(INVALID_OUTPUT_PREFIX) {
-            Some(summary) => (ReasonKind::InvalidOutput, summary),
-            None => (ReasonKind::Other, words),
-        };
-        Self {
-            kind,
-            summary: summary.to_owned(),
-            detail,
+    /// The same reason with `tail` written after all of it: after the
+    /// provider's text when there is some, else after the summary. Its
+    /// [`Reason::for_staff`] is the old one's followed by `tail`.
+    pub fn followed_by(mut self, tail: &str) -> Self {
+        match &mut self.detail {
+            Some(detail) => detail.push_str(tail),
+            None => self.summary.push_str(tail),
         }
+        self
     }
 
     /// The same reason with `f` applied to its summary and to its
@@ -172,7 +182,7 @@ impl Reason {
 
 impl fmt::Display for Reason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.to_stored())
+        f.write_str(&self.for_staff())
     }
 }
 
@@ -341,32 +351,53 @@ mod tests {
             reason.for_owner(),
             "the provider refused the request with 400"
         );
-        assert!(reason.to_stored().ends_with("db-7.internal: quota"));
+        assert!(reason.for_staff().ends_with("db-7.internal: quota"));
         assert_eq!(
-            Reason::new("timeout").with_detail("  ").to_stored(),
+            Reason::new("timeout").with_detail("  ").for_staff(),
             "timeout"
-        );
-        assert_eq!(
-            Reason::from_stored("no detail here").for_owner(),
-            "no detail here"
         );
     }
 
     #[test]
-    fn stored_reasons_read_back_with_their_kind_summary_and_detail() {
-        let stored = "invalid_output: the answer is not JSON\n— the provider said: <html>";
-        let reason = Reason::from_stored(stored);
-        assert_eq!(reason.kind(), ReasonKind::InvalidOutput);
-        assert_eq!(reason.summary(), "the answer is not JSON");
-        assert_eq!(reason.detail(), Some("<html>"));
+    fn reasons_read_back_from_their_columns_as_written() {
+        let reason = Reason::from_columns(
+            ReasonKind::InvalidOutput,
+            "the answer is not JSON".into(),
+            Some("<html>".into()),
+        );
+        assert_eq!(
+            reason,
+            Reason::invalid_output("the answer is not JSON").with_detail("<html>")
+        );
         assert_eq!(reason.for_owner(), "invalid_output: the answer is not JSON");
-        assert_eq!(reason.to_stored(), stored);
-        let plain = Reason::from_stored("rate limited (429)");
-        assert_eq!((plain.kind(), plain.detail()), (ReasonKind::Other, None));
+        assert_eq!(
+            reason.for_staff(),
+            "invalid_output: the answer is not JSON\n— the provider said: <html>"
+        );
+        let plain = Reason::from_columns(ReasonKind::Other, "rate limited (429)".into(), None);
         assert_eq!(plain, Reason::new("rate limited (429)"));
         assert_eq!(
             Reason::invalid_output("too large").to_string(),
             "invalid_output: too large"
+        );
+        assert_eq!(
+            ReasonKind::parse("invalid_output"),
+            Some(ReasonKind::InvalidOutput)
+        );
+    }
+
+    #[test]
+    fn a_tail_follows_the_whole_reason() {
+        let tail = "; closed";
+        let with_detail = Reason::new("timeout").with_detail("upstream");
+        assert_eq!(
+            with_detail.clone().followed_by(tail).for_staff(),
+            with_detail.for_staff() + tail
+        );
+        let plain = Reason::invalid_output("too large");
+        assert_eq!(
+            plain.clone().followed_by(tail).for_owner(),
+            plain.for_owner() + tail
         );
     }
 

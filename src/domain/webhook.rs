@@ -16,8 +16,9 @@ use super::Secret;
 type HmacSha256 = Hmac<Sha256>;
 
 text_enum! {
-    /// What happened to a job, as a webhook event's `type`.
-    pub enum EventKind {
+    /// What happened to a job, as a webhook event's `type` (and a
+    /// `webhook_subscriptions` row's `kind`).
+    stored pub enum EventKind {
         /// The job succeeded: its result is final.
         JobSucceeded = "job.succeeded",
         /// The job failed for good.
@@ -68,37 +69,27 @@ pub const MAX_URL_INPUT_LEN: usize = MAX_URL_LEN - 1;
 /// The most bytes of an answer's body a delivery row keeps.
 pub const MAX_RESPONSE_BODY: usize = 1024;
 
-/// The subscription as stored in `webhook_endpoints.events`: the kinds,
-/// sorted and deduplicated, between commas (`,job.failed,job.succeeded,`),
-/// so that [`subscription_pattern`] finds one with `LIKE`.
-pub fn events_column(kinds: &[EventKind]) -> String {
-    let mut names: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
-    names.sort_unstable();
-    names.dedup();
-    format!(",{},", names.join(","))
+/// A subscription as it is kept and shown: the kinds, each once, sorted by
+/// their text (`job.failed` before `job.succeeded`). Stored as one
+/// `webhook_subscriptions` row per kind.
+pub fn subscription(kinds: &[EventKind]) -> Vec<EventKind> {
+    let mut kinds = kinds.to_vec();
+    kinds.sort_unstable_by_key(|k| k.as_str());
+    kinds.dedup();
+    kinds
 }
 
-/// The kinds a stored subscription names (unknown text is skipped).
-pub fn parse_events_column(text: &str) -> Vec<EventKind> {
-    text.split(',').filter_map(EventKind::parse).collect()
-}
-
-/// The `LIKE` pattern that matches a stored subscription naming `kind`.
-pub fn subscription_pattern(kind: EventKind) -> String {
-    format!("%,{},%", kind.as_str())
-}
-
-/// Whether the stored subscription `events` names `kind`: the rule the
-/// outbox's `INSERT … SELECT` applies with [`subscription_pattern`].
-pub fn subscribes(events: &str, kind: EventKind) -> bool {
-    events.contains(&format!(",{},", kind.as_str()))
+/// Whether a subscription to `kinds` names `kind`: the rule the outbox's
+/// look-up applies with `webhook_subscriptions.kind = kind`.
+pub fn subscribes(kinds: &[EventKind], kind: EventKind) -> bool {
+    kinds.contains(&kind)
 }
 
 /// Whether a job's state change of `kind` writes an outbox row for an
 /// endpoint: it is enabled and subscribed to `kind`. The rule
 /// `store::webhooks::record_event`'s `WHERE` applies.
-pub fn records_event(enabled: bool, events: &str, kind: EventKind) -> bool {
-    enabled && subscribes(events, kind)
+pub fn records_event(enabled: bool, kinds: &[EventKind], kind: EventKind) -> bool {
+    enabled && subscribes(kinds, kind)
 }
 
 /// Whether the delivery loop may claim an outbox row at `now` (database
@@ -1165,23 +1156,16 @@ mod tests {
     }
 
     #[test]
-    fn subscriptions_are_stored_sorted_between_commas() {
-        let column = events_column(&[
+    fn subscriptions_are_kept_sorted_each_kind_once() {
+        let kinds = subscription(&[
             EventKind::JobSucceeded,
             EventKind::JobFailed,
             EventKind::JobFailed,
         ]);
-        assert_eq!(column, ",job.failed,job.succeeded,");
-        assert!(subscribes(&column, EventKind::JobFailed));
-        assert!(!subscribes(&column, EventKind::JobUnknown));
-        assert_eq!(
-            parse_events_column(&column),
-            vec![EventKind::JobFailed, EventKind::JobSucceeded]
-        );
-        assert_eq!(
-            subscription_pattern(EventKind::JobUnknown),
-            "%,job.unknown,%"
-        );
+        assert_eq!(kinds, vec![EventKind::JobFailed, EventKind::JobSucceeded]);
+        assert!(subscribes(&kinds, EventKind::JobFailed));
+        assert!(!subscribes(&kinds, EventKind::JobUnknown));
+        assert!(!records_event(false, &kinds, EventKind::JobFailed));
         assert_eq!(parse_events(&[]), Err(EventsRefusal::Empty));
         assert!(matches!(
             parse_events(&["job.done".to_owned()]),

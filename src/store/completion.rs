@@ -21,7 +21,7 @@ use crate::domain::ledger::AnswerKind;
 use crate::domain::retry::{next_step, Failure, Made, NextStep};
 use crate::domain::{
     canonical_json, sha256_hex, AllowedProviders, Applied, AttemptEvent, AttemptId, AttemptState,
-    JobId, JobStatus, JsonText, RaceResult, RetryPolicy, UserId,
+    JobId, JobStatus, JsonText, RaceResult, Reason, ReasonKind, RetryPolicy, UserId,
 };
 
 /// [`settle_answer`] of a call not priced, whose usage was not reported.
@@ -137,7 +137,7 @@ impl Answer<'_> {
 fn discard_answer(conn: &mut DbConnection, answer: Answer<'_>) -> StoreResult<Recorded> {
     let attempt = &answer.attempt;
     let job = get_job(conn, &attempt.job_key())?;
-    let reason = match (attempt.state, &attempt.error) {
+    let reason = match (attempt.state, attempt.reason()) {
         (AttemptState::Succeeded, _) => {
             "a repeated answer: the attempt had already answered".to_owned()
         }
@@ -381,6 +381,10 @@ struct Settled {
     created_at: Option<i64>,
     #[diesel(sql_type = Nullable<BigInt>)]
     updated_at: Option<i64>,
+    #[diesel(sql_type = Nullable<Text>)]
+    failure_kind: Option<ReasonKind>,
+    #[diesel(sql_type = Nullable<Text>)]
+    failure_detail: Option<String>,
     #[diesel(sql_type = diesel::sql_types::Bool)]
     subscribed: bool,
 }
@@ -406,12 +410,14 @@ impl Settled {
             failure_reason: self.failure_reason,
             created_at: self.created_at?,
             updated_at: self.updated_at?,
+            failure_kind: self.failure_kind,
+            failure_detail: self.failure_detail,
         })
     }
 }
 
 /// The job's columns, in the order [`Settled`] names them.
-const JOB_COLUMNS: [&str; 16] = [
+const JOB_COLUMNS: [&str; 18] = [
     "id",
     "owner_id",
     "idempotency_key",
@@ -428,6 +434,8 @@ const JOB_COLUMNS: [&str; 16] = [
     "failure_reason",
     "created_at",
     "updated_at",
+    "failure_kind",
+    "failure_detail",
 ];
 
 /// [`settle_success_in_one_statement`]'s text, written once.
@@ -486,9 +494,7 @@ fn settle_success_in_one_statement(
         .bind::<Text, _>(attempt.owner_id.as_str())
         .bind::<BigInt, _>(version_read)
         .bind::<Array<Text>, _>(from_states)
-        .bind::<Text, _>(crate::domain::webhook::subscription_pattern(
-            crate::domain::webhook::EventKind::JobSucceeded,
-        ))
+        .bind::<Text, _>(crate::domain::webhook::EventKind::JobSucceeded.as_str())
         .keep_prepared()
         .load(conn)?;
     let mut rows = settled.into_iter();
@@ -565,7 +571,9 @@ pub(super) fn skip_queued_attempts(
         attempts::state.eq(AttemptEvent::Skipped.target()),
         attempts::finished_at.eq(now),
         attempts::lease_expires_at.eq(None::<i64>),
+        attempts::error_kind.eq(ReasonKind::Other),
         attempts::error.eq(note),
+        attempts::error_detail.eq(None::<String>),
     ))
     .execute(conn)
 }
@@ -586,7 +594,7 @@ pub struct FailurePlan {
 pub fn complete_failure(
     conn: &mut DbConnection,
     key: &AttemptKey,
-    error: &str,
+    error: &Reason,
     failure: Failure,
     plan: &FailurePlan,
 ) -> StoreResult<Applied> {
@@ -602,7 +610,7 @@ pub fn complete_failure(
 pub fn record_failure(
     conn: &mut DbConnection,
     key: &AttemptKey,
-    error: &str,
+    error: &Reason,
     failure: Failure,
     plan: &FailurePlan,
     charge: &Charge,
@@ -651,7 +659,7 @@ fn decide_after_failure(
     conn: &mut DbConnection,
     attempt: &Attempt,
     job: &Job,
-    error: &str,
+    error: &Reason,
     failure: Failure,
     plan: &FailurePlan,
     now: i64,
@@ -711,12 +719,8 @@ fn decide_after_failure(
             // The job's reason is for its owner: the provider's own text
             // stays on the attempt, for support.
             let tried: Vec<String> = attempts.iter().map(|a| a.provider.clone()).collect();
-            let reason = give_up.reason(
-                &tried,
-                &plan.gate.skipped,
-                &crate::domain::outcome::Reason::from_stored(error).for_owner(),
-            );
-            if fail_job(conn, job, &reason, now)? {
+            let reason = give_up.reason(&tried, &plan.gate.skipped, &error.for_owner());
+            if fail_job(conn, job, &Reason::new(reason.as_str()), now)? {
                 Ok(Applied::JobFailed { reason })
             } else {
                 Ok(Applied::Recorded)

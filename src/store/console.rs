@@ -7,7 +7,9 @@ use super::queue::same_job;
 use super::rows::RaceEntry;
 use super::schema::{attempts, audit_log, jobs, race_log, users};
 use super::{DbConnection, StoreResult};
-use crate::domain::{AttemptId, AttemptState, AuditAction, JobId, JobStatus, UserId};
+use crate::domain::{
+    AttemptId, AttemptState, AuditAction, JobId, JobStatus, Reason, ReasonKind, UserId,
+};
 
 /// An attempt stuck in `unknown`, with what is known about it.
 #[derive(Debug, Clone, Queryable)]
@@ -20,10 +22,24 @@ pub struct UnknownAttempt {
     pub number: i32,
     pub started_at: Option<i64>,
     pub timeout_at: Option<i64>,
+    /// Why it is unknown, in its three columns: see [`UnknownAttempt::reason`].
+    pub error_kind: Option<ReasonKind>,
     pub error: Option<String>,
+    pub error_detail: Option<String>,
     /// The job's status: an unknown attempt of a job that another attempt
     /// already won can only lose; support may abandon it without a worry.
     pub job_status: JobStatus,
+}
+
+impl UnknownAttempt {
+    /// Why it is unknown, from its columns.
+    pub fn reason(&self) -> Option<Reason> {
+        super::rows::reason_of(
+            self.error_kind,
+            self.error.as_ref(),
+            self.error_detail.as_ref(),
+        )
+    }
 }
 
 /// Attempts in `unknown`, oldest first, `limit` at a time, after the attempt
@@ -48,7 +64,9 @@ pub fn unknown_attempts(
             attempts::number,
             attempts::started_at,
             attempts::timeout_at,
+            attempts::error_kind,
             attempts::error,
+            attempts::error_detail,
             jobs::status,
         ))
         .into_boxed();

@@ -25,6 +25,7 @@ pub const LAYOUT: Layout = Layout {
         "audit_log",
         "stream_chunks",
         "webhook_endpoints",
+        "webhook_subscriptions",
         "webhook_events",
         "webhook_deliveries",
         "usage_ledger",

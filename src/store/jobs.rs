@@ -163,6 +163,8 @@ fn new_job_row(new: &NewJob, now: i64) -> Job {
         failure_reason: None,
         created_at: now,
         updated_at: now,
+        failure_kind: None,
+        failure_detail: None,
     }
 }
 
@@ -171,7 +173,7 @@ fn new_job_row(new: &NewJob, now: i64) -> Job {
 /// while it was kept ("cached plan must not change result type").
 const ATTEMPT_COLUMNS: &str = "id, job_id, owner_id, number, provider, state, outcome, \
      version_read, lease_owner, lease_expires_at, created_at, started_at, timeout_at, \
-     finished_at, error, sent_at, not_before";
+     finished_at, error, sent_at, not_before, error_kind, error_detail";
 
 /// PostgreSQL: the job and its first attempt in one statement (a
 /// data-modifying `WITH`), atomic by itself, so one round trip instead of

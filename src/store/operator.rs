@@ -15,7 +15,8 @@ use super::transitions::{
 };
 use super::{now_ms, DbConnection, StoreError};
 use crate::domain::{
-    next_provider, AttemptEvent, AttemptId, AttemptState, AuditAction, JobId, JobStatus, UserId,
+    next_provider, AttemptEvent, AttemptId, AttemptState, AuditAction, JobId, JobStatus, Reason,
+    UserId,
 };
 
 /// Why an action on a job or attempt did not happen.
@@ -200,7 +201,7 @@ pub fn fail_job_by_operator(
             || !fail_job(
                 conn,
                 &job,
-                &format!("marked failed by support: {reason}"),
+                &Reason::new(format!("marked failed by support: {reason}")),
                 now,
             )?
         {
@@ -229,7 +230,7 @@ pub fn abandon(
             &attempt,
             AttemptEvent::Abandoned,
             now,
-            attempt.error.as_deref(),
+            attempt.reason().as_ref(),
         )? {
             return Err(ActionError::NotUnknown(attempt.state));
         }

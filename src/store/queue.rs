@@ -25,7 +25,9 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::domain::guards;
 use crate::domain::webhook::EventKind;
-use crate::domain::{Applied, AttemptEvent, AttemptId, AttemptState, JobId, JobStatus, UserId};
+use crate::domain::{
+    Applied, AttemptEvent, AttemptId, AttemptState, JobId, JobStatus, Reason, UserId,
+};
 
 /// Lease columns are nullable, so the clock is typed to match them.
 type Millis = diesel::expression::SqlLiteral<Nullable<BigInt>>;
@@ -515,21 +517,22 @@ fn close_unsent(conn: &mut DbConnection, attempt: &Attempt, guard: Guard<'_>) ->
         attempt,
         AttemptEvent::ClosedUnsent,
         now_ms(),
-        Some(NOT_SENT_JOB_FINISHED),
+        Some(&Reason::new(NOT_SENT_JOB_FINISHED)),
         guard,
     )?)
 }
 
-/// Why a sent attempt of a finished job is closed rather than left `unknown`.
-fn superseded_note(job: &Job, what: &str) -> String {
+/// Why a sent attempt of a finished job is closed rather than left
+/// `unknown`: `what` happened, followed by why it is closed.
+fn superseded_note(job: &Job, what: Reason) -> Reason {
     let how = match (&job.completed_by, job.status) {
         (Some(winner), _) => format!("succeeded through attempt {winner}"),
         (None, status) => format!("{status}"),
     };
-    format!(
-        "{what}; closed, not left unknown: its job had already {how}. The provider may have \
+    what.followed_by(&format!(
+        "; closed, not left unknown: its job had already {how}. The provider may have \
          received the request; a late answer is still written to the race log"
-    )
+    ))
 }
 
 /// The soft timeout passed: the attempt (and its job) become `unknown`. If
@@ -539,7 +542,7 @@ fn superseded_note(job: &Job, what: &str) -> String {
 pub fn mark_unknown(
     conn: &mut DbConnection,
     key: &AttemptKey,
-    reason: &str,
+    reason: &Reason,
 ) -> StoreResult<Applied> {
     write_transaction(conn, |conn| {
         let now = now_ms();
@@ -548,7 +551,7 @@ pub fn mark_unknown(
         if guards::on_soft_timeout(attempt.state, job.status.is_terminal())
             == AttemptEvent::Superseded
         {
-            let note = superseded_note(&job, reason);
+            let note = superseded_note(&job, reason.clone());
             if transition(conn, &attempt, AttemptEvent::Superseded, now, Some(&note))? {
                 return Ok(Applied::Superseded);
             }
@@ -624,7 +627,7 @@ fn expire_one(
                 return Ok(requeue(conn, &attempt, unsent)?.then_some(AttemptState::Queued));
             }
             AttemptEvent::Superseded => {
-                let note = superseded_note(&job, LEASE_EXPIRED);
+                let note = superseded_note(&job, Reason::new(LEASE_EXPIRED));
                 let closed =
                     transition(conn, &attempt, AttemptEvent::Superseded, now, Some(&note))?;
                 return Ok(closed.then_some(AttemptState::Abandoned));
@@ -636,7 +639,7 @@ fn expire_one(
             &attempt,
             AttemptEvent::LeaseExpired,
             now,
-            Some(LEASE_EXPIRED),
+            Some(&Reason::new(LEASE_EXPIRED)),
         )? {
             return Ok(None);
         }

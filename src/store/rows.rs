@@ -4,7 +4,9 @@
 use diesel::prelude::*;
 
 use super::schema::{attempts, jobs, qualifications, race_log};
-use crate::domain::{AttemptId, AttemptState, JobId, JobStatus, JsonText, RaceResult, UserId};
+use crate::domain::{
+    AttemptId, AttemptState, JobId, JobStatus, JsonText, RaceResult, Reason, ReasonKind, UserId,
+};
 
 /// A job: one user intent. Its intent columns never change.
 #[derive(Debug, Clone, PartialEq, Queryable, Selectable, Insertable)]
@@ -27,9 +29,57 @@ pub struct Job {
     pub result: Option<JsonText>,
     /// The attempt whose answer won.
     pub completed_by: Option<AttemptId>,
+    /// A failed job's reason, in three columns: see [`Job::failure`].
     pub failure_reason: Option<String>,
     pub created_at: i64,
     pub updated_at: i64,
+    pub failure_kind: Option<ReasonKind>,
+    pub failure_detail: Option<String>,
+}
+
+impl Job {
+    /// Why the job failed, from its columns; `None` unless it failed.
+    pub fn failure(&self) -> Option<Reason> {
+        reason_of(
+            self.failure_kind,
+            self.failure_reason.as_ref(),
+            self.failure_detail.as_ref(),
+        )
+    }
+
+    /// The job with `reason` as its failure.
+    pub fn set_failure(&mut self, reason: Option<&Reason>) {
+        (self.failure_kind, self.failure_reason, self.failure_detail) = columns_of(reason);
+    }
+}
+
+/// A reason from its columns (kind, summary, detail): none without a
+/// summary; a summary written without its kind reads as
+/// [`ReasonKind::Other`].
+pub fn reason_of(
+    kind: Option<ReasonKind>,
+    summary: Option<&String>,
+    detail: Option<&String>,
+) -> Option<Reason> {
+    summary.map(|summary| {
+        Reason::from_columns(
+            kind.unwrap_or(ReasonKind::Other),
+            summary.clone(),
+            detail.cloned(),
+        )
+    })
+}
+
+/// A reason's columns: (kind, summary, detail).
+pub fn columns_of(reason: Option<&Reason>) -> (Option<ReasonKind>, Option<String>, Option<String>) {
+    match reason {
+        Some(reason) => (
+            Some(reason.kind()),
+            Some(reason.summary().to_owned()),
+            reason.detail().map(str::to_owned),
+        ),
+        None => (None, None, None),
+    }
 }
 
 #[cfg(test)]
@@ -54,6 +104,8 @@ impl Job {
             failure_reason: None,
             created_at: 5_000,
             updated_at: 5_000,
+            failure_kind: None,
+            failure_detail: None,
         }
     }
 }
@@ -82,6 +134,8 @@ pub struct Attempt {
     pub started_at: Option<i64>,
     pub timeout_at: Option<i64>,
     pub finished_at: Option<i64>,
+    /// Why it failed, is unknown or was closed, in three columns: see
+    /// [`Attempt::reason`].
     pub error: Option<String>,
     /// When the worker confirmed its claim and sent the attempt; `None`:
     /// never sent.
@@ -89,9 +143,20 @@ pub struct Attempt {
     /// A retry is not sent before this time (Unix ms, the database's
     /// clock): its provider's `Retry-After`, or a backoff.
     pub not_before: Option<i64>,
+    pub error_kind: Option<ReasonKind>,
+    pub error_detail: Option<String>,
 }
 
 impl Attempt {
+    /// Why it failed, is unknown or was closed, from its columns.
+    pub fn reason(&self) -> Option<Reason> {
+        reason_of(
+            self.error_kind,
+            self.error.as_ref(),
+            self.error_detail.as_ref(),
+        )
+    }
+
     /// How long this attempt had to wait before it could be sent (a
     /// retry's wait; 0 for any other attempt).
     pub fn waited_ms(&self) -> i64 {

@@ -64,9 +64,13 @@ diesel::table! {
         version -> BigInt,
         result -> Nullable<Text>,
         completed_by -> Nullable<Text>,
+        /// A failed job's reason: its summary (`failure_kind` and
+        /// `failure_detail` are the rest, `domain::outcome::Reason`).
         failure_reason -> Nullable<Text>,
         created_at -> BigInt,
         updated_at -> BigInt,
+        failure_kind -> Nullable<Text>,
+        failure_detail -> Nullable<Text>,
     }
 }
 
@@ -85,11 +89,15 @@ diesel::table! {
         started_at -> Nullable<BigInt>,
         timeout_at -> Nullable<BigInt>,
         finished_at -> Nullable<BigInt>,
+        /// Why it failed, is unknown or was closed: the reason's summary
+        /// (`error_kind` and `error_detail` are the rest).
         error -> Nullable<Text>,
         sent_at -> Nullable<BigInt>,
         /// The job's owner.
         owner_id -> Text,
         not_before -> Nullable<BigInt>,
+        error_kind -> Nullable<Text>,
+        error_detail -> Nullable<Text>,
     }
 }
 
@@ -182,7 +190,6 @@ diesel::table! {
         id -> Text,
         owner_id -> Text,
         url -> Text,
-        events -> Text,
         enabled -> Bool,
         disabled_reason -> Nullable<Text>,
         disabled_at -> Nullable<BigInt>,
@@ -194,6 +201,16 @@ diesel::table! {
         failing_since -> Nullable<BigInt>,
         created_at -> BigInt,
         updated_at -> BigInt,
+    }
+}
+
+diesel::table! {
+    /// The event kinds an endpoint is subscribed to, one row each
+    /// (`store::webhooks`).
+    webhook_subscriptions (owner_id, endpoint_id, kind) {
+        owner_id -> Text,
+        endpoint_id -> Text,
+        kind -> Text,
     }
 }
 
@@ -238,8 +255,10 @@ diesel::table! {
 
 diesel::joinable!(webhook_events -> webhook_endpoints (endpoint_id));
 diesel::joinable!(webhook_deliveries -> webhook_events (event_id));
+diesel::joinable!(webhook_subscriptions -> webhook_endpoints (endpoint_id));
 diesel::allow_tables_to_appear_in_same_query!(
     webhook_endpoints,
+    webhook_subscriptions,
     webhook_events,
     webhook_deliveries,
     jobs

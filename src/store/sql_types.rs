@@ -10,8 +10,9 @@ use diesel::sql_types::Text;
 use diesel::sqlite::{Sqlite, SqliteValue};
 
 use super::DbConnection;
+use crate::domain::webhook::EventKind;
 use crate::domain::{
-    AttemptId, AttemptState, AuditAction, JobId, JobStatus, JsonText, RaceResult, Role,
+    AttemptId, AttemptState, AuditAction, JobId, JobStatus, JsonText, RaceResult, ReasonKind, Role,
     UsageSource, UserId,
 };
 
@@ -79,6 +80,10 @@ text_column!(RaceResult, |v| v.as_str(), |t| RaceResult::parse(&t)
     .ok_or_else(|| unknown("race result", &t)));
 text_column!(Role, |v| v.as_str(), |t| Role::parse(&t)
     .ok_or_else(|| unknown("role", &t)));
+text_column!(EventKind, |v| v.as_str(), |t| EventKind::parse(&t)
+    .ok_or_else(|| unknown("webhook event kind", &t)));
+text_column!(ReasonKind, |v| v.as_str(), |t| ReasonKind::parse(&t)
+    .ok_or_else(|| unknown("failure kind", &t)));
 text_column!(AuditAction, |v| v.as_str(), |t| AuditAction::parse(&t)
     .ok_or_else(|| unknown("audit action", &t)));
 text_column!(UsageSource, |v| v.as_str(), |t| UsageSource::parse(&t)

@@ -13,11 +13,11 @@ pub use super::reads::{
     attempts_of, find_attempt, find_job, find_owned_attempt, find_owned_job, get_attempt, get_job,
     with_attempts,
 };
-use super::rows::{Attempt, Job};
+use super::rows::{columns_of, Attempt, Job};
 pub use super::rows::{AttemptKey, JobKey};
 use super::schema::{attempts, jobs};
 use super::{DbConnection, StoreResult};
-use crate::domain::{AttemptEvent, AttemptId, AttemptState, JobId, JobStatus, UserId};
+use crate::domain::{AttemptEvent, AttemptId, AttemptState, JobId, JobStatus, Reason, UserId};
 
 /// The job's live attempt (queued, running or unknown), if any.
 pub fn live_attempt(conn: &mut DbConnection, key: &JobKey) -> StoreResult<Option<Attempt>> {
@@ -107,14 +107,15 @@ pub struct Guard<'a> {
 /// Moves an attempt along `event` if it is in one of the event's from-states.
 /// Returns whether the row changed. The row is addressed by its whole
 /// primary key, so the plan is a unique-index look-up at any table size. `error`, when given, replaces the
-/// attempt's error text; without one (a success) the earlier text (a soft
-/// timeout, a lost lease) is kept as the attempt's history.
+/// attempt's reason (its three columns); without one (a success) the
+/// earlier reason (a soft timeout, a lost lease) is kept as the attempt's
+/// history.
 pub fn transition(
     conn: &mut DbConnection,
     attempt: &Attempt,
     event: AttemptEvent,
     now: i64,
-    error: Option<&str>,
+    error: Option<&Reason>,
 ) -> QueryResult<bool> {
     transition_guarded(conn, attempt, event, now, error, Guard::default())
 }
@@ -129,7 +130,7 @@ pub fn transition_guarded(
     attempt: &Attempt,
     event: AttemptEvent,
     now: i64,
-    error: Option<&str>,
+    error: Option<&Reason>,
     guard: Guard<'_>,
 ) -> QueryResult<bool> {
     let target = event.target();
@@ -167,22 +168,24 @@ pub fn transition_guarded(
             attempts::finished_at.eq(finished_at),
             attempts::lease_expires_at.eq(None::<i64>),
         );
+        let (kind, summary, detail) = columns_of(error);
+        let reason = (
+            attempts::error_kind.eq(kind),
+            attempts::error.eq(summary),
+            attempts::error_detail.eq(detail),
+        );
         if event == AttemptEvent::ClosedUnsent {
             // Its request never left: the row must not say it did, even
             // where the claim had recorded `sent_at` for a send to come.
             guarded
-                .set((
-                    moved,
-                    attempts::sent_at.eq(None::<i64>),
-                    attempts::error.eq(error.map(str::to_owned)),
-                ))
+                .set((moved, attempts::sent_at.eq(None::<i64>), reason))
                 .returning(attempts::id)
                 .keep_prepared()
                 .load(conn)?
         } else {
             match error {
-                Some(error) => guarded
-                    .set((moved, attempts::error.eq(error.to_owned())))
+                Some(_) => guarded
+                    .set((moved, reason))
                     .returning(attempts::id)
                     .keep_prepared()
                     .load(conn)?,
@@ -255,6 +258,8 @@ pub fn insert_waiting_attempt(
         error: None,
         sent_at: None,
         not_before,
+        error_kind: None,
+        error_detail: None,
     };
     // `DEFAULT` for what is unset on PostgreSQL: kept prepared all the same.
     let _: Vec<String> = per_backend!(conn, |c| diesel::insert_into(attempts::table)
@@ -268,7 +273,13 @@ pub fn insert_waiting_attempt(
 /// Finalizes a job as failed: a version-guarded update, so it cannot overwrite
 /// a result that won in the meantime. What its end brings (`job.failed`
 /// events, the budget reservation back) is written in the same transaction.
-pub fn fail_job(conn: &mut DbConnection, job: &Job, reason: &str, now: i64) -> StoreResult<bool> {
+pub fn fail_job(
+    conn: &mut DbConnection,
+    job: &Job,
+    reason: &Reason,
+    now: i64,
+) -> StoreResult<bool> {
+    let (kind, summary, detail) = columns_of(Some(reason));
     let updated = diesel::update(
         jobs::table
             .filter(jobs::id.eq(&job.id))
@@ -279,7 +290,9 @@ pub fn fail_job(conn: &mut DbConnection, job: &Job, reason: &str, now: i64) -> S
     )
     .set((
         jobs::status.eq(JobStatus::Failed),
-        jobs::failure_reason.eq(reason),
+        jobs::failure_kind.eq(kind),
+        jobs::failure_reason.eq(summary),
+        jobs::failure_detail.eq(detail),
         jobs::version.eq(jobs::version + 1),
         jobs::updated_at.eq(now),
     ))

@@ -35,12 +35,14 @@ use diesel::prelude::*;
 use super::connection::{db_clock_ms, per_backend, write_transaction};
 use super::reads::get_job;
 use super::rows::JobKey;
-use super::schema::{attempts, webhook_deliveries, webhook_endpoints, webhook_events};
+use super::schema::{
+    attempts, webhook_deliveries, webhook_endpoints, webhook_events, webhook_subscriptions,
+};
 use super::{DbConnection, StoreError, StoreResult};
 use crate::domain::webhook::{
-    disabled_reason, event_body, events_column, new_webhook_id, next_attempt_at,
-    parse_events_column, should_disable, subscription_pattern, take_turns, DeliveryCaps,
-    DeliveryOutcome, DisableRule, EventData, EventKind, EventState, InFlight, RetrySchedule,
+    disabled_reason, event_body, new_webhook_id, next_attempt_at, should_disable, subscription,
+    take_turns, DeliveryCaps, DeliveryOutcome, DisableRule, EventData, EventKind, EventState,
+    InFlight, RetrySchedule,
 };
 use crate::domain::{AttemptState, UserId};
 
@@ -61,16 +63,15 @@ pub struct EventKey {
     pub owner_id: UserId,
 }
 
-/// A webhook endpoint. Its secret is not here: it is derived from the
-/// server's webhook key, `id` and `generation`.
+/// A webhook endpoint's row. Its secret is not here: it is derived from
+/// the server's webhook key, `id` and `generation`. What it is subscribed
+/// to is in rows of its own ([`Endpoint`] has both).
 #[derive(Debug, Clone, PartialEq, Queryable, Selectable)]
 #[diesel(table_name = webhook_endpoints)]
-pub struct Endpoint {
+pub struct EndpointRow {
     pub id: String,
     pub owner_id: UserId,
     pub url: String,
-    /// As stored (`domain::webhook::events_column`); see [`Endpoint::kinds`].
-    pub events: String,
     pub enabled: bool,
     pub disabled_reason: Option<String>,
     pub disabled_at: Option<i64>,
@@ -85,18 +86,103 @@ pub struct Endpoint {
     pub updated_at: i64,
 }
 
-impl Endpoint {
+impl EndpointRow {
     pub fn key(&self) -> EndpointKey {
         EndpointKey {
             id: self.id.clone(),
             owner_id: self.owner_id.clone(),
         }
     }
+}
 
-    /// The kinds it is subscribed to.
-    pub fn kinds(&self) -> Vec<EventKind> {
-        parse_events_column(&self.events)
+/// A webhook endpoint with its subscription: its row, and the kinds of its
+/// `webhook_subscriptions` rows. It reads as its row (`endpoint.url`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Endpoint {
+    pub row: EndpointRow,
+    /// The kinds it is subscribed to, sorted (`domain::webhook::subscription`).
+    pub events: Vec<EventKind>,
+}
+
+impl std::ops::Deref for Endpoint {
+    type Target = EndpointRow;
+
+    fn deref(&self) -> &EndpointRow {
+        &self.row
     }
+}
+
+impl Endpoint {
+    /// The kinds it is subscribed to.
+    pub fn kinds(&self) -> &[EventKind] {
+        &self.events
+    }
+}
+
+/// Writes `kinds` as `key`'s subscription rows (one per kind, each once).
+fn insert_subscriptions(
+    conn: &mut DbConnection,
+    key: &EndpointKey,
+    kinds: &[EventKind],
+) -> StoreResult<()> {
+    // At most four rows: one statement each, the same on both backends.
+    for kind in subscription(kinds) {
+        diesel::insert_into(webhook_subscriptions::table)
+            .values((
+                webhook_subscriptions::owner_id.eq(&key.owner_id),
+                webhook_subscriptions::endpoint_id.eq(&key.id),
+                webhook_subscriptions::kind.eq(kind),
+            ))
+            .execute(conn)?;
+    }
+    Ok(())
+}
+
+/// Replaces `key`'s subscription rows by `kinds`.
+fn replace_subscriptions(
+    conn: &mut DbConnection,
+    key: &EndpointKey,
+    kinds: &[EventKind],
+) -> StoreResult<()> {
+    diesel::delete(
+        webhook_subscriptions::table
+            .filter(webhook_subscriptions::owner_id.eq(&key.owner_id))
+            .filter(webhook_subscriptions::endpoint_id.eq(&key.id)),
+    )
+    .execute(conn)?;
+    insert_subscriptions(conn, key, kinds)
+}
+
+/// `rows` with their subscriptions, given every subscription row of them
+/// as (endpoint id, kind) (others are ignored).
+fn with_subscriptions(rows: Vec<EndpointRow>, kinds: Vec<(String, EventKind)>) -> Vec<Endpoint> {
+    rows.into_iter()
+        .map(|row| {
+            let mine: Vec<EventKind> = kinds
+                .iter()
+                .filter(|(endpoint, _)| *endpoint == row.id)
+                .map(|(_, kind)| *kind)
+                .collect();
+            Endpoint {
+                events: subscription(&mine),
+                row,
+            }
+        })
+        .collect()
+}
+
+/// The subscription rows of an owner's endpoints, as (endpoint id, kind).
+fn subscriptions_of_owner(
+    conn: &mut DbConnection,
+    owner_id: &UserId,
+) -> StoreResult<Vec<(String, EventKind)>> {
+    Ok(webhook_subscriptions::table
+        .filter(webhook_subscriptions::owner_id.eq(owner_id))
+        .select((
+            webhook_subscriptions::endpoint_id,
+            webhook_subscriptions::kind,
+        ))
+        .load(conn)?)
 }
 
 /// An outbox row: one event for one endpoint.
@@ -215,7 +301,6 @@ pub fn create_endpoint(
                 webhook_endpoints::id.eq(&new.id),
                 webhook_endpoints::owner_id.eq(&new.owner_id),
                 webhook_endpoints::url.eq(&new.url),
-                webhook_endpoints::events.eq(events_column(&new.events)),
                 webhook_endpoints::enabled.eq(true),
                 webhook_endpoints::generation.eq(1i64),
                 webhook_endpoints::secret_fingerprint.eq(&new.secret_fingerprint),
@@ -225,59 +310,88 @@ pub fn create_endpoint(
                 webhook_endpoints::updated_at.eq(now),
             ))
             .execute(conn)?;
-        get_endpoint(
-            conn,
-            &EndpointKey {
-                id: new.id.clone(),
-                owner_id: new.owner_id.clone(),
-            },
-        )?
-        .ok_or(StoreError::NotFound)
-        .map(Ok)
+        let key = EndpointKey {
+            id: new.id.clone(),
+            owner_id: new.owner_id.clone(),
+        };
+        insert_subscriptions(conn, &key, &new.events)?;
+        get_endpoint(conn, &key)?
+            .ok_or(StoreError::NotFound)
+            .map(Ok)
     })
 }
 
 pub fn get_endpoint(conn: &mut DbConnection, key: &EndpointKey) -> StoreResult<Option<Endpoint>> {
+    let Some(row) = get_endpoint_row(conn, key)? else {
+        return Ok(None);
+    };
+    let kinds: Vec<EventKind> = webhook_subscriptions::table
+        .filter(webhook_subscriptions::owner_id.eq(&key.owner_id))
+        .filter(webhook_subscriptions::endpoint_id.eq(&key.id))
+        .select(webhook_subscriptions::kind)
+        .load(conn)?;
+    Ok(Some(Endpoint {
+        row,
+        events: subscription(&kinds),
+    }))
+}
+
+/// An endpoint's row, without its subscription.
+fn get_endpoint_row(
+    conn: &mut DbConnection,
+    key: &EndpointKey,
+) -> StoreResult<Option<EndpointRow>> {
     Ok(webhook_endpoints::table
         .filter(webhook_endpoints::id.eq(&key.id))
         .filter(webhook_endpoints::owner_id.eq(&key.owner_id))
-        .select(Endpoint::as_select())
+        .select(EndpointRow::as_select())
         .first(conn)
         .optional()?)
 }
 
 /// On PostgreSQL, locks the endpoint row until the transaction ends.
-fn lock_endpoint(conn: &mut DbConnection, key: &EndpointKey) -> StoreResult<Option<Endpoint>> {
+fn lock_endpoint(conn: &mut DbConnection, key: &EndpointKey) -> StoreResult<Option<EndpointRow>> {
     match conn {
         DbConnection::Postgresql(pg) => Ok(webhook_endpoints::table
             .filter(webhook_endpoints::id.eq(&key.id))
             .filter(webhook_endpoints::owner_id.eq(&key.owner_id))
-            .select(Endpoint::as_select())
+            .select(EndpointRow::as_select())
             .for_update()
             .first(pg)
             .optional()?),
-        DbConnection::Sqlite(_) => get_endpoint(conn, key),
+        DbConnection::Sqlite(_) => get_endpoint_row(conn, key),
     }
 }
 
 /// An owner's endpoints, newest first (at most [`LIST_LIMIT`]).
 pub fn list_endpoints(conn: &mut DbConnection, owner_id: &UserId) -> StoreResult<Vec<Endpoint>> {
-    Ok(webhook_endpoints::table
+    let rows = webhook_endpoints::table
         .filter(webhook_endpoints::owner_id.eq(owner_id))
         .order(webhook_endpoints::id.desc())
         .limit(LIST_LIMIT)
-        .select(Endpoint::as_select())
-        .load(conn)?)
+        .select(EndpointRow::as_select())
+        .load(conn)?;
+    let kinds = subscriptions_of_owner(conn, owner_id)?;
+    Ok(with_subscriptions(rows, kinds))
 }
 
 /// Every owner's endpoints, newest first (at most [`LIST_LIMIT`]): for
-/// admins. On a distributed database this read asks every shard.
+/// admins. On a distributed database these reads ask every shard.
 pub fn list_all_endpoints(conn: &mut DbConnection) -> StoreResult<Vec<Endpoint>> {
-    Ok(webhook_endpoints::table
+    let rows: Vec<EndpointRow> = webhook_endpoints::table
         .order(webhook_endpoints::id.desc())
         .limit(LIST_LIMIT)
-        .select(Endpoint::as_select())
-        .load(conn)?)
+        .select(EndpointRow::as_select())
+        .load(conn)?;
+    let ids: Vec<&str> = rows.iter().map(|r| r.id.as_str()).collect();
+    let kinds = webhook_subscriptions::table
+        .filter(webhook_subscriptions::endpoint_id.eq_any(ids))
+        .select((
+            webhook_subscriptions::endpoint_id,
+            webhook_subscriptions::kind,
+        ))
+        .load(conn)?;
+    Ok(with_subscriptions(rows, kinds))
 }
 
 /// What an update changes; `None` leaves a field as it is.
@@ -303,10 +417,9 @@ pub fn update_endpoint(
             return Ok(None);
         };
         let url = change.url.clone().unwrap_or(endpoint.url.clone());
-        let events = change
-            .events
-            .as_deref()
-            .map_or(endpoint.events.clone(), events_column);
+        if let Some(events) = &change.events {
+            replace_subscriptions(conn, key, events)?;
+        }
         let retry_for_ms = change.retry_for_ms.unwrap_or(endpoint.retry_for_ms);
         let target = diesel::update(
             webhook_endpoints::table
@@ -317,7 +430,6 @@ pub fn update_endpoint(
             Some(true) if !endpoint.enabled => target
                 .set((
                     webhook_endpoints::url.eq(url),
-                    webhook_endpoints::events.eq(events),
                     webhook_endpoints::retry_for_ms.eq(retry_for_ms),
                     webhook_endpoints::enabled.eq(true),
                     webhook_endpoints::disabled_reason.eq(None::<String>),
@@ -330,7 +442,6 @@ pub fn update_endpoint(
             Some(false) if endpoint.enabled => target
                 .set((
                     webhook_endpoints::url.eq(url),
-                    webhook_endpoints::events.eq(events),
                     webhook_endpoints::retry_for_ms.eq(retry_for_ms),
                     webhook_endpoints::enabled.eq(false),
                     webhook_endpoints::disabled_reason.eq("disabled by its owner"),
@@ -341,7 +452,6 @@ pub fn update_endpoint(
             _ => target
                 .set((
                     webhook_endpoints::url.eq(url),
-                    webhook_endpoints::events.eq(events),
                     webhook_endpoints::retry_for_ms.eq(retry_for_ms),
                     webhook_endpoints::updated_at.eq(now),
                 ))
@@ -408,12 +518,14 @@ pub fn rotate_secret(
 /// [`record_event`]'s look-up of the endpoints an event goes to, as a SQL
 /// condition for a statement that already runs in the same transaction
 /// (PostgreSQL's compare-and-swap answers it, a round trip fewer when it
-/// is false): `owner` and `pattern` are the statement's placeholders for
-/// the owner and for [`subscription_pattern`] of the event's kind.
-pub(super) fn any_endpoint_subscribed_sql(owner: &str, pattern: &str) -> String {
+/// is false): `owner` and `kind` are the statement's placeholders for the
+/// owner and for the event's kind (its text).
+pub(super) fn any_endpoint_subscribed_sql(owner: &str, kind: &str) -> String {
     format!(
-        "EXISTS (SELECT 1 FROM webhook_endpoints WHERE owner_id = {owner} \
-         AND enabled = TRUE AND events LIKE {pattern})"
+        "EXISTS (SELECT 1 FROM webhook_subscriptions s JOIN webhook_endpoints e \
+         ON e.id = s.endpoint_id AND e.owner_id = s.owner_id \
+         WHERE s.owner_id = {owner} AND e.owner_id = {owner} AND s.kind = {kind} \
+         AND e.enabled = TRUE)"
     )
 }
 
@@ -424,9 +536,15 @@ pub fn record_event(
     now: i64,
 ) -> StoreResult<usize> {
     let endpoints: Vec<String> = webhook_endpoints::table
+        .inner_join(
+            webhook_subscriptions::table.on(webhook_subscriptions::endpoint_id
+                .eq(webhook_endpoints::id)
+                .and(webhook_subscriptions::owner_id.eq(webhook_endpoints::owner_id))),
+        )
         .filter(webhook_endpoints::owner_id.eq(&job_key.owner_id))
+        .filter(webhook_subscriptions::owner_id.eq(&job_key.owner_id))
+        .filter(webhook_subscriptions::kind.eq(kind))
         .filter(webhook_endpoints::enabled.eq(true))
-        .filter(webhook_endpoints::events.like(subscription_pattern(kind)))
         .select(webhook_endpoints::id)
         .load(conn)?;
     if endpoints.is_empty() {
@@ -446,6 +564,7 @@ pub fn record_event(
     };
     let result = job.result.as_ref().map(|r| r.as_str().to_owned());
     let completed_by = job.completed_by.as_ref().map(|a| a.to_string());
+    let failure_reason = job.failure().map(|r| r.for_staff());
     let data = EventData {
         job_id: job.id.as_str(),
         owner_id: job.owner_id.as_str(),
@@ -454,7 +573,7 @@ pub fn record_event(
         task: &job.task,
         provider: &job.provider,
         completed_by: completed_by.as_deref(),
-        failure_reason: job.failure_reason.as_deref(),
+        failure_reason: failure_reason.as_deref(),
         result: result.as_deref(),
         attempt_id: attempt_id.as_deref(),
         created_at_ms: job.created_at,
@@ -629,7 +748,7 @@ pub fn resend(conn: &mut DbConnection, key: &EventKey, now: i64) -> StoreResult<
 #[derive(Debug, Clone)]
 pub struct Claimed {
     pub event: Event,
-    pub endpoint: Endpoint,
+    pub endpoint: EndpointRow,
 }
 
 /// Claims up to `limit` due events for `lease_owner` until the database's
@@ -820,10 +939,10 @@ fn claim_of_owner(
         return Ok(Vec::new());
     }
     let endpoint_ids: Vec<&str> = events.iter().map(|e| e.endpoint_id.as_str()).collect();
-    let endpoints: Vec<Endpoint> = webhook_endpoints::table
+    let endpoints: Vec<EndpointRow> = webhook_endpoints::table
         .filter(webhook_endpoints::owner_id.eq(owner_id))
         .filter(webhook_endpoints::id.eq_any(endpoint_ids))
-        .select(Endpoint::as_select())
+        .select(EndpointRow::as_select())
         .load(conn)?;
     events
         .into_iter()
@@ -994,7 +1113,7 @@ fn delivery_row(event: &Event, attempted: &Attempted, now: i64) -> Delivery {
 fn retry_at(
     conn: &mut DbConnection,
     event: &Event,
-    endpoint: &Endpoint,
+    endpoint: &EndpointRow,
     follow_up: FollowUp,
     now: i64,
 ) -> StoreResult<Option<i64>> {

@@ -4,7 +4,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use utoipa::ToSchema;
 
-use crate::domain::outcome::Reason;
 use crate::domain::JsonText;
 
 use crate::app::intake::JobRequest;
@@ -103,10 +102,7 @@ impl AttemptView {
     /// provider's own text (which can name internal hosts or accounts).
     pub fn for_owner(a: &Attempt) -> Self {
         let mut view = Self::from(a);
-        view.error = a
-            .error
-            .as_deref()
-            .map(|e| Reason::from_stored(e).for_owner());
+        view.error = a.reason().map(|r| r.for_owner());
         view
     }
 }
@@ -125,7 +121,7 @@ impl From<&Attempt> for AttemptView {
             started_at: rfc3339_opt(a.started_at),
             timeout_at: rfc3339_opt(a.timeout_at),
             finished_at: rfc3339_opt(a.finished_at),
-            error: a.error.clone(),
+            error: a.reason().map(|r| r.for_staff()),
             not_before: rfc3339_opt(a.not_before),
         }
     }
@@ -171,7 +167,7 @@ impl JobView {
             params: job.params.clone(),
             result: job.result.clone(),
             completed_by: job.completed_by.as_ref().map(ToString::to_string),
-            failure_reason: job.failure_reason.clone(),
+            failure_reason: job.failure().map(|r| r.for_staff()),
             created_at: rfc3339(job.created_at),
             updated_at: rfc3339(job.updated_at),
             attempts: attempts
@@ -253,7 +249,7 @@ impl UnknownAttemptView {
             started_at: rfc3339_opt(u.started_at),
             timeout_at: rfc3339_opt(u.timeout_at),
             age_ms: u.started_at.map_or(0, |s| (now - s).max(0)),
-            error: u.error.clone(),
+            error: u.reason().map(|r| r.for_staff()),
             job_status: u.job_status.as_str().to_owned(),
         }
     }

@@ -290,7 +290,7 @@ async fn a_callback_with_an_error_fails_the_attempt_with_that_error(backend: Tes
     assert_eq!(attempt.state, AttemptState::Failed);
     assert_eq!(attempt.outcome, None);
     assert_eq!(
-        attempt.error.as_deref(),
+        attempt.reason().map(|r| r.for_staff()).as_deref(),
         Some(
             "the provider reported a failure by callback\n— the provider said: \
              the model refused the input"

@@ -411,7 +411,7 @@ async fn every_row_of_the_classification_table(backend: TestBackend) {
             }
             _ => {}
         }
-        let error = first.error.as_deref().unwrap_or_default();
+        let error = first.reason().map(|r| r.for_staff()).unwrap_or_default();
         for fragment in row.error_has {
             assert!(
                 error.contains(fragment),
@@ -580,7 +580,7 @@ async fn the_anthropic_shape_is_spoken_and_classified(backend: TestBackend) {
     } = stored(&app, &job_id).await;
     assert_eq!(rows.len(), 2, "one retry: {rows:#?}");
     assert_eq!(rows[0].state, AttemptState::Failed);
-    let error = rows[0].error.as_deref().unwrap();
+    let error = rows[0].reason().unwrap().for_staff();
     assert!(
         error.contains("overloaded (529)") && error.contains("overloaded_error"),
         "{error}"

@@ -202,7 +202,7 @@ fn job_with_an_abandoned_attempt(
         owner_id: owner.clone(),
     };
     assert_eq!(
-        queue::mark_unknown(conn, &first_key, "soft timeout").unwrap(),
+        queue::mark_unknown(conn, &first_key, &"soft timeout".into()).unwrap(),
         Applied::MarkedUnknown
     );
     operator::abandon(conn, &first_key, owner, "race test").unwrap();

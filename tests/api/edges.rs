@@ -264,7 +264,10 @@ async fn a_nul_byte_from_a_provider_is_stored_safely_and_the_job_moves_on(backen
         .create_job(&app.alice.token, "nul-error", &summarize("x"))
         .await;
     app.wait_for_status(&failed, "failed", WAIT).await;
-    let error = attempts_of(&app, &failed).await[0].error.clone().unwrap();
+    let error = attempts_of(&app, &failed).await[0]
+        .reason()
+        .unwrap()
+        .for_staff();
     assert!(
         error.contains("bad\\u{0000}request\\u{001b}[31m"),
         "{error}"

@@ -461,7 +461,7 @@ fn shape(job: &Job, attempt: &Attempt, lease_ms: i64) -> String {
         since(attempt.sent_at),
         attempt.finished_at,
         attempt.not_before,
-        attempt.error,
+        attempt.reason(),
     )
 }
 

@@ -367,7 +367,7 @@ fn completions_agree(conn: &mut DbConnection, owner: &UserId) -> usize {
                 "UPDATE jobs SET version = version + {bumped} WHERE id = '{job_id}'"
             ))
             .unwrap();
-            let failed = fail_job(conn, &read, "reason", 1).unwrap();
+            let failed = fail_job(conn, &read, &"reason".into(), 1).unwrap();
             assert_eq!(
                 failed,
                 guards::may_fail_job(

@@ -237,7 +237,7 @@ async fn a_late_failure_of_an_abandoned_attempt_is_recorded_and_starts_no_failov
     let attempt = &after.attempts[0];
     assert_eq!(attempt.state, AttemptState::Failed);
     assert_eq!(attempt.outcome, None);
-    let error = attempt.error.as_deref().unwrap();
+    let error = attempt.reason().unwrap().for_staff();
     assert!(
         error.contains("refused the request with 400") && error.contains("bad request"),
         "{error}"

@@ -65,6 +65,7 @@ mod statement_rules;
 mod storage;
 mod streaming;
 mod twins;
+mod upgrades;
 mod webhook_fairness;
 mod webhook_paging;
 mod webhooks;

@@ -408,6 +408,7 @@ async fn the_rules_report_keys_and_tables_that_break_them(backend: TestBackend) 
                     "audit_log",
                     "stream_chunks",
                     "webhook_endpoints",
+                    "webhook_subscriptions",
                     "webhook_events",
                     "webhook_deliveries",
                     "usage_ledger",

@@ -239,7 +239,10 @@ async fn the_api_key_never_appears_in_logs_or_pages(backend: TestBackend) {
     assert_eq!(stored.jobs.len(), 1);
     assert!(stored.races.is_empty() && stored.audit_reasons.is_empty());
     assert_eq!(
-        stored.attempts[0].error.as_deref(),
+        stored.attempts[0]
+            .reason()
+            .map(|r| r.for_staff())
+            .as_deref(),
         Some(error),
         "the API shows what is stored"
     );

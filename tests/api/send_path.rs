@@ -192,7 +192,7 @@ async fn a_sent_attempt_whose_job_finished_elsewhere_is_closed_not_stranded(back
         }
     };
     assert_eq!(closed.state, AttemptState::Abandoned, "{closed:#?}");
-    let note = closed.error.as_deref().unwrap();
+    let note = closed.reason().unwrap().for_staff();
     assert!(
         note.contains("no answer within the soft timeout of 3000 ms")
             && note.contains(&format!(
@@ -382,7 +382,7 @@ async fn the_send_paths_new_statements_keep_the_distribution_rule(backend: TestB
             .unwrap();
             log.take();
             assert_eq!(
-                queue::mark_unknown(conn, &claimed.attempt.key(), "soft timeout").unwrap(),
+                queue::mark_unknown(conn, &claimed.attempt.key(), &"soft timeout".into()).unwrap(),
                 onejob::domain::Applied::Superseded
             );
             chunks.push(("closing a superseded attempt", log.take()));
@@ -401,7 +401,7 @@ async fn the_send_paths_new_statements_keep_the_distribution_rule(backend: TestB
             let retried = complete_failure(
                 conn,
                 &claimed.attempt.key(),
-                "rate limited (429)",
+                &"rate limited (429)".into(),
                 Failure::NothingHappened {
                     retry_after_ms: Some(60_000),
                 },

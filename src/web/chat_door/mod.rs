@@ -96,9 +96,9 @@ pub fn job_error<D: Door>(job: &Job, needs_support: bool) -> Option<ChatError<D>
     let error = match job.status {
         JobStatus::Succeeded => return None,
         JobStatus::Failed => {
-            let reason = job.failure_reason.as_deref().map_or_else(
+            let reason = job.failure().map_or_else(
                 || "no provider could answer".to_owned(),
-                |reason| crate::domain::outcome::Reason::from_stored(reason).for_owner(),
+                |reason| reason.for_owner(),
             );
             ChatError::new(
                 StatusCode::FAILED_DEPENDENCY,

@@ -105,7 +105,7 @@ pub async fn unknown_queue(
                 age: u.started_at.map(|s| duration(now - s)).unwrap_or_default(),
                 sent_at: u.started_at.map(when).unwrap_or_default(),
                 timeout_at: u.timeout_at.map(when).unwrap_or_default(),
-                error: u.error.unwrap_or_default(),
+                error: u.reason().map(|r| r.for_staff()).unwrap_or_default(),
                 attempt_id: u.attempt_id.to_string(),
                 job_id: u.job_id.to_string(),
                 owner: u.owner,

@@ -378,11 +378,11 @@ fn usage_words(a: &Attempt, entry: Option<&crate::app::LedgerEntry>) -> String {
 impl AttemptLine {
     /// Staff see the provider's own text; the owner sees the reason.
     fn new(a: &Attempt, staff: bool, entry: Option<&crate::app::LedgerEntry>) -> Self {
-        let error = a.error.as_deref().map(|e| {
+        let error = a.reason().map(|reason| {
             if staff {
-                e.to_owned()
+                reason.for_staff()
             } else {
-                crate::domain::outcome::Reason::from_stored(e).for_owner()
+                reason.for_owner()
             }
         });
         Self {
@@ -545,7 +545,7 @@ fn job_live(
             .as_ref()
             .map(|r| pretty(&r.value()))
             .unwrap_or_default(),
-        failure_reason: job.failure_reason.clone().unwrap_or_default(),
+        failure_reason: job.failure().map(|r| r.for_staff()).unwrap_or_default(),
         attempts: attempts
             .iter()
             .map(|a| AttemptLine::new(a, staff, usage.iter().find(|e| e.attempt_id == a.id)))

@@ -77,14 +77,9 @@ fn event(id: Option<i64>, name: &str, data: &Value) -> String {
 fn ending(job: &Job, needs_support: bool) -> Value {
     let message = match job.status {
         JobStatus::Succeeded => "The answer is complete.".to_owned(),
-        JobStatus::Failed => job.failure_reason.as_deref().map_or_else(
+        JobStatus::Failed => job.failure().map_or_else(
             || "The job failed.".to_owned(),
-            |reason| {
-                format!(
-                    "The job failed: {}",
-                    crate::domain::outcome::Reason::from_stored(reason).for_owner()
-                )
-            },
+            |reason| format!("The job failed: {}", reason.for_owner()),
         ),
         JobStatus::Cancelled => "The job was cancelled: it gets no answer.".to_owned(),
         JobStatus::Unknown => "The provider stopped answering: the outcome is unknown, \

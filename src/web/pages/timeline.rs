@@ -137,6 +137,8 @@ mod tests {
             error: None,
             sent_at: Some(started),
             not_before: None,
+            error_kind: None,
+            error_detail: None,
         }
     }
 

@@ -250,9 +250,9 @@ fn response_object(job: &Job, stage: Stage) -> ResponseObject {
         Stage::Started => ResponseStatus::InProgress,
     };
     let error = (stage == Stage::AsIs && job.status == JobStatus::Failed).then(|| {
-        let reason = job.failure_reason.as_deref().map_or_else(
+        let reason = job.failure().map_or_else(
             || "no provider could answer".to_owned(),
-            |reason| crate::domain::outcome::Reason::from_stored(reason).for_owner(),
+            |reason| reason.for_owner(),
         );
         ResponseError {
             code: "server_error".into(),

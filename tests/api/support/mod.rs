@@ -3,8 +3,9 @@
 //! fake provider over real HTTP and the configuration tests write for it
 //! ([`fake_provider`]), a browser ([`webdriver`], [`devtools`]), a proxy
 //! that holds an answer back ([`proxy`]), a reader of event streams
-//! ([`sse`]), and readers of the server's
-//! metrics ([`metrics`]) and stored rows ([`db`]).
+//! ([`sse`]), readers of the server's metrics ([`metrics`]) and stored
+//! rows ([`db`]), and databases as an earlier release left them
+//! ([`migrations`]).
 
 #[macro_use]
 pub mod harness;
@@ -14,6 +15,7 @@ pub mod db;
 pub mod devtools;
 pub mod fake_provider;
 pub mod metrics;
+pub mod migrations;
 pub mod proxy;
 pub mod sse;
 pub mod statement_rule;

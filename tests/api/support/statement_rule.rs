@@ -86,6 +86,10 @@ pub const FAN_OUT_READS: &[FanOutRead] = &[
         marker: "from webhook_endpoints order by webhook_endpoints.id desc limit",
     },
     FanOutRead {
+        purpose: "the subscriptions of every owner's webhook endpoints (admins)",
+        marker: "from webhook_subscriptions where (webhook_subscriptions.endpoint_id = any($1))",
+    },
+    FanOutRead {
         purpose: "an attempt by its id alone (a callback's URL, a staff action)",
         marker: "from attempts where (attempts.id = $1) limit",
     },

@@ -19,9 +19,9 @@ use super::{
     PROVIDERS, RESERVATION,
 };
 
-/// The one endpoint's subscription, as stored: every kind.
-fn subscribed_to_all() -> String {
-    onejob::domain::webhook::events_column(&EventKind::ALL)
+/// The one endpoint's subscription: every kind.
+fn subscribed_to_all() -> Vec<EventKind> {
+    onejob::domain::webhook::subscription(&EventKind::ALL)
 }
 
 impl Protocol {
