@@ -207,12 +207,15 @@ impl App {
         self.notify_queued();
     }
 
-    /// The earliest retry of this process still to fall due, forgetting
-    /// those whose time has come by `now` (Unix ms).
-    pub fn next_retry_due(&self, now: i64) -> Option<i64> {
+    /// When the worker should claim for the earliest retry of this process
+    /// that its last claim, begun at `claimed_at` (Unix ms), may not have
+    /// found: `RETRY_CLAIM_SLACK_MS` after the retry falls due, so that a
+    /// database clock a little behind this process's still finds it due.
+    /// The retries that claim could find are forgotten.
+    pub fn next_retry_claim(&self, claimed_at: i64) -> Option<i64> {
         let mut due = self.retries_due();
-        *due = due.split_off(&(now + 1));
-        due.first().copied()
+        *due = due.split_off(&claimed_at.saturating_sub(RETRY_CLAIM_SLACK_MS - 1));
+        due.first().map(|at| at + RETRY_CLAIM_SLACK_MS)
     }
 
     fn retries_due(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeSet<i64>> {
@@ -225,6 +228,13 @@ impl App {
 
 /// How many waiting retries' due times a process remembers to wake for.
 const MAX_RETRIES_REMEMBERED: usize = 4096;
+
+/// How long after a retry falls due the worker claims for it. The claim
+/// compares `not_before` with the database's clock, which may read a
+/// millisecond or so behind this process's (SQLite's `julianday`, rounded
+/// down); a claim made exactly on time could find nothing due and, the
+/// retry forgotten, leave it to the next poll.
+const RETRY_CLAIM_SLACK_MS: i64 = 5;
 
 /// A job is visible to its owner and to support staff; to anyone else it does
 /// not exist (not found, never forbidden, so ids leak nothing).

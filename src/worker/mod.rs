@@ -172,6 +172,9 @@ impl Worker {
         let mut drained = false;
         // Providers whose due attempts the last claim left queued.
         let mut held: Vec<String> = Vec::new();
+        // When the last claim began (Unix ms): the retries due by then,
+        // give or take the clocks' slack, it has seen.
+        let mut claimed_at = i64::MIN;
         while !self.shutdown.is_cancelled() {
             if drained {
                 // A provider holding attempts back reopens when one of its
@@ -193,7 +196,7 @@ impl Worker {
                 };
                 // A retry of this process's falls due before the next poll.
                 let now = crate::app::now_ms();
-                let wake = match self.app.next_retry_due(now) {
+                let wake = match self.app.next_retry_claim(claimed_at) {
                     Some(at) => poll.min(Duration::from_millis((at - now).max(0) as u64)),
                     None => poll,
                 };
@@ -216,6 +219,7 @@ impl Worker {
                 }
             }
             let asked = free.len();
+            claimed_at = crate::app::now_ms();
             let claimed = self.app.claim_batch(&self.lease_owner, asked).await;
             match claimed {
                 Ok(claimed) => {
