@@ -157,6 +157,40 @@ pub fn spawn(app: App) -> WorkerHandle {
 }
 
 impl Worker {
+    /// Waits, once the queue is drained, for what may have queued work:
+    /// an attempt queued in this process, a provider holding attempts back
+    /// reopening (one of its calls ends, or a pause or a window ends by the
+    /// clock), a retry of this process's falling due, or the poll interval.
+    /// `false` when the worker is shutting down.
+    async fn wait_for_work(&self, held: &[String], claimed_at: i64, poll: Duration) -> bool {
+        let providers = self.app.providers();
+        let reopens = held
+            .iter()
+            .filter_map(|name| providers.get(name)?.limiter().closed()?.until())
+            .min();
+        let reopened = async {
+            match (held.is_empty(), reopens) {
+                (true, _) => std::future::pending().await,
+                (false, Some(at)) => tokio::select! {
+                    _ = providers.capacity_freed() => {}
+                    _ = tokio::time::sleep_until(at) => {}
+                },
+                (false, None) => providers.capacity_freed().await,
+            }
+        };
+        let now = crate::app::now_ms();
+        let wake = match self.app.next_retry_claim(claimed_at) {
+            Some(at) => poll.min(Duration::from_millis((at - now).max(0) as u64)),
+            None => poll,
+        };
+        tokio::select! {
+            _ = self.app.attempt_queued() => true,
+            _ = reopened => true,
+            _ = sleep(wake) => true,
+            _ = self.shutdown.cancelled() => false,
+        }
+    }
+
     /// Claims queued attempts whenever a slot is free, as many at once as
     /// there are free slots (at most [`CLAIM_BATCH`]), and runs each in a
     /// task of its own holding its slot: at most `concurrency` attempts are
@@ -176,36 +210,8 @@ impl Worker {
         // give or take the clocks' slack, it has seen.
         let mut claimed_at = i64::MIN;
         while !self.shutdown.is_cancelled() {
-            if drained {
-                // A provider holding attempts back reopens when one of its
-                // calls ends, or by the clock (a pause or a window ends).
-                let providers = self.app.providers();
-                let reopens = held
-                    .iter()
-                    .filter_map(|name| providers.get(name)?.limiter().closed()?.until())
-                    .min();
-                let reopened = async {
-                    match (held.is_empty(), reopens) {
-                        (true, _) => std::future::pending().await,
-                        (false, Some(at)) => tokio::select! {
-                            _ = providers.capacity_freed() => {}
-                            _ = tokio::time::sleep_until(at) => {}
-                        },
-                        (false, None) => providers.capacity_freed().await,
-                    }
-                };
-                // A retry of this process's falls due before the next poll.
-                let now = crate::app::now_ms();
-                let wake = match self.app.next_retry_claim(claimed_at) {
-                    Some(at) => poll.min(Duration::from_millis((at - now).max(0) as u64)),
-                    None => poll,
-                };
-                tokio::select! {
-                    _ = self.app.attempt_queued() => {}
-                    _ = reopened => {}
-                    _ = sleep(wake) => {}
-                    _ = self.shutdown.cancelled() => break,
-                }
+            if drained && !self.wait_for_work(&held, claimed_at, poll).await {
+                break;
             }
             let first = tokio::select! {
                 slot = slots.clone().acquire_owned() => slot.expect("the slots are never closed"),
