@@ -65,8 +65,12 @@ UPDATE attempts SET state = 'succeeded', finished_at = bench_now_ms(), lease_exp
     (SELECT failure_reason FROM cas) AS failure_reason,
     (SELECT created_at FROM cas) AS created_at,
     (SELECT updated_at FROM cas) AS updated_at,
-    EXISTS (SELECT 1 FROM webhook_endpoints WHERE owner_id = :owner
-            AND enabled = TRUE AND events LIKE '%,job.succeeded,%') AS subscribed;
+    (SELECT failure_kind FROM cas) AS failure_kind,
+    (SELECT failure_detail FROM cas) AS failure_detail,
+    EXISTS (SELECT 1 FROM webhook_subscriptions s JOIN webhook_endpoints e
+              ON e.id = s.endpoint_id AND e.owner_id = s.owner_id
+            WHERE s.owner_id = :owner AND e.owner_id = :owner AND s.kind = 'job.succeeded'
+              AND e.enabled = TRUE) AS subscribed;
 -- the call in the usage ledger, and the owner's budget row (none here)
 INSERT INTO usage_ledger (attempt_id, owner_id, job_id, task, provider, model, kind, late,
                           prompt_tokens, completion_tokens, cached_tokens, usage_source,
