@@ -171,12 +171,6 @@ pub fn reserve(
     Ok(None)
 }
 
-/// Gives back what a finishing job held, in the transaction that finishes
-/// it; once, since the reservation's row is deleted with it.
-pub fn release(conn: &mut DbConnection, job: &JobKey, now: i64) -> StoreResult<()> {
-    settle(conn, job, true, Reservation::default(), now)
-}
-
 /// Adds a recorded call's cost to its owner's month, if the owner has a
 /// budget.
 pub fn spend(

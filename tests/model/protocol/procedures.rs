@@ -304,8 +304,9 @@ impl Protocol {
         Some(state)
     }
 
-    /// `store::budgets::release`: a finishing job gives its reservation
-    /// back, once (its row is deleted with it).
+    /// `store::ended::job_ended` (through `store::budgets::settle`): a
+    /// finishing job gives its reservation back, once (its row is deleted
+    /// with it).
     fn release(state: &mut State, job: u8) {
         let row = &mut state.jobs[job as usize];
         if row.holds {
