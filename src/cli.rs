@@ -9,7 +9,7 @@ use crate::app::App;
 
 mod first_admin;
 use crate::config::{Config, Environment, SecretsNeeded};
-use crate::domain::Role;
+use crate::domain::{Role, Timestamp};
 use crate::startup::{open_store, Application, ProcessRole};
 use crate::store::DatabaseUrl;
 
@@ -345,7 +345,7 @@ async fn prune_command(app: &App) -> CliResult {
         println!("nothing to prune: no [retention] window is set, so everything is kept");
         return Ok(());
     }
-    let pruned = app.prune_expired(crate::app::now_ms()).await?;
+    let pruned = app.prune_expired(Timestamp::now()).await?;
     let window = |days: Option<u32>, what: &str| match days {
         Some(days) => format!("{what} more than {days} days ago"),
         None => "none: kept forever".to_owned(),

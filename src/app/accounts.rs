@@ -10,8 +10,7 @@
 
 use super::{require_admin, App, AppError, AppResult, User};
 use crate::domain::password::{generate_password, hash_password, verify_password, UserName};
-use crate::domain::{throttle, AuditAction, AuditReason, Role, UserId};
-use crate::store::now_ms;
+use crate::domain::{throttle, AuditAction, AuditReason, Role, Timestamp, UserId};
 use crate::store::operator::{record_audit, Audited};
 use crate::store::sessions::{self, CleanedUp, Reservation};
 use crate::store::users::{self, IssuedToken, UserError, UserSummary};
@@ -82,7 +81,7 @@ impl App {
         let Ok(place) = queue.join(&group) else {
             return Ok(SignIn::Busy);
         };
-        let now = now_ms();
+        let now = Timestamp::now();
         let scope_names = [name_scope.0.clone(), address_scope.0.clone()];
         let blocked = self
             .store()
@@ -97,7 +96,7 @@ impl App {
         let Ok(turn) = queue.turn(place).await else {
             return Ok(SignIn::Busy);
         };
-        let now = now_ms();
+        let now = Timestamp::now();
         let lookup = name.as_str().to_owned();
         let counted = (name_scope.clone(), address_scope.clone());
         let (reservation, credentials) = self
@@ -126,7 +125,7 @@ impl App {
         .map_err(|_| AppError::Internal)?;
         match credentials {
             Some(credentials) if verified => {
-                let now = now_ms();
+                let now = Timestamp::now();
                 self.store()
                     .run(move |conn| {
                         sessions::settle_good_sign_in(conn, &name_scope.0, &address_scope, now)
@@ -164,7 +163,7 @@ impl App {
 
     /// Removes expired sessions and quiet sign-in failure counters.
     pub async fn clean_up(&self) -> AppResult<CleanedUp> {
-        let now = now_ms();
+        let now = Timestamp::now();
         Ok(self
             .store()
             .run(move |conn| sessions::clean_up(conn, now))
@@ -217,7 +216,7 @@ impl App {
         days: Option<u32>,
     ) -> Result<IssuedToken, UserError> {
         let name = name.to_owned();
-        let expires_at = days.map(|d| now_ms() + i64::from(d) * 86_400_000);
+        let expires_at = days.map(|d| Timestamp::now() + i64::from(d) * 86_400_000);
         self.blocking_users(move |conn| users::issue_token(conn, &name, expires_at))
             .await
     }
@@ -280,8 +279,8 @@ impl App {
     }
 }
 
-/// A sign-in refused until `until` (Unix ms).
-fn throttled(until: i64, now: i64) -> SignIn {
+/// A sign-in refused until `until`.
+fn throttled(until: Timestamp, now: Timestamp) -> SignIn {
     SignIn::Throttled {
         retry_after_s: ((until - now) as f64 / 1000.0).ceil().max(1.0) as i64,
     }
@@ -427,7 +426,7 @@ fn user_action_in(
     reason: &str,
     audit: AuditAction,
 ) -> Result<Result<String, UserError>, crate::store::StoreError> {
-    let now = now_ms();
+    let now = Timestamp::now();
     let done: Result<(UserId, String), UserError> = (|| match write {
         UserWrite::Add { role, hash } => {
             let user = users::add_user_with_password(conn, name, *role, hash)?;

@@ -10,7 +10,7 @@ use utoipa::ToSchema;
 
 use super::{App, AppError, AppResult};
 use crate::domain::outcome::{redacted, Reason};
-use crate::domain::{Applied, AttemptId, CallbackRefusal, Outcome};
+use crate::domain::{Applied, AttemptId, CallbackRefusal, Outcome, Timestamp};
 
 /// A callback's body: exactly one of `result` and `error`.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -43,7 +43,7 @@ impl App {
         // Callbacks off: the route does not exist.
         let callbacks = self.config().callbacks.as_ref().ok_or(AppError::NotFound)?;
         let window = self.config().server.callback_window_seconds;
-        let now = super::now_ms() / 1000;
+        let now = Timestamp::now();
         match callbacks
             .key
             .verify(attempt_id.as_str(), timestamp, body, signature, now, window)

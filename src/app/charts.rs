@@ -2,8 +2,9 @@
 //! (`store::reports`): jobs by outcome over the last hour and day, the
 //! Unknown backlog, races per hour and spend per day by provider.
 
-use super::{now_ms, require_admin, require_staff, App, AppResult, User};
-use crate::domain::ledger::{day_start_ms, DAY_MS};
+use super::{require_admin, require_staff, App, AppResult, User};
+use crate::domain::ledger::{day_start, DAY_MS};
+use crate::domain::Timestamp;
 use crate::store::reports::{self, BacklogSample, BucketCount};
 
 pub const MINUTE_MS: i64 = 60_000;
@@ -12,28 +13,28 @@ pub const HOUR_MS: i64 = 3_600_000;
 /// A series of counts over consecutive buckets, by name.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Buckets {
-    /// Each bucket's start (Unix ms), oldest first.
-    pub starts: Vec<i64>,
+    /// Each bucket's start, oldest first.
+    pub starts: Vec<Timestamp>,
     /// Each series: its name and one value per bucket.
     pub series: Vec<(String, Vec<f64>)>,
 }
 
 impl Buckets {
     /// `count` buckets of `width` ms ending with the one holding `end`.
-    fn new(end: i64, width: i64, count: i64) -> Self {
-        let last = end - end.rem_euclid(width);
+    fn new(end: Timestamp, width: i64, count: i64) -> Self {
+        let last = end.floor_to(width);
         Self {
             starts: (0..count).map(|i| last - (count - 1 - i) * width).collect(),
             series: Vec::new(),
         }
     }
 
-    fn first(&self) -> i64 {
-        self.starts.first().copied().unwrap_or(0)
+    fn first(&self) -> Timestamp {
+        self.starts.first().copied().unwrap_or_default()
     }
 
-    fn end(&self, width: i64) -> i64 {
-        self.starts.last().copied().unwrap_or(0) + width
+    fn end(&self, width: i64) -> Timestamp {
+        self.starts.last().copied().unwrap_or_default() + width
     }
 
     /// Adds each row's value to its series and bucket, scaled by `scale`;
@@ -93,7 +94,7 @@ impl App {
     pub async fn console_charts(&self, actor: &User) -> AppResult<ConsoleCharts> {
         require_staff(actor)?;
         let admin = require_admin(actor).is_ok();
-        let now = now_ms();
+        let now = Timestamp::now();
         let mut jobs_last_hour = Buckets::new(now, MINUTE_MS, 60);
         let mut jobs_last_day = Buckets::new(now, HOUR_MS, 24);
         let mut races = Buckets::new(now, HOUR_MS, 48);
@@ -101,7 +102,7 @@ impl App {
         let ranges = (
             (jobs_last_day.first(), jobs_last_day.end(HOUR_MS)),
             (races.first(), races.end(HOUR_MS)),
-            (day_start_ms(spend.first()), spend.end(DAY_MS)),
+            (day_start(spend.first()), spend.end(DAY_MS)),
         );
         let (minutes, race_rows, spend_rows, samples) = self
             .store()
@@ -129,7 +130,7 @@ impl App {
         let hours: Vec<BucketCount> = minutes
             .iter()
             .map(|row| BucketCount {
-                bucket: row.bucket - row.bucket.rem_euclid(HOUR_MS),
+                bucket: row.bucket.floor_to(HOUR_MS),
                 ..row.clone()
             })
             .collect();
@@ -150,13 +151,13 @@ impl App {
 
 /// The backlog samples of the last day, per 10 minutes (the largest
 /// sample of each), with the oldest unknown attempt's age in minutes.
-fn backlog_buckets(samples: &[BacklogSample], now: i64) -> Buckets {
+fn backlog_buckets(samples: &[BacklogSample], now: Timestamp) -> Buckets {
     let width = 10 * MINUTE_MS;
     let mut buckets = Buckets::new(now, width, 144);
     let mut count = vec![0.0; buckets.starts.len()];
     let mut age = vec![0.0; buckets.starts.len()];
     for sample in samples {
-        let start = sample.at - sample.at.rem_euclid(width);
+        let start = sample.at.floor_to(width);
         if let Some(i) = buckets.starts.iter().position(|s| *s == start) {
             count[i] = f64::max(count[i], sample.unknown_attempts as f64);
             let minutes = sample
@@ -178,22 +179,20 @@ mod tests {
 
     #[test]
     fn rows_land_in_their_buckets_and_series_keep_their_order() {
-        let mut buckets = Buckets::new(10 * MINUTE_MS + 5, MINUTE_MS, 3);
-        assert_eq!(
-            buckets.starts,
-            vec![8 * MINUTE_MS, 9 * MINUTE_MS, 10 * MINUTE_MS]
-        );
-        let row = |bucket, series: &str, value| BucketCount {
-            bucket,
+        let minute = |n: i64| Timestamp::from_millis(n * MINUTE_MS);
+        let mut buckets = Buckets::new(minute(10) + 5, MINUTE_MS, 3);
+        assert_eq!(buckets.starts, vec![minute(8), minute(9), minute(10)]);
+        let row = |n, series: &str, value| BucketCount {
+            bucket: minute(n),
             series: series.into(),
             value,
         };
         buckets.fill(
             &[
-                row(9 * MINUTE_MS, "failed", 2),
-                row(10 * MINUTE_MS, "succeeded", 5),
-                row(3 * MINUTE_MS, "succeeded", 7),
-                row(8 * MINUTE_MS, "odd", 1),
+                row(9, "failed", 2),
+                row(10, "succeeded", 5),
+                row(3, "succeeded", 7),
+                row(8, "odd", 1),
             ],
             &["succeeded", "failed"],
             1.0,

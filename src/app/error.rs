@@ -5,7 +5,7 @@
 //! `web::pages`).
 
 use crate::domain::ledger::BudgetLimit;
-use crate::domain::{AttemptId, AttemptState, AuditReasonError, JobId, JobStatus, Role};
+use crate::domain::{AttemptId, AttemptState, AuditReasonError, JobId, JobStatus, Role, Timestamp};
 use crate::store::operator::ActionError;
 use crate::store::StoreError;
 
@@ -102,8 +102,8 @@ pub struct BudgetRefusal {
     pub committed: i64,
     /// What this job would hold.
     pub wanted: i64,
-    /// When the month's spend starts again from zero (Unix ms).
-    pub resets_at: i64,
+    /// When the month's spend starts again from zero.
+    pub resets_at: Timestamp,
     pub currency: String,
 }
 
@@ -133,7 +133,7 @@ impl std::fmt::Display for BudgetRefusal {
             self.amount(self.limit),
             self.amount(self.committed),
             self.amount(self.wanted),
-            crate::domain::webhook::rfc3339_ms(self.resets_at),
+            self.resets_at.rfc3339(),
         )
     }
 }

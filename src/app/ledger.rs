@@ -7,13 +7,13 @@ use std::sync::Mutex;
 
 use serde_json::Value;
 
-use super::{now_ms, require_admin, App, AppError, AppResult, Job, User};
+use super::{require_admin, App, AppError, AppResult, Job, User};
 use crate::contracts::TaskContract;
 use crate::domain::ledger::{
-    day_start_ms, month_start_ms, most_a_job_can_cost, next_month_start_ms, BudgetLimits,
-    Reservation, TallyKind,
+    day_start, month_start, most_a_job_can_cost, next_month_start, BudgetLimits, Reservation,
+    TallyKind,
 };
-use crate::domain::{AuditAction, AuditReason, Usage, UserId};
+use crate::domain::{AuditAction, AuditReason, Timestamp, Usage, UserId};
 use crate::store::budgets::{self, BudgetRow};
 use crate::store::ledger::{self as ledger_store, estimated_tokens, Charge, LedgerEntry, Tally};
 use crate::store::operator::{record_audit, Audited};
@@ -34,7 +34,7 @@ pub struct Tallies {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct TallyKey {
     owner_id: UserId,
-    day: i64,
+    day: Timestamp,
     task: String,
     provider: String,
     job_id: String,
@@ -92,8 +92,8 @@ pub struct BudgetState {
     pub spent: Reservation,
     /// What unfinished jobs hold.
     pub reserved: Reservation,
-    pub period_start: i64,
-    pub resets_at: i64,
+    pub period_start: Timestamp,
+    pub resets_at: Timestamp,
     pub currency: String,
 }
 
@@ -171,7 +171,7 @@ impl App {
                 .unwrap_or(0)
         });
         let prompt = estimated_tokens(input.to_string().len());
-        let now = now_ms();
+        let now = Timestamp::now();
         let prices = providers
             .iter()
             .map(|p| config.ledger.prices.at(&p.name, p.model_name(), now));
@@ -185,7 +185,11 @@ impl App {
             .provider(provider)
             .map_or(provider, |p| p.model_name())
             .to_owned();
-        let price = config.ledger.prices.at(provider, &model, now_ms()).cloned();
+        let price = config
+            .ledger
+            .prices
+            .at(provider, &model, Timestamp::now())
+            .cloned();
         Charge {
             usage,
             model,
@@ -199,7 +203,7 @@ impl App {
     pub(crate) fn count_duplicate(&self, job: &Job, kind: TallyKind) {
         self.inner.tallies.add(TallyKey {
             owner_id: job.owner_id.clone(),
-            day: day_start_ms(now_ms()),
+            day: day_start(Timestamp::now()),
             task: job.task.clone(),
             provider: job.provider.clone(),
             job_id: job.id.as_str().to_owned(),
@@ -212,7 +216,7 @@ impl App {
         self.metrics().budget_refusals.inc();
         self.inner.tallies.add(TallyKey {
             owner_id: owner_id.clone(),
-            day: day_start_ms(now_ms()),
+            day: day_start(Timestamp::now()),
             task: task.to_owned(),
             provider: provider.to_owned(),
             job_id: String::new(),
@@ -250,8 +254,8 @@ impl App {
     /// Records this minute's Unknown backlog (once across processes),
     /// keeping 30 days of samples.
     pub async fn sample_backlog(&self) -> AppResult<()> {
-        let now = now_ms();
-        let minute = now - now.rem_euclid(60_000);
+        let now = Timestamp::now();
+        let minute = now.floor_to(60_000);
         let keep_from = now - 30 * crate::domain::ledger::DAY_MS;
         Ok(self
             .store()
@@ -270,14 +274,14 @@ impl App {
         require_admin(actor)?;
         let reason = AuditReason::parse(reason).map_err(AppError::bad_reason)?;
         let (owner, actor_id) = (owner.to_owned(), actor.id.clone());
-        let now = now_ms();
+        let now = Timestamp::now();
         let row = self
             .store()
             .run(move |conn| {
                 let user = users::find_by_name(conn, &owner)?.ok_or(StoreError::NotFound)?;
                 let filter = UsageFilter {
-                    from: month_start_ms(now),
-                    to: i64::MAX,
+                    from: month_start(now),
+                    to: Timestamp::from_millis(i64::MAX),
                     owner_id: user.id.as_str().to_owned(),
                     ..UsageFilter::default()
                 };
@@ -325,7 +329,7 @@ impl App {
                             AuditAction::RemoveBudget,
                             Audited::User(&user.id),
                             reason.as_str(),
-                            now_ms(),
+                            Timestamp::now(),
                         )?;
                     }
                     Ok::<_, StoreError>(removed)
@@ -372,10 +376,10 @@ impl App {
     }
 
     fn budget_state(&self, row: BudgetRow, owner: String) -> BudgetState {
-        let now = now_ms();
-        let month = month_start_ms(now);
+        let now = Timestamp::now();
+        let month = month_start(now);
         let counters = row.counters();
-        let spent = if counters.period_start_ms >= month {
+        let spent = if counters.period_start >= month {
             Reservation {
                 micros: counters.spent_micros,
                 tokens: counters.spent_tokens,
@@ -393,7 +397,7 @@ impl App {
                 tokens: counters.reserved_tokens,
             },
             period_start: month,
-            resets_at: next_month_start_ms(now),
+            resets_at: next_month_start(now),
             currency: self.config().ledger.currency.clone(),
         }
     }
@@ -413,11 +417,7 @@ impl App {
         // The callers bound it; held here too.
         filter.from = filter
             .from
-            .max(
-                filter
-                    .to
-                    .saturating_sub(MAX_REPORT_DAYS * crate::domain::ledger::DAY_MS),
-            )
+            .max(filter.to - MAX_REPORT_DAYS * crate::domain::ledger::DAY_MS)
             .min(filter.to);
         let query = filter.clone();
         let (sums, tallies) = self

@@ -15,8 +15,8 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 use super::{App, AppResult};
-use crate::domain::{Applied, AttemptState};
-use crate::store::{console, now_ms};
+use crate::domain::{Applied, AttemptState, Timestamp};
+use crate::store::console;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ProviderLabel {
@@ -565,13 +565,13 @@ impl App {
     /// The metrics in the text exposition format, with the unknown-attempt
     /// gauges read from the database now (admins only; see `web`).
     pub async fn scrape_metrics(&self) -> AppResult<String> {
-        let now = now_ms();
+        let now = Timestamp::now();
         let (counts, oldest_webhook, disabled) = self
             .store()
             .run(move |conn| {
                 Ok((
                     console::console_counts(conn, now)?,
-                    crate::store::webhooks::oldest_pending_ms(conn)?,
+                    crate::store::webhooks::oldest_pending(conn)?,
                     crate::store::webhooks::disabled_endpoints(conn)?,
                 ))
             })

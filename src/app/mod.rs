@@ -61,7 +61,7 @@ use std::sync::Arc;
 
 use tokio::sync::{broadcast, watch, Notify};
 
-use crate::domain::{JobId, Role};
+use crate::domain::{JobId, Role, Timestamp};
 
 /// How many finished job ids a slow waiter may fall behind by before it
 /// re-reads its job anyway.
@@ -72,7 +72,6 @@ pub use crate::store::console::{
     AttemptBrief, AuditEntry, ConsoleCounts, RaceDetail, UnknownAttempt,
 };
 pub use crate::store::ledger::LedgerEntry;
-pub use crate::store::now_ms;
 pub use crate::store::queue::{Claim, SendPermit};
 pub use crate::store::reports::{LedgerSums, UsageFilter, UsageGrouping};
 pub use crate::store::transitions::{AttemptKey, JobKey};
@@ -101,7 +100,7 @@ struct Inner {
     queued: Notify,
     /// When this process's waiting retries fall due (`not_before`, Unix
     /// ms): the idle worker wakes then rather than at its next poll.
-    retries_due: std::sync::Mutex<std::collections::BTreeSet<i64>>,
+    retries_due: std::sync::Mutex<std::collections::BTreeSet<Timestamp>>,
     /// Becomes true once the start-up qualification of simulated providers
     /// has finished; the failover gate waits for it.
     startup_qualified: watch::Sender<bool>,
@@ -195,8 +194,8 @@ impl App {
     }
 
     /// Tells an idle worker that a retry was queued that may not be sent
-    /// before `not_before` (Unix ms).
-    pub fn notify_retry_due(&self, not_before: i64) {
+    /// before `not_before`.
+    pub fn notify_retry_due(&self, not_before: Timestamp) {
         {
             let mut due = self.retries_due();
             // Beyond the cap the poll still finds the rest.
@@ -208,17 +207,17 @@ impl App {
     }
 
     /// When the worker should claim for the earliest retry of this process
-    /// that its last claim, begun at `claimed_at` (Unix ms), may not have
+    /// that its last claim, begun at `claimed_at`, may not have
     /// found: `RETRY_CLAIM_SLACK_MS` after the retry falls due, so that a
     /// database clock a little behind this process's still finds it due.
     /// The retries that claim could find are forgotten.
-    pub fn next_retry_claim(&self, claimed_at: i64) -> Option<i64> {
+    pub fn next_retry_claim(&self, claimed_at: Timestamp) -> Option<Timestamp> {
         let mut due = self.retries_due();
-        *due = due.split_off(&claimed_at.saturating_sub(RETRY_CLAIM_SLACK_MS - 1));
-        due.first().map(|at| at + RETRY_CLAIM_SLACK_MS)
+        *due = due.split_off(&(claimed_at - (RETRY_CLAIM_SLACK_MS - 1)));
+        due.first().map(|at| *at + RETRY_CLAIM_SLACK_MS)
     }
 
-    fn retries_due(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeSet<i64>> {
+    fn retries_due(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeSet<Timestamp>> {
         self.inner
             .retries_due
             .lock()

@@ -112,7 +112,7 @@ impl App {
                 provider,
                 not_before,
             } => {
-                tracing::info!(%attempt_id, next_attempt = %next, %provider, not_before, "nothing happened: retrying on the same provider once its wait is over");
+                tracing::info!(%attempt_id, next_attempt = %next, %provider, not_before = %not_before.rfc3339(), "nothing happened: retrying on the same provider once its wait is over");
                 self.notify_retry_due(*not_before);
             }
             Applied::JobFailed { reason } => tracing::warn!(%attempt_id, %reason, "job failed"),

@@ -15,10 +15,10 @@ use serde::{Deserialize, Serialize};
 use super::dispatch::Dispatch;
 use super::{App, AppError, AppResult, User};
 use crate::contracts::{golden_mismatches, GoldenExample, TaskContract};
-use crate::domain::{AuditAction, JsonText, Outcome};
+use crate::domain::{AuditAction, JsonText, Outcome, Timestamp};
 use crate::providers::Provider;
 use crate::store::operator::{record_audit, Audited};
-use crate::store::{now_ms, qualifications, QualificationRun};
+use crate::store::{qualifications, QualificationRun};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Check {
@@ -69,7 +69,7 @@ impl Report {
             passed: self.passed(),
             checks: serde_json::to_string(&self.checks).expect("checks serialize"),
             round_trip_ms: self.round_trip.as_millis() as i64,
-            qualified_at: now_ms(),
+            qualified_at: Timestamp::now(),
         }
     }
 
@@ -360,7 +360,7 @@ impl App {
                         AuditAction::Qualify,
                         Audited::Nothing,
                         &summary,
-                        now_ms(),
+                        Timestamp::now(),
                     )?;
                 }
                 Ok(())

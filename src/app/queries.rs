@@ -6,11 +6,11 @@ use super::{
     require_admin, require_staff, visible_to, App, AppError, AppResult, Attempt, AuditEntry,
     ConsoleCounts, Job, RaceDetail, RaceEntry, UnknownAttempt, User,
 };
-use crate::domain::{AttemptId, IdempotencyKey, JobId, QualificationStatus};
+use crate::domain::{AttemptId, IdempotencyKey, JobId, QualificationStatus, Timestamp};
 pub use crate::store::console::{JobFilter, JobListing};
 pub use crate::store::jobs::JobPage;
 use crate::store::transitions::JobKey;
-use crate::store::{console, jobs as job_store, now_ms};
+use crate::store::{console, jobs as job_store};
 
 /// One cell of the provider × task qualification matrix.
 #[derive(Debug, Clone)]
@@ -115,7 +115,7 @@ impl App {
     /// The console's front page numbers (support, admin).
     pub async fn console_counts(&self, actor: &User) -> AppResult<ConsoleCounts> {
         require_staff(actor)?;
-        let now = now_ms();
+        let now = Timestamp::now();
         Ok(self
             .store()
             .run(move |conn| console::console_counts(conn, now))
@@ -151,7 +151,7 @@ impl App {
         &self,
         actor: &User,
         provider: Option<String>,
-        since: Option<i64>,
+        since: Option<Timestamp>,
         limit: i64,
     ) -> AppResult<Vec<RaceDetail>> {
         require_admin(actor)?;

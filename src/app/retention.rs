@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use super::{App, AppResult};
-use crate::domain::JobId;
+use crate::domain::{JobId, Timestamp};
 use crate::store::retention::{self, Log, BATCH_ROWS};
 
 const DAY_MS: i64 = 86_400_000;
@@ -28,7 +28,7 @@ impl Pruned {
 }
 
 /// Where a window of `days` ends as of `now`: what is older goes.
-fn cutoff(now: i64, days: Option<u32>) -> Option<i64> {
+fn cutoff(now: Timestamp, days: Option<u32>) -> Option<Timestamp> {
     days.map(|days| now - i64::from(days) * DAY_MS)
 }
 
@@ -40,10 +40,10 @@ async fn rest_after(batch_took: Duration) {
 }
 
 impl App {
-    /// Removes what has outlived its window as of `now` (Unix ms). The logs
+    /// Removes what has outlived its window as of `now`. The logs
     /// go first: a job is kept while a race- or audit-log entry refers to
     /// it, so a job whose last entry expires now goes in the same run.
-    pub async fn prune_expired(&self, now: i64) -> AppResult<Pruned> {
+    pub async fn prune_expired(&self, now: Timestamp) -> AppResult<Pruned> {
         let windows = self.config().retention.clone();
         let mut pruned = Pruned::default();
         if let Some(cutoff) = cutoff(now, windows.races_days) {
@@ -84,7 +84,7 @@ impl App {
         Ok(pruned)
     }
 
-    async fn prune_log(&self, log: Log, cutoff: i64) -> AppResult<u64> {
+    async fn prune_log(&self, log: Log, cutoff: Timestamp) -> AppResult<u64> {
         let table = match log {
             Log::Races => "race_log",
             Log::Audit => "audit_log",
@@ -112,7 +112,11 @@ mod tests {
 
     #[test]
     fn a_window_ends_whole_days_before_now_and_none_keeps_everything() {
-        assert_eq!(cutoff(10 * DAY_MS + 7, Some(3)), Some(7 * DAY_MS + 7));
-        assert_eq!(cutoff(DAY_MS, None), None);
+        let at = Timestamp::from_millis;
+        assert_eq!(
+            cutoff(at(10 * DAY_MS + 7), Some(3)),
+            Some(at(7 * DAY_MS + 7))
+        );
+        assert_eq!(cutoff(at(DAY_MS), None), None);
     }
 }

@@ -3,7 +3,7 @@
 //! the use cases of [`crate::app::webhooks`].
 
 use super::{require_admin, App, AppError, AppResult, Job, User};
-use crate::domain::UserId;
+use crate::domain::{Timestamp, UserId};
 use crate::store::webhooks::{self, Delivery, Endpoint, EndpointKey, Event};
 
 /// A job's events (every endpoint of its owner), their deliveries, and the
@@ -26,7 +26,7 @@ pub struct WebhooksOverview {
     pub endpoints: Vec<Endpoint>,
     pub owners: Vec<(UserId, String)>,
     pub disabled: i64,
-    pub oldest_pending_ms: Option<i64>,
+    pub oldest_pending: Option<Timestamp>,
 }
 
 impl App {
@@ -90,7 +90,7 @@ impl App {
                 }
                 Ok(WebhooksOverview {
                     disabled: webhooks::disabled_endpoints(conn)?,
-                    oldest_pending_ms: webhooks::oldest_pending_ms(conn)?,
+                    oldest_pending: webhooks::oldest_pending(conn)?,
                     endpoints,
                     owners,
                 })

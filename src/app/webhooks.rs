@@ -15,7 +15,7 @@ use crate::domain::webhook::{
     check_resolved, check_url, parse_events, signing_generations, truncate_response,
     DeliveryOutcome, EventKind, InFlight, MAX_RESPONSE_BODY,
 };
-use crate::domain::Secret;
+use crate::domain::{Secret, Timestamp};
 use crate::store::webhooks::{
     self as outbox, Attempted, Claimed, Delivery, Endpoint, EndpointChange, EndpointKey, Event,
     EventKey, FollowUp, NewEndpoint, Recorded, Resent,
@@ -114,9 +114,7 @@ impl App {
         let cap = self.config().webhooks.settings.max_endpoints_per_owner;
         let endpoint = self
             .store()
-            .run(move |conn| {
-                outbox::create_endpoint(conn, &row, cap as usize, crate::store::now_ms())
-            })
+            .run(move |conn| outbox::create_endpoint(conn, &row, cap as usize, Timestamp::now()))
             .await?
             .map_err(|outbox::AtEndpointCap(existing)| AppError::EndpointLimit {
                 existing,
@@ -180,7 +178,7 @@ impl App {
         };
         let endpoint = self
             .store()
-            .run(move |conn| outbox::update_endpoint(conn, &key, &change, crate::store::now_ms()))
+            .run(move |conn| outbox::update_endpoint(conn, &key, &change, Timestamp::now()))
             .await?
             .ok_or(AppError::NotFound)?;
         Ok(endpoint)
@@ -216,7 +214,7 @@ impl App {
                         .endpoint_secret(&endpoint_id, generation)
                         .fingerprint()
                 };
-                outbox::rotate_secret(conn, &key, overlap, &fingerprint, crate::store::now_ms())
+                outbox::rotate_secret(conn, &key, overlap, &fingerprint, Timestamp::now())
             })
             .await?
             .ok_or(AppError::NotFound)?;
@@ -277,7 +275,7 @@ impl App {
             .store()
             .run(move |conn| match outbox::get_event(conn, &key)? {
                 Some(event) if event.endpoint_id == endpoint.id => {
-                    outbox::resend(conn, &key, crate::store::now_ms())
+                    outbox::resend(conn, &key, Timestamp::now())
                 }
                 _ => Ok(Resent::NotFound),
             })
@@ -387,7 +385,7 @@ async fn deliver(app: &App, claimed: Claimed, lease_owner: &str) {
         &claimed.endpoint.url,
         settings.allow_private_addresses,
         Duration::from_millis(settings.timeout_ms),
-        &signed_headers(&key, &claimed, crate::store::now_ms()),
+        &signed_headers(&key, &claimed, Timestamp::now()),
         claimed.event.body.clone(),
         started,
     )
@@ -403,15 +401,8 @@ async fn deliver(app: &App, claimed: Claimed, lease_owner: &str) {
     let recorded = app
         .store()
         .run(move |conn| {
-            outbox::record_delivery(
-                conn,
-                &claimed,
-                &owner,
-                &logged,
-                follow_up,
-                crate::store::now_ms(),
-            )
-            .map(|recorded| (recorded, claimed))
+            outbox::record_delivery(conn, &claimed, &owner, &logged, follow_up, Timestamp::now())
+                .map(|recorded| (recorded, claimed))
         })
         .await;
     match recorded {
@@ -429,9 +420,9 @@ async fn deliver(app: &App, claimed: Claimed, lease_owner: &str) {
 fn signed_headers(
     key: &crate::domain::webhook::WebhookKey,
     claimed: &Claimed,
-    now: i64,
+    now: Timestamp,
 ) -> [(&'static str, String); 3] {
-    let timestamp = now.div_euclid(1000);
+    let timestamp = now.unix_seconds();
     let endpoint = &claimed.endpoint;
     let generations = signing_generations(
         endpoint.generation,
@@ -463,7 +454,7 @@ fn log_recorded(claimed: &Claimed, attempted: &Attempted, recorded: Recorded, di
             %event_id, %endpoint_id, outcome = %attempted.outcome,
             error = attempted.error.as_deref().unwrap_or(""),
             status = attempted.status_code.unwrap_or(0),
-            retry_in_ms = at - crate::store::now_ms(),
+            retry_in_ms = at - Timestamp::now(),
             "webhook delivery failed; retried later"
         ),
         Recorded::Dead => tracing::warn!(

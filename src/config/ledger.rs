@@ -5,6 +5,7 @@
 use serde::Deserialize;
 
 use crate::domain::ledger::{Price, PriceTable, Rate};
+use crate::domain::Timestamp;
 use crate::providers::ProviderSettings;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -94,8 +95,8 @@ impl LedgerSettings {
             let rate = |field: &str, value: f64| {
                 Rate::per_million(value).map_err(|e| (key(field), e.to_string()))
             };
-            let effective_from_ms = match &entry.effective_from {
-                None => i64::MIN,
+            let effective_from = match &entry.effective_from {
+                None => Timestamp::from_millis(i64::MIN),
                 Some(text) => parse_moment(text).ok_or_else(|| {
                     (
                         key("effective_from"),
@@ -112,11 +113,11 @@ impl LedgerSettings {
                 input: rate("input", entry.input)?,
                 output: rate("output", entry.output)?,
                 cached: rate("cached", entry.cached.unwrap_or(entry.input))?,
-                effective_from_ms,
+                effective_from,
             };
             if prices.iter().any(|p: &Price| {
-                (&p.provider, &p.model, p.effective_from_ms)
-                    == (&price.provider, &price.model, price.effective_from_ms)
+                (&p.provider, &p.model, p.effective_from)
+                    == (&price.provider, &price.model, price.effective_from)
             }) {
                 return Err((
                     key("effective_from"),
@@ -136,14 +137,16 @@ impl LedgerSettings {
     }
 }
 
-/// `YYYY-MM-DD` (midnight UTC) or an RFC 3339 time, as Unix ms.
-fn parse_moment(text: &str) -> Option<i64> {
-    if let Ok(day) = chrono::NaiveDate::parse_from_str(text, "%Y-%m-%d") {
-        return Some(day.and_hms_opt(0, 0, 0)?.and_utc().timestamp_millis());
-    }
-    chrono::DateTime::parse_from_rfc3339(text)
-        .ok()
-        .map(|at| at.timestamp_millis())
+/// `YYYY-MM-DD` (midnight UTC) or an RFC 3339 time, as an instant.
+fn parse_moment(text: &str) -> Option<Timestamp> {
+    let millis = if let Ok(day) = chrono::NaiveDate::parse_from_str(text, "%Y-%m-%d") {
+        day.and_hms_opt(0, 0, 0)?.and_utc().timestamp_millis()
+    } else {
+        chrono::DateTime::parse_from_rfc3339(text)
+            .ok()?
+            .timestamp_millis()
+    };
+    Some(Timestamp::from_millis(millis))
 }
 
 #[cfg(test)]
@@ -178,13 +181,16 @@ mod tests {
         )
         .unwrap();
         assert_eq!(ledger.currency, "EUR");
-        let december = 1_796_083_200_000;
+        let december = Timestamp::from_millis(1_796_083_200_000);
         let before = ledger.prices.at("a", "gpt-x", december - 1).unwrap();
         assert_eq!(before.input.millionths(), 2_500_000);
         assert_eq!(before.cached, before.input, "cached defaults to input");
         let after = ledger.prices.at("a", "gpt-x", december).unwrap();
         assert_eq!(after.cached.millionths(), 500_000);
-        assert!(ledger.prices.at("sim", "simulated", 0).is_some());
+        assert!(ledger
+            .prices
+            .at("sim", "simulated", Timestamp::EPOCH)
+            .is_some());
     }
 
     #[test]
@@ -213,9 +219,10 @@ mod tests {
 
     #[test]
     fn moments_are_days_or_rfc3339_times() {
-        assert_eq!(parse_moment("1970-01-02"), Some(86_400_000));
-        assert_eq!(parse_moment("1970-01-01T00:00:01Z"), Some(1_000));
-        assert_eq!(parse_moment("1970-01-01T01:00:00+01:00"), Some(0));
+        let at = |ms| Some(Timestamp::from_millis(ms));
+        assert_eq!(parse_moment("1970-01-02"), at(86_400_000));
+        assert_eq!(parse_moment("1970-01-01T00:00:01Z"), at(1_000));
+        assert_eq!(parse_moment("1970-01-01T01:00:00+01:00"), at(0));
         assert_eq!(parse_moment("yesterday"), None);
     }
 }

@@ -10,7 +10,7 @@
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 
-use super::Secret;
+use super::{Secret, Timestamp};
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -57,7 +57,7 @@ impl CallbackKey {
 
     /// Checks a callback: `X-Onejob-Signature` over `X-Onejob-Timestamp`
     /// and the body (in constant time), then the timestamp's age against
-    /// `now` (Unix seconds): at most `window_seconds` old, and no more than
+    /// `now`: at most `window_seconds` old, and no more than
     /// that ahead (clocks differ).
     pub fn verify(
         &self,
@@ -65,7 +65,7 @@ impl CallbackKey {
         timestamp: Option<&str>,
         body: &[u8],
         signature: Option<&str>,
-        now: i64,
+        now: Timestamp,
         window_seconds: u64,
     ) -> Result<(), CallbackRefusal> {
         let timestamp = timestamp
@@ -81,7 +81,7 @@ impl CallbackKey {
         mac.update(&signed_message(timestamp, body));
         mac.verify_slice(&bytes)
             .map_err(|_| CallbackRefusal::BadSignature)?;
-        let age = now.saturating_sub(timestamp);
+        let age = now.unix_seconds().saturating_sub(timestamp);
         let window = window_seconds.min(i64::MAX as u64) as i64;
         if age > window || age < -window {
             return Err(CallbackRefusal::Expired {
@@ -119,6 +119,7 @@ mod tests {
     use super::*;
 
     const NOW: i64 = 1_790_000_000;
+    const NOW_AT: Timestamp = Timestamp::from_millis(NOW * 1000);
 
     #[test]
     fn a_signature_verifies_only_for_its_attempt_timestamp_and_body() {
@@ -128,7 +129,7 @@ mod tests {
         let at = NOW.to_string();
         let verify =
             |key: &CallbackKey, attempt: &str, at: &str, body: &[u8], sig: Option<&str>| {
-                key.verify(attempt, Some(at), body, sig, NOW, 300)
+                key.verify(attempt, Some(at), body, sig, NOW_AT, 300)
             };
         assert_eq!(
             verify(&key, "attempt-1", &at, body, Some(&signature)),
@@ -179,7 +180,7 @@ mod tests {
             bad
         );
         assert_eq!(
-            key.verify("attempt-1", None, body, Some(&signature), NOW, 300),
+            key.verify("attempt-1", None, body, Some(&signature), NOW_AT, 300),
             bad,
             "no timestamp"
         );
@@ -197,7 +198,7 @@ mod tests {
                 Some(&old.to_string()),
                 body,
                 Some(&signature),
-                NOW,
+                NOW_AT,
                 300
             ),
             Err(CallbackRefusal::Expired {
@@ -213,7 +214,7 @@ mod tests {
                 Some(&edge.to_string()),
                 body,
                 Some(&signature),
-                NOW,
+                NOW_AT,
                 300
             ),
             Ok(())
@@ -226,7 +227,7 @@ mod tests {
                 Some(&ahead.to_string()),
                 body,
                 Some(&signature),
-                NOW,
+                NOW_AT,
                 300
             )
             .is_err());

@@ -3,6 +3,8 @@
 //! go only to the job's primary and to providers whose contract
 //! qualification is current and passed.
 
+use super::Timestamp;
+
 /// The order in which a job tries providers: the provider the user named first
 /// (if any), then the task's chain in its configured order.
 pub fn failover_order<'a>(chain: &'a [String], requested: Option<&'a str>) -> Vec<&'a str> {
@@ -33,16 +35,16 @@ pub enum QualificationStatus {
     /// The latest run passed and still matches the provider's model and the
     /// task's template and output schema.
     Qualified {
-        at: i64,
+        at: Timestamp,
     },
     /// The latest current run failed; the first failing check.
     Failed {
-        at: i64,
+        at: Timestamp,
         check: String,
     },
     /// The latest run was for another model, template or output schema.
     Stale {
-        at: i64,
+        at: Timestamp,
     },
     Never,
 }
@@ -62,7 +64,7 @@ impl QualificationStatus {
     }
 
     /// When the run this status comes from was made.
-    pub fn at(&self) -> Option<i64> {
+    pub fn at(&self) -> Option<Timestamp> {
         match self {
             Self::Qualified { at } | Self::Failed { at, .. } | Self::Stale { at } => Some(*at),
             Self::Never => None,
@@ -135,10 +137,14 @@ mod tests {
     fn the_primary_is_always_allowed_and_fallbacks_need_a_current_pass() {
         let gated = AllowedProviders::gate(&["a", "b", "c", "d"], |name| match name {
             "a" => QualificationStatus::Never,
-            "b" => QualificationStatus::Stale { at: 1 },
-            "c" => QualificationStatus::Qualified { at: 1 },
+            "b" => QualificationStatus::Stale {
+                at: Timestamp::from_millis(1),
+            },
+            "c" => QualificationStatus::Qualified {
+                at: Timestamp::from_millis(1),
+            },
             _ => QualificationStatus::Failed {
-                at: 1,
+                at: Timestamp::from_millis(1),
                 check: "x".into(),
             },
         });

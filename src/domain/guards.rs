@@ -12,7 +12,7 @@
 //! predicate agree. A change to one without the other fails that test.
 
 use super::state::{AttemptEvent, AttemptState, JobStatus};
-use super::Fingerprint;
+use super::{Fingerprint, Timestamp};
 
 /// The claim (`store::queue::claim_batch`): a queued attempt of an
 /// unfinished job, whose provider this process has not closed, and which is
@@ -26,8 +26,8 @@ pub fn may_claim(
     state: AttemptState,
     job: JobStatus,
     provider_closed: bool,
-    not_before: Option<i64>,
-    now: i64,
+    not_before: Option<Timestamp>,
+    now: Timestamp,
 ) -> bool {
     AttemptEvent::Claimed.from_states().contains(&state)
         && !job.is_terminal()
@@ -40,7 +40,11 @@ pub fn may_claim(
 ///
 /// SQL: `attempts.state = 'running' AND attempts.lease_expires_at < now`
 /// (a NULL lease never runs out).
-pub fn lease_has_run_out(state: AttemptState, lease_expires_at: Option<i64>, now: i64) -> bool {
+pub fn lease_has_run_out(
+    state: AttemptState,
+    lease_expires_at: Option<Timestamp>,
+    now: Timestamp,
+) -> bool {
     state == AttemptState::Running && lease_expires_at.is_some_and(|until| until < now)
 }
 
@@ -158,13 +162,29 @@ mod tests {
     use super::*;
     use AttemptState as S;
 
+    const T4: Timestamp = Timestamp::from_millis(4);
+    const T5: Timestamp = Timestamp::from_millis(5);
+    const T6: Timestamp = Timestamp::from_millis(6);
+
     #[test]
     fn only_a_due_queued_attempt_of_an_unfinished_job_is_claimed() {
-        assert!(may_claim(S::Queued, JobStatus::Pending, false, None, 5));
-        assert!(may_claim(S::Queued, JobStatus::Pending, false, Some(5), 5));
-        assert!(!may_claim(S::Queued, JobStatus::Pending, false, Some(6), 5));
-        assert!(!may_claim(S::Queued, JobStatus::Pending, true, None, 5));
-        assert!(!may_claim(S::Queued, JobStatus::Succeeded, false, None, 5));
+        assert!(may_claim(S::Queued, JobStatus::Pending, false, None, T5));
+        assert!(may_claim(
+            S::Queued,
+            JobStatus::Pending,
+            false,
+            Some(T5),
+            T5
+        ));
+        assert!(!may_claim(
+            S::Queued,
+            JobStatus::Pending,
+            false,
+            Some(T6),
+            T5
+        ));
+        assert!(!may_claim(S::Queued, JobStatus::Pending, true, None, T5));
+        assert!(!may_claim(S::Queued, JobStatus::Succeeded, false, None, T5));
         for state in [
             S::Running,
             S::Unknown,
@@ -172,7 +192,7 @@ mod tests {
             S::Failed,
             S::Abandoned,
         ] {
-            assert!(!may_claim(state, JobStatus::Pending, false, None, 5));
+            assert!(!may_claim(state, JobStatus::Pending, false, None, T5));
         }
     }
 
@@ -203,10 +223,10 @@ mod tests {
 
     #[test]
     fn leases_run_out_strictly_after_their_end_and_only_while_running() {
-        assert!(lease_has_run_out(S::Running, Some(4), 5));
-        assert!(!lease_has_run_out(S::Running, Some(5), 5));
-        assert!(!lease_has_run_out(S::Running, None, 5));
-        assert!(!lease_has_run_out(S::Unknown, Some(4), 5));
+        assert!(lease_has_run_out(S::Running, Some(T4), T5));
+        assert!(!lease_has_run_out(S::Running, Some(T5), T5));
+        assert!(!lease_has_run_out(S::Running, None, T5));
+        assert!(!lease_has_run_out(S::Unknown, Some(T4), T5));
         assert!(may_renew(S::Running, Some("w"), "w"));
         assert!(!may_renew(S::Running, Some("v"), "w"));
         assert!(!may_renew(S::Unknown, Some("w"), "w"));

@@ -11,7 +11,7 @@
 //! micro-unit once.
 
 use super::ids::text_enum;
-use super::Usage;
+use super::{Timestamp, Usage};
 
 text_enum! {
     /// Which of an owner's monthly limits a creation met, named as the API
@@ -86,9 +86,9 @@ pub struct Price {
     pub output: Rate,
     /// Prompt tokens read from the provider's cache.
     pub cached: Rate,
-    /// In force from this moment (Unix ms) until a later price of the same
-    /// provider and model.
-    pub effective_from_ms: i64,
+    /// In force from this moment until a later price of the same provider
+    /// and model.
+    pub effective_from: Timestamp,
 }
 
 impl Price {
@@ -113,10 +113,10 @@ pub struct PriceTable {
 impl PriceTable {
     pub fn new(mut prices: Vec<Price>) -> Self {
         prices.sort_by(|a, b| {
-            (&a.provider, &a.model, a.effective_from_ms).cmp(&(
+            (&a.provider, &a.model, a.effective_from).cmp(&(
                 &b.provider,
                 &b.model,
-                b.effective_from_ms,
+                b.effective_from,
             ))
         });
         Self { prices }
@@ -130,13 +130,13 @@ impl PriceTable {
         self.prices.iter()
     }
 
-    /// The price of `provider`'s `model` in force at `at_ms`: the latest
-    /// that took effect by then. `None`: the call is not priced.
-    pub fn at(&self, provider: &str, model: &str, at_ms: i64) -> Option<&Price> {
+    /// The price of `provider`'s `model` in force at `at`: the latest that
+    /// took effect by then. `None`: the call is not priced.
+    pub fn at(&self, provider: &str, model: &str, at: Timestamp) -> Option<&Price> {
         self.prices
             .iter()
             .filter(|p| p.provider == provider && p.model == model)
-            .take_while(|p| p.effective_from_ms <= at_ms)
+            .take_while(|p| p.effective_from <= at)
             .last()
     }
 }
@@ -306,8 +306,8 @@ pub struct BudgetLimits {
 /// jobs hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct BudgetCounters {
-    /// The month `spent_*` belong to (Unix ms of its first instant, UTC).
-    pub period_start_ms: i64,
+    /// The month `spent_*` belong to (its first instant, UTC).
+    pub period_start: Timestamp,
     pub spent_micros: i64,
     pub spent_tokens: i64,
     /// Reservations of jobs not yet finished, whichever month made them.
@@ -316,11 +316,11 @@ pub struct BudgetCounters {
 }
 
 impl BudgetCounters {
-    /// What counts against the limits in the month of `period_start_ms`:
+    /// What counts against the limits in the month of `period_start`:
     /// that month's spend (none if the row is of an earlier month) and
     /// every open reservation.
-    pub fn committed(&self, period_start_ms: i64) -> Reservation {
-        let (spent_micros, spent_tokens) = if self.period_start_ms >= period_start_ms {
+    pub fn committed(&self, period_start: Timestamp) -> Reservation {
+        let (spent_micros, spent_tokens) = if self.period_start >= period_start {
             (self.spent_micros, self.spent_tokens)
         } else {
             (0, 0)
@@ -331,10 +331,10 @@ impl BudgetCounters {
         }
     }
 
-    /// The row after a reservation made at `period_start_ms` (the month
+    /// The row after a reservation made at `period_start` (the month
     /// only moves forward: a process whose clock lags never rolls it back).
-    pub fn reserve(&self, period_start_ms: i64, reservation: Reservation) -> Self {
-        let mut next = self.rolled_to(period_start_ms);
+    pub fn reserve(&self, period_start: Timestamp, reservation: Reservation) -> Self {
+        let mut next = self.rolled_to(period_start);
         next.reserved_micros += reservation.micros;
         next.reserved_tokens += reservation.tokens;
         next
@@ -349,18 +349,18 @@ impl BudgetCounters {
         }
     }
 
-    /// The row after a call's cost was recorded at `period_start_ms`.
-    pub fn spend(&self, period_start_ms: i64, micros: i64, tokens: i64) -> Self {
-        let mut next = self.rolled_to(period_start_ms);
+    /// The row after a call's cost was recorded at `period_start`.
+    pub fn spend(&self, period_start: Timestamp, micros: i64, tokens: i64) -> Self {
+        let mut next = self.rolled_to(period_start);
         next.spent_micros += micros;
         next.spent_tokens += tokens;
         next
     }
 
-    fn rolled_to(&self, period_start_ms: i64) -> Self {
-        if period_start_ms > self.period_start_ms {
+    fn rolled_to(&self, period_start: Timestamp) -> Self {
+        if period_start > self.period_start {
             Self {
-                period_start_ms,
+                period_start,
                 spent_micros: 0,
                 spent_tokens: 0,
                 ..*self
@@ -372,15 +372,15 @@ impl BudgetCounters {
 }
 
 /// Whether a new job holding `reservation` fits under `limits` in the
-/// month of `period_start_ms`. The store's reserving `UPDATE` has the same
+/// month of `period_start`. The store's reserving `UPDATE` has the same
 /// condition in its `WHERE` (`every_guarded_statement_agrees_with_its_predicate`).
 pub fn may_reserve(
     limits: &BudgetLimits,
     counters: &BudgetCounters,
-    period_start_ms: i64,
+    period_start: Timestamp,
     reservation: Reservation,
 ) -> bool {
-    let committed = counters.committed(period_start_ms);
+    let committed = counters.committed(period_start);
     let fits = |limit: Option<i64>, committed: i64, more: i64| {
         limit.is_none_or(|limit| committed.saturating_add(more) <= limit)
     };
@@ -388,37 +388,39 @@ pub fn may_reserve(
         && fits(limits.tokens, committed.tokens, reservation.tokens)
 }
 
-/// The first instant (Unix ms, UTC) of the month holding `at_ms`.
-pub fn month_start_ms(at_ms: i64) -> i64 {
-    use chrono::{Datelike, NaiveDate};
-    let Some(at) = chrono::DateTime::from_timestamp_millis(at_ms) else {
-        return 0;
+/// The first instant (UTC) of the month holding `at`.
+pub fn month_start(at: Timestamp) -> Timestamp {
+    use chrono::Datelike;
+    let Some(at) = chrono::DateTime::from_timestamp_millis(at.millis()) else {
+        return Timestamp::EPOCH;
     };
-    NaiveDate::from_ymd_opt(at.year(), at.month(), 1)
-        .and_then(|day| day.and_hms_opt(0, 0, 0))
-        .map_or(0, |start| start.and_utc().timestamp_millis())
+    first_of_month(at.year(), at.month()).unwrap_or(Timestamp::EPOCH)
 }
 
-/// The first instant of the month after the one holding `at_ms`: when a
+/// The first instant of the month after the one holding `at`: when a
 /// monthly budget resets.
-pub fn next_month_start_ms(at_ms: i64) -> i64 {
-    use chrono::{Datelike, NaiveDate};
-    let Some(at) = chrono::DateTime::from_timestamp_millis(at_ms) else {
-        return 0;
+pub fn next_month_start(at: Timestamp) -> Timestamp {
+    use chrono::Datelike;
+    let Some(at) = chrono::DateTime::from_timestamp_millis(at.millis()) else {
+        return Timestamp::EPOCH;
     };
     let (year, month) = if at.month() == 12 {
         (at.year() + 1, 1)
     } else {
         (at.year(), at.month() + 1)
     };
-    NaiveDate::from_ymd_opt(year, month, 1)
-        .and_then(|day| day.and_hms_opt(0, 0, 0))
-        .map_or(i64::MAX, |start| start.and_utc().timestamp_millis())
+    first_of_month(year, month).unwrap_or(Timestamp::from_millis(i64::MAX))
 }
 
-/// The first instant of the UTC day holding `at_ms`.
-pub fn day_start_ms(at_ms: i64) -> i64 {
-    at_ms - at_ms.rem_euclid(DAY_MS)
+fn first_of_month(year: i32, month: u32) -> Option<Timestamp> {
+    chrono::NaiveDate::from_ymd_opt(year, month, 1)
+        .and_then(|day| day.and_hms_opt(0, 0, 0))
+        .map(|start| Timestamp::from_millis(start.and_utc().timestamp_millis()))
+}
+
+/// The first instant of the UTC day holding `at`.
+pub fn day_start(at: Timestamp) -> Timestamp {
+    at.floor_to(DAY_MS)
 }
 
 pub const DAY_MS: i64 = 86_400_000;
@@ -535,7 +537,7 @@ mod tests {
             input: Rate::per_million(input).unwrap(),
             output: Rate::per_million(output).unwrap(),
             cached: Rate::per_million(cached).unwrap(),
-            effective_from_ms: from,
+            effective_from: Timestamp::from_millis(from),
         }
     }
 
@@ -587,14 +589,18 @@ mod tests {
             price(1.0, 1.0, 1.0, 0),
             price(2.0, 2.0, 2.0, 1_000),
         ]);
-        let input_at = |at| table.at("p", "m", at).map(|p| p.input.millionths());
+        let input_at = |at| {
+            table
+                .at("p", "m", Timestamp::from_millis(at))
+                .map(|p| p.input.millionths())
+        };
         assert_eq!(input_at(-1), None, "before the first price: not priced");
         assert_eq!(input_at(0), Some(1_000_000));
         assert_eq!(input_at(999), Some(1_000_000));
         assert_eq!(input_at(1_000), Some(2_000_000));
         assert_eq!(input_at(5_000), Some(3_000_000));
-        assert_eq!(table.at("p", "other", 5_000), None);
-        assert_eq!(table.at("q", "m", 5_000), None);
+        assert_eq!(table.at("p", "other", Timestamp::from_millis(5_000)), None);
+        assert_eq!(table.at("q", "m", Timestamp::from_millis(5_000)), None);
     }
 
     #[test]
@@ -620,9 +626,9 @@ mod tests {
             spend_micros: Some(1_000),
             tokens: Some(100),
         };
-        let month = 10;
+        let month = Timestamp::from_millis(10);
         let counters = BudgetCounters {
-            period_start_ms: month,
+            period_start: month,
             spent_micros: 600,
             spent_tokens: 10,
             reserved_micros: 300,
@@ -647,18 +653,19 @@ mod tests {
     #[test]
     fn the_month_only_moves_forward() {
         let counters = BudgetCounters {
-            period_start_ms: 100,
+            period_start: Timestamp::from_millis(100),
             spent_micros: 5,
             spent_tokens: 5,
             ..Default::default()
         };
         // A process whose clock lags spends into the current month.
-        let lagging = counters.spend(50, 1, 1);
-        assert_eq!((lagging.period_start_ms, lagging.spent_micros), (100, 6));
-        let next = counters.spend(200, 1, 1);
-        assert_eq!((next.period_start_ms, next.spent_micros), (200, 1));
+        let at = Timestamp::from_millis;
+        let lagging = counters.spend(at(50), 1, 1);
+        assert_eq!((lagging.period_start, lagging.spent_micros), (at(100), 6));
+        let next = counters.spend(at(200), 1, 1);
+        assert_eq!((next.period_start, next.spent_micros), (at(200), 1));
         let reserved = counters.reserve(
-            200,
+            at(200),
             Reservation {
                 micros: 3,
                 tokens: 3,
@@ -679,11 +686,12 @@ mod tests {
     #[test]
     fn months_and_days_start_at_midnight_utc() {
         // 2026-12-02T06:10:30Z
-        let at = 1_796_191_830_000;
-        assert_eq!(month_start_ms(at), 1_796_083_200_000); // 2026-12-01
-        assert_eq!(next_month_start_ms(at), 1_798_761_600_000); // 2027-01-01
-        assert_eq!(day_start_ms(at), 1_796_169_600_000); // 2026-12-02
-        assert_eq!(month_start_ms(month_start_ms(at)), month_start_ms(at));
+        let at = Timestamp::from_millis(1_796_191_830_000);
+        let ms = |at: Timestamp| at.millis();
+        assert_eq!(ms(month_start(at)), 1_796_083_200_000); // 2026-12-01
+        assert_eq!(ms(next_month_start(at)), 1_798_761_600_000); // 2027-01-01
+        assert_eq!(ms(day_start(at)), 1_796_169_600_000); // 2026-12-02
+        assert_eq!(month_start(month_start(at)), month_start(at));
     }
 
     #[test]

@@ -24,6 +24,7 @@ pub mod secret;
 pub mod state;
 pub mod stream;
 pub mod throttle;
+pub mod time;
 pub mod usage;
 pub mod webhook;
 
@@ -43,4 +44,5 @@ pub use state::{
     may_start_attempt, on_cancel, AttemptEvent, AttemptState, CancelDecision, JobStatus,
     NewAttemptRefusal, TransitionError,
 };
+pub use time::Timestamp;
 pub use usage::{Usage, UsageSource};

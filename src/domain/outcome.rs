@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::ids::text_enum;
-use super::{AttemptId, AttemptState};
+use super::{AttemptId, AttemptState, Timestamp};
 
 /// How a provider call ended, classified by the one table in
 /// `providers::classify`. Only a definite failure allows automatic failover.
@@ -296,11 +296,11 @@ pub enum Applied {
     JobFailed { reason: String },
     /// A definite failure in which nothing happened, on the only provider
     /// left (or the task waits out rate limits): a new attempt on the same
-    /// provider is queued, not to be sent before `not_before` (Unix ms).
+    /// provider is queued, not to be sent before `not_before`.
     RetryScheduled {
         attempt_id: AttemptId,
         provider: String,
-        not_before: i64,
+        not_before: Timestamp,
     },
     /// A definite failure recorded on the attempt only (it had been
     /// abandoned, or the job had finished).

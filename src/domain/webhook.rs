@@ -11,7 +11,7 @@ use hmac::{Hmac, KeyInit, Mac};
 use sha2::{Digest, Sha256};
 
 use super::ids::text_enum;
-use super::Secret;
+use super::{Secret, Timestamp};
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -97,10 +97,10 @@ pub fn records_event(enabled: bool, kinds: &[EventKind], kind: EventKind) -> boo
 /// `store::webhooks::claim_due`'s `WHERE` applies.
 pub fn may_claim_event(
     state: EventState,
-    next_attempt_at: i64,
-    lease_expires_at: Option<i64>,
+    next_attempt_at: Timestamp,
+    lease_expires_at: Option<Timestamp>,
     endpoint_enabled: bool,
-    now: i64,
+    now: Timestamp,
 ) -> bool {
     state == EventState::Pending
         && next_attempt_at <= now
@@ -611,13 +611,12 @@ pub fn retry_delay_ms(schedule: RetrySchedule, failed: u32, jitter: f64) -> i64 
 pub fn next_attempt_at(
     schedule: RetrySchedule,
     failed: u32,
-    now: i64,
-    window_start: i64,
+    now: Timestamp,
+    window_start: Timestamp,
     retry_for_ms: i64,
     jitter: f64,
-) -> Option<i64> {
-    (now < window_start.saturating_add(retry_for_ms))
-        .then(|| now.saturating_add(retry_delay_ms(schedule, failed, jitter)))
+) -> Option<Timestamp> {
+    (now < window_start + retry_for_ms).then(|| now + retry_delay_ms(schedule, failed, jitter))
 }
 
 /// When an endpoint that keeps failing is disabled.
@@ -635,16 +634,19 @@ pub struct DisableRule {
 pub fn should_disable(
     rule: DisableRule,
     consecutive_failures: u32,
-    failing_since: i64,
-    now: i64,
+    failing_since: Timestamp,
+    now: Timestamp,
 ) -> bool {
-    consecutive_failures >= rule.after_failures.max(1)
-        && now.saturating_sub(failing_since) >= rule.after_ms
+    consecutive_failures >= rule.after_failures.max(1) && (now - failing_since) >= rule.after_ms
 }
 
 /// The reason recorded on an endpoint [`should_disable`] disables.
-pub fn disabled_reason(consecutive_failures: u32, failing_since: i64, now: i64) -> String {
-    let hours = now.saturating_sub(failing_since) as f64 / 3_600_000.0;
+pub fn disabled_reason(
+    consecutive_failures: u32,
+    failing_since: Timestamp,
+    now: Timestamp,
+) -> String {
+    let hours = (now - failing_since) as f64 / 3_600_000.0;
     format!(
         "disabled after {consecutive_failures} consecutive failed deliveries over {hours:.1} h; \
          fix the receiver, then enable the endpoint again"
@@ -655,8 +657,8 @@ pub fn disabled_reason(consecutive_failures: u32, failing_since: i64, now: i64) 
 /// generation, and the one before while its overlap lasts.
 pub fn signing_generations(
     generation: i64,
-    previous_valid_until: Option<i64>,
-    now: i64,
+    previous_valid_until: Option<Timestamp>,
+    now: Timestamp,
 ) -> Vec<i64> {
     let mut generations = vec![generation];
     if generation > 1 && previous_valid_until.is_some_and(|until| now < until) {
@@ -814,26 +816,19 @@ pub struct EventData<'a> {
     pub result: Option<&'a str>,
     /// The attempt that went unknown, for `job.unknown`.
     pub attempt_id: Option<&'a str>,
-    pub created_at_ms: i64,
-    pub updated_at_ms: i64,
-}
-
-/// A time in Unix ms as RFC 3339 (UTC, milliseconds).
-pub fn rfc3339_ms(ms: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms)
-        .unwrap_or_default()
-        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
 }
 
 /// The event's body, fixed when the event is recorded: every retry and
 /// resend sends these bytes.
-pub fn event_body(kind: EventKind, data: &EventData<'_>, at_ms: i64) -> String {
+pub fn event_body(kind: EventKind, data: &EventData<'_>, at: Timestamp) -> String {
     let result = data
         .result
         .and_then(|text| serde_json::from_str::<serde_json::Value>(text).ok());
     let body = serde_json::json!({
         "type": kind.as_str(),
-        "timestamp": rfc3339_ms(at_ms),
+        "timestamp": at.rfc3339(),
         "data": {
             "id": data.job_id,
             "status": data.status,
@@ -845,8 +840,8 @@ pub fn event_body(kind: EventKind, data: &EventData<'_>, at_ms: i64) -> String {
             "failure_reason": data.failure_reason,
             "attempt_id": data.attempt_id,
             "result": result,
-            "created_at": rfc3339_ms(data.created_at_ms),
-            "updated_at": rfc3339_ms(data.updated_at_ms),
+            "created_at": data.created_at.rfc3339(),
+            "updated_at": data.updated_at.rfc3339(),
         }
     });
     body.to_string()
@@ -860,6 +855,10 @@ pub fn new_webhook_id() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn at(ms: i64) -> Timestamp {
+        Timestamp::from_millis(ms)
+    }
 
     fn ip(text: &str) -> IpAddr {
         text.parse().unwrap()
@@ -1126,16 +1125,20 @@ mod tests {
         assert!(retry_delay_ms(s, 1, 0.999) <= 6_000);
         assert_eq!(retry_delay_ms(s, u32::MAX, 0.5), 3_600_000);
         let day = 86_400_000;
-        assert_eq!(next_attempt_at(s, 1, 1_000, 1_000, day, 0.5), Some(6_000));
-        assert_eq!(next_attempt_at(s, 9, day, 0, day, 0.5), None);
+        let start = Timestamp::EPOCH;
+        assert_eq!(
+            next_attempt_at(s, 1, at(1_000), at(1_000), day, 0.5),
+            Some(at(6_000))
+        );
+        assert_eq!(next_attempt_at(s, 9, at(day), start, day, 0.5), None);
         // Retried until at least the end of the window.
-        let mut now = 0;
+        let mut now = start;
         let mut failed = 0;
-        while let Some(next) = next_attempt_at(s, failed + 1, now, 0, day, 0.5) {
+        while let Some(next) = next_attempt_at(s, failed + 1, now, start, day, 0.5) {
             failed += 1;
             now = next;
         }
-        assert!(now >= day, "last try at {now}");
+        assert!(now >= at(day), "last try at {now:?}");
         assert!(failed < 100);
     }
 
@@ -1145,14 +1148,15 @@ mod tests {
             after_failures: 20,
             after_ms: 3_600_000,
         };
-        assert!(!should_disable(rule, 19, 0, 10 * 3_600_000));
-        assert!(!should_disable(rule, 20, 0, 3_599_999));
-        assert!(should_disable(rule, 20, 0, 3_600_000));
+        let start = Timestamp::EPOCH;
+        assert!(!should_disable(rule, 19, start, at(10 * 3_600_000)));
+        assert!(!should_disable(rule, 20, start, at(3_599_999)));
+        assert!(should_disable(rule, 20, start, at(3_600_000)));
         let quick = DisableRule {
             after_failures: 3,
             after_ms: 0,
         };
-        assert!(should_disable(quick, 3, 5, 5));
+        assert!(should_disable(quick, 3, at(5), at(5)));
     }
 
     #[test]
@@ -1217,9 +1221,9 @@ mod tests {
             10,
             b"{}"
         ));
-        assert_eq!(signing_generations(2, Some(100), 99), vec![2, 1]);
-        assert_eq!(signing_generations(2, Some(100), 100), vec![2]);
-        assert_eq!(signing_generations(1, None, 0), vec![1]);
+        assert_eq!(signing_generations(2, Some(at(100)), at(99)), vec![2, 1]);
+        assert_eq!(signing_generations(2, Some(at(100)), at(100)), vec![2]);
+        assert_eq!(signing_generations(1, None, Timestamp::EPOCH), vec![1]);
         assert_eq!(
             format!("{:?}", key.endpoint_secret("a", 1)),
             "EndpointSecret(***)"

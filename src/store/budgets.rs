@@ -16,9 +16,9 @@ use super::rows::JobKey;
 use super::schema::{budget_reservations, budgets};
 use super::{StoreError, StoreResult};
 use crate::domain::ledger::{
-    may_reserve, month_start_ms, next_month_start_ms, BudgetCounters, BudgetLimits, Reservation,
+    may_reserve, month_start, next_month_start, BudgetCounters, BudgetLimits, Reservation,
 };
-use crate::domain::UserId;
+use crate::domain::{Timestamp, UserId};
 
 /// An owner's budget row.
 #[derive(Debug, Clone, PartialEq, Eq, Queryable, Selectable, Insertable)]
@@ -27,12 +27,12 @@ pub struct BudgetRow {
     pub owner_id: UserId,
     pub spend_limit_micros: Option<i64>,
     pub token_limit: Option<i64>,
-    pub period_start: i64,
+    pub period_start: Timestamp,
     pub spent_micros: i64,
     pub spent_tokens: i64,
     pub reserved_micros: i64,
     pub reserved_tokens: i64,
-    pub updated_at: i64,
+    pub updated_at: Timestamp,
 }
 
 impl BudgetRow {
@@ -45,7 +45,7 @@ impl BudgetRow {
 
     pub fn counters(&self) -> BudgetCounters {
         BudgetCounters {
-            period_start_ms: self.period_start,
+            period_start: self.period_start,
             spent_micros: self.spent_micros,
             spent_tokens: self.spent_tokens,
             reserved_micros: self.reserved_micros,
@@ -53,9 +53,9 @@ impl BudgetRow {
         }
     }
 
-    fn with_counters(&self, counters: BudgetCounters, now: i64) -> Self {
+    fn with_counters(&self, counters: BudgetCounters, now: Timestamp) -> Self {
         Self {
-            period_start: counters.period_start_ms,
+            period_start: counters.period_start,
             spent_micros: counters.spent_micros,
             spent_tokens: counters.spent_tokens,
             reserved_micros: counters.reserved_micros,
@@ -75,12 +75,12 @@ impl BudgetRow {
 struct BudgetChanges {
     spend_limit_micros: Option<i64>,
     token_limit: Option<i64>,
-    period_start: i64,
+    period_start: Timestamp,
     spent_micros: i64,
     spent_tokens: i64,
     reserved_micros: i64,
     reserved_tokens: i64,
-    updated_at: i64,
+    updated_at: Timestamp,
 }
 
 impl From<&BudgetRow> for BudgetChanges {
@@ -106,8 +106,8 @@ pub struct Refused {
     pub committed: Reservation,
     /// What this job would have reserved.
     pub wanted: Reservation,
-    /// When the month's spend starts again from zero (Unix ms).
-    pub resets_at: i64,
+    /// When the month's spend starts again from zero.
+    pub resets_at: Timestamp,
 }
 
 /// The owner's budget row, locked until the transaction ends.
@@ -140,19 +140,19 @@ pub fn reserve(
     conn: &mut DbConnection,
     job: &JobKey,
     wanted: Reservation,
-    now: i64,
+    now: Timestamp,
 ) -> StoreResult<Option<Refused>> {
     let Some(row) = lock(conn, &job.owner_id)? else {
         return Ok(None);
     };
-    let month = month_start_ms(now);
+    let month = month_start(now);
     let counters = row.counters();
     if !may_reserve(&row.limits(), &counters, month, wanted) {
         return Ok(Some(Refused {
             limits: row.limits(),
             committed: counters.committed(month),
             wanted,
-            resets_at: next_month_start_ms(now),
+            resets_at: next_month_start(now),
         }));
     }
     write(
@@ -177,7 +177,7 @@ pub fn spend(
     conn: &mut DbConnection,
     job: &JobKey,
     spent: Reservation,
-    now: i64,
+    now: Timestamp,
 ) -> StoreResult<()> {
     settle(conn, job, false, spent, now)
 }
@@ -192,7 +192,7 @@ pub fn settle(
     job: &JobKey,
     release: bool,
     spent: Reservation,
-    now: i64,
+    now: Timestamp,
 ) -> StoreResult<()> {
     if !release && spent == Reservation::default() {
         return Ok(());
@@ -207,7 +207,7 @@ pub fn settle(
         }
     }
     if spent != Reservation::default() {
-        counters = counters.spend(month_start_ms(now), spent.micros, spent.tokens);
+        counters = counters.spend(month_start(now), spent.micros, spent.tokens);
     }
     if counters != row.counters() {
         write(conn, &row.with_counters(counters, now))?;
@@ -255,7 +255,7 @@ pub fn set_limits(
     owner_id: &UserId,
     limits: BudgetLimits,
     spent_this_month: Reservation,
-    now: i64,
+    now: Timestamp,
 ) -> StoreResult<BudgetRow> {
     super::connection::write_transaction(conn, |conn| {
         let row = match lock(conn, owner_id)? {
@@ -274,7 +274,7 @@ pub fn set_limits(
                     owner_id: owner_id.clone(),
                     spend_limit_micros: limits.spend_micros,
                     token_limit: limits.tokens,
-                    period_start: month_start_ms(now),
+                    period_start: month_start(now),
                     spent_micros: spent_this_month.micros,
                     spent_tokens: spent_this_month.tokens,
                     reserved_micros: 0,

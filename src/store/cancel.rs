@@ -11,8 +11,8 @@ use super::connection::write_transaction;
 use super::rows::{Attempt, Job};
 use super::schema::jobs;
 use super::transitions::{attempts_of, find_owned_job, lock_job, JobKey};
-use super::{now_ms, DbConnection, StoreError, StoreResult};
-use crate::domain::{on_cancel, CancelDecision, JobStatus};
+use super::{DbConnection, StoreError, StoreResult};
+use crate::domain::{on_cancel, CancelDecision, JobStatus, Timestamp};
 
 /// The note on an attempt withdrawn by a cancel.
 pub const WITHDRAWN_NOTE: &str = "not sent: the job was cancelled";
@@ -46,7 +46,7 @@ pub fn cancel_job(conn: &mut DbConnection, key: &JobKey) -> StoreResult<Cancelle
             }
             CancelDecision::Cancel => {}
         }
-        let Some(withdrawn) = mark_cancelled(conn, &job, now_ms())? else {
+        let Some(withdrawn) = mark_cancelled(conn, &job, Timestamp::now())? else {
             // Under the job's lock nothing else moves it; a row that
             // changed anyway is not cancelled, and says why.
             let job = find_owned_job(conn, key)?.ok_or(StoreError::NotFound)?;
@@ -69,7 +69,11 @@ pub fn cancel_job(conn: &mut DbConnection, key: &JobKey) -> StoreResult<Cancelle
 /// attempts were withdrawn.
 /// The cancel's `job.cancelled` webhook events are written here, in the
 /// same transaction, after the job's update.
-pub fn mark_cancelled(conn: &mut DbConnection, job: &Job, now: i64) -> StoreResult<Option<usize>> {
+pub fn mark_cancelled(
+    conn: &mut DbConnection,
+    job: &Job,
+    now: Timestamp,
+) -> StoreResult<Option<usize>> {
     if !cancel_statement(conn, &job.key(), job.version, now)? {
         return Ok(None);
     }
@@ -83,7 +87,7 @@ pub fn mark_cancelled(conn: &mut DbConnection, job: &Job, now: i64) -> StoreResu
             conn,
             &[super::ledger::Tally {
                 owner_id: job.owner_id.clone(),
-                day: crate::domain::ledger::day_start_ms(now),
+                day: crate::domain::ledger::day_start(now),
                 task: job.task.clone(),
                 provider: job.provider.clone(),
                 job_id: job.id.as_str().to_owned(),
@@ -104,7 +108,7 @@ pub fn cancel_statement(
     conn: &mut DbConnection,
     key: &JobKey,
     version: i64,
-    now: i64,
+    now: Timestamp,
 ) -> QueryResult<bool> {
     let changed = diesel::update(
         jobs::table

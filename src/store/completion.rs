@@ -6,7 +6,7 @@ use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Nullable, Text};
 use serde_json::Value;
 
-use super::connection::{db_clock_ms, write_transaction};
+use super::connection::{db_clock, write_transaction};
 use super::ended::{job_ended, JobEnd};
 use super::ledger::{record_call, Charge, LedgerEntry};
 use super::prepared::KeepPrepared;
@@ -16,12 +16,12 @@ use super::transitions::{
     attempts_of, fail_job, get_job, insert_queued_attempt, insert_waiting_attempt,
     lock_attempt_and_job, refresh_job_status, transition, AttemptKey,
 };
-use super::{now_ms, DbConnection, StoreError, StoreResult};
+use super::{DbConnection, StoreError, StoreResult};
 use crate::domain::ledger::AnswerKind;
 use crate::domain::retry::{next_step, Failure, Made, NextStep};
 use crate::domain::{
     canonical_json, sha256_hex, AllowedProviders, Applied, AttemptEvent, AttemptId, AttemptState,
-    JobId, JobStatus, JsonText, RaceResult, Reason, ReasonKind, RetryPolicy, UserId,
+    JobId, JobStatus, JsonText, RaceResult, Reason, ReasonKind, RetryPolicy, Timestamp, UserId,
 };
 
 /// [`settle_answer`] of a call not priced, whose usage was not reported.
@@ -63,7 +63,7 @@ pub fn settle_answer(
             text: canonical_json(payload),
             attempt,
             charge,
-            now: now_ms(),
+            now: Timestamp::now(),
         };
         if let Some(first) = already_delivered(conn, &answer.attempt, &answer.text)? {
             return Ok(answer.recorded(Applied::Repeated(first), None));
@@ -98,7 +98,7 @@ struct Answer<'a> {
     /// The answer as canonical JSON.
     text: String,
     charge: &'a Charge,
-    now: i64,
+    now: Timestamp,
 }
 
 impl Answer<'_> {
@@ -255,7 +255,7 @@ fn log_race(
     job: &Job,
     payload_text: &str,
     reason: String,
-    now: i64,
+    now: Timestamp,
 ) -> StoreResult<()> {
     let entry = RaceEntry {
         id: uuid::Uuid::now_v7().to_string(),
@@ -296,7 +296,7 @@ fn settle_success(
     attempt: &Attempt,
     version_read: i64,
     payload: &str,
-    now: i64,
+    now: Timestamp,
 ) -> StoreResult<Settlement> {
     let conn = match conn {
         DbConnection::Postgresql(pg) => {
@@ -378,9 +378,9 @@ struct Settled {
     #[diesel(sql_type = Nullable<Text>)]
     failure_reason: Option<String>,
     #[diesel(sql_type = Nullable<BigInt>)]
-    created_at: Option<i64>,
+    created_at: Option<Timestamp>,
     #[diesel(sql_type = Nullable<BigInt>)]
-    updated_at: Option<i64>,
+    updated_at: Option<Timestamp>,
     #[diesel(sql_type = Nullable<Text>)]
     failure_kind: Option<ReasonKind>,
     #[diesel(sql_type = Nullable<Text>)]
@@ -478,7 +478,7 @@ fn settle_success_in_one_statement(
     attempt: &Attempt,
     version_read: i64,
     payload: &str,
-    now: i64,
+    now: Timestamp,
 ) -> StoreResult<Settlement> {
     use diesel::sql_types::Array;
     let from_states: Vec<&str> = AttemptEvent::ProviderSucceeded
@@ -530,7 +530,7 @@ fn cas_job_result(
     version_read: i64,
     attempt_id: &AttemptId,
     payload: &str,
-    now: i64,
+    now: Timestamp,
 ) -> QueryResult<Option<Job>> {
     diesel::update(
         jobs::table
@@ -559,7 +559,7 @@ pub(super) fn skip_queued_attempts(
     job_id: &JobId,
     owner_id: &UserId,
     note: &str,
-    now: i64,
+    now: Timestamp,
 ) -> QueryResult<usize> {
     diesel::update(
         attempts::table
@@ -616,7 +616,7 @@ pub fn record_failure(
     charge: &Charge,
 ) -> StoreResult<Recorded> {
     write_transaction(conn, |conn| {
-        let now = now_ms();
+        let now = Timestamp::now();
         let attempt: Attempt = lock_attempt_and_job(conn, key)?.ok_or(StoreError::NotFound)?;
         let job_id = attempt.job_id.clone();
         if AttemptEvent::ProviderFailed.apply(attempt.state).is_err() {
@@ -662,7 +662,7 @@ fn decide_after_failure(
     error: &Reason,
     failure: Failure,
     plan: &FailurePlan,
-    now: i64,
+    now: Timestamp,
 ) -> StoreResult<Applied> {
     // An operator already decided what follows an abandoned attempt.
     if attempt.state == AttemptState::Abandoned || job.status.is_terminal() {
@@ -697,7 +697,7 @@ fn decide_after_failure(
         }
         NextStep::RetryLater { provider, wait_ms } => {
             // One clock for the wait and for every claim that judges it.
-            let db_now = db_clock_ms(conn)?;
+            let db_now = db_clock(conn)?;
             let not_before = db_now + wait_ms;
             let next = insert_waiting_attempt(
                 conn,

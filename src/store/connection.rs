@@ -7,6 +7,7 @@ use diesel::prelude::*;
 
 use super::{DatabaseSettings, SqliteSynchronous};
 use crate::domain::ids::text_enum;
+use crate::domain::Timestamp;
 
 /// Runs `$body` with `$c` bound to the concrete connection, for statements
 /// the multi-backend connection cannot compile (`RETURNING`, `ON CONFLICT`):
@@ -493,12 +494,12 @@ pub fn db_now_ms(conn: &DbConnection) -> &'static str {
 #[derive(QueryableByName)]
 struct Clock {
     #[diesel(sql_type = diesel::sql_types::BigInt)]
-    now_ms: i64,
+    now_ms: Timestamp,
 }
 
-/// Reads the database's clock (Unix ms): statements bind it rather than
-/// evaluate a clock inside a write.
-pub fn db_clock_ms(conn: &mut DbConnection) -> super::StoreResult<i64> {
+/// Reads the database's clock: statements bind it rather than evaluate a
+/// clock inside a write.
+pub fn db_clock(conn: &mut DbConnection) -> super::StoreResult<Timestamp> {
     let query = format!("SELECT {} AS now_ms", db_now_ms(conn));
     Ok(diesel::sql_query(query).get_result::<Clock>(conn)?.now_ms)
 }

@@ -8,7 +8,7 @@ use super::rows::RaceEntry;
 use super::schema::{attempts, audit_log, jobs, race_log, users};
 use super::{DbConnection, StoreResult};
 use crate::domain::{
-    AttemptId, AttemptState, AuditAction, JobId, JobStatus, Reason, ReasonKind, UserId,
+    AttemptId, AttemptState, AuditAction, JobId, JobStatus, Reason, ReasonKind, Timestamp, UserId,
 };
 
 /// An attempt stuck in `unknown`, with what is known about it.
@@ -20,8 +20,8 @@ pub struct UnknownAttempt {
     pub task: String,
     pub provider: String,
     pub number: i32,
-    pub started_at: Option<i64>,
-    pub timeout_at: Option<i64>,
+    pub started_at: Option<Timestamp>,
+    pub timeout_at: Option<Timestamp>,
     /// Why it is unknown, in its three columns: see [`UnknownAttempt::reason`].
     pub error_kind: Option<ReasonKind>,
     pub error: Option<String>,
@@ -105,7 +105,7 @@ pub struct AuditEntry {
     pub job_id: Option<JobId>,
     pub attempt_id: Option<AttemptId>,
     pub reason: String,
-    pub at: i64,
+    pub at: Timestamp,
 }
 
 pub fn audit_entries(conn: &mut DbConnection, limit: i64) -> StoreResult<Vec<AuditEntry>> {
@@ -191,7 +191,7 @@ pub struct JobListing {
     pub task: String,
     pub provider: String,
     pub status: JobStatus,
-    pub created_at: i64,
+    pub created_at: Timestamp,
 }
 
 /// Jobs of every owner, newest first, `limit` at a time, narrowed by the
@@ -266,14 +266,14 @@ pub fn find_jobs(
 pub struct ConsoleCounts {
     pub unknown_now: i64,
     /// When the oldest unknown attempt was sent.
-    pub oldest_unknown_started_at: Option<i64>,
+    pub oldest_unknown_started_at: Option<Timestamp>,
     pub races_last_24h: i64,
 }
 
-pub fn console_counts(conn: &mut DbConnection, now: i64) -> StoreResult<ConsoleCounts> {
+pub fn console_counts(conn: &mut DbConnection, now: Timestamp) -> StoreResult<ConsoleCounts> {
     let unknown = attempts::table.filter(attempts::state.eq(AttemptState::Unknown));
     let unknown_now: i64 = unknown.count().get_result(conn)?;
-    let oldest_unknown_started_at: Option<i64> = unknown
+    let oldest_unknown_started_at: Option<Timestamp> = unknown
         .select(diesel::dsl::min(attempts::started_at))
         .first(conn)?;
     let races_last_24h: i64 = race_log::table
@@ -293,7 +293,7 @@ pub struct AttemptBrief {
     pub id: AttemptId,
     pub number: i32,
     pub provider: String,
-    pub finished_at: Option<i64>,
+    pub finished_at: Option<Timestamp>,
 }
 
 /// A race-log row with both sides of the race.
@@ -317,7 +317,7 @@ impl RaceDetail {
 pub fn race_details(
     conn: &mut DbConnection,
     provider: Option<&str>,
-    since: Option<i64>,
+    since: Option<Timestamp>,
     limit: i64,
 ) -> StoreResult<Vec<RaceDetail>> {
     let mut query = race_log::table
@@ -347,7 +347,7 @@ pub fn race_details(
             attempts::provider,
             attempts::finished_at,
         ))
-        .load::<(AttemptId, i32, String, Option<i64>)>(conn)?
+        .load::<(AttemptId, i32, String, Option<Timestamp>)>(conn)?
         .into_iter()
         .map(|(id, number, provider, finished_at)| AttemptBrief {
             id,

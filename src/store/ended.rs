@@ -8,6 +8,7 @@ use super::rows::JobKey;
 use super::{budgets, webhooks, DbConnection, StoreResult};
 use crate::domain::ledger::Reservation;
 use crate::domain::webhook::EventKind;
+use crate::domain::Timestamp;
 
 /// How a job ended.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -37,7 +38,12 @@ impl JobEnd {
 /// Records the end of the job `key` inside the caller's transaction, right
 /// after the guarded update that ended it: its webhook events, then its
 /// budget reservation back (with a winner's cost added).
-pub fn job_ended(conn: &mut DbConnection, key: &JobKey, end: JobEnd, now: i64) -> StoreResult<()> {
+pub fn job_ended(
+    conn: &mut DbConnection,
+    key: &JobKey,
+    end: JobEnd,
+    now: Timestamp,
+) -> StoreResult<()> {
     let (spent, subscribed) = match end {
         JobEnd::Succeeded { spent, subscribed } => (spent, subscribed),
         JobEnd::Failed | JobEnd::Cancelled => (Reservation::default(), None),

@@ -8,9 +8,11 @@ use super::queue::{self, StartNow};
 use super::rows::{Attempt, Job};
 use super::schema::jobs;
 use super::transitions::insert_queued_attempt;
-use super::{now_ms, DbConnection, StoreError, StoreResult};
+use super::{DbConnection, StoreError, StoreResult};
 use crate::domain::ledger::Reservation;
-use crate::domain::{AttemptId, AttemptState, IdempotencyKey, JobId, JobStatus, JsonText, UserId};
+use crate::domain::{
+    AttemptId, AttemptState, IdempotencyKey, JobId, JobStatus, JsonText, Timestamp, UserId,
+};
 
 pub use super::transitions::{
     attempts_of, find_job, find_owned_job, get_job, with_attempts, JobKey,
@@ -101,7 +103,7 @@ fn insert_or_read(
     new: &NewJob,
     placement: Placement,
 ) -> StoreResult<(CreateOutcome, Vec<Attempt>)> {
-    let now = now_ms();
+    let now = Timestamp::now();
     let row = new_job_row(new, now);
     if let (DbConnection::Postgresql(pg), Placement::OneDatabase) = (&mut *conn, placement) {
         if let Some(attempt) = insert_job_and_attempt(pg, &row, new.start.as_ref(), now)? {
@@ -142,7 +144,7 @@ fn existing_by_key(
 }
 
 /// The job row a new request makes (stamped at the creating transaction).
-fn new_job_row(new: &NewJob, now: i64) -> Job {
+fn new_job_row(new: &NewJob, now: Timestamp) -> Job {
     Job {
         id: JobId::new(),
         owner_id: new.owner_id.clone(),
@@ -184,7 +186,7 @@ fn insert_job_and_attempt(
     conn: &mut diesel::PgConnection,
     job: &Job,
     start: Option<&StartNow>,
-    now: i64,
+    now: Timestamp,
 ) -> StoreResult<Option<Attempt>> {
     use diesel::sql_types::{BigInt, Nullable, Text};
     let (state, lease_owner, lease_ms, started, timeout, version_read) = match start {
@@ -262,7 +264,7 @@ pub fn create_many_of_one_owner(
             .map(|new| create_job_placed(conn, new, placement))
             .collect();
     }
-    let now = now_ms();
+    let now = Timestamp::now();
     let rows: Vec<Job> = news.iter().map(|new| new_job_row(new, now)).collect();
     let inserted = match conn {
         DbConnection::Postgresql(pg) => insert_jobs_and_attempts(pg, owner, news, &rows, now),
@@ -299,7 +301,7 @@ fn insert_jobs_and_attempts(
     owner: &UserId,
     news: &[&NewJob],
     rows: &[Job],
-    now: i64,
+    now: Timestamp,
 ) -> StoreResult<Vec<Attempt>> {
     use diesel::pg::sql_types::Array;
     use diesel::sql_types::{BigInt, Nullable, Text};
@@ -347,7 +349,7 @@ fn insert_jobs_and_attempts(
                 .collect::<Vec<_>>(),
         )
         .bind::<Array<Nullable<BigInt>>, _>(started(&|s| s.lease_ms))
-        .bind::<Array<Nullable<BigInt>>, _>(started(&|_| now))
+        .bind::<Array<Nullable<BigInt>>, _>(started(&|_| now.millis()))
         .bind::<Array<Nullable<BigInt>>, _>(started(&|s| s.soft_timeout_ms))
         .bind::<BigInt, _>(now)
         .load(conn)?)
@@ -364,7 +366,7 @@ fn insert_jobs_and_attempts_sqlite(
     owner: &UserId,
     news: &[&NewJob],
     rows: &[Job],
-    now: i64,
+    now: Timestamp,
 ) -> StoreResult<Vec<Attempt>> {
     use diesel::sql_types::{BigInt, Nullable, Text};
     let mut inserted: std::collections::HashSet<String> = std::collections::HashSet::new();

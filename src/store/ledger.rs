@@ -11,7 +11,7 @@ use super::rows::Attempt;
 use super::schema::{jobs, usage_ledger, usage_tallies};
 use super::{DbConnection, StoreError, StoreResult};
 use crate::domain::ledger::{is_late, AnswerKind, Price};
-use crate::domain::{AttemptId, JobId, Usage, UsageSource, UserId};
+use crate::domain::{AttemptId, JobId, Timestamp, Usage, UsageSource, UserId};
 
 /// What the caller knows of a call's cost before its outcome is recorded:
 /// the tokens the provider reported (`None`: it did not say, and onejob
@@ -54,9 +54,9 @@ pub struct LedgerEntry {
     pub cached_tokens: i64,
     pub usage_source: UsageSource,
     pub cost_micros: Option<i64>,
-    pub price_effective_from: Option<i64>,
+    pub price_effective_from: Option<Timestamp>,
     pub currency: Option<String>,
-    pub recorded_at: i64,
+    pub recorded_at: Timestamp,
 }
 
 impl LedgerEntry {
@@ -92,7 +92,7 @@ pub(super) fn record_call(
     answer_bytes: usize,
     charge: &Charge,
     task: Option<&str>,
-    now: i64,
+    now: Timestamp,
 ) -> StoreResult<Option<LedgerEntry>> {
     let estimates = charge.usage.is_none() && matches!(kind, AnswerKind::Won | AnswerKind::Lost);
     let (task, input): (String, Option<String>) = if !estimates {
@@ -138,7 +138,7 @@ pub(super) fn record_call(
         cached_tokens: tokens(usage.cached_tokens),
         usage_source: usage.source,
         cost_micros: price.map(|p| p.cost_micros(&usage)),
-        price_effective_from: price.map(|p| p.effective_from_ms),
+        price_effective_from: price.map(|p| p.effective_from),
         currency: price.map(|_| charge.currency.clone()),
         recorded_at: now,
     };
@@ -176,7 +176,7 @@ pub fn entries_of_job(
 #[diesel(table_name = usage_tallies)]
 pub struct Tally {
     pub owner_id: UserId,
-    pub day: i64,
+    pub day: Timestamp,
     pub task: String,
     pub provider: String,
     pub job_id: String,
@@ -236,7 +236,7 @@ pub fn flush_tallies(
 
 impl Tally {
     /// The row's key, in the order the flush writes rows.
-    fn key(&self) -> (&str, i64, &str, &str, &str, &str) {
+    fn key(&self) -> (&str, Timestamp, &str, &str, &str, &str) {
         (
             self.owner_id.as_str(),
             self.day,

@@ -388,9 +388,3 @@ impl Store {
         .map_err(|_| StoreError::Cancelled)?
     }
 }
-
-/// Milliseconds since the Unix epoch: how every time is stored (sortable, and
-/// finer than SQLite's one-second `CURRENT_TIMESTAMP`).
-pub fn now_ms() -> i64 {
-    chrono::Utc::now().timestamp_millis()
-}

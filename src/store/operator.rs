@@ -13,10 +13,10 @@ use super::transitions::{
     live_attempt, lock_attempt_and_job, lock_job, refresh_job_status, transition, AttemptKey,
     JobKey,
 };
-use super::{now_ms, DbConnection, StoreError};
+use super::{DbConnection, StoreError};
 use crate::domain::{
     next_provider, AttemptEvent, AttemptId, AttemptState, AuditAction, JobId, JobStatus, Reason,
-    UserId,
+    Timestamp, UserId,
 };
 
 /// Why an action on a job or attempt did not happen.
@@ -79,7 +79,7 @@ pub fn record_audit(
     action: AuditAction,
     about: Audited<'_>,
     reason: &str,
-    at: i64,
+    at: Timestamp,
 ) -> QueryResult<()> {
     let (owner_id, job_id, attempt_id, subject) = match about {
         Audited::Job {
@@ -123,7 +123,7 @@ pub fn start_attempt(
     actor: Option<&UserId>,
 ) -> Result<Attempt, ActionError> {
     write_transaction(conn, |conn| {
-        let now = now_ms();
+        let now = Timestamp::now();
         let job_id = &key.id;
         lock_job(conn, key)?;
         let job = find_owned_job(conn, key)?.ok_or(ActionError::JobNotFound)?;
@@ -187,7 +187,7 @@ pub fn fail_job_by_operator(
     reason: &str,
 ) -> Result<Job, ActionError> {
     write_transaction(conn, |conn| {
-        let now = now_ms();
+        let now = Timestamp::now();
         let job_id = &key.id;
         lock_job(conn, key)?;
         let job = find_owned_job(conn, key)?.ok_or(ActionError::JobNotFound)?;
@@ -223,7 +223,7 @@ pub fn abandon(
     reason: &str,
 ) -> Result<Attempt, ActionError> {
     write_transaction(conn, |conn| {
-        let now = now_ms();
+        let now = Timestamp::now();
         let attempt = lock_attempt_and_job(conn, key)?.ok_or(ActionError::AttemptNotFound)?;
         if !transition(
             conn,

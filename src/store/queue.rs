@@ -11,7 +11,7 @@ use diesel::dsl::sql;
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Nullable};
 
-pub use super::connection::db_clock_ms;
+pub use super::connection::db_clock;
 use super::connection::{db_now_ms, per_backend, write_transaction};
 use super::prepared::KeepPrepared;
 use super::rows::{Attempt, Job};
@@ -20,13 +20,13 @@ use super::transitions::{
     get_job, lock_attempt_and_job, lock_job, refresh_job_status, transition, transition_guarded,
     AttemptKey, Guard, JobKey,
 };
-use super::{now_ms, DbConnection, StoreError, StoreResult};
+use super::{DbConnection, StoreError, StoreResult};
 use std::collections::{BTreeMap, HashMap};
 
 use crate::domain::guards;
 use crate::domain::webhook::EventKind;
 use crate::domain::{
-    Applied, AttemptEvent, AttemptId, AttemptState, JobId, JobStatus, Reason, UserId,
+    Applied, AttemptEvent, AttemptId, AttemptState, JobId, JobStatus, Reason, Timestamp, UserId,
 };
 
 /// Lease columns are nullable, so the clock is typed to match them.
@@ -236,7 +236,7 @@ fn claim_of_owner(
     batch: &mut ClaimBatch,
 ) -> StoreResult<Vec<Claim>> {
     let lockable = lock_unfinished_jobs(conn, owner_id, &group)?;
-    let now = now_ms();
+    let now = Timestamp::now();
     let mut taken = batch.claims.len() as i64;
     let mut by_provider: BTreeMap<String, Vec<AttemptId>> = BTreeMap::new();
     for candidate in group {
@@ -356,7 +356,7 @@ pub fn insert_started_attempt(
     conn: &mut DbConnection,
     job: &Job,
     start: &StartNow,
-    now: i64,
+    now: Timestamp,
 ) -> StoreResult<Attempt> {
     let lease_until = db_now_plus(conn, start.lease_ms);
     let insert = diesel::insert_into(attempts::table).values((
@@ -407,7 +407,7 @@ pub fn renew_lease(
 ) -> StoreResult<bool> {
     let changed = write_transaction(conn, |conn| {
         // The clock is read first and bound, not evaluated by the UPDATE.
-        let until = db_clock_ms(conn)? + lease_ms;
+        let until = db_clock(conn)? + lease_ms;
         Ok::<_, StoreError>(
             diesel::update(
                 attempts::table
@@ -503,7 +503,7 @@ fn give_back(
 /// A running attempt whose request never left goes back to `queued`
 /// ([`AttemptEvent::GivenBack`]): sending it later sends it once.
 fn requeue(conn: &mut DbConnection, attempt: &Attempt, guard: Guard<'_>) -> StoreResult<bool> {
-    let now = now_ms();
+    let now = Timestamp::now();
     let moved = transition_guarded(conn, attempt, AttemptEvent::GivenBack, now, None, guard)?;
     refresh_job_status(conn, &attempt.job_key(), now)?;
     Ok(moved)
@@ -516,7 +516,7 @@ fn close_unsent(conn: &mut DbConnection, attempt: &Attempt, guard: Guard<'_>) ->
         conn,
         attempt,
         AttemptEvent::ClosedUnsent,
-        now_ms(),
+        Timestamp::now(),
         Some(&Reason::new(NOT_SENT_JOB_FINISHED)),
         guard,
     )?)
@@ -545,7 +545,7 @@ pub fn mark_unknown(
     reason: &Reason,
 ) -> StoreResult<Applied> {
     write_transaction(conn, |conn| {
-        let now = now_ms();
+        let now = Timestamp::now();
         let attempt = lock_attempt_and_job(conn, key)?.ok_or(StoreError::NotFound)?;
         let job = get_job(conn, &attempt.job_key())?;
         if guards::on_soft_timeout(attempt.state, job.status.is_terminal())
@@ -614,7 +614,7 @@ fn expire_one(
             return Ok(None);
         };
         let job = get_job(conn, key)?;
-        let now = now_ms();
+        let now = Timestamp::now();
         let unsent = Guard {
             lease_owner: None,
             never_sent: true,

@@ -11,14 +11,14 @@ use super::connection::per_backend;
 use super::retention::id_bound;
 use super::schema::{attempts, backlog_samples};
 use super::{DbConnection, StoreResult};
-use crate::domain::AttemptState;
+use crate::domain::{AttemptState, Timestamp};
 
-/// Which rows a usage report covers: `[from, to)` in Unix ms, and the
+/// Which rows a usage report covers: `[from, to)`, and the
 /// optional filters (empty: any).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UsageFilter {
-    pub from: i64,
-    pub to: i64,
+    pub from: Timestamp,
+    pub to: Timestamp,
     pub owner_id: String,
     pub provider: String,
     pub task: String,
@@ -205,7 +205,7 @@ pub fn tally_sums(
         grp = grouping.expression("day"),
     );
     Ok(report_query!(conn, sql, |q| q
-        .bind::<BigInt, _>(crate::domain::ledger::day_start_ms(filter.from))
+        .bind::<BigInt, _>(crate::domain::ledger::day_start(filter.from))
         .bind::<BigInt, _>(filter.to)
         .bind::<Text, _>(&filter.owner_id)
         .bind::<Text, _>(&filter.provider)
@@ -216,7 +216,7 @@ pub fn tally_sums(
 #[derive(Debug, Clone, PartialEq, Eq, QueryableByName)]
 pub struct BucketCount {
     #[diesel(sql_type = BigInt)]
-    pub bucket: i64,
+    pub bucket: Timestamp,
     #[diesel(sql_type = Text)]
     pub series: String,
     #[diesel(sql_type = BigInt)]
@@ -227,8 +227,8 @@ pub struct BucketCount {
 /// range is read through the job id's time prefix, the primary key).
 pub fn jobs_by_status(
     conn: &mut DbConnection,
-    from: i64,
-    to: i64,
+    from: Timestamp,
+    to: Timestamp,
     bucket_ms: i64,
 ) -> StoreResult<Vec<BucketCount>> {
     let sql = "SELECT CAST(t.created_at - (t.created_at % $3) AS BIGINT) AS bucket,
@@ -246,8 +246,8 @@ pub fn jobs_by_status(
 /// Answers that lost the race in `[from, to)`, per `bucket_ms`.
 pub fn races_by_bucket(
     conn: &mut DbConnection,
-    from: i64,
-    to: i64,
+    from: Timestamp,
+    to: Timestamp,
     bucket_ms: i64,
 ) -> StoreResult<Vec<BucketCount>> {
     let sql = "SELECT CAST(t.lost_at - (t.lost_at % $3) AS BIGINT) AS bucket,
@@ -263,7 +263,11 @@ pub fn races_by_bucket(
 }
 
 /// Spend in `[from, to)` per day and provider, in micro-units.
-pub fn spend_by_day(conn: &mut DbConnection, from: i64, to: i64) -> StoreResult<Vec<BucketCount>> {
+pub fn spend_by_day(
+    conn: &mut DbConnection,
+    from: Timestamp,
+    to: Timestamp,
+) -> StoreResult<Vec<BucketCount>> {
     let sql = "SELECT CAST(t.recorded_at - (t.recorded_at % 86400000) AS BIGINT) AS bucket,
                       t.provider AS series, CAST(COALESCE(SUM(t.cost_micros), 0) AS BIGINT) AS value
                FROM usage_ledger t
@@ -279,19 +283,23 @@ pub fn spend_by_day(conn: &mut DbConnection, from: i64, to: i64) -> StoreResult<
 #[derive(Debug, Clone, PartialEq, Eq, Queryable, Selectable, Insertable)]
 #[diesel(table_name = backlog_samples)]
 pub struct BacklogSample {
-    pub at: i64,
+    pub at: Timestamp,
     pub unknown_attempts: i64,
-    pub oldest_unknown_at: Option<i64>,
+    pub oldest_unknown_at: Option<Timestamp>,
 }
 
 /// Samples the Unknown backlog at `at` (a minute's start): one row per
 /// minute, whichever process comes first; older than `keep_from` pruned.
-pub fn sample_backlog(conn: &mut DbConnection, at: i64, keep_from: i64) -> StoreResult<()> {
+pub fn sample_backlog(
+    conn: &mut DbConnection,
+    at: Timestamp,
+    keep_from: Timestamp,
+) -> StoreResult<()> {
     let unknown = attempts::table.filter(attempts::state.eq(AttemptState::Unknown));
     let count: i64 = unknown.count().get_result(conn)?;
-    let oldest: Option<i64> = unknown
+    let oldest: Option<Timestamp> = unknown
         .select(diesel::dsl::min(attempts::started_at))
-        .first::<Option<i64>>(conn)?;
+        .first::<Option<Timestamp>>(conn)?;
     let sample = BacklogSample {
         at,
         unknown_attempts: count,
@@ -310,8 +318,8 @@ pub fn sample_backlog(conn: &mut DbConnection, at: i64, keep_from: i64) -> Store
 /// The backlog samples in `[from, to)`, oldest first.
 pub fn backlog_samples(
     conn: &mut DbConnection,
-    from: i64,
-    to: i64,
+    from: Timestamp,
+    to: Timestamp,
 ) -> StoreResult<Vec<BacklogSample>> {
     Ok(backlog_samples::table
         .filter(backlog_samples::at.ge(from))

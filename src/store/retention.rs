@@ -23,7 +23,7 @@ use diesel::sql_types::{BigInt, Nullable, Text};
 use super::connection::write_transaction;
 use super::schema::{attempts, jobs};
 use super::{DbConnection, StoreResult};
-use crate::domain::{JobId, JobStatus};
+use crate::domain::{JobId, JobStatus, Timestamp};
 
 /// The most jobs (or log entries) one statement or transaction removes.
 pub const BATCH_ROWS: i64 = 500;
@@ -37,13 +37,13 @@ pub struct JobsBatch {
     pub last_id: Option<JobId>,
 }
 
-/// The smallest text an id made at `ms` (Unix milliseconds) can have: the
-/// 48-bit timestamp that starts a UUIDv7, as its first twelve hex digits
-/// are written. Every id made earlier sorts before it, every id made at
-/// `ms` or later after it (in byte order and in PostgreSQL's collations,
-/// which compare the digits in the same places alike).
-pub fn id_bound(ms: i64) -> String {
-    let ms = ms.clamp(0, (1 << 48) - 1) as u64;
+/// The smallest text an id made at `at` can have: the 48-bit timestamp
+/// that starts a UUIDv7, as its first twelve hex digits are written. Every
+/// id made earlier sorts before it, every id made at `at` or later after it
+/// (in byte order and in PostgreSQL's collations, which compare the digits
+/// in the same places alike).
+pub fn id_bound(at: Timestamp) -> String {
+    let ms = at.millis().clamp(0, (1 << 48) - 1) as u64;
     format!("{:08x}-{:04x}", ms >> 16, ms & 0xffff)
 }
 
@@ -102,7 +102,7 @@ fn prune_owners_jobs(
     pg: &mut diesel::PgConnection,
     owner_id: &str,
     ids: &[String],
-    cutoff: i64,
+    cutoff: Timestamp,
 ) -> QueryResult<Removed> {
     let statement = format!(
         "WITH doomed AS (
@@ -174,7 +174,7 @@ struct Removed {
 /// one transaction with the checks deferred to the commit.
 pub fn prune_finished_jobs(
     conn: &mut DbConnection,
-    cutoff: i64,
+    cutoff: Timestamp,
     after: Option<&JobId>,
     limit: i64,
 ) -> StoreResult<JobsBatch> {
@@ -254,7 +254,12 @@ impl Log {
 /// Removes up to `limit` entries of `log` written before `cutoff`, oldest
 /// first, in one statement; returns how many went. Nothing refers to log
 /// entries, so they go alone.
-pub fn prune_log(conn: &mut DbConnection, log: Log, cutoff: i64, limit: i64) -> StoreResult<u64> {
+pub fn prune_log(
+    conn: &mut DbConnection,
+    log: Log,
+    cutoff: Timestamp,
+    limit: i64,
+) -> StoreResult<u64> {
     let (table, time) = log.table_and_time();
     let oldest = format!("SELECT id FROM {table} WHERE {time} < $1 ORDER BY {time} LIMIT $2");
     let removed = match conn {
@@ -302,7 +307,7 @@ mod tests {
                 .to_string()
         };
         let cutoff: i64 = 1_764_460_800_123;
-        let bound = id_bound(cutoff);
+        let bound = id_bound(Timestamp::from_millis(cutoff));
         assert_eq!(bound.len(), 13);
         for ms in [0, 1, cutoff as u64 - 1] {
             assert!(at(ms) < bound, "{} made at {ms}", at(ms));
@@ -310,6 +315,6 @@ mod tests {
         for ms in [cutoff as u64, cutoff as u64 + 1, 1 << 47] {
             assert!(at(ms) > bound, "{} made at {ms}", at(ms));
         }
-        assert_eq!(id_bound(-5), "00000000-0000");
+        assert_eq!(id_bound(Timestamp::from_millis(-5)), "00000000-0000");
     }
 }

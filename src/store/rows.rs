@@ -5,7 +5,8 @@ use diesel::prelude::*;
 
 use super::schema::{attempts, jobs, qualifications, race_log};
 use crate::domain::{
-    AttemptId, AttemptState, JobId, JobStatus, JsonText, RaceResult, Reason, ReasonKind, UserId,
+    AttemptId, AttemptState, JobId, JobStatus, JsonText, RaceResult, Reason, ReasonKind, Timestamp,
+    UserId,
 };
 
 /// A job: one user intent. Its intent columns never change.
@@ -31,8 +32,8 @@ pub struct Job {
     pub completed_by: Option<AttemptId>,
     /// A failed job's reason, in three columns: see [`Job::failure`].
     pub failure_reason: Option<String>,
-    pub created_at: i64,
-    pub updated_at: i64,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
     pub failure_kind: Option<ReasonKind>,
     pub failure_detail: Option<String>,
 }
@@ -102,8 +103,8 @@ impl Job {
             result: result.map(|r| JsonText::from_value(&r)),
             completed_by: None,
             failure_reason: None,
-            created_at: 5_000,
-            updated_at: 5_000,
+            created_at: Timestamp::from_millis(5_000),
+            updated_at: Timestamp::from_millis(5_000),
             failure_kind: None,
             failure_detail: None,
         }
@@ -129,20 +130,20 @@ pub struct Attempt {
     /// the attempt finishes.
     pub lease_owner: Option<String>,
     /// Until when the claim holds; cleared when the attempt leaves `running`.
-    pub lease_expires_at: Option<i64>,
-    pub created_at: i64,
-    pub started_at: Option<i64>,
-    pub timeout_at: Option<i64>,
-    pub finished_at: Option<i64>,
+    pub lease_expires_at: Option<Timestamp>,
+    pub created_at: Timestamp,
+    pub started_at: Option<Timestamp>,
+    pub timeout_at: Option<Timestamp>,
+    pub finished_at: Option<Timestamp>,
     /// Why it failed, is unknown or was closed, in three columns: see
     /// [`Attempt::reason`].
     pub error: Option<String>,
     /// When the worker confirmed its claim and sent the attempt; `None`:
     /// never sent.
-    pub sent_at: Option<i64>,
-    /// A retry is not sent before this time (Unix ms, the database's
+    pub sent_at: Option<Timestamp>,
+    /// A retry is not sent before this time (the database's
     /// clock): its provider's `Retry-After`, or a backoff.
-    pub not_before: Option<i64>,
+    pub not_before: Option<Timestamp>,
     pub error_kind: Option<ReasonKind>,
     pub error_detail: Option<String>,
 }
@@ -181,8 +182,8 @@ pub struct RaceEntry {
     pub provider: String,
     /// SHA-256 of the discarded answer's canonical JSON.
     pub payload_sha256: String,
-    pub loser_started_at: Option<i64>,
-    pub lost_at: i64,
+    pub loser_started_at: Option<Timestamp>,
+    pub lost_at: Timestamp,
 }
 
 /// One qualification run of a provider against a task's contract.
@@ -199,7 +200,7 @@ pub struct QualificationRun {
     /// JSON: `[{"name": …, "passed": …, "detail": …}]`.
     pub checks: String,
     pub round_trip_ms: i64,
-    pub qualified_at: i64,
+    pub qualified_at: Timestamp,
 }
 
 /// A job named by its whole primary key: its id and its owner. Every

@@ -8,9 +8,9 @@ use diesel::prelude::*;
 use super::connection::{per_backend, write_transaction};
 use super::schema::{sessions, sign_in_throttle, users};
 use super::users::{token_digest, User, UserError};
-use super::{now_ms, DbConnection, StoreResult};
+use super::{DbConnection, StoreResult};
 use crate::domain::throttle::{self, Policy};
-use crate::domain::{Role, UserId};
+use crate::domain::{Role, Timestamp, UserId};
 
 /// What signing in as a name needs to know.
 #[derive(Debug, Clone)]
@@ -51,7 +51,7 @@ pub enum Reservation {
     /// takes that back: `settle_good_sign_in`).
     Allowed,
     /// A scope must wait until then; nothing was counted.
-    Blocked { until: i64 },
+    Blocked { until: Timestamp },
 }
 
 /// Counts a sign-in against its scopes before its password is checked,
@@ -63,7 +63,7 @@ pub enum Reservation {
 pub fn reserve_attempt(
     conn: &mut DbConnection,
     scopes: &[(String, Policy)],
-    now: i64,
+    now: Timestamp,
 ) -> StoreResult<Reservation> {
     let mut scopes: Vec<&(String, Policy)> = scopes.iter().collect();
     scopes.sort_by(|a, b| a.0.cmp(&b.0));
@@ -102,13 +102,17 @@ pub fn reserve_attempt(
 /// Makes sure the scope's row exists and locks it (PostgreSQL; SQLite's
 /// write transaction already excludes other writers): its failures, last
 /// failure and wait.
-fn lock_scope(conn: &mut DbConnection, scope: &str, now: i64) -> QueryResult<(i32, i64, i64)> {
+fn lock_scope(
+    conn: &mut DbConnection,
+    scope: &str,
+    now: Timestamp,
+) -> QueryResult<(i32, Timestamp, Timestamp)> {
     use sign_in_throttle::dsl as t;
     let row = (
         t::scope.eq(scope),
         t::failures.eq(0),
         t::last_failure_at.eq(now),
-        t::blocked_until.eq(0i64),
+        t::blocked_until.eq(Timestamp::EPOCH),
     );
     let query =
         t::sign_in_throttle
@@ -132,9 +136,9 @@ fn lock_scope(conn: &mut DbConnection, scope: &str, now: i64) -> QueryResult<(i3
 pub fn blocked_until(
     conn: &mut DbConnection,
     scopes: &[&str],
-    now: i64,
-) -> StoreResult<Option<i64>> {
-    let until: Option<i64> = sign_in_throttle::table
+    now: Timestamp,
+) -> StoreResult<Option<Timestamp>> {
+    let until: Option<Timestamp> = sign_in_throttle::table
         .filter(sign_in_throttle::scope.eq_any(scopes))
         .select(diesel::dsl::max(sign_in_throttle::blocked_until))
         .first(conn)?;
@@ -149,7 +153,7 @@ pub fn settle_good_sign_in(
     conn: &mut DbConnection,
     name_scope: &str,
     address_scope: &(String, Policy),
-    now: i64,
+    now: Timestamp,
 ) -> StoreResult<()> {
     let (scope, policy) = address_scope;
     write_transaction(conn, |conn| {
@@ -227,7 +231,7 @@ pub fn create_first_admin(conn: &mut DbConnection, password_hash: &str) -> Store
             users::name.eq("admin"),
             users::name_folded.eq("admin"),
             users::role.eq(Role::Admin),
-            users::created_at.eq(now_ms()),
+            users::created_at.eq(Timestamp::now()),
             users::password_hash.eq(Some(password_hash)),
         );
         // Any unique index may be the one a concurrent process hit first.
@@ -247,7 +251,7 @@ pub fn create_session(
     ttl_ms: i64,
 ) -> StoreResult<String> {
     let token = crate::domain::secret::random_hex_token();
-    let now = now_ms();
+    let now = Timestamp::now();
     write_transaction(conn, |conn| {
         diesel::insert_into(sessions::table)
             .values((
@@ -270,7 +274,7 @@ pub fn user_for_session(conn: &mut DbConnection, token: &str) -> StoreResult<Opt
     Ok(sessions::table
         .inner_join(users::table)
         .filter(sessions::token_sha256.eq(token_digest(token)))
-        .filter(sessions::expires_at.gt(now_ms()))
+        .filter(sessions::expires_at.gt(Timestamp::now()))
         .filter(users::disabled_at.is_null())
         .select((users::id, users::name, users::role))
         .first::<User>(conn)
@@ -292,7 +296,7 @@ pub struct CleanedUp {
 
 /// Removes expired sessions, and failure counters that are quiet and no
 /// longer make anyone wait.
-pub fn clean_up(conn: &mut DbConnection, now: i64) -> StoreResult<CleanedUp> {
+pub fn clean_up(conn: &mut DbConnection, now: Timestamp) -> StoreResult<CleanedUp> {
     let sessions =
         diesel::delete(sessions::table.filter(sessions::expires_at.le(now))).execute(conn)?;
     let throttles = diesel::delete(

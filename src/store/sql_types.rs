@@ -1,19 +1,20 @@
 //! How domain types live in TEXT columns: ids, states, statuses, roles and
 //! JSON documents. Each is written as its text and read back checked, on
-//! SQLite, PostgreSQL and the multi-backend connection alike.
+//! SQLite, PostgreSQL and the multi-backend connection alike; and how an
+//! instant lives in a BIGINT column.
 
 use diesel::backend::Backend;
 use diesel::deserialize::{self, FromSql};
 use diesel::pg::{Pg, PgValue};
 use diesel::serialize::{self, IsNull, Output, ToSql};
-use diesel::sql_types::Text;
+use diesel::sql_types::{BigInt, Text};
 use diesel::sqlite::{Sqlite, SqliteValue};
 
 use super::DbConnection;
 use crate::domain::webhook::EventKind;
 use crate::domain::{
     AttemptId, AttemptState, AuditAction, JobId, JobStatus, JsonText, RaceResult, ReasonKind, Role,
-    UsageSource, UserId,
+    Timestamp, UsageSource, UserId,
 };
 
 type Multi = <DbConnection as diesel::Connection>::Backend;
@@ -91,3 +92,43 @@ text_column!(UsageSource, |v| v.as_str(), |t| UsageSource::parse(&t)
 text_column!(JsonText, |v| v.as_str(), |t| JsonText::parse(t).map_err(
     |e| format!("a stored JSON column does not parse: {e}").into()
 ));
+
+// An instant is its milliseconds in a BIGINT column.
+impl ToSql<BigInt, Pg> for Timestamp {
+    fn to_sql<'b>(&'b self, out: &mut Output<'b, '_, Pg>) -> serialize::Result {
+        std::io::Write::write_all(out, &self.millis().to_be_bytes())?;
+        Ok(IsNull::No)
+    }
+}
+
+impl ToSql<BigInt, Sqlite> for Timestamp {
+    fn to_sql<'b>(&'b self, out: &mut Output<'b, '_, Sqlite>) -> serialize::Result {
+        out.set_value(self.millis());
+        Ok(IsNull::No)
+    }
+}
+
+impl ToSql<BigInt, Multi> for Timestamp {
+    fn to_sql<'b>(&'b self, out: &mut Output<'b, '_, Multi>) -> serialize::Result {
+        out.set_value((BigInt, self));
+        Ok(IsNull::No)
+    }
+}
+
+impl FromSql<BigInt, Pg> for Timestamp {
+    fn from_sql(bytes: PgValue<'_>) -> deserialize::Result<Self> {
+        <i64 as FromSql<BigInt, Pg>>::from_sql(bytes).map(Timestamp::from_millis)
+    }
+}
+
+impl FromSql<BigInt, Sqlite> for Timestamp {
+    fn from_sql(bytes: SqliteValue<'_, '_, '_>) -> deserialize::Result<Self> {
+        <i64 as FromSql<BigInt, Sqlite>>::from_sql(bytes).map(Timestamp::from_millis)
+    }
+}
+
+impl FromSql<BigInt, Multi> for Timestamp {
+    fn from_sql(bytes: <Multi as Backend>::RawValue<'_>) -> deserialize::Result<Self> {
+        bytes.from_sql::<Self, BigInt>()
+    }
+}

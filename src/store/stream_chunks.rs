@@ -7,8 +7,8 @@ use diesel::prelude::*;
 use super::connection::write_transaction;
 use super::rows::JobKey;
 use super::schema::stream_chunks;
-use super::{now_ms, DbConnection, StoreResult};
-use crate::domain::AttemptId;
+use super::{DbConnection, StoreResult};
+use crate::domain::{AttemptId, Timestamp};
 
 /// The most chunks one read returns; a follower reads again for more.
 pub const READ_LIMIT: i64 = 256;
@@ -30,7 +30,7 @@ pub fn append(
     attempt: &AttemptId,
     chunks: &[StoredChunk],
 ) -> StoreResult<()> {
-    let now = now_ms();
+    let now = Timestamp::now();
     write_transaction(conn, |conn| {
         for chunk in chunks {
             let stored: i64 = stream_chunks::table

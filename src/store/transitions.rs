@@ -17,7 +17,9 @@ use super::rows::{columns_of, Attempt, Job};
 pub use super::rows::{AttemptKey, JobKey};
 use super::schema::{attempts, jobs};
 use super::{DbConnection, StoreResult};
-use crate::domain::{AttemptEvent, AttemptId, AttemptState, JobId, JobStatus, Reason, UserId};
+use crate::domain::{
+    AttemptEvent, AttemptId, AttemptState, JobId, JobStatus, Reason, Timestamp, UserId,
+};
 
 /// The job's live attempt (queued, running or unknown), if any.
 pub fn live_attempt(conn: &mut DbConnection, key: &JobKey) -> StoreResult<Option<Attempt>> {
@@ -114,7 +116,7 @@ pub fn transition(
     conn: &mut DbConnection,
     attempt: &Attempt,
     event: AttemptEvent,
-    now: i64,
+    now: Timestamp,
     error: Option<&Reason>,
 ) -> QueryResult<bool> {
     transition_guarded(conn, attempt, event, now, error, Guard::default())
@@ -129,7 +131,7 @@ pub fn transition_guarded(
     conn: &mut DbConnection,
     attempt: &Attempt,
     event: AttemptEvent,
-    now: i64,
+    now: Timestamp,
     error: Option<&Reason>,
     guard: Guard<'_>,
 ) -> QueryResult<bool> {
@@ -202,7 +204,11 @@ pub fn transition_guarded(
 
 /// Re-derives a non-terminal job's status from its live attempt. Terminal jobs
 /// are never touched.
-pub fn refresh_job_status(conn: &mut DbConnection, key: &JobKey, now: i64) -> StoreResult<()> {
+pub fn refresh_job_status(
+    conn: &mut DbConnection,
+    key: &JobKey,
+    now: Timestamp,
+) -> StoreResult<()> {
     let live = live_attempt(conn, key)?.map(|a| a.state);
     let status = JobStatus::for_live_attempt(live);
     diesel::update(
@@ -224,21 +230,21 @@ pub fn insert_queued_attempt(
     owner_id: &UserId,
     number: i32,
     provider: &str,
-    now: i64,
+    now: Timestamp,
 ) -> QueryResult<Attempt> {
     insert_waiting_attempt(conn, job_id, owner_id, number, provider, now, None)
 }
 
 /// [`insert_queued_attempt`], for a retry that may not be sent before
-/// `not_before` (Unix ms, the database's clock).
+/// `not_before` (the database's clock).
 pub fn insert_waiting_attempt(
     conn: &mut DbConnection,
     job_id: &JobId,
     owner_id: &UserId,
     number: i32,
     provider: &str,
-    now: i64,
-    not_before: Option<i64>,
+    now: Timestamp,
+    not_before: Option<Timestamp>,
 ) -> QueryResult<Attempt> {
     let row = Attempt {
         id: AttemptId::new(),
@@ -277,7 +283,7 @@ pub fn fail_job(
     conn: &mut DbConnection,
     job: &Job,
     reason: &Reason,
-    now: i64,
+    now: Timestamp,
 ) -> StoreResult<bool> {
     let (kind, summary, detail) = columns_of(Some(reason));
     let updated = diesel::update(

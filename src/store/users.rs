@@ -4,9 +4,9 @@
 use diesel::prelude::*;
 
 use super::schema::{api_tokens, users};
-use super::{now_ms, DbConnection, StoreError, StoreResult};
+use super::{DbConnection, StoreError, StoreResult};
 use crate::domain::password::UserName;
-use crate::domain::{sha256_hex, Role, UserId};
+use crate::domain::{sha256_hex, Role, Timestamp, UserId};
 
 /// Who someone is: the owner of jobs and tokens, and the actor of console
 /// actions.
@@ -93,7 +93,7 @@ fn insert_user(
                 users::name.eq(name.as_str()),
                 users::name_folded.eq(name.folded()),
                 users::role.eq(role),
-                users::created_at.eq(now_ms()),
+                users::created_at.eq(Timestamp::now()),
                 users::password_hash.eq(password_hash),
             ))
             .execute(conn)
@@ -179,12 +179,12 @@ pub fn id_of(conn: &mut DbConnection, name: &str) -> Result<UserId, UserError> {
         .ok_or_else(|| UserError::NoSuchUser(name.to_owned()))
 }
 
-/// Issues a further token for an existing user, valid until `expires_at`
-/// (Unix ms) when given.
+/// Issues a further token for an existing user, valid until `expires_at` when
+/// given.
 pub fn issue_token(
     conn: &mut DbConnection,
     name: &str,
-    expires_at: Option<i64>,
+    expires_at: Option<Timestamp>,
 ) -> Result<IssuedToken, UserError> {
     super::connection::write_transaction(conn, |conn| {
         let id = id_of(conn, name)?;
@@ -195,7 +195,7 @@ pub fn issue_token(
 fn insert_token(
     conn: &mut DbConnection,
     user_id: &UserId,
-    expires_at: Option<i64>,
+    expires_at: Option<Timestamp>,
 ) -> StoreResult<IssuedToken> {
     let token = generate_token();
     diesel::insert_into(api_tokens::table)
@@ -203,7 +203,7 @@ fn insert_token(
             api_tokens::id.eq(uuid::Uuid::now_v7().to_string()),
             api_tokens::user_id.eq(user_id),
             api_tokens::token_sha256.eq(token_digest(&token)),
-            api_tokens::created_at.eq(now_ms()),
+            api_tokens::created_at.eq(Timestamp::now()),
             api_tokens::expires_at.eq(expires_at),
         ))
         .execute(conn)?;
@@ -219,7 +219,7 @@ pub fn user_for_token(conn: &mut DbConnection, token: &str) -> StoreResult<Optio
         .filter(
             api_tokens::expires_at
                 .is_null()
-                .or(api_tokens::expires_at.gt(now_ms())),
+                .or(api_tokens::expires_at.gt(Timestamp::now())),
         )
         .filter(users::disabled_at.is_null())
         .select((users::id, users::name, users::role))
@@ -233,9 +233,9 @@ pub struct UserSummary {
     pub id: UserId,
     pub name: String,
     pub role: Role,
-    pub created_at: i64,
-    pub last_sign_in_at: Option<i64>,
-    pub disabled_at: Option<i64>,
+    pub created_at: Timestamp,
+    pub last_sign_in_at: Option<Timestamp>,
+    pub disabled_at: Option<Timestamp>,
     pub has_password: bool,
     /// Live API tokens.
     pub tokens: i64,
@@ -246,15 +246,15 @@ type UserRow = (
     UserId,
     String,
     Role,
-    i64,
-    Option<i64>,
-    Option<i64>,
+    Timestamp,
+    Option<Timestamp>,
+    Option<Timestamp>,
     Option<String>,
 );
 
 /// Every user, by name, with their live token counts.
 pub fn list_users(conn: &mut DbConnection) -> StoreResult<Vec<UserSummary>> {
-    let now = now_ms();
+    let now = Timestamp::now();
     let rows: Vec<UserRow> = users::table
         .order(users::name.asc())
         .select((
@@ -308,7 +308,7 @@ pub fn set_role(conn: &mut DbConnection, id: &UserId, role: Role) -> StoreResult
 /// once), or enables them again.
 pub fn set_disabled(conn: &mut DbConnection, id: &UserId, disabled: bool) -> StoreResult<bool> {
     super::connection::write_transaction(conn, |conn| {
-        let at = disabled.then(now_ms);
+        let at = disabled.then(Timestamp::now);
         let changed = diesel::update(users::table.find(id))
             .set(users::disabled_at.eq(at))
             .execute(conn)?;

@@ -27,12 +27,12 @@
 //! | [`resend`] | queue a delivered or dead event again (same webhook-id, same body) |
 //! | [`claim_due`] | the delivery loop's claim, with a lease |
 //! | [`record_delivery`] | a delivery attempt's result: delivered, retry later, dead; disabling |
-//! | [`oldest_pending_ms`] | when the oldest undelivered, not dead event started waiting |
+//! | [`oldest_pending`] | when the oldest undelivered, not dead event started waiting |
 //! | [`disabled_endpoints`] | how many endpoints are disabled |
 
 use diesel::prelude::*;
 
-use super::connection::{db_clock_ms, per_backend, write_transaction};
+use super::connection::{db_clock, per_backend, write_transaction};
 use super::reads::get_job;
 use super::rows::JobKey;
 use super::schema::{
@@ -44,7 +44,7 @@ use crate::domain::webhook::{
     take_turns, DeliveryCaps, DeliveryOutcome, DisableRule, EventData, EventKind, EventState,
     InFlight, RetrySchedule,
 };
-use crate::domain::{AttemptState, UserId};
+use crate::domain::{AttemptState, Timestamp, UserId};
 
 /// The most rows one listing returns.
 pub const LIST_LIMIT: i64 = 200;
@@ -74,16 +74,16 @@ pub struct EndpointRow {
     pub url: String,
     pub enabled: bool,
     pub disabled_reason: Option<String>,
-    pub disabled_at: Option<i64>,
+    pub disabled_at: Option<Timestamp>,
     pub generation: i64,
-    pub previous_generation_valid_until: Option<i64>,
+    pub previous_generation_valid_until: Option<Timestamp>,
     /// 8 hex digits of the current secret's SHA-256.
     pub secret_fingerprint: String,
     pub retry_for_ms: i64,
     pub consecutive_failures: i32,
-    pub failing_since: Option<i64>,
-    pub created_at: i64,
-    pub updated_at: i64,
+    pub failing_since: Option<Timestamp>,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
 }
 
 impl EndpointRow {
@@ -205,12 +205,12 @@ pub struct Event {
     pub state: String,
     /// Delivery attempts made (claims), over its life.
     pub attempts: i32,
-    pub next_attempt_at: i64,
-    pub window_start_at: i64,
+    pub next_attempt_at: Timestamp,
+    pub window_start_at: Timestamp,
     pub lease_owner: Option<String>,
-    pub lease_expires_at: Option<i64>,
-    pub delivered_at: Option<i64>,
-    pub created_at: i64,
+    pub lease_expires_at: Option<Timestamp>,
+    pub delivered_at: Option<Timestamp>,
+    pub created_at: Timestamp,
 }
 
 impl Event {
@@ -250,7 +250,7 @@ pub struct Delivery {
     pub latency_ms: i64,
     /// At most 1 KiB of the answer's body.
     pub response_body: Option<String>,
-    pub at: i64,
+    pub at: Timestamp,
 }
 
 /// A new endpoint, checked by the caller (`domain::webhook::check_url`,
@@ -280,7 +280,7 @@ pub fn create_endpoint(
     conn: &mut DbConnection,
     new: &NewEndpoint,
     cap: usize,
-    now: i64,
+    now: Timestamp,
 ) -> StoreResult<Result<Endpoint, AtEndpointCap>> {
     write_transaction(conn, |conn| {
         if let DbConnection::Postgresql(pg) = conn {
@@ -410,7 +410,7 @@ pub fn update_endpoint(
     conn: &mut DbConnection,
     key: &EndpointKey,
     change: &EndpointChange,
-    now: i64,
+    now: Timestamp,
 ) -> StoreResult<Option<Endpoint>> {
     write_transaction(conn, |conn| {
         let Some(endpoint) = lock_endpoint(conn, key)? else {
@@ -435,7 +435,7 @@ pub fn update_endpoint(
                     webhook_endpoints::disabled_reason.eq(None::<String>),
                     webhook_endpoints::disabled_at.eq(None::<i64>),
                     webhook_endpoints::consecutive_failures.eq(0),
-                    webhook_endpoints::failing_since.eq(None::<i64>),
+                    webhook_endpoints::failing_since.eq(None::<Timestamp>),
                     webhook_endpoints::updated_at.eq(now),
                 ))
                 .execute(conn)?,
@@ -484,7 +484,7 @@ pub fn rotate_secret(
     key: &EndpointKey,
     overlap_ms: i64,
     fingerprint: &dyn Fn(i64) -> String,
-    now: i64,
+    now: Timestamp,
 ) -> StoreResult<Option<Endpoint>> {
     write_transaction(conn, |conn| {
         let Some(endpoint) = lock_endpoint(conn, key)? else {
@@ -499,7 +499,7 @@ pub fn rotate_secret(
         )
         .set((
             webhook_endpoints::generation.eq(generation),
-            webhook_endpoints::previous_generation_valid_until.eq(now.saturating_add(overlap_ms)),
+            webhook_endpoints::previous_generation_valid_until.eq(now + overlap_ms),
             webhook_endpoints::secret_fingerprint.eq(fingerprint(generation)),
             webhook_endpoints::updated_at.eq(now),
         ))
@@ -533,7 +533,7 @@ pub fn record_event(
     conn: &mut DbConnection,
     job_key: &JobKey,
     kind: EventKind,
-    now: i64,
+    now: Timestamp,
 ) -> StoreResult<usize> {
     let endpoints: Vec<String> = webhook_endpoints::table
         .inner_join(
@@ -576,8 +576,8 @@ pub fn record_event(
         failure_reason: failure_reason.as_deref(),
         result: result.as_deref(),
         attempt_id: attempt_id.as_deref(),
-        created_at_ms: job.created_at,
-        updated_at_ms: job.updated_at,
+        created_at: job.created_at,
+        updated_at: job.updated_at,
     };
     let body = event_body(kind, &data, now);
     let subject = attempt_id.unwrap_or_default();
@@ -715,7 +715,7 @@ pub enum Resent {
 
 /// Queues a delivered or dead event again, due now, with the same
 /// `webhook-id` and body, and a fresh retry window.
-pub fn resend(conn: &mut DbConnection, key: &EventKey, now: i64) -> StoreResult<Resent> {
+pub fn resend(conn: &mut DbConnection, key: &EventKey, now: Timestamp) -> StoreResult<Resent> {
     write_transaction(conn, |conn| {
         let changed = diesel::update(
             webhook_events::table
@@ -811,7 +811,7 @@ fn claim_owner_by_owner(
     caps: DeliveryCaps,
     busy: &InFlight,
 ) -> StoreResult<Vec<Claimed>> {
-    let now = db_clock_ms(conn)?;
+    let now = db_clock(conn)?;
     let one_transaction = matches!(conn, DbConnection::Sqlite(_));
     let room = caps.total.saturating_sub(busy.total());
     let mut claimed: Vec<Claimed> = Vec::new();
@@ -844,7 +844,7 @@ fn claim_owner_by_owner(
 /// by turns, grouped by owner.
 fn due_candidates(
     conn: &mut DbConnection,
-    now: i64,
+    now: Timestamp,
     room: usize,
     caps: DeliveryCaps,
     busy: &InFlight,
@@ -900,7 +900,7 @@ fn claim_of_owner(
     ids: &[String],
     lease_owner: &str,
     lease_ms: i64,
-    now: i64,
+    now: Timestamp,
 ) -> StoreResult<Vec<Claimed>> {
     let ids: Vec<String> = match conn {
         DbConnection::Postgresql(pg) => webhook_events::table
@@ -984,8 +984,8 @@ pub struct FollowUp {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Recorded {
     Delivered,
-    /// Tried again at this time (Unix ms).
-    RetryAt(i64),
+    /// Tried again at this time.
+    RetryAt(Timestamp),
     /// Its retry window is over.
     Dead,
     /// The lease had passed to another process (or the event was
@@ -1005,7 +1005,7 @@ pub fn record_delivery(
     lease_owner: &str,
     attempted: &Attempted,
     follow_up: FollowUp,
-    now: i64,
+    now: Timestamp,
 ) -> StoreResult<(Recorded, bool)> {
     write_transaction(conn, |conn| {
         // The endpoint first, then the event: the order every writer keeps.
@@ -1028,7 +1028,7 @@ pub fn record_delivery(
                 this_endpoint
                     .set((
                         webhook_endpoints::consecutive_failures.eq(0),
-                        webhook_endpoints::failing_since.eq(None::<i64>),
+                        webhook_endpoints::failing_since.eq(None::<Timestamp>),
                     ))
                     .execute(conn)?;
             }
@@ -1091,7 +1091,7 @@ fn held_event(
 }
 
 /// The row of one delivery attempt of `event`.
-fn delivery_row(event: &Event, attempted: &Attempted, now: i64) -> Delivery {
+fn delivery_row(event: &Event, attempted: &Attempted, now: Timestamp) -> Delivery {
     Delivery {
         id: uuid::Uuid::now_v7().to_string(),
         owner_id: event.owner_id.clone(),
@@ -1115,8 +1115,8 @@ fn retry_at(
     event: &Event,
     endpoint: &EndpointRow,
     follow_up: FollowUp,
-    now: i64,
-) -> StoreResult<Option<i64>> {
+    now: Timestamp,
+) -> StoreResult<Option<Timestamp>> {
     let failed_in_window: i64 = webhook_deliveries::table
         .filter(webhook_deliveries::event_id.eq(&event.id))
         .filter(webhook_deliveries::owner_id.eq(&event.owner_id))
@@ -1140,7 +1140,7 @@ fn write_event(
     event: &Event,
     lease_owner: &str,
     recorded: Recorded,
-    now: i64,
+    now: Timestamp,
 ) -> StoreResult<()> {
     let this_event = diesel::update(
         webhook_events::table
@@ -1175,9 +1175,9 @@ fn write_event(
 }
 
 /// When the oldest pending event of an enabled endpoint started waiting
-/// (its creation or latest resend, Unix ms), if any. On a distributed
+/// (its creation or latest resend), if any. On a distributed
 /// database this read asks every shard.
-pub fn oldest_pending_ms(conn: &mut DbConnection) -> StoreResult<Option<i64>> {
+pub fn oldest_pending(conn: &mut DbConnection) -> StoreResult<Option<Timestamp>> {
     Ok(webhook_events::table
         .inner_join(
             webhook_endpoints::table.on(webhook_endpoints::id
@@ -1188,7 +1188,7 @@ pub fn oldest_pending_ms(conn: &mut DbConnection) -> StoreResult<Option<i64>> {
         .filter(webhook_endpoints::enabled.eq(true))
         .order(webhook_events::window_start_at.asc())
         .select(webhook_events::window_start_at)
-        .first::<i64>(conn)
+        .first::<Timestamp>(conn)
         .optional()?)
 }
 

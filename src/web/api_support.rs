@@ -9,9 +9,8 @@ use super::auth::Caller;
 use super::body::{json_body, page_limit, parse_query, query_id, BodyRules, EmptyBody};
 use super::error::ApiError;
 use super::views::{AbandonRequest, AttemptView, Problem, RaceView, UnknownAttemptView};
-use crate::app::now_ms;
 use crate::app::{require_staff, App};
-use crate::domain::AttemptId;
+use crate::domain::{AttemptId, Timestamp};
 
 /// Abandon an attempt whose outcome is unknown (support/admin). The job may
 /// then take a new attempt; a late result still goes through the CAS.
@@ -91,7 +90,7 @@ pub async fn unknown_attempts(
     let limit = page_limit(query.limit, 100, 500)?;
     let after = query_id(query.after, "after", "an attempt id", AttemptId::parse)?;
     let rows = app.unknown_queue(&caller.0, after, limit).await?;
-    let now = now_ms();
+    let now = Timestamp::now();
     Ok(HttpResponse::Ok().json(
         rows.iter()
             .map(|u| UnknownAttemptView::new(u, now))

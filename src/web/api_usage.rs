@@ -11,10 +11,10 @@ use super::body::{json_body, no_query, parse_query, BodyRules, EmptyBody};
 use super::error::{ApiError, ProblemType};
 use super::views::{rfc3339, Problem};
 use crate::app::ledger::{BudgetState, UsageGroup, UsageReport};
-use crate::app::{now_ms, App};
+use crate::app::App;
 use crate::app::{LedgerEntry, UsageFilter, UsageGrouping};
 use crate::domain::ledger::{format_micros, usage_status, BudgetLimits, UsageStatus, DAY_MS};
-use crate::domain::JobId;
+use crate::domain::{JobId, Timestamp};
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -123,7 +123,7 @@ pub struct UsageReportView {
 /// Shows a day group's key as a date.
 fn group_key(grouping: UsageGrouping, key: &str) -> String {
     match (grouping, key.parse::<i64>()) {
-        (UsageGrouping::Day, Ok(ms)) => rfc3339(ms)[..10].to_owned(),
+        (UsageGrouping::Day, Ok(ms)) => rfc3339(Timestamp::from_millis(ms))[..10].to_owned(),
         _ => key.to_owned(),
     }
 }
@@ -151,7 +151,7 @@ impl UsageReportView {
 
 /// A day from a query, `YYYY-MM-DD` exactly (as the document's `date`
 /// format says): its first instant, UTC.
-pub fn parse_time(text: &str, name: &str) -> Result<i64, ApiError> {
+pub fn parse_time(text: &str, name: &str) -> Result<Timestamp, ApiError> {
     let shaped = text.len() == 10
         && text.char_indices().all(|(i, c)| match i {
             4 | 7 => c == '-',
@@ -161,7 +161,7 @@ pub fn parse_time(text: &str, name: &str) -> Result<i64, ApiError> {
         .then(|| chrono::NaiveDate::parse_from_str(text, "%Y-%m-%d").ok())
         .flatten()
         .and_then(|d| d.and_hms_opt(0, 0, 0))
-        .map(|t| t.and_utc().timestamp_millis())
+        .map(|t| Timestamp::from_millis(t.and_utc().timestamp_millis()))
         .ok_or_else(|| {
             ApiError::new(
                 ProblemType::InvalidQuery,
@@ -179,7 +179,7 @@ pub fn usage_filter(
 ) -> Result<(UsageFilter, UsageGrouping), ApiError> {
     let to = match &query.to {
         Some(to) => parse_time(to, "to")?,
-        None => now_ms(),
+        None => Timestamp::now(),
     };
     let from = match &query.from {
         Some(from) => parse_time(from, "from")?,
@@ -188,7 +188,7 @@ pub fn usage_filter(
     // At most MAX_REPORT_DAYS, ending at `to`; a `from` after `to` is an
     // empty range.
     let from = from
-        .max(to.saturating_sub(crate::app::ledger::MAX_REPORT_DAYS * DAY_MS))
+        .max(to - crate::app::ledger::MAX_REPORT_DAYS * DAY_MS)
         .min(to);
     let grouping = match query.group_by.as_deref() {
         None => UsageGrouping::Day,
@@ -307,7 +307,7 @@ fn attempt_usage(attempt: &crate::app::Attempt, entry: Option<&LedgerEntry>) -> 
         cost: entry.and_then(|e| e.cost_micros).map(format_micros),
         price_effective_from: entry
             .and_then(|e| e.price_effective_from)
-            .filter(|ms| *ms > i64::MIN)
+            .filter(|at| *at > Timestamp::from_millis(i64::MIN))
             .map(rfc3339),
         recorded_at: entry.map(|e| rfc3339(e.recorded_at)),
     }

@@ -24,7 +24,7 @@ pub fn completion_id(job: &Job) -> String {
 pub fn subject_of(job: &Job) -> Subject {
     Subject {
         id: completion_id(job),
-        created: job.created_at / 1000,
+        created: job.created_at.unix_seconds(),
         model: job.task.clone(),
     }
 }

@@ -343,10 +343,7 @@ impl From<AppError> for ApiError {
                 .with("committed", refused_amount(&refused, refused.committed))
                 .with("requested", refused_amount(&refused, refused.wanted))
                 .with("unit", refused_unit(&refused))
-                .with(
-                    "resets_at",
-                    crate::domain::webhook::rfc3339_ms(refused.resets_at),
-                ),
+                .with("resets_at", refused.resets_at.rfc3339()),
         }
     }
 }

@@ -4,20 +4,18 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use utoipa::ToSchema;
 
-use crate::domain::JsonText;
+use crate::domain::{JsonText, Timestamp};
 
 use crate::app::intake::JobRequest;
 use crate::app::{Attempt, Job, RaceEntry, UnknownAttempt};
 
-/// An RFC 3339 timestamp (UTC, milliseconds) from stored Unix milliseconds.
-pub fn rfc3339(ms: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms)
-        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
-        .unwrap_or_default()
+/// An RFC 3339 timestamp (UTC, milliseconds), as the API writes instants.
+pub fn rfc3339(at: Timestamp) -> String {
+    at.rfc3339()
 }
 
-fn rfc3339_opt(ms: Option<i64>) -> Option<String> {
-    ms.map(rfc3339)
+fn rfc3339_opt(at: Option<Timestamp>) -> Option<String> {
+    at.map(Timestamp::rfc3339)
 }
 
 /// Body of `POST /api/v1/jobs`. `input` and `params` are kept as the exact
@@ -238,7 +236,7 @@ pub struct UnknownAttemptView {
 }
 
 impl UnknownAttemptView {
-    pub fn new(u: &UnknownAttempt, now: i64) -> Self {
+    pub fn new(u: &UnknownAttempt, now: Timestamp) -> Self {
         Self {
             attempt_id: u.attempt_id.to_string(),
             job_id: u.job_id.to_string(),

@@ -21,8 +21,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::app::dispatch::Dispatch;
 use crate::app::work::{Admitted, StartOffer};
-use crate::app::{now_ms, App, AppError, AttemptKey, Claim};
-use crate::domain::{AttemptId, AttemptState, Outcome, Usage, UserId};
+use crate::app::{App, AppError, AttemptKey, Claim};
+use crate::domain::{AttemptId, AttemptState, Outcome, Timestamp, Usage, UserId};
 use crate::providers::limits::{LateHold, SendSlot};
 use crate::providers::Reply;
 
@@ -162,7 +162,7 @@ impl Worker {
     /// reopening (one of its calls ends, or a pause or a window ends by the
     /// clock), a retry of this process's falling due, or the poll interval.
     /// `false` when the worker is shutting down.
-    async fn wait_for_work(&self, held: &[String], claimed_at: i64, poll: Duration) -> bool {
+    async fn wait_for_work(&self, held: &[String], claimed_at: Timestamp, poll: Duration) -> bool {
         let providers = self.app.providers();
         let reopens = held
             .iter()
@@ -178,7 +178,7 @@ impl Worker {
                 (false, None) => providers.capacity_freed().await,
             }
         };
-        let now = crate::app::now_ms();
+        let now = Timestamp::now();
         let wake = match self.app.next_retry_claim(claimed_at) {
             Some(at) => poll.min(Duration::from_millis((at - now).max(0) as u64)),
             None => poll,
@@ -206,9 +206,9 @@ impl Worker {
         let mut drained = false;
         // Providers whose due attempts the last claim left queued.
         let mut held: Vec<String> = Vec::new();
-        // When the last claim began (Unix ms): the retries due by then,
-        // give or take the clocks' slack, it has seen.
-        let mut claimed_at = i64::MIN;
+        // When the last claim began: the retries due by then, give or
+        // take the clocks' slack, it has seen.
+        let mut claimed_at = Timestamp::from_millis(i64::MIN);
         while !self.shutdown.is_cancelled() {
             if drained && !self.wait_for_work(&held, claimed_at, poll).await {
                 break;
@@ -225,7 +225,7 @@ impl Worker {
                 }
             }
             let asked = free.len();
-            claimed_at = crate::app::now_ms();
+            claimed_at = Timestamp::now();
             let claimed = self.app.claim_batch(&self.lease_owner, asked).await;
             match claimed {
                 Ok(claimed) => {
@@ -303,7 +303,7 @@ impl Worker {
             }
             // Stopping mid-run is safe: each batch commits or rolls back whole.
             tokio::select! {
-                pruned = self.app.prune_expired(now_ms()) => match pruned {
+                pruned = self.app.prune_expired(Timestamp::now()) => match pruned {
                     Ok(pruned) if pruned.is_empty() => {}
                     Ok(pruned) => tracing::info!(?pruned, "retention removed expired rows"),
                     Err(error) => tracing::warn!(%error, "pruning expired rows failed"),
@@ -330,7 +330,7 @@ impl Worker {
             if stopping {
                 return;
             }
-            let minute = now_ms() / 60_000;
+            let minute = Timestamp::now().floor_to(60_000);
             if sampled_minute != Some(minute) {
                 match self.app.sample_backlog().await {
                     Ok(()) => sampled_minute = Some(minute),
@@ -487,7 +487,7 @@ impl Worker {
     /// was due (created, or a retry's Retry-After over).
     fn observe_waits(&self, claim: &Claim) {
         let metrics = self.app.metrics();
-        let now = now_ms();
+        let now = Timestamp::now();
         metrics
             .claim_lag_seconds
             .observe((now - claim.attempt.created_at).max(0) as f64 / 1000.0);

@@ -371,7 +371,7 @@ async fn cleanup_removes_expired_sessions_and_quiet_counters_only(backend: TestB
     let app = spawn_app(backend).await;
     let (_alice, _) = sign_in(&app, "alice", "alice-pw").await;
     let (_bob, _) = sign_in(&app, "bob", "bob-pw").await;
-    let now = onejob::app::now_ms();
+    let now = onejob::domain::Timestamp::now();
     let day = 24 * 3_600_000;
     app.with_conn(move |conn| {
         // alice's session has expired; bob's has not.
@@ -699,7 +699,7 @@ async fn the_command_line_disables_enables_and_revokes_at_once(backend: TestBack
                 .unwrap()
         })
         .await;
-    let now = onejob::app::now_ms();
+    let now = onejob::domain::Timestamp::now().millis();
     assert!(
         expires
             .iter()

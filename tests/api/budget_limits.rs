@@ -54,7 +54,7 @@ fn set_token_limit(conn: &mut DbConnection, owner: &UserId, tokens: i64) -> Budg
             tokens: Some(tokens),
         },
         Reservation::default(),
-        onejob::store::now_ms(),
+        onejob::domain::Timestamp::now(),
     )
     .unwrap()
 }

@@ -43,7 +43,7 @@ fn server_key() -> CallbackKey {
 
 /// Now, in Unix seconds, as a provider signs its callbacks.
 fn now_s() -> i64 {
-    onejob::app::now_ms() / 1000
+    onejob::domain::Timestamp::now().unix_seconds()
 }
 
 /// A timestamp and the signature over it and a body.

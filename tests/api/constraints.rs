@@ -3,9 +3,13 @@
 
 use diesel::connection::SimpleConnection;
 use diesel::result::{DatabaseErrorKind, Error};
+use onejob::domain::Timestamp;
 use onejob::store::DbConnection;
 
 use crate::support::harness::{test_config, PreparedApp, TestBackend, DEFAULT_TEST_PROVIDERS};
+
+/// Any instant: the statements under test judge states, not times.
+const TICK: Timestamp = Timestamp::from_millis(1);
 
 fn insert_job(id: &str, owner: &onejob::domain::UserId, key: &str) -> String {
     format!(
@@ -294,7 +298,7 @@ async fn every_transition_takes_its_starting_states_from_the_state_machine(backe
             for event in events {
                 for state in AttemptState::ALL {
                     let attempt = set(conn, state, None);
-                    let moved = transitions::transition(conn, &attempt, event, 1, None).unwrap();
+                    let moved = transitions::transition(conn, &attempt, event, TICK, None).unwrap();
                     let allowed = event.apply(state);
                     assert_eq!(moved, allowed.is_ok(), "{event:?} from {state}");
                     let now = transitions::get_attempt(conn, &id).unwrap();
@@ -314,8 +318,15 @@ async fn every_transition_takes_its_starting_states_from_the_state_machine(backe
                         never_sent: true,
                     };
                     assert!(
-                        !transitions::transition_guarded(conn, &sent, event, 1, None, unsent_only)
-                            .unwrap(),
+                        !transitions::transition_guarded(
+                            conn,
+                            &sent,
+                            event,
+                            TICK,
+                            None,
+                            unsent_only
+                        )
+                        .unwrap(),
                         "{event:?} of a sent attempt"
                     );
                     let someone_else = Guard {
@@ -323,8 +334,15 @@ async fn every_transition_takes_its_starting_states_from_the_state_machine(backe
                         never_sent: false,
                     };
                     assert!(
-                        !transitions::transition_guarded(conn, &sent, event, 1, None, someone_else)
-                            .unwrap(),
+                        !transitions::transition_guarded(
+                            conn,
+                            &sent,
+                            event,
+                            TICK,
+                            None,
+                            someone_else
+                        )
+                        .unwrap(),
                         "{event:?} under another lease"
                     );
                 }

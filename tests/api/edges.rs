@@ -156,7 +156,7 @@ fn callback_config(fake: &FakeProvider) -> onejob::config::Config {
 
 async fn signed_callback(app: &TestApp, attempt_id: &str, body: &str) -> String {
     let key = CallbackKey::new(&Secret::new(CALLBACK_KEY));
-    let now = onejob::app::now_ms() / 1000;
+    let now = onejob::domain::Timestamp::now().unix_seconds();
     let response = app
         .client
         .post(app.url(&format!("/api/v1/callbacks/attempts/{attempt_id}")))

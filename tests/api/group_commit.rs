@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use diesel::prelude::*;
-use onejob::domain::{Role, UserId};
+use onejob::domain::{Role, Timestamp, UserId};
 use onejob::store::connection::write_transaction;
 use onejob::store::group_commit::Created;
 use onejob::store::jobs::{
@@ -439,7 +439,7 @@ async fn a_kill_9_mid_batch_loses_no_acknowledged_job(backend: TestBackend) {
 /// the clock): the job's status and version, and its attempt's columns,
 /// its times as offsets from its creation.
 fn shape(job: &Job, attempt: &Attempt, lease_ms: i64) -> String {
-    let since = |at: Option<i64>| at.map(|at| at - attempt.created_at);
+    let since = |at: Option<Timestamp>| at.map(|at| at - attempt.created_at);
     // The lease runs on the database's clock, the rest on the process's.
     let lease_off = attempt
         .lease_expires_at

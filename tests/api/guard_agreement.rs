@@ -6,7 +6,9 @@
 
 use diesel::connection::SimpleConnection;
 use onejob::domain::guards;
-use onejob::domain::{AttemptId, AttemptState, Fingerprint, JobId, JobIntent, JobStatus, UserId};
+use onejob::domain::{
+    AttemptId, AttemptState, Fingerprint, JobId, JobIntent, JobStatus, Timestamp, UserId,
+};
 use onejob::store::jobs::{create_job, CreateOutcome};
 use onejob::store::queue::{self, ClaimRules, SendPermit};
 use onejob::store::DbConnection;
@@ -25,8 +27,8 @@ fn case(conn: &mut DbConnection, owner: &UserId, key: &str) -> (JobId, AttemptId
     (job.id, attempt)
 }
 
-fn sql_int(value: Option<i64>) -> String {
-    value.map_or("NULL".into(), |v| v.to_string())
+fn sql_instant(value: Option<Timestamp>) -> String {
+    value.map_or("NULL".into(), |v| v.millis().to_string())
 }
 
 fn sql_text(value: Option<&str>) -> String {
@@ -38,9 +40,9 @@ struct Shape<'a> {
     state: AttemptState,
     status: JobStatus,
     provider: &'a str,
-    not_before: Option<i64>,
-    lease: (Option<&'a str>, Option<i64>),
-    sent_at: Option<i64>,
+    not_before: Option<Timestamp>,
+    lease: (Option<&'a str>, Option<Timestamp>),
+    sent_at: Option<Timestamp>,
 }
 
 impl Shape<'_> {
@@ -73,10 +75,10 @@ fn shape(conn: &mut DbConnection, job: &JobId, attempt: &AttemptId, shape: Shape
         "UPDATE attempts SET state = '{state}', provider = '{provider}', not_before = {}, \
          lease_owner = {}, lease_expires_at = {}, sent_at = {}, version_read = 0 \
          WHERE id = '{attempt}'",
-        sql_int(not_before),
+        sql_instant(not_before),
         sql_text(lease.0),
-        sql_int(lease.1),
-        sql_int(sent_at),
+        sql_instant(lease.1),
+        sql_instant(sent_at),
     ))
     .unwrap();
     let completed = if status == JobStatus::Succeeded {
@@ -96,7 +98,7 @@ fn state_of(conn: &mut DbConnection, job: &JobId) -> AttemptState {
 
 /// `claim_batch`'s statement and `guards::may_claim`.
 fn claims_agree(conn: &mut DbConnection, owner: &UserId) -> usize {
-    let now = queue::db_clock_ms(conn).unwrap();
+    let now = queue::db_clock(conn).unwrap();
     let mut cases = Vec::new();
     for state in AttemptState::ALL {
         for status in JobStatus::ALL {
@@ -154,7 +156,7 @@ fn claims_agree(conn: &mut DbConnection, owner: &UserId) -> usize {
 /// `expire_leases` and `guards::lease_has_run_out` with
 /// `guards::on_lease_expiry`.
 fn expiries_agree(conn: &mut DbConnection, owner: &UserId) -> usize {
-    let now = queue::db_clock_ms(conn).unwrap();
+    let now = queue::db_clock(conn).unwrap();
     let mut cases = Vec::new();
     for state in AttemptState::ALL {
         for lease in [None, Some(now - 60_000), Some(now + 60_000)] {
@@ -205,7 +207,7 @@ fn expiries_agree(conn: &mut DbConnection, owner: &UserId) -> usize {
 /// `renew_lease` and `guards::may_renew`; `give_back_*` and
 /// `guards::may_give_back`.
 fn leases_agree(conn: &mut DbConnection, owner: &UserId) -> usize {
-    let now = queue::db_clock_ms(conn).unwrap();
+    let now = queue::db_clock(conn).unwrap();
     let mut count = 0;
     for state in AttemptState::ALL {
         for lease_owner in [Some("w"), Some("v"), None] {
@@ -290,7 +292,7 @@ fn leases_agree(conn: &mut DbConnection, owner: &UserId) -> usize {
 
 /// Every give-back case: sent or not, judged by the row or by the worker,
 /// the job running or finished elsewhere.
-fn give_back_cases(now: i64) -> Vec<(Option<i64>, bool, JobStatus)> {
+fn give_back_cases(now: Timestamp) -> Vec<(Option<Timestamp>, bool, JobStatus)> {
     let mut cases = Vec::new();
     for sent_at in [None, Some(now)] {
         for judged_by_row in [false, true] {
@@ -318,14 +320,14 @@ fn completions_agree(conn: &mut DbConnection, owner: &UserId) -> usize {
             } else {
                 JobStatus::Running
             };
-            let lease = (Some("w"), Some(i64::MAX / 2));
+            let lease = (Some("w"), Some(Timestamp::from_millis(i64::MAX / 2)));
             shape(
                 conn,
                 &job,
                 &attempt,
                 Shape {
                     lease,
-                    sent_at: Some(1),
+                    sent_at: Some(Timestamp::from_millis(1)),
                     ..Shape::new(AttemptState::Running, status)
                 },
             );
@@ -367,7 +369,8 @@ fn completions_agree(conn: &mut DbConnection, owner: &UserId) -> usize {
                 "UPDATE jobs SET version = version + {bumped} WHERE id = '{job_id}'"
             ))
             .unwrap();
-            let failed = fail_job(conn, &read, &"reason".into(), 1).unwrap();
+            let failed =
+                fail_job(conn, &read, &"reason".into(), Timestamp::from_millis(1)).unwrap();
             assert_eq!(
                 failed,
                 guards::may_fail_job(
@@ -388,7 +391,7 @@ fn completions_agree(conn: &mut DbConnection, owner: &UserId) -> usize {
 /// entry about it or not; one prune; what is left is what the predicate
 /// keeps.
 fn prunes_agree(conn: &mut DbConnection, owner: &UserId) -> usize {
-    let now = onejob::store::now_ms();
+    let now = Timestamp::now();
     let cutoff = now + 60_000;
     let mut cases = Vec::new();
     for status in JobStatus::ALL {
@@ -404,14 +407,16 @@ fn prunes_agree(conn: &mut DbConnection, owner: &UserId) -> usize {
                         cutoff + 60_000
                     };
                     conn.batch_execute(&format!(
-                        "UPDATE jobs SET updated_at = {updated_at} WHERE id = '{job}'"
+                        "UPDATE jobs SET updated_at = {} WHERE id = '{job}'",
+                        updated_at.millis()
                     ))
                     .unwrap();
                     if logged {
                         conn.batch_execute(&format!(
                             "INSERT INTO audit_log (id, owner_id, actor_id, action, job_id, reason, at) \
-                             VALUES ('{}', '{owner}', '{owner}', 'abandon', '{job}', 'a reason', {now})",
-                            uuid::Uuid::now_v7()
+                             VALUES ('{}', '{owner}', '{owner}', 'abandon', '{job}', 'a reason', {})",
+                            uuid::Uuid::now_v7(),
+                            now.millis()
                         ))
                         .unwrap();
                     }

@@ -211,7 +211,7 @@ async fn send(
             .header("Content-Type", content_type)
             .body(embed(r#"{"model":"gpt-safe","messages":"#, "}")),
         Entry::Callback => {
-            let now = onejob::app::now_ms() / 1000;
+            let now = onejob::domain::Timestamp::now().unix_seconds();
             let signature =
                 CallbackKey::new(&Secret::new(CALLBACK_KEY)).sign(&target.attempt_id, now, bytes);
             client

@@ -350,7 +350,7 @@ effective_from = "{}"
     let old = ledger_rows(&app, &before).await;
     assert_eq!(old.len(), 1);
     assert!(
-        old[0].recorded_at < change_at.timestamp_millis(),
+        old[0].recorded_at.millis() < change_at.timestamp_millis(),
         "the first answer was recorded before the change (the machine was too slow to show it)"
     );
     assert_eq!(old[0].cost_micros, Some(200_000), "0.2 at the old price");
@@ -365,7 +365,7 @@ effective_from = "{}"
     let new = ledger_rows(&app, &after).await;
     assert_eq!(new[0].cost_micros, Some(600_000), "0.6 at the new price");
     assert_eq!(
-        new[0].price_effective_from,
+        new[0].price_effective_from.map(|at| at.millis()),
         Some(change_at.timestamp_millis())
     );
     // The first job's cost is what it was.

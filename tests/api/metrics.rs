@@ -245,7 +245,7 @@ async fn the_series_move_as_jobs_run(backend: TestBackend) {
     // entry, and then the job with its two attempts.
     let pruned = app
         .app
-        .prune_expired(onejob::store::now_ms() + 2 * 86_400_000)
+        .prune_expired(onejob::domain::Timestamp::now() + 2 * 86_400_000)
         .await
         .unwrap();
     assert_eq!(

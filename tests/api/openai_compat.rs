@@ -864,7 +864,7 @@ async fn every_statement_of_an_answer_is_prepared_once(backend: TestBackend) {
             spend_micros: None,
             tokens: Some(1_000_000_000),
         };
-        let now = onejob::store::now_ms();
+        let now = onejob::domain::Timestamp::now();
         onejob::store::budgets::set_limits(
             &mut store.conn().unwrap(),
             &alice,

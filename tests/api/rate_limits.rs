@@ -515,7 +515,7 @@ async fn a_pause_between_the_claim_and_the_send_gives_the_attempt_back_unsent(
         assert!(Instant::now() < deadline, "the pause never began");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let paused_at = onejob::app::now_ms();
+    let paused_at = onejob::domain::Timestamp::now();
     hold.send(()).unwrap();
     holder.join().unwrap();
     let response = creating.await.unwrap();

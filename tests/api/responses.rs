@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
-use onejob::domain::{AttemptState, JobId, JobStatus, RaceResult};
+use onejob::domain::{AttemptState, JobId, JobStatus, RaceResult, Timestamp};
 use onejob::store::cancel::{cancel_statement, WITHDRAWN_NOTE};
 use onejob::store::transitions::JobKey;
 use reqwest::StatusCode;
@@ -460,10 +460,10 @@ async fn the_cancel_statement_moves_exactly_the_statuses_the_domain_calls_cancel
                 owner_id: owner.clone(),
             };
             assert!(
-                !cancel_statement(conn, &key, 2, 1).unwrap(),
+                !cancel_statement(conn, &key, 2, Timestamp::from_millis(1)).unwrap(),
                 "{status}: a stale version never cancels"
             );
-            let changed = cancel_statement(conn, &key, 3, 1).unwrap();
+            let changed = cancel_statement(conn, &key, 3, Timestamp::from_millis(1)).unwrap();
             assert_eq!(changed, status.is_cancellable(), "{status}");
             use onejob::store::schema::jobs;
             let (now, version): (String, i64) = jobs::table

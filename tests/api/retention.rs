@@ -12,11 +12,12 @@ use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use onejob::app::retention::Pruned;
 use onejob::config::Config;
+use onejob::domain::Timestamp;
 use onejob::domain::UserId;
 use onejob::store::connection::write_transaction;
 use onejob::store::retention::{self, BATCH_ROWS};
 use onejob::store::schema::jobs;
-use onejob::store::{now_ms, DbConnection};
+use onejob::store::DbConnection;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
@@ -26,6 +27,11 @@ use crate::support::harness::{
     assert_problem, spawn_app_with, test_config, PreparedApp, TestApp, TestBackend,
     DEFAULT_TEST_PROVIDERS,
 };
+
+/// The wall clock in the milliseconds the rows below are written with.
+fn now_ms() -> i64 {
+    Timestamp::now().millis()
+}
 
 const DAY_MS: i64 = 86_400_000;
 
@@ -166,7 +172,10 @@ async fn finished_at(app: &TestApp, job_id: &str) -> i64 {
 }
 
 async fn prune(app: &TestApp, now: i64) -> Pruned {
-    app.app.prune_expired(now).await.unwrap()
+    app.app
+        .prune_expired(Timestamp::from_millis(now))
+        .await
+        .unwrap()
 }
 
 fn pruned(jobs: u64, attempts: u64, race_entries: u64, audit_entries: u64) -> Pruned {
@@ -464,7 +473,7 @@ async fn pruning_removes_one_bounded_batch_per_statement(backend: TestBackend) {
     let total = 2 * BATCH_ROWS as usize + 203;
     app.with_conn(move |conn| insert_finished_jobs(conn, &owner, total, long_ago))
         .await;
-    let cutoff = now_ms() - DAY_MS;
+    let cutoff = Timestamp::now() - DAY_MS;
     let batch = app
         .with_conn(move |conn| retention::prune_finished_jobs(conn, cutoff, None, BATCH_ROWS))
         .await

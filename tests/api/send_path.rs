@@ -244,7 +244,7 @@ async fn a_sent_attempt_whose_job_finished_elsewhere_is_closed_not_stranded(back
     // (here: a cutoff a day ahead), retention removes it.
     let removed = app
         .with_conn(|conn| {
-            let cutoff = onejob::app::now_ms() + 86_400_000;
+            let cutoff = onejob::domain::Timestamp::now() + 86_400_000;
             retention::prune_log(conn, Log::Audit, cutoff, 500).unwrap();
             retention::prune_log(conn, Log::Races, cutoff, 500).unwrap();
             retention::prune_finished_jobs(conn, cutoff, None, 500).unwrap()

@@ -113,7 +113,7 @@ async fn an_expired_session_signs_no_one_in(backend: TestBackend) {
     // Its time runs out (as if session_hours had passed).
     app.with_conn(|conn| {
         diesel::update(sessions::table)
-            .set(sessions::expires_at.eq(onejob::app::now_ms() - 1))
+            .set(sessions::expires_at.eq(onejob::domain::Timestamp::now() - 1))
             .execute(conn)
             .unwrap()
     })

@@ -515,7 +515,7 @@ async fn every_statement_of_a_full_lifecycle_can_be_routed_by_owner() {
     // Retention, as if three days had passed: every terminal state goes.
     let pruned = app
         .app
-        .prune_expired(onejob::app::now_ms() + 3 * 86_400_000)
+        .prune_expired(onejob::domain::Timestamp::now() + 3 * 86_400_000)
         .await
         .unwrap();
     let mut problems = Vec::new();

@@ -6,7 +6,7 @@
 
 use diesel::prelude::*;
 use onejob::domain::webhook::EventKind;
-use onejob::domain::{JobId, Reason, ReasonKind, UserId};
+use onejob::domain::{JobId, Reason, ReasonKind, Timestamp, UserId};
 use onejob::store::reads::{attempts_of, get_job};
 use onejob::store::rows::JobKey;
 use onejob::store::webhooks::{self, EndpointKey};
@@ -203,7 +203,13 @@ async fn subscriptions_become_rows_of_their_own(backend: TestBackend) {
             id: JobId::from_stored("j-failed".to_owned()),
             owner_id: alice,
         };
-        let written = webhooks::record_event(&mut conn, &job, EventKind::JobFailed, 10).unwrap();
+        let written = webhooks::record_event(
+            &mut conn,
+            &job,
+            EventKind::JobFailed,
+            Timestamp::from_millis(10),
+        )
+        .unwrap();
         let sent_to: Vec<String> = webhooks::events_of_job(&mut conn, &job)
             .unwrap()
             .into_iter()

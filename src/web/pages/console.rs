@@ -8,10 +8,9 @@ use serde::Deserialize;
 use super::paging::{cursor, Paging};
 use super::{duration, render, see_other, when, Nav, PageError, SignedIn};
 use crate::app::accounts::{UserAction, UserActionDone};
-use crate::app::now_ms;
 use crate::app::queries::JobFilter;
 use crate::app::{App, AttemptBrief};
-use crate::domain::{AttemptId, JobStatus, QualificationStatus};
+use crate::domain::{AttemptId, JobStatus, QualificationStatus, Timestamp};
 use crate::domain::{JobId, Role};
 
 #[derive(Template)]
@@ -29,7 +28,7 @@ struct ConsolePage {
 pub async fn console(app: web::Data<App>, user: SignedIn) -> Result<HttpResponse, PageError> {
     let counts = app.console_counts(&user.user).await?;
     let charts = super::usage_pages::console_charts(&app.console_charts(&user.user).await?);
-    let now = now_ms();
+    let now = Timestamp::now();
     Ok(render(&ConsolePage {
         nav: user.nav(),
         unknown_now: counts.unknown_now,
@@ -87,7 +86,7 @@ pub async fn unknown_queue(
         .unknown_queue(&user.user, after, UNKNOWN_PAGE.fetch())
         .await?;
     let (rows, next) = UNKNOWN_PAGE.cut(rows, |u| format!("/admin/unknown?after={}", u.attempt_id));
-    let now = now_ms();
+    let now = Timestamp::now();
     Ok(render(&UnknownPage {
         nav: user.nav(),
         next,
@@ -198,7 +197,7 @@ pub async fn races(
         .find(|(name, _)| *name == period)
         .map(|(_, ms)| *ms)
         .ok_or_else(|| PageError::bad_request("Choose a period of 24h, 7d, 30d or all."))?;
-    let since = (window > 0).then(|| now_ms() - window);
+    let since = (window > 0).then(|| Timestamp::now() - window);
     let details = app
         .race_details(&user.user, provider.clone(), since, 500)
         .await?;
@@ -288,7 +287,7 @@ struct ProvidersPage {
 /// `GET /admin/providers` (admin): the provider × task qualification matrix.
 pub async fn providers(app: web::Data<App>, user: SignedIn) -> Result<HttpResponse, PageError> {
     let cells = app.qualification_matrix(&user.user).await?;
-    let now = now_ms();
+    let now = Timestamp::now();
     let rows = cells
         .into_iter()
         .map(|cell| {

@@ -12,12 +12,12 @@ use super::{
     duration, render, render_with, see_other, wants_partial, when, Nav, PageError, SignedIn,
 };
 use crate::app::intake::JobRequest;
-use crate::app::now_ms;
 use crate::app::TaskDefinition;
 use crate::app::{App, AppError, Attempt, Job};
 use crate::contracts::TaskKind;
 use crate::domain::{
     may_start_attempt, AttemptState, IdempotencyKey, JobId, JobStatus, JsonText, NewAttemptRefusal,
+    Timestamp,
 };
 
 /// One input field of the submit form, with what was typed.
@@ -550,7 +550,7 @@ fn job_live(
             .iter()
             .map(|a| AttemptLine::new(a, staff, usage.iter().find(|e| e.attempt_id == a.id)))
             .collect(),
-        timeline: timeline::layout(job.created_at, attempts, now_ms()),
+        timeline: timeline::layout(job.created_at, attempts, Timestamp::now()),
         can_fail: staff && live.is_none() && !job.status.is_terminal(),
         can_cancel: job.owner_id == user.user.id && job.status.is_cancellable(),
         queue_link,
@@ -768,7 +768,7 @@ pub async fn my_jobs(
     let (jobs, next) = JOBS_PAGE.cut(jobs, |(j, _)| {
         jobs_link(status_text, oldest_first, Some(&j.id))
     });
-    let now = now_ms();
+    let now = Timestamp::now();
     Ok(render(&JobsPage {
         nav: user.nav(),
         jobs: jobs

@@ -19,7 +19,7 @@ use askama::Template;
 
 use super::error::{ApiError, ProblemType};
 use crate::app::AppError;
-use crate::domain::Role;
+use crate::domain::{Role, Timestamp};
 pub use session::SignedIn;
 
 /// The vendored htmx, pinned; its version is in the file name so it can be
@@ -279,9 +279,9 @@ pub async fn live_text_js() -> HttpResponse {
         .body(LIVE_TEXT_JS)
 }
 
-/// Formats Unix milliseconds for people: `2026-11-29 14:03:07 UTC`.
-pub fn when(ms: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms)
+/// Formats an instant for people: `2026-11-29 14:03:07 UTC`.
+pub fn when(at: Timestamp) -> String {
+    chrono::DateTime::from_timestamp_millis(at.millis())
         .map(|t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string())
         .unwrap_or_default()
 }

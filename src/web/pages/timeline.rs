@@ -4,7 +4,7 @@
 //! an inline SVG track that stretches to the row's width.
 
 use crate::app::Attempt;
-use crate::domain::{AttemptState, RaceResult};
+use crate::domain::{AttemptState, RaceResult, Timestamp};
 
 /// The track's width in SVG user units; it is drawn stretched to the page.
 pub const TRACK: f64 = 1000.0;
@@ -50,7 +50,7 @@ fn seconds(ms: i64) -> String {
 }
 
 /// Lays out the attempts of a job created at `created_at`, as of `now`.
-pub fn layout(created_at: i64, attempts: &[Attempt], now: i64) -> Timeline {
+pub fn layout(created_at: Timestamp, attempts: &[Attempt], now: Timestamp) -> Timeline {
     let end_of = |a: &Attempt| {
         a.finished_at
             .unwrap_or(if a.state.is_live() || a.state == AttemptState::Abandoned {
@@ -66,7 +66,7 @@ pub fn layout(created_at: i64, attempts: &[Attempt], now: i64) -> Timeline {
         .max()
         .unwrap_or(created_at + 1);
     let span = (end - created_at).max(1) as f64;
-    let x_of = |t: i64| ((t - created_at).max(0) as f64 / span) * TRACK;
+    let x_of = |t: Timestamp| ((t - created_at).max(0) as f64 / span) * TRACK;
     let bars = attempts
         .iter()
         .map(|a| {
@@ -112,6 +112,10 @@ mod tests {
     use super::*;
     use crate::domain::{AttemptId, JobId, UserId};
 
+    fn at(ms: i64) -> Timestamp {
+        Timestamp::from_millis(ms)
+    }
+
     fn attempt(
         number: i32,
         started: i64,
@@ -119,6 +123,7 @@ mod tests {
         state: AttemptState,
         outcome: Option<RaceResult>,
     ) -> Attempt {
+        let started = at(started);
         Attempt {
             id: AttemptId::new(),
             job_id: JobId::new(),
@@ -133,7 +138,7 @@ mod tests {
             created_at: started,
             started_at: Some(started),
             timeout_at: Some(started + 500),
-            finished_at: finished,
+            finished_at: finished.map(at),
             error: None,
             sent_at: Some(started),
             not_before: None,
@@ -160,7 +165,7 @@ mod tests {
                 Some(RaceResult::Won),
             ),
         ];
-        let t = layout(0, &attempts, 5000);
+        let t = layout(at(0), &attempts, at(5000));
         let (loser, winner) = (&t.bars[0], &t.bars[1]);
         assert_eq!((loser.class, winner.class), ("lost", "won"));
         assert!(loser.x < winner.x, "the loser started first");
@@ -175,7 +180,7 @@ mod tests {
     #[test]
     fn live_and_unknown_attempts_extend_to_now() {
         let attempts = [attempt(1, 0, None, AttemptState::Unknown, None)];
-        let t = layout(0, &attempts, 2000);
+        let t = layout(at(0), &attempts, at(2000));
         let bar = &t.bars[0];
         assert_eq!(bar.class, "unknown");
         assert!(
@@ -187,7 +192,7 @@ mod tests {
     #[test]
     fn bars_stay_inside_the_drawing() {
         let attempts = [attempt(1, 10, Some(10), AttemptState::Failed, None)];
-        let t = layout(0, &attempts, 10);
+        let t = layout(at(0), &attempts, at(10));
         let bar = &t.bars[0];
         assert!(bar.x >= 0.0 && bar.x + bar.width <= TRACK);
         assert!(bar.width >= MIN_BAR, "an instant failure is still visible");

@@ -12,33 +12,38 @@ use crate::app::charts::{Buckets, ConsoleCharts};
 use crate::app::ledger::{BudgetState, UsageReport};
 use crate::app::App;
 use crate::domain::ledger::{format_micros, BudgetLimits};
+use crate::domain::Timestamp;
 use crate::web::api_usage::{owner_filter, spend_micros, usage_filter, UsageGroupView, UsageQuery};
 use crate::web::views::rfc3339;
 
 /// The charts of the console's front page, drawn.
 pub fn console_charts(data: &ConsoleCharts) -> Vec<Chart> {
-    let label = |ms: i64, from: usize, to: usize| rfc3339(ms)[from..to].to_owned();
-    let chart =
-        |id: &str, title: String, unit: &str, kind, b: &Buckets, fmt: &dyn Fn(i64) -> String| {
-            Chart {
-                id: id.to_owned(),
-                title,
-                unit: unit.to_owned(),
-                kind,
-                buckets: b.starts.iter().map(|s| fmt(*s)).collect(),
-                series: b
-                    .series
-                    .iter()
-                    .map(|(name, values)| Series {
-                        name: name.clone(),
-                        values: values.clone(),
-                    })
-                    .collect(),
-            }
-        };
-    let minute = |ms: i64| label(ms, 11, 16);
-    let hour = |ms: i64| label(ms, 5, 13).replace('T', " ") + "h";
-    let day = |ms: i64| label(ms, 0, 10);
+    let label = |at: Timestamp, from: usize, to: usize| rfc3339(at)[from..to].to_owned();
+    let chart = |id: &str,
+                 title: String,
+                 unit: &str,
+                 kind,
+                 b: &Buckets,
+                 fmt: &dyn Fn(Timestamp) -> String| {
+        Chart {
+            id: id.to_owned(),
+            title,
+            unit: unit.to_owned(),
+            kind,
+            buckets: b.starts.iter().map(|s| fmt(*s)).collect(),
+            series: b
+                .series
+                .iter()
+                .map(|(name, values)| Series {
+                    name: name.clone(),
+                    values: values.clone(),
+                })
+                .collect(),
+        }
+    };
+    let minute = |at: Timestamp| label(at, 11, 16);
+    let hour = |at: Timestamp| label(at, 5, 13).replace('T', " ") + "h";
+    let day = |at: Timestamp| label(at, 0, 10);
     let mut charts = vec![
         chart(
             "jobs-hour",

@@ -13,7 +13,7 @@ use crate::app::webhooks::{NewWebhook, WebhookChange, WithSecret};
 use crate::app::{App, AppError, Job};
 use crate::app::{Delivery, Endpoint, Event};
 use crate::domain::webhook::{DeliveryOutcome, EventKind, EventState};
-use crate::domain::UserId;
+use crate::domain::{Timestamp, UserId};
 
 /// One event of the delivery log, with its delivery attempts.
 pub struct EventLine {
@@ -562,8 +562,8 @@ pub async fn admin_webhooks(
             .collect(),
         disabled: overview.disabled,
         oldest: overview
-            .oldest_pending_ms
-            .map(|since| duration(crate::app::now_ms() - since)),
+            .oldest_pending
+            .map(|since| duration(Timestamp::now() - since)),
     }))
 }
 

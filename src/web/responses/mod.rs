@@ -261,7 +261,7 @@ fn response_object(job: &Job, stage: Stage) -> ResponseObject {
     });
     ResponseObject::of(&ResponseView {
         id: ResponseId::of(&job.id),
-        created_at: job.created_at / 1000,
+        created_at: job.created_at.unix_seconds(),
         route: job.task.clone(),
         status,
         answer,

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use diesel::prelude::*;
 use onejob::domain::webhook::{may_claim_event, records_event, EventKind, EventState};
-use onejob::domain::JobStatus;
+use onejob::domain::{JobStatus, Timestamp};
 use onejob::store::transitions::{fail_job, find_owned_job, JobKey};
 use onejob::store::webhooks as outbox;
 use reqwest::StatusCode;
@@ -147,7 +147,7 @@ pub(super) async fn the_outbox_row_commits_and_rolls_back_with_the_state_change(
                     conn,
                     &job,
                     &"failed inside a rolled-back transaction".into(),
-                    1
+                    Timestamp::from_millis(1)
                 )
                 .unwrap());
                 inside = diesel::sql_query(&sql).get_result::<N>(conn).unwrap().n;
@@ -172,7 +172,13 @@ pub(super) async fn the_outbox_row_commits_and_rolls_back_with_the_state_change(
         app.with_conn(move |conn| {
             conn.transaction(|conn| {
                 let job = find_owned_job(conn, &key).unwrap().unwrap();
-                assert!(fail_job(conn, &job, &"failed for good".into(), 1).unwrap());
+                assert!(fail_job(
+                    conn,
+                    &job,
+                    &"failed for good".into(),
+                    Timestamp::from_millis(1)
+                )
+                .unwrap());
                 Ok::<_, diesel::result::Error>(())
             })
             .unwrap();
@@ -246,7 +252,7 @@ pub(super) async fn the_outbox_sql_agrees_with_the_domain_rules(backend: TestBac
                         secret_fingerprint: "00000000".into(),
                     },
                     usize::MAX,
-                    1,
+                    Timestamp::from_millis(1),
                 )
                 .unwrap()
                 .unwrap();
@@ -258,7 +264,7 @@ pub(super) async fn the_outbox_sql_agrees_with_the_domain_rules(backend: TestBac
                             enabled: Some(false),
                             ..Default::default()
                         },
-                        1,
+                        Timestamp::from_millis(1),
                     )
                     .unwrap();
                     disabled_endpoint = id.clone();
@@ -269,7 +275,9 @@ pub(super) async fn the_outbox_sql_agrees_with_the_domain_rules(backend: TestBac
                 );
             }
         }
-        let written = outbox::record_event(conn, &key, EventKind::JobFailed, 5).unwrap();
+        let written =
+            outbox::record_event(conn, &key, EventKind::JobFailed, Timestamp::from_millis(5))
+                .unwrap();
         let rows = outbox::events_of_job(conn, &key).unwrap();
         assert_eq!(written, rows.len());
         for (id, wanted) in &expected {
@@ -282,12 +290,13 @@ pub(super) async fn the_outbox_sql_agrees_with_the_domain_rules(backend: TestBac
         assert_eq!(expected.values().filter(|w| **w).count(), 2);
         // Recording the same occurrence again writes nothing.
         assert_eq!(
-            outbox::record_event(conn, &key, EventKind::JobFailed, 6).unwrap(),
+            outbox::record_event(conn, &key, EventKind::JobFailed, Timestamp::from_millis(6))
+                .unwrap(),
             0
         );
 
         // Claims: rows in every state, due or not, leased or not.
-        let now: i64 = onejob::store::queue::db_clock_ms(conn).unwrap();
+        let now = onejob::store::queue::db_clock(conn).unwrap();
         let enabled_endpoint = rows[0].endpoint_id.clone();
         let mut cases: Vec<(String, bool)> = Vec::new();
         for (i, (state, next, lease)) in [
@@ -307,13 +316,15 @@ pub(super) async fn the_outbox_sql_agrees_with_the_domain_rules(backend: TestBac
                  webhook_id, body, state, attempts, next_attempt_at, window_start_at, \
                  lease_owner, lease_expires_at, delivered_at, created_at) VALUES \
                  ('{id}', '{owner}', '{enabled_endpoint}', '{job}', 'job.unknown', 'case-{i}', \
-                 'msg_case{i}', '{{}}', '{state}', 0, {next}, {now}, {lease_owner}, {lease}, \
-                 {delivered}, {now})",
+                 'msg_case{i}', '{{}}', '{state}', 0, {next_ms}, {now_ms}, {lease_owner}, {lease}, \
+                 {delivered}, {now_ms})",
                 job = key.id,
+                next_ms = next.millis(),
+                now_ms = now.millis(),
                 lease_owner = if lease.is_some() { "'someone'" } else { "NULL" },
-                lease = lease.map_or("NULL".to_owned(), |l| l.to_string()),
+                lease = lease.map_or("NULL".to_owned(), |l| l.millis().to_string()),
                 delivered = if state == EventState::Delivered {
-                    now.to_string()
+                    now.millis().to_string()
                 } else {
                     "NULL".into()
                 },
@@ -328,9 +339,10 @@ pub(super) async fn the_outbox_sql_agrees_with_the_domain_rules(backend: TestBac
             "INSERT INTO webhook_events (id, owner_id, endpoint_id, job_id, kind, subject, \
              webhook_id, body, state, attempts, next_attempt_at, window_start_at, created_at) \
              VALUES ('{id}', '{owner}', '{disabled_endpoint}', '{job}', 'job.unknown', 'off', \
-             'msg_off', '{{}}', 'pending', 0, {due}, {now}, {now})",
+             'msg_off', '{{}}', 'pending', 0, {due}, {now_ms}, {now_ms})",
             job = key.id,
-            due = now - 1_000,
+            due = (now - 1_000).millis(),
+            now_ms = now.millis(),
         ))
         .execute(conn)
         .unwrap();

@@ -25,7 +25,7 @@ use onejob::domain::ledger::{BudgetCounters, Reservation};
 use onejob::domain::webhook::{EventKind, EventState};
 use onejob::domain::{
     failover_order, AllowedProviders, AttemptEvent, AttemptState, Fingerprint, JobIntent,
-    JobStatus, QualificationStatus, RaceResult, RetryPolicy,
+    JobStatus, QualificationStatus, RaceResult, RetryPolicy, Timestamp,
 };
 
 mod actions;
@@ -332,7 +332,9 @@ impl Protocol {
         let chain: Vec<String> = PROVIDERS.iter().map(|p| (*p).to_owned()).collect();
         let order = failover_order(&chain, None);
         let gate = AllowedProviders::gate(&order, |name| match name {
-            "fallback" => QualificationStatus::Qualified { at: 1 },
+            "fallback" => QualificationStatus::Qualified {
+                at: Timestamp::from_millis(1),
+            },
             _ => QualificationStatus::Never,
         });
         let policy = RetryPolicy {

@@ -11,13 +11,18 @@ use onejob::domain::retry::{next_step, Failure, Made, NextStep};
 use onejob::domain::stream::failure_after;
 use onejob::domain::webhook::{may_claim_event, records_event, EventKind, EventState};
 use onejob::domain::{
-    on_cancel, AttemptEvent, AttemptState, CancelDecision, JobStatus, RaceResult,
+    on_cancel, AttemptEvent, AttemptState, CancelDecision, JobStatus, RaceResult, Timestamp,
 };
 
 use super::{
     AttemptRow, Basis, Bug, Call, EventRow, JobRow, Origin, Phase, Protocol, Reply, State,
     PROVIDERS, RESERVATION,
 };
+
+/// The model's clock, one tick a millisecond, as `domain` reads time.
+fn tick(clock: u8) -> Timestamp {
+    Timestamp::from_millis(i64::from(clock))
+}
 
 /// The one endpoint's subscription: every kind.
 fn subscribed_to_all() -> Vec<EventKind> {
@@ -112,9 +117,9 @@ impl Protocol {
         let lease = if self.bug == Bug::ClaimIgnoresLease {
             None
         } else {
-            e.lease_until.map(i64::from)
+            e.lease_until.map(tick)
         };
-        !e.deleted && may_claim_event(e.state, 0, lease, true, i64::from(state.clock))
+        !e.deleted && may_claim_event(e.state, tick(0), lease, true, tick(state.clock))
     }
 
     /// `refresh_job_status`: a non-terminal job's status from its live attempt.
@@ -318,7 +323,7 @@ impl Protocol {
     /// `store::budgets::spend`: a recorded answer's tokens.
     fn spend(&self, state: &mut State) {
         if self.bounds.budget.is_some() {
-            state.budget = state.budget.spend(0, 0, 1);
+            state.budget = state.budget.spend(tick(0), 0, 1);
         }
     }
 
@@ -372,12 +377,12 @@ impl Protocol {
                     tokens: Some(limit),
                 };
                 if self.bug != Bug::NoBudgetCheck
-                    && !may_reserve(&limits, &state.budget, 0, RESERVATION)
+                    && !may_reserve(&limits, &state.budget, tick(0), RESERVATION)
                 {
                     state.budget_refusals += 1;
                     return state;
                 }
-                state.budget = state.budget.reserve(0, RESERVATION);
+                state.budget = state.budget.reserve(tick(0), RESERVATION);
                 true
             }
         };
@@ -457,8 +462,8 @@ impl Protocol {
                 a.state,
                 state.jobs[a.job as usize].status,
                 false,
-                a.not_before.map(i64::from),
-                i64::from(state.clock),
+                a.not_before.map(tick),
+                tick(state.clock),
             )
     }
 
@@ -466,11 +471,7 @@ impl Protocol {
     pub(super) fn reap(&self, mut state: State, attempt: u8) -> Option<State> {
         let a = state.attempts[attempt as usize].clone();
         if a.deleted
-            || !guards::lease_has_run_out(
-                a.state,
-                a.lease_until.map(i64::from),
-                i64::from(state.clock),
-            )
+            || !guards::lease_has_run_out(a.state, a.lease_until.map(tick), tick(state.clock))
         {
             return None;
         }
