@@ -2,7 +2,11 @@
 //! manager that sets SQLite's pragmas on every connection, and the write
 //! transaction helper.
 
-use diesel::connection::{AnsiTransactionManager, SimpleConnection, TransactionManager};
+use std::sync::Arc;
+
+use diesel::connection::{
+    AnsiTransactionManager, Instrumentation, SimpleConnection, TransactionManager,
+};
 use diesel::prelude::*;
 
 use super::{DatabaseSettings, SqliteSynchronous};
@@ -125,6 +129,18 @@ pub enum ConnectError {
     },
 }
 
+/// Makes the instrumentation each new connection carries (diesel's hook on
+/// every statement and transaction). The tests record what a path sends
+/// with one (`tests/api/support/statement_log.rs`); the server sets none.
+#[derive(Clone)]
+pub struct Instrumenter(pub Arc<dyn Fn() -> Box<dyn Instrumentation> + Send + Sync>);
+
+impl std::fmt::Debug for Instrumenter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Instrumenter")
+    }
+}
+
 /// An r2d2 manager that establishes the concrete connection itself (keeping the
 /// driver's real error message) and applies SQLite's pragmas to each connection.
 #[derive(Debug, Clone)]
@@ -133,7 +149,7 @@ pub struct DbConnectionManager {
     busy_timeout_ms: u64,
     synchronous: SqliteSynchronous,
     postgres_session: String,
-    statements: Option<super::statement_log::StatementLog>,
+    instrumenter: Option<Instrumenter>,
 }
 
 impl DbConnectionManager {
@@ -158,13 +174,13 @@ impl DbConnectionManager {
                 config.postgres_statement_timeout_ms,
                 config.postgres_idle_in_transaction_timeout_ms
             ),
-            statements: None,
+            instrumenter: None,
         }
     }
 
-    /// Records every statement of every connection it makes in `log`.
-    pub fn recording(mut self, log: super::statement_log::StatementLog) -> Self {
-        self.statements = Some(log);
+    /// Gives every connection it makes the instrumentation `make` makes.
+    pub fn instrumented(mut self, make: Instrumenter) -> Self {
+        self.instrumenter = Some(make);
         self
     }
 
@@ -177,8 +193,8 @@ impl DbConnectionManager {
             Backend::Postgres => {
                 let mut conn =
                     diesel::PgConnection::establish(self.url.as_str()).map_err(connection_error)?;
-                if let Some(log) = &self.statements {
-                    conn.set_instrumentation(log.instrumentation());
+                if let Some(make) = &self.instrumenter {
+                    conn.set_instrumentation(make.0());
                 }
                 conn.batch_execute(&self.postgres_session)
                     .map_err(|source| ConnectError::Pragmas {
@@ -190,8 +206,8 @@ impl DbConnectionManager {
             Backend::Sqlite => {
                 let mut conn = diesel::SqliteConnection::establish(self.url.sqlite_path())
                     .map_err(connection_error)?;
-                if let Some(log) = &self.statements {
-                    conn.set_instrumentation(log.instrumentation());
+                if let Some(make) = &self.instrumenter {
+                    conn.set_instrumentation(make.0());
                 }
                 let synchronous = match self.synchronous {
                     SqliteSynchronous::Full => "FULL",

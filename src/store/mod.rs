@@ -25,7 +25,6 @@ pub mod rows;
 pub mod schema;
 pub mod sessions;
 pub mod sql_types;
-pub mod statement_log;
 pub mod stream_chunks;
 pub mod transitions;
 pub mod users;
@@ -37,7 +36,7 @@ use std::time::Duration;
 use diesel::r2d2::Pool;
 use serde::Deserialize;
 
-pub use connection::{Backend, DatabaseUrl, DbConnection, DbConnectionManager};
+pub use connection::{Backend, DatabaseUrl, DbConnection, DbConnectionManager, Instrumenter};
 pub use rows::{Attempt, Job, QualificationRun, RaceEntry};
 
 /// Errors from the storage layer, mapped to application errors in one place
@@ -211,14 +210,14 @@ impl Store {
         )
     }
 
-    /// As [`connect`](Self::connect), recording every statement its
-    /// connections send in `log`.
-    pub fn connect_recording(
+    /// As [`connect`](Self::connect), each connection carrying the
+    /// instrumentation `make` makes.
+    pub fn connect_instrumented(
         url: &DatabaseUrl,
         settings: &DatabaseSettings,
-        log: statement_log::StatementLog,
+        make: Instrumenter,
     ) -> Result<Self, connection::ConnectError> {
-        let manager = DbConnectionManager::new(url.clone(), settings).recording(log);
+        let manager = DbConnectionManager::new(url.clone(), settings).instrumented(make);
         Self::connect_with(manager, url, settings)
     }
 

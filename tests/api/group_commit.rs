@@ -11,6 +11,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::support::statement_log::StatementLog;
 use diesel::prelude::*;
 use onejob::domain::{Role, Timestamp, UserId};
 use onejob::store::connection::write_transaction;
@@ -19,7 +20,6 @@ use onejob::store::jobs::{
     create_many_of_one_owner, CreateOutcome, Placement, MAX_ROWS_PER_STATEMENT,
 };
 use onejob::store::schema::{attempts, jobs};
-use onejob::store::statement_log::StatementLog;
 use onejob::store::{
     users as user_store, Attempt, Backend, DbConnection, Job, Store, StoreError, StoreResult,
 };
@@ -473,7 +473,7 @@ const BATCH_LEASE_MS: i64 = 30_000;
 /// The statements of the connection that wrote the batch (the one that
 /// inserted into `jobs`): the app's own background reads, on other
 /// connections, may fall inside the window.
-fn sent_on_one_connection(sent: Vec<onejob::store::statement_log::Sent>) -> Vec<String> {
+fn sent_on_one_connection(sent: Vec<crate::support::statement_log::Sent>) -> Vec<String> {
     let batch = sent
         .iter()
         .find(|s| s.sql.to_lowercase().contains("into jobs"))

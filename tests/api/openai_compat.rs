@@ -852,8 +852,8 @@ async fn a_duplicate_of_an_unknown_job_or_one_waiting_for_support_is_answered_at
 /// its reservation and settlement are on the path too.
 async fn every_statement_of_an_answer_is_prepared_once(backend: TestBackend) {
     use crate::support::harness::PreparedApp;
+    use crate::support::statement_log::StatementLog;
     use onejob::domain::ledger::{BudgetLimits, Reservation};
-    use onejob::store::statement_log::StatementLog;
     let upstream = FakeProvider::start(Shape::OpenAi).await;
     let log = StatementLog::new();
     let prepared = PreparedApp::new(backend, chat_config(&upstream, 10)).await;
@@ -891,7 +891,7 @@ async fn every_statement_of_an_answer_is_prepared_once(backend: TestBackend) {
 /// Asserts that every statement `log` recorded, but transaction control,
 /// came from diesel's statement cache; returns those it cached.
 fn assert_every_statement_was_kept(
-    log: &onejob::store::statement_log::StatementLog,
+    log: &crate::support::statement_log::StatementLog,
 ) -> std::collections::HashSet<String> {
     let cached: std::collections::HashSet<String> = log.take_cached().into_iter().collect();
     let control = [
@@ -924,7 +924,7 @@ fn assert_every_statement_was_kept(
 async fn recording_chat_app(
     backend: TestBackend,
     upstream: &FakeProvider,
-    log: &onejob::store::statement_log::StatementLog,
+    log: &crate::support::statement_log::StatementLog,
 ) -> TestApp {
     crate::support::harness::PreparedApp::new(backend, chat_config(upstream, 10))
         .await
@@ -938,7 +938,7 @@ async fn recording_chat_app(
 /// its job recorded failed, and the call counted in the usage ledger. Each
 /// of its statements, too, is prepared once per connection and kept.
 async fn every_statement_of_a_refused_call_is_prepared_once(backend: TestBackend) {
-    use onejob::store::statement_log::StatementLog;
+    use crate::support::statement_log::StatementLog;
     let upstream = FakeProvider::start(Shape::OpenAi).await;
     upstream.set_default(Behaviour::Status {
         status: 400,
@@ -966,7 +966,7 @@ async fn every_statement_of_a_refused_call_is_prepared_once(backend: TestBackend
 /// the same process answers from it: nothing reads the job, or its
 /// attempts, after the statement that decided it.
 async fn a_waiter_reads_no_more_than_its_answer_needs(backend: TestBackend) {
-    use onejob::store::statement_log::StatementLog;
+    use crate::support::statement_log::StatementLog;
     let upstream = FakeProvider::start(Shape::OpenAi).await;
     let log = StatementLog::new();
     let app = recording_chat_app(backend, &upstream, &log).await;

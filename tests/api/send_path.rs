@@ -310,13 +310,13 @@ async fn past_max_late_calls_a_timed_out_call_is_dropped_and_counted(backend: Te
 /// job-row lock, re-deriving a job's status) are left to the rule's own
 /// rewrite, and only checked for volatile functions.
 async fn the_send_paths_new_statements_keep_the_distribution_rule(backend: TestBackend) {
+    use crate::support::statement_log::StatementLog;
     use crate::support::statement_rule::{judge, normalize, Breach, Verdict};
     use onejob::domain::retry::Failure;
     use onejob::domain::{AllowedProviders, RetryPolicy};
     use onejob::store::completion::{complete_failure, FailurePlan};
     use onejob::store::jobs::{create_job, CreateOutcome};
     use onejob::store::queue::{self, ClaimRules};
-    use onejob::store::statement_log::StatementLog;
     let log = StatementLog::new();
     let prepared = crate::support::harness::PreparedApp::new(
         backend,

@@ -14,9 +14,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use crate::support::statement_log::{Sent, StatementLog};
 use onejob::domain::webhook::WebhookKey;
 use onejob::domain::Secret;
-use onejob::store::statement_log::{Sent, StatementLog};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 

@@ -429,14 +429,14 @@ impl PreparedApp {
 
     /// The same database and users, served through a store that records
     /// every statement its connections send into `log`.
-    pub async fn recording(self, log: &onejob::store::statement_log::StatementLog) -> Self {
+    pub async fn recording(self, log: &super::statement_log::StatementLog) -> Self {
         let (url, settings, log) = (
             self.db.url.clone(),
             self.config.database.clone(),
-            log.clone(),
+            log.instrumenter(),
         );
         let store =
-            tokio::task::spawn_blocking(move || Store::connect_recording(&url, &settings, log))
+            tokio::task::spawn_blocking(move || Store::connect_instrumented(&url, &settings, log))
                 .await
                 .unwrap()
                 .unwrap();

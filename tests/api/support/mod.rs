@@ -4,7 +4,8 @@
 //! ([`fake_provider`]), a browser ([`webdriver`], [`devtools`]), a proxy
 //! that holds an answer back ([`proxy`]), a reader of event streams
 //! ([`sse`]), readers of the server's metrics ([`metrics`]) and stored
-//! rows ([`db`]), and databases as an earlier release left them
+//! rows ([`db`]), a recorder of the statements sent ([`statement_log`]),
+//! and databases as an earlier release left them
 //! ([`migrations`]).
 
 #[macro_use]
@@ -18,6 +19,7 @@ pub mod metrics;
 pub mod migrations;
 pub mod proxy;
 pub mod sse;
+pub mod statement_log;
 pub mod statement_rule;
 pub mod webdriver;
 pub mod webhook_receiver;

@@ -31,8 +31,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::OnceLock;
 
+use crate::support::statement_log::Sent;
 use onejob::store::distribution::{DISTRIBUTION_COLUMN, LAYOUT};
-use onejob::store::statement_log::Sent;
 
 /// A read that names no owner and so runs on every shard, by design.
 #[derive(Debug, Clone, Copy)]

@@ -27,7 +27,7 @@ use crate::support::webhook_receiver::WebhookReceiver;
 pub(super) async fn a_winner_with_no_endpoint_for_it_looks_none_up(backend: TestBackend) {
     use crate::support::harness::PreparedApp;
     let receiver = WebhookReceiver::start().await;
-    let log = onejob::store::statement_log::StatementLog::new();
+    let log = crate::support::statement_log::StatementLog::new();
     let app = PreparedApp::new(backend, webhook_config(|_| {}))
         .await
         .recording(&log)

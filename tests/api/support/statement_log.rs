@@ -1,11 +1,12 @@
 //! A record of every SQL statement a store's connections send, for the
 //! statement rule (docs/scaling.md) and for looking at what a path
-//! costs. Off unless a store is built with one.
+//! costs: the store's [`Instrumenter`] hook, filled in by the tests.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use diesel::connection::{Instrumentation, InstrumentationEvent};
+use onejob::store::Instrumenter;
 
 /// One statement as sent, with where it ran: which connection, and which
 /// of that connection's transactions (none: it committed alone).
@@ -52,8 +53,14 @@ impl StatementLog {
         std::mem::take(&mut *self.cached.lock().expect("never poisoned"))
     }
 
+    /// The hook that gives each new connection of a store its recorder.
+    pub fn instrumenter(&self) -> Instrumenter {
+        let log = self.clone();
+        Instrumenter(Arc::new(move || Box::new(log.instrumentation())))
+    }
+
     /// The instrumentation to install on one connection.
-    pub fn instrumentation(&self) -> impl Instrumentation {
+    fn instrumentation(&self) -> impl Instrumentation {
         let log = self.clone();
         let connection = self.connections.fetch_add(1, Ordering::Relaxed) + 1;
         let mut transactions = 0u64;
