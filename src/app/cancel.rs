@@ -8,7 +8,7 @@
 use super::{App, AppError, AppResult, Attempt, Job, User};
 use crate::domain::JobId;
 use crate::store::cancel::{self as cancel_store, Cancelled};
-use crate::store::transitions::JobKey;
+use crate::store::rows::JobKey;
 use crate::store::StoreError;
 
 /// A cancel's answer: the job as it is now.

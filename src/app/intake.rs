@@ -312,7 +312,7 @@ impl App {
                 let Some(job) = job_store::find_by_key(conn, &owner_id, &key)? else {
                     return Ok(None);
                 };
-                let (job, attempts) = job_store::with_attempts(conn, job)?;
+                let (job, attempts) = crate::store::reads::with_attempts(conn, job)?;
                 Ok(Some((CreateOutcome::Existing(job), attempts)))
             })
             .await?)

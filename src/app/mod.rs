@@ -74,7 +74,7 @@ pub use crate::store::console::{
 pub use crate::store::ledger::LedgerEntry;
 pub use crate::store::queue::{Claim, SendPermit};
 pub use crate::store::reports::{LedgerSums, UsageFilter, UsageGrouping};
-pub use crate::store::transitions::{AttemptKey, JobKey};
+pub use crate::store::rows::{AttemptKey, JobKey};
 pub use crate::store::users::User;
 pub use crate::store::webhooks::{Delivery, Endpoint, Event, Resent};
 pub use crate::store::{Attempt, Job, QualificationRun, RaceEntry, StoreError};

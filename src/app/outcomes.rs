@@ -12,8 +12,8 @@ use crate::domain::stream::failure_after;
 use crate::domain::{Applied, AttemptId, Outcome, Reason, RetryPolicy, Usage};
 use crate::store::completion::{FailurePlan, Recorded};
 use crate::store::ledger::Charge;
-use crate::store::transitions::AttemptKey;
-use crate::store::{completion, queue, transitions};
+use crate::store::rows::AttemptKey;
+use crate::store::{completion, queue, reads, transitions};
 
 impl App {
     /// Applies `outcome` (already held to the task's contract) to the
@@ -176,9 +176,9 @@ impl App {
         Ok(self
             .store()
             .run(move |conn| {
-                let attempt = transitions::find_owned_attempt(conn, &key.id, &key.owner_id)?
+                let attempt = reads::find_owned_attempt(conn, &key.id, &key.owner_id)?
                     .ok_or(crate::store::StoreError::NotFound)?;
-                let job = transitions::get_job(conn, &attempt.job_key())?;
+                let job = reads::get_job(conn, &attempt.job_key())?;
                 Ok((attempt, job))
             })
             .await?)

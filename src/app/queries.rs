@@ -9,7 +9,7 @@ use super::{
 use crate::domain::{AttemptId, IdempotencyKey, JobId, QualificationStatus, Timestamp};
 pub use crate::store::console::{JobFilter, JobListing};
 pub use crate::store::jobs::JobPage;
-use crate::store::transitions::JobKey;
+use crate::store::rows::JobKey;
 use crate::store::{console, jobs as job_store};
 
 /// One cell of the provider × task qualification matrix.
@@ -33,13 +33,15 @@ impl App {
             .store()
             .run(move |conn| {
                 let job = match owner {
-                    Some(owner_id) => job_store::find_owned_job(conn, &JobKey { id, owner_id })?,
-                    None => job_store::find_job(conn, &id)?,
+                    Some(owner_id) => {
+                        crate::store::reads::find_owned_job(conn, &JobKey { id, owner_id })?
+                    }
+                    None => crate::store::reads::find_job(conn, &id)?,
                 };
                 let Some(job) = job else {
                     return Ok(None);
                 };
-                Ok(Some(job_store::with_attempts(conn, job)?))
+                Ok(Some(crate::store::reads::with_attempts(conn, job)?))
             })
             .await?;
         match found {
@@ -56,10 +58,12 @@ impl App {
             owner_id: owner.id.clone(),
         };
         self.store()
-            .run(move |conn| match job_store::find_owned_job(conn, &key)? {
-                Some(job) => Ok(Some(job_store::with_attempts(conn, job)?)),
-                None => Ok(None),
-            })
+            .run(
+                move |conn| match crate::store::reads::find_owned_job(conn, &key)? {
+                    Some(job) => Ok(Some(crate::store::reads::with_attempts(conn, job)?)),
+                    None => Ok(None),
+                },
+            )
             .await?
             .ok_or(AppError::NotFound)
     }

@@ -31,7 +31,6 @@ use tokio::time::Instant;
 
 use super::{App, AppResult, Job, JobKey};
 use crate::domain::{AttemptId, JobId};
-use crate::store::jobs as job_store;
 use crate::store::stream_chunks::{self, StoredChunk};
 
 /// How often a follower reads its job's chunks and row from the database.
@@ -536,8 +535,8 @@ impl Follower {
             .app
             .store()
             .run(move |conn| {
-                let attempts = job_store::attempts_of(conn, &key)?;
-                let job = job_store::get_job(conn, &key)?;
+                let attempts = crate::store::reads::attempts_of(conn, &key)?;
+                let job = crate::store::reads::get_job(conn, &key)?;
                 let chunks = stream_chunks::after(conn, &key, after)?;
                 let count = match job.status {
                     crate::domain::JobStatus::Succeeded => stream_chunks::count(conn, &key)?,

@@ -19,7 +19,6 @@ use tokio::time::Instant;
 
 use super::{App, AppResult, Attempt, Job};
 use crate::domain::JobId;
-use crate::store::jobs as job_store;
 
 /// How often a waiter looks again for a job another process may finish.
 const POLL: Duration = Duration::from_millis(200);
@@ -99,12 +98,12 @@ impl App {
             (job, attempts) = self
                 .store()
                 .run(move |conn| {
-                    let job = job_store::get_job(conn, &key)?;
+                    let job = crate::store::reads::get_job(conn, &key)?;
                     // A finished job is all an answer needs.
                     if wanted == Wanted::Job && job.status.is_terminal() {
                         return Ok((job, passed_in));
                     }
-                    job_store::with_attempts(conn, job)
+                    crate::store::reads::with_attempts(conn, job)
                 })
                 .await?;
         }

@@ -8,9 +8,11 @@
 use diesel::prelude::*;
 
 use super::connection::write_transaction;
+use super::reads::{attempts_of, find_owned_job};
+use super::rows::JobKey;
 use super::rows::{Attempt, Job};
 use super::schema::jobs;
-use super::transitions::{attempts_of, find_owned_job, lock_job, JobKey};
+use super::transitions::lock_job;
 use super::{DbConnection, StoreError, StoreResult};
 use crate::domain::{on_cancel, CancelDecision, JobStatus, Timestamp};
 

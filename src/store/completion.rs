@@ -10,11 +10,13 @@ use super::connection::{db_clock, write_transaction};
 use super::ended::{job_ended, JobEnd};
 use super::ledger::{record_call, Charge, LedgerEntry};
 use super::prepared::KeepPrepared;
+use super::reads::{attempts_of, get_job};
+use super::rows::AttemptKey;
 use super::rows::{Attempt, Job, RaceEntry};
 use super::schema::{attempts, jobs, race_log};
 use super::transitions::{
-    attempts_of, fail_job, get_job, insert_queued_attempt, insert_waiting_attempt,
-    lock_attempt_and_job, refresh_job_status, transition, AttemptKey,
+    fail_job, insert_queued_attempt, insert_waiting_attempt, lock_attempt_and_job,
+    refresh_job_status, transition,
 };
 use super::{DbConnection, StoreError, StoreResult};
 use crate::domain::ledger::AnswerKind;

@@ -33,7 +33,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use super::connection::write_transaction;
-use super::jobs::{self, CreateOutcome, NewJob, Placement};
+use super::connection::Placement;
+use super::jobs::{self, CreateOutcome, NewJob};
 use super::{Attempt, DbConnection, Store, StoreError, StoreResult};
 use crate::domain::UserId;
 

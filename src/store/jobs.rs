@@ -2,9 +2,10 @@
 
 use diesel::prelude::*;
 
-use super::connection::{per_backend, write_transaction, PG_NOW_MS, SQLITE_NOW_MS};
+use super::connection::{per_backend, write_transaction, Placement, PG_NOW_MS, SQLITE_NOW_MS};
 use super::prepared::KeepPrepared;
 use super::queue::{self, StartNow};
+use super::reads::attempts_of;
 use super::rows::{Attempt, Job};
 use super::schema::jobs;
 use super::transitions::insert_queued_attempt;
@@ -12,10 +13,6 @@ use super::{DbConnection, StoreError, StoreResult};
 use crate::domain::ledger::Reservation;
 use crate::domain::{
     AttemptId, AttemptState, IdempotencyKey, JobId, JobStatus, JsonText, Timestamp, UserId,
-};
-
-pub use super::transitions::{
-    attempts_of, find_job, find_owned_job, get_job, with_attempts, JobKey,
 };
 
 /// What a client asked for, validated and fingerprinted by the caller.
@@ -48,8 +45,6 @@ pub enum CreateOutcome {
     /// the caller's to decide).
     Existing(Job),
 }
-
-pub use super::connection::Placement;
 
 /// Creates the job, or finds the one this key already made.
 ///

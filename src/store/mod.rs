@@ -193,7 +193,7 @@ pub struct Store {
     /// Unless off: writes share commits (see [`group_commit`]).
     batches: Option<group_commit::GroupCommit>,
     /// One database, or distributed by owner (read at start).
-    placement: jobs::Placement,
+    placement: connection::Placement,
 }
 
 impl Store {
@@ -251,13 +251,13 @@ impl Store {
     }
 
     /// Whether the database is one, or distributed by owner.
-    pub fn placement(&self) -> jobs::Placement {
+    pub fn placement(&self) -> connection::Placement {
         self.placement
     }
 
     /// This handle, writing as if the database were placed as `placement`
     /// (the tests try the distributed statements on one PostgreSQL).
-    pub fn placed_as(mut self, placement: jobs::Placement) -> Self {
+    pub fn placed_as(mut self, placement: connection::Placement) -> Self {
         self.placement = placement;
         self
     }

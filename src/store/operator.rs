@@ -6,12 +6,13 @@
 use diesel::prelude::*;
 
 use super::connection::{is_unique_violation, write_transaction};
+use super::reads::{attempts_of, find_owned_attempt, find_owned_job, get_job};
 use super::rows::{Attempt, Job};
+use super::rows::{AttemptKey, JobKey};
 use super::schema::audit_log;
 use super::transitions::{
-    attempts_of, fail_job, find_owned_attempt, find_owned_job, get_job, insert_queued_attempt,
-    live_attempt, lock_attempt_and_job, lock_job, refresh_job_status, transition, AttemptKey,
-    JobKey,
+    fail_job, insert_queued_attempt, live_attempt, lock_attempt_and_job, lock_job,
+    refresh_job_status, transition,
 };
 use super::{DbConnection, StoreError};
 use crate::domain::{

@@ -11,14 +11,14 @@ use diesel::dsl::sql;
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Nullable};
 
-pub use super::connection::db_clock;
-use super::connection::{db_now_ms, per_backend, write_transaction};
+use super::connection::{db_clock, db_now_ms, per_backend, write_transaction};
 use super::prepared::KeepPrepared;
+use super::reads::get_job;
 use super::rows::{Attempt, Job};
+use super::rows::{AttemptKey, JobKey};
 use super::schema::{attempts, jobs};
 use super::transitions::{
-    get_job, lock_attempt_and_job, lock_job, refresh_job_status, transition, transition_guarded,
-    AttemptKey, Guard, JobKey,
+    lock_attempt_and_job, lock_job, refresh_job_status, transition, transition_guarded, Guard,
 };
 use super::{DbConnection, StoreError, StoreResult};
 use std::collections::{BTreeMap, HashMap};

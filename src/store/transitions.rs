@@ -9,12 +9,9 @@ use diesel::prelude::*;
 use super::connection::per_backend;
 use super::ended::{job_ended, JobEnd};
 use super::prepared::KeepPrepared;
-pub use super::reads::{
-    attempts_of, find_attempt, find_job, find_owned_attempt, find_owned_job, get_attempt, get_job,
-    with_attempts,
-};
+use super::reads::find_owned_attempt;
 use super::rows::{columns_of, Attempt, Job};
-pub use super::rows::{AttemptKey, JobKey};
+use super::rows::{AttemptKey, JobKey};
 use super::schema::{attempts, jobs};
 use super::{DbConnection, StoreResult};
 use crate::domain::{

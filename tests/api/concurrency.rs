@@ -6,8 +6,8 @@ use std::sync::{Arc, Barrier};
 use diesel::prelude::*;
 use onejob::domain::{Applied, AttemptId, JobId, JsonText, UserId};
 use onejob::store::jobs::{self as job_store, CreateOutcome, NewJob};
+use onejob::store::rows::{AttemptKey, JobKey};
 use onejob::store::schema::{jobs, race_log};
-use onejob::store::transitions::{AttemptKey, JobKey};
 use onejob::store::DbConnection;
 use onejob::store::{completion, operator, queue};
 use reqwest::StatusCode;
@@ -152,7 +152,7 @@ async fn two_completions_racing_for_one_job_have_exactly_one_winner(backend: Tes
             assert_eq!(winners.len(), 1, "round {round}: {results:?}");
             let winner = winners[0].0.clone();
             let mut conn = store.conn().unwrap();
-            let job = job_store::get_job(
+            let job = onejob::store::reads::get_job(
                 &mut conn,
                 &JobKey {
                     id: job_id.clone(),

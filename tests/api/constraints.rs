@@ -281,7 +281,7 @@ async fn every_transition_takes_its_starting_states_from_the_state_machine(backe
                     ))
                     .execute(conn)
                     .unwrap();
-                transitions::get_attempt(conn, &id).unwrap()
+                onejob::store::reads::get_attempt(conn, &id).unwrap()
             };
             let events = [
                 E::Claimed,
@@ -301,7 +301,7 @@ async fn every_transition_takes_its_starting_states_from_the_state_machine(backe
                     let moved = transitions::transition(conn, &attempt, event, TICK, None).unwrap();
                     let allowed = event.apply(state);
                     assert_eq!(moved, allowed.is_ok(), "{event:?} from {state}");
-                    let now = transitions::get_attempt(conn, &id).unwrap();
+                    let now = onejob::store::reads::get_attempt(conn, &id).unwrap();
                     assert_eq!(
                         now.state,
                         allowed.unwrap_or(state),

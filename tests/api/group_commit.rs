@@ -14,11 +14,9 @@ use std::time::{Duration, Instant};
 use crate::support::statement_log::StatementLog;
 use diesel::prelude::*;
 use onejob::domain::{Role, Timestamp, UserId};
-use onejob::store::connection::write_transaction;
+use onejob::store::connection::{write_transaction, Placement};
 use onejob::store::group_commit::Created;
-use onejob::store::jobs::{
-    create_many_of_one_owner, CreateOutcome, Placement, MAX_ROWS_PER_STATEMENT,
-};
+use onejob::store::jobs::{create_many_of_one_owner, CreateOutcome, MAX_ROWS_PER_STATEMENT};
 use onejob::store::schema::{attempts, jobs};
 use onejob::store::{
     users as user_store, Attempt, Backend, DbConnection, Job, Store, StoreError, StoreResult,

@@ -98,7 +98,7 @@ fn state_of(conn: &mut DbConnection, job: &JobId) -> AttemptState {
 
 /// `claim_batch`'s statement and `guards::may_claim`.
 fn claims_agree(conn: &mut DbConnection, owner: &UserId) -> usize {
-    let now = queue::db_clock(conn).unwrap();
+    let now = onejob::store::connection::db_clock(conn).unwrap();
     let mut cases = Vec::new();
     for state in AttemptState::ALL {
         for status in JobStatus::ALL {
@@ -156,7 +156,7 @@ fn claims_agree(conn: &mut DbConnection, owner: &UserId) -> usize {
 /// `expire_leases` and `guards::lease_has_run_out` with
 /// `guards::on_lease_expiry`.
 fn expiries_agree(conn: &mut DbConnection, owner: &UserId) -> usize {
-    let now = queue::db_clock(conn).unwrap();
+    let now = onejob::store::connection::db_clock(conn).unwrap();
     let mut cases = Vec::new();
     for state in AttemptState::ALL {
         for lease in [None, Some(now - 60_000), Some(now + 60_000)] {
@@ -207,7 +207,7 @@ fn expiries_agree(conn: &mut DbConnection, owner: &UserId) -> usize {
 /// `renew_lease` and `guards::may_renew`; `give_back_*` and
 /// `guards::may_give_back`.
 fn leases_agree(conn: &mut DbConnection, owner: &UserId) -> usize {
-    let now = queue::db_clock(conn).unwrap();
+    let now = onejob::store::connection::db_clock(conn).unwrap();
     let mut count = 0;
     for state in AttemptState::ALL {
         for lease_owner in [Some("w"), Some("v"), None] {
@@ -249,7 +249,7 @@ fn leases_agree(conn: &mut DbConnection, owner: &UserId) -> usize {
                             ..Shape::new(state, job_status)
                         },
                     );
-                    let key = onejob::store::transitions::AttemptKey {
+                    let key = onejob::store::rows::AttemptKey {
                         id: attempt.clone(),
                         owner_id: owner.clone(),
                     };
@@ -308,7 +308,9 @@ fn give_back_cases(now: Timestamp) -> Vec<(Option<Timestamp>, bool, JobStatus)> 
 /// `guards::may_fail_job`.
 fn completions_agree(conn: &mut DbConnection, owner: &UserId) -> usize {
     use onejob::store::completion::complete_success;
-    use onejob::store::transitions::{fail_job, get_job, AttemptKey};
+    use onejob::store::reads::get_job;
+    use onejob::store::rows::AttemptKey;
+    use onejob::store::transitions::fail_job;
     let mut count = 0;
     for bumped in [0, 1] {
         for completed in [false, true] {
@@ -360,7 +362,7 @@ fn completions_agree(conn: &mut DbConnection, owner: &UserId) -> usize {
                 &attempt,
                 Shape::new(AttemptState::Failed, status),
             );
-            let job_key = onejob::store::transitions::JobKey {
+            let job_key = onejob::store::rows::JobKey {
                 id: job_id.clone(),
                 owner_id: owner.clone(),
             };

@@ -379,8 +379,8 @@ async fn an_unknown_jobs_page_offers_no_new_attempt(backend: TestBackend) {
 /// duplicate would be answered `job_needs_support` for).
 async fn a_job_read_across_its_attempts_finish_is_read_again(backend: TestBackend) {
     use onejob::store::completion::complete_success;
-    use onejob::store::jobs::with_attempts;
-    use onejob::store::transitions::AttemptKey;
+    use onejob::store::reads::with_attempts;
+    use onejob::store::rows::AttemptKey;
 
     let prepared = PreparedApp::new(backend, test_config(DEFAULT_TEST_PROVIDERS)).await;
     let owner = prepared.alice.id.clone();
@@ -412,7 +412,8 @@ async fn a_job_read_across_its_attempts_finish_is_read_again(backend: TestBacken
 async fn the_winning_compare_and_swap_returns_the_row_it_stored(backend: TestBackend) {
     use onejob::store::completion::settle_answer;
     use onejob::store::ledger::Charge;
-    use onejob::store::transitions::{get_job, AttemptKey, JobKey};
+    use onejob::store::reads::get_job;
+    use onejob::store::rows::{AttemptKey, JobKey};
 
     let prepared = PreparedApp::new(backend, test_config(DEFAULT_TEST_PROVIDERS)).await;
     let owner = prepared.alice.id.clone();

@@ -8,7 +8,7 @@ use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use onejob::domain::{AttemptState, JobId, JobStatus, RaceResult, Timestamp};
 use onejob::store::cancel::{cancel_statement, WITHDRAWN_NOTE};
-use onejob::store::transitions::JobKey;
+use onejob::store::rows::JobKey;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 

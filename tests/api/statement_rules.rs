@@ -553,7 +553,7 @@ async fn every_statement_of_a_full_lifecycle_can_be_routed_by_owner() {
 /// time. Tried here on one PostgreSQL, the store told it is distributed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn on_a_distributed_database_creations_are_plain_inserts() {
-    use onejob::store::jobs::Placement;
+    use onejob::store::connection::Placement;
     if !postgres_available() {
         return;
     }

@@ -9,7 +9,9 @@ use std::time::Duration;
 use diesel::prelude::*;
 use onejob::domain::webhook::{may_claim_event, records_event, EventKind, EventState};
 use onejob::domain::{JobStatus, Timestamp};
-use onejob::store::transitions::{fail_job, find_owned_job, JobKey};
+use onejob::store::reads::find_owned_job;
+use onejob::store::rows::JobKey;
+use onejob::store::transitions::fail_job;
 use onejob::store::webhooks as outbox;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -296,7 +298,7 @@ pub(super) async fn the_outbox_sql_agrees_with_the_domain_rules(backend: TestBac
         );
 
         // Claims: rows in every state, due or not, leased or not.
-        let now = onejob::store::queue::db_clock(conn).unwrap();
+        let now = onejob::store::connection::db_clock(conn).unwrap();
         let enabled_endpoint = rows[0].endpoint_id.clone();
         let mut cases: Vec<(String, bool)> = Vec::new();
         for (i, (state, next, lease)) in [
