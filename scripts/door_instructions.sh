@@ -8,6 +8,8 @@
 # warm-up.
 #
 # Usage: scripts/door_instructions.sh path/to/onejob sqlite|postgres [N]
+# (DOOR_INSTRUCTIONS_KEEP=dir keeps the callgrind files there, for
+# callgrind_annotate)
 # (PostgreSQL at $ONEJOB_TEST_POSTGRES, default postgres://postgres@127.0.0.1:5432)
 set -euo pipefail
 onejob=$1; backend=$2; n=${3:-200}
@@ -93,5 +95,8 @@ python3 "$work/client.py" "$port" "$token" "$n" counted
 callgrind_control -i off "$server" >/dev/null 2>&1
 callgrind_control -d "$server" >/dev/null 2>&1
 sleep 1
+if [ -n "${DOOR_INSTRUCTIONS_KEEP:-}" ]; then
+  mkdir -p "$DOOR_INSTRUCTIONS_KEEP" && cp "$work"/callgrind.out* "$DOOR_INSTRUCTIONS_KEEP"/
+fi
 total=$(cat "$work"/callgrind.out* | awk '/^(summary|totals):/ {s += $2} END {print s}')
 echo "door instructions: $backend, $n requests: $total instructions, $((total / n)) per request"
