@@ -226,11 +226,18 @@ fn not_unique(refusal: crate::domain::json_text::NotUnique) -> ApiError {
     }
 }
 
-/// Parses a query string, answering 400 `invalid-query` when it does not fit.
+/// Parses a query string, answering 400 `invalid-query` when it does not
+/// fit, naming the parameter whose value does not.
 pub fn parse_query<T: serde::de::DeserializeOwned>(req: &HttpRequest) -> Result<T, ApiError> {
-    web::Query::<T>::from_query(req.query_string())
-        .map(web::Query::into_inner)
-        .map_err(|e| ApiError::new(ProblemType::InvalidQuery, e.to_string()))
+    let pairs = form_urlencoded::parse(req.query_string().as_bytes());
+    serde_path_to_error::deserialize(serde_urlencoded::Deserializer::new(pairs)).map_err(|error| {
+        let path = error.path().to_string();
+        let detail = match path.as_str() {
+            "." => error.inner().to_string(),
+            name => format!("`{name}`: {}", error.inner()),
+        };
+        ApiError::new(ProblemType::InvalidQuery, detail)
+    })
 }
 
 /// The query of a path that takes none: empty, or 400 `invalid-query`

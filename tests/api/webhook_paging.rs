@@ -235,7 +235,7 @@ async fn a_query_parameter_a_get_does_not_take_is_400_invalid_query(backend: Tes
     for (query, said) in [
         ("?limit=500", "`limit` must be between 1 and 200"),
         ("?limit=0", "`limit` must be between 1 and 200"),
-        ("?limit=two", "invalid digit"),
+        ("?limit=two", "`limit`: invalid digit"),
         ("?before=nope", "`before` must be an event id"),
         ("?limt=2", "limt"),
         ("?limit=2&page=3", "page"),
