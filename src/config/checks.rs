@@ -148,8 +148,8 @@ fn check_worker(file: &ConfigFile) -> Checked {
         return invalid(
             "worker.lease_ms",
             &format!(
-                "must be at least twice database.pool_timeout_ms + the lock wait \
-                 (sqlite_busy_timeout_ms or postgres_lock_timeout_ms): {} ms here",
+                "must be at least 2 × (database.pool_timeout_ms + the lock wait, \
+                 sqlite_busy_timeout_ms or postgres_lock_timeout_ms): {} ms here",
                 2 * renewal_wait
             ),
         );
