@@ -56,7 +56,7 @@ impl App {
     /// owner's is not found.
     pub async fn webhook_log_of_endpoint(&self, user: &User, id: &str) -> AppResult<EndpointLog> {
         let key = EndpointKey {
-            id: super::webhooks::parse_endpoint_id(id).ok_or(AppError::NotFound)?,
+            id: super::webhooks::parse_id(id).ok_or(AppError::NotFound)?,
             owner_id: user.id.clone(),
         };
         self.store()
@@ -67,7 +67,12 @@ impl App {
                 Ok(Some(EndpointLog {
                     endpoint,
                     events: webhooks::events_of_endpoint(conn, &key)?,
-                    deliveries: webhooks::deliveries_of_endpoint(conn, &key, webhooks::LIST_LIMIT)?,
+                    deliveries: webhooks::deliveries_of_endpoint(
+                        conn,
+                        &key,
+                        None,
+                        webhooks::LIST_LIMIT,
+                    )?,
                 }))
             })
             .await?

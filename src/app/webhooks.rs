@@ -50,8 +50,9 @@ pub struct WithSecret {
     pub secret: Secret,
 }
 
-/// An endpoint id from a path: a UUID in its hyphenated form, or nothing.
-pub fn parse_endpoint_id(raw: &str) -> Option<String> {
+/// An endpoint, event or delivery id from a path or a query: a UUID in its
+/// hyphenated form, or nothing.
+pub fn parse_id(raw: &str) -> Option<String> {
     crate::domain::JobId::parse(raw).map(|id| id.to_string())
 }
 
@@ -142,7 +143,7 @@ impl App {
 
     fn endpoint_key(user: &User, id: &str) -> AppResult<EndpointKey> {
         Ok(EndpointKey {
-            id: parse_endpoint_id(id).ok_or(AppError::NotFound)?,
+            id: parse_id(id).ok_or(AppError::NotFound)?,
             owner_id: user.id.clone(),
         })
     }
@@ -225,18 +226,21 @@ impl App {
         Ok(WithSecret { endpoint, secret })
     }
 
-    /// An endpoint's delivery attempts, newest first.
+    /// A page of an endpoint's delivery attempts, newest first: at most
+    /// `limit`, after the delivery `before` (a parsed delivery id) when
+    /// given.
     pub async fn webhook_deliveries(
         &self,
         user: &User,
         id: &str,
+        before: Option<String>,
         limit: i64,
     ) -> AppResult<Vec<Delivery>> {
         let endpoint = self.webhook(user, id).await?;
         let key = endpoint.key();
         Ok(self
             .store()
-            .run(move |conn| outbox::deliveries_of_endpoint(conn, &key, limit))
+            .run(move |conn| outbox::deliveries_of_endpoint(conn, &key, before.as_deref(), limit))
             .await?)
     }
 
@@ -266,7 +270,7 @@ impl App {
         event_id: &str,
     ) -> AppResult<Resent> {
         let endpoint = self.webhook(user, endpoint_id).await?;
-        let event_id = parse_endpoint_id(event_id).ok_or(AppError::NotFound)?;
+        let event_id = parse_id(event_id).ok_or(AppError::NotFound)?;
         let key = EventKey {
             id: event_id,
             owner_id: user.id.clone(),

@@ -668,20 +668,42 @@ pub fn deliveries_of_event(conn: &mut DbConnection, key: &EventKey) -> StoreResu
         .load(conn)?)
 }
 
-/// An endpoint's delivery attempts, newest first (at most `limit`, capped
-/// at [`LIST_LIMIT`]).
+/// A page of an endpoint's delivery attempts, newest first (by time, then
+/// id): at most `limit` (capped at [`LIST_LIMIT`]), those after the
+/// delivery `before` in that order when given. A `before` that is not one
+/// of the endpoint's deliveries gives an empty page.
 pub fn deliveries_of_endpoint(
     conn: &mut DbConnection,
     key: &EndpointKey,
+    before: Option<&str>,
     limit: i64,
 ) -> StoreResult<Vec<Delivery>> {
-    Ok(webhook_deliveries::table
-        .filter(webhook_deliveries::endpoint_id.eq(&key.id))
-        .filter(webhook_deliveries::owner_id.eq(&key.owner_id))
-        .order((webhook_deliveries::at.desc(), webhook_deliveries::id.desc()))
+    use webhook_deliveries::dsl as d;
+    let mut query = d::webhook_deliveries
+        .filter(d::endpoint_id.eq(&key.id))
+        .filter(d::owner_id.eq(&key.owner_id))
+        .order((d::at.desc(), d::id.desc()))
         .limit(limit.clamp(1, LIST_LIMIT))
         .select(Delivery::as_select())
-        .load(conn)?)
+        .into_boxed();
+    if let Some(before) = before {
+        let cursor: Option<Timestamp> = d::webhook_deliveries
+            .filter(d::id.eq(before))
+            .filter(d::endpoint_id.eq(&key.id))
+            .filter(d::owner_id.eq(&key.owner_id))
+            .select(d::at)
+            .first(conn)
+            .optional()?;
+        let Some(at) = cursor else {
+            return Ok(Vec::new());
+        };
+        query = query.filter(
+            d::at
+                .lt(at)
+                .or(d::at.eq(at).and(d::id.lt(before.to_owned()))),
+        );
+    }
+    Ok(query.load(conn)?)
 }
 
 /// A job's delivery attempts, for every endpoint, in the order they were

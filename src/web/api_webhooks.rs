@@ -14,7 +14,7 @@ use super::body::{json_body, no_query, page_limit, parse_query, query_id, BodyRu
 use super::error::ApiError;
 use super::views::{rfc3339, Problem};
 use super::{read, resource, READ};
-use crate::app::webhooks::{parse_endpoint_id, NewWebhook, WebhookChange, WithSecret};
+use crate::app::webhooks::{parse_id, NewWebhook, WebhookChange, WithSecret};
 use crate::app::App;
 use crate::app::{Delivery, Endpoint, Event, Resent};
 use crate::domain::webhook::{EventKind, MAX_URL_INPUT_LEN};
@@ -285,6 +285,9 @@ impl From<&Delivery> for DeliveryView {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct DeliveryList {
     pub deliveries: Vec<DeliveryView>,
+    /// The path of the following (older) page, with the same `limit`;
+    /// `null` on the last page.
+    pub next: Option<String>,
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -302,6 +305,9 @@ pub struct DeliveriesQuery {
     /// How many, newest first: 1-200 (default 50).
     #[param(minimum = 1, maximum = 200)]
     pub limit: Option<i64>,
+    /// Only the deliveries older than this one (a delivery id, as `next`
+    /// gives it).
+    pub before: Option<String>,
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -509,13 +515,14 @@ pub async fn rotate_secret(
         .json(WebhookWithSecret::from(&rotated)))
 }
 
-/// An endpoint's delivery attempts, newest first.
+/// An endpoint's delivery attempts, newest first, a page at a time: `next`
+/// is the path of the following page.
 #[utoipa::path(
     get, path = "/api/v1/webhooks/{id}/deliveries", tag = "webhooks",
     params(("id" = String, Path, description = "Endpoint id"), DeliveriesQuery),
     responses(
         (status = 200, body = DeliveryList),
-        (status = 400, body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "`invalid-query`: a `limit` out of range, a `before` that is not a delivery id, or a parameter this path does not take", body = Problem, content_type = "application/problem+json"),
         (status = 401, body = Problem, content_type = "application/problem+json"),
         (status = 404, body = Problem, content_type = "application/problem+json"),
     ),
@@ -529,9 +536,23 @@ pub async fn list_deliveries(
 ) -> Result<HttpResponse, ApiError> {
     let query: DeliveriesQuery = parse_query(&req)?;
     let limit = page_limit(query.limit, 50, 200)?;
-    let deliveries = app.webhook_deliveries(&caller.0, &path, limit).await?;
+    let before = query_id(query.before, "before", "a delivery id", parse_id)?;
+    let mut deliveries = app
+        .webhook_deliveries(&caller.0, &path, before, limit + 1)
+        .await?;
+    let more = deliveries.len() as i64 > limit;
+    deliveries.truncate(limit as usize);
+    let next = match (more, deliveries.last()) {
+        (true, Some(last)) => Some(format!(
+            "{}/deliveries?limit={limit}&before={}",
+            location(&path),
+            last.id
+        )),
+        _ => None,
+    };
     Ok(HttpResponse::Ok().json(DeliveryList {
         deliveries: deliveries.iter().map(DeliveryView::from).collect(),
+        next,
     }))
 }
 
@@ -556,7 +577,7 @@ pub async fn list_events(
 ) -> Result<HttpResponse, ApiError> {
     let query: EventsQuery = parse_query(&req)?;
     let limit = page_limit(query.limit, 50, 200)?;
-    let before = query_id(query.before, "before", "an event id", parse_endpoint_id)?;
+    let before = query_id(query.before, "before", "an event id", parse_id)?;
     let mut events = app
         .webhook_events(&caller.0, &path, before, limit + 1)
         .await?;

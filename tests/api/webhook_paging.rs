@@ -23,6 +23,7 @@ use crate::support::webhook_receiver::WebhookReceiver;
 
 on_both_backends!(
     an_endpoints_events_come_a_page_at_a_time_and_next_links_the_rest,
+    an_endpoints_deliveries_come_a_page_at_a_time_and_next_links_the_rest,
     a_query_parameter_a_get_does_not_take_is_400_invalid_query,
     the_documented_answer_and_bodies_are_what_onejob_sends,
 );
@@ -73,7 +74,11 @@ async fn get_ok(app: &TestApp, token: &str, path: &str) -> Value {
 }
 
 fn ids(page: &Value) -> Vec<String> {
-    page["events"]
+    ids_of(page, "events")
+}
+
+fn ids_of(page: &Value, list: &str) -> Vec<String> {
+    page[list]
         .as_array()
         .unwrap()
         .iter()
@@ -202,6 +207,98 @@ async fn an_endpoints_events_come_a_page_at_a_time_and_next_links_the_rest(backe
         )
         .await;
     }
+}
+
+/// A receiver that fails four times, then takes the event: five delivery
+/// attempts, read two at a time by following `next`, are the whole list,
+/// newest first, each once; `before` continues after any of them, and an
+/// id that is none of them gives an empty page.
+async fn an_endpoints_deliveries_come_a_page_at_a_time_and_next_links_the_rest(
+    backend: TestBackend,
+) {
+    let app = spawn_app_with(backend, webhooks_on(DEFAULT_TEST_PROVIDERS, true)).await;
+    let receiver = WebhookReceiver::start().await;
+    receiver.fail_first(4);
+    let (endpoint, _) = register(
+        &app,
+        &app.alice.token,
+        &receiver.url("/hook"),
+        &["job.succeeded"],
+    )
+    .await;
+    let job = app
+        .create_job(&app.alice.token, "deliveries", &summarize("x"))
+        .await;
+    app.wait_for_status(&job, "succeeded", Duration::from_secs(10))
+        .await;
+    receiver.wait_for(5, Duration::from_secs(20)).await;
+    // The fifth attempt's row commits after the receiver answered it:
+    // re-read until all five are there.
+    let path = format!("/api/v1/webhooks/{endpoint}/deliveries");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let all = loop {
+        let all = get_ok(&app, &app.alice.token, &format!("{path}?limit=200")).await;
+        if ids_of(&all, "deliveries").len() == 5 {
+            break all;
+        }
+        assert!(std::time::Instant::now() < deadline, "{all:#}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(all["next"], Value::Null, "{all:#}");
+    let everything = ids_of(&all, "deliveries");
+    let numbers: Vec<i64> = all["deliveries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["number"].as_i64().unwrap())
+        .collect();
+    assert_eq!(numbers, [5, 4, 3, 2, 1], "newest first: {all:#}");
+    assert_eq!(all["deliveries"][0]["outcome"], "delivered");
+
+    let mut read = Vec::new();
+    let mut at = format!("{path}?limit=2");
+    loop {
+        let page = get_ok(&app, &app.alice.token, &at).await;
+        let got = ids_of(&page, "deliveries");
+        assert!(!got.is_empty() && got.len() <= 2, "{page:#}");
+        read.extend(got.iter().cloned());
+        match page["next"].as_str() {
+            Some(next) => {
+                assert_eq!(
+                    next,
+                    format!("{path}?limit=2&before={}", got.last().unwrap())
+                );
+                at = next.to_owned();
+            }
+            None => break,
+        }
+    }
+    assert_eq!(read, everything);
+    let after_second = get_ok(
+        &app,
+        &app.alice.token,
+        &format!("{path}?before={}", everything[1]),
+    )
+    .await;
+    assert_eq!(ids_of(&after_second, "deliveries"), everything[2..]);
+    let none = get_ok(
+        &app,
+        &app.alice.token,
+        &format!("{path}?before=00000000-0000-0000-0000-000000000000"),
+    )
+    .await;
+    assert_eq!(none, json!({"deliveries": [], "next": null}));
+    let bad = app
+        .get(&app.alice.token, &format!("{path}?before=nope"))
+        .await;
+    let problem = assert_problem(bad, StatusCode::BAD_REQUEST, "invalid-query").await;
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("`before` must be a delivery id"),
+        "{problem:#}"
+    );
 }
 
 /// The events' own bad queries, and every `GET` under `/api/v1` given a
