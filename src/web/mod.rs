@@ -207,6 +207,10 @@ fn page_routes(cfg: &mut web::ServiceConfig) {
         .service(resource("/jobs/{id}", READ).route(read().to(job_pages::job_page)))
         .service(resource("/jobs/{id}/stream", READ).route(read().to(pages::live_text::job_stream)))
         .service(
+            resource("/jobs/{id}/deliveries", READ)
+                .route(read().to(webhook_pages::job_deliveries_section)),
+        )
+        .service(
             resource("/jobs/{id}/attempts", "POST").route(web::post().to(job_pages::start_attempt)),
         )
         .service(resource("/jobs/{id}/fail", "POST").route(web::post().to(job_pages::fail_job)))

@@ -601,7 +601,8 @@ pub async fn job_page(
         (None, Vec::new())
     };
     let live_text = job.owner_id == user.user.id && super::live_text::streams_live(&job);
-    let deliveries = super::webhook_pages::job_deliveries(&app, &user, &job).await?;
+    let deliveries =
+        super::fragment(&super::webhook_pages::job_deliveries(&app, &user, &job).await?);
     Ok(render(&JobPage {
         nav: user.nav(),
         live,

@@ -73,6 +73,15 @@ pub fn render(page: &impl Template) -> HttpResponse {
     render_with(StatusCode::OK, page)
 }
 
+/// A part of a page, rendered to embed in another (empty, and logged, if
+/// it cannot be).
+pub fn fragment(part: &impl Template) -> String {
+    part.render().unwrap_or_else(|e| {
+        tracing::error!(error = %e, "template rendering failed");
+        String::new()
+    })
+}
+
 /// A 303 See Other: where every successful form POST goes.
 pub fn see_other(location: &str) -> HttpResponse {
     HttpResponse::SeeOther()

@@ -8,7 +8,7 @@ use actix_web::{web, HttpResponse};
 use askama::Template;
 use serde::Deserialize;
 
-use super::{duration, render, render_with, see_other, when, Nav, PageError, SignedIn};
+use super::{duration, fragment, render, render_with, see_other, when, Nav, PageError, SignedIn};
 use crate::app::webhooks::{NewWebhook, WebhookChange, WithSecret};
 use crate::app::{App, AppError, Job};
 use crate::app::{Delivery, Endpoint, Event};
@@ -147,20 +147,22 @@ impl DeliveryLog {
             back: back.to_owned(),
         }
     }
-
-    fn html(&self) -> String {
-        self.render().unwrap_or_else(|e| {
-            tracing::error!(error = %e, "template rendering failed");
-            String::new()
-        })
-    }
 }
 
 /// The job page's delivery log: every endpoint's events about `job`. Its
 /// owner may send one again; staff see it.
-pub async fn job_deliveries(app: &App, user: &SignedIn, job: &Job) -> Result<String, PageError> {
+pub async fn job_deliveries(
+    app: &App,
+    user: &SignedIn,
+    job: &Job,
+) -> Result<JobDeliveries, PageError> {
     let log = app.webhook_log_of_job(&user.user, job).await?;
-    Ok(DeliveryLog::new(
+    let settling = !job.status.is_terminal()
+        || log
+            .events
+            .iter()
+            .any(|e| EventState::parse(&e.state) == Some(EventState::Pending));
+    let rendered = fragment(&DeliveryLog::new(
         &log.events,
         &log.deliveries,
         &log.endpoints,
@@ -168,8 +170,34 @@ pub async fn job_deliveries(app: &App, user: &SignedIn, job: &Job) -> Result<Str
         false,
         &user.csrf,
         &format!("/jobs/{}", job.id),
-    )
-    .html())
+    ));
+    Ok(JobDeliveries {
+        id: job.id.to_string(),
+        settling,
+        log: rendered,
+    })
+}
+
+/// The job page's deliveries section, polled (htmx) while it may change.
+#[derive(Template)]
+#[template(path = "_job_deliveries.html")]
+pub struct JobDeliveries {
+    id: String,
+    settling: bool,
+    /// The delivery log, rendered.
+    log: String,
+}
+
+/// `GET /jobs/{id}/deliveries`: the job page's deliveries section alone,
+/// for its polling.
+pub async fn job_deliveries_section(
+    app: web::Data<App>,
+    user: SignedIn,
+    path: web::Path<String>,
+) -> Result<HttpResponse, PageError> {
+    let job_id = crate::domain::JobId::parse(&path).ok_or_else(PageError::not_found)?;
+    let (job, _) = app.job_for(&user.user, &job_id).await?;
+    Ok(render(&job_deliveries(&app, &user, &job).await?))
 }
 
 /// One endpoint in a list.
@@ -401,7 +429,7 @@ async fn endpoint_page(
     let log = app.webhook_log_of_endpoint(&user.user, id).await?;
     let e = &log.endpoint;
     let urls = [(e.id.clone(), e.url.clone())];
-    let deliveries = DeliveryLog::new(
+    let deliveries = fragment(&DeliveryLog::new(
         &log.events,
         &log.deliveries,
         &urls,
@@ -409,8 +437,7 @@ async fn endpoint_page(
         true,
         &user.csrf,
         &format!("/webhooks/{}", e.id),
-    )
-    .html();
+    ));
     Ok(render_with(
         status,
         &EndpointPage {

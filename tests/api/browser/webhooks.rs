@@ -3,14 +3,14 @@
 //! endpoint from the page under their menu and sees its secret once; a
 //! job's page shows the delivery and its status; "Send again" sends the
 //! same event, with the same `webhook-id`; an admin sees every owner's
-//! endpoints.
+//! endpoints; a job's page follows its deliveries as they are recorded.
 
 use std::time::Duration;
 
 use crate::support::harness::{spawn_app_with, summarize, TestBackend};
 use crate::support::webdriver::{Browser, WAIT};
 use crate::support::webhook_receiver::WebhookReceiver;
-use crate::webhooks::webhook_config;
+use crate::webhooks::{register_ok, webhook_config};
 
 /// How long a delivery the receiver has may take to show as recorded.
 const RECORDED: Duration = Duration::from_secs(20);
@@ -131,4 +131,75 @@ async fn a_user_registers_an_endpoint_sees_a_delivery_on_the_job_page_and_resend
     browser.close().await;
 }
 
-on_both_backends!(a_user_registers_an_endpoint_sees_a_delivery_on_the_job_page_and_resends_it,);
+/// A job's page, opened while its event's delivery is held by the
+/// receiver, shows the delivery once it is recorded, in the same document
+/// (no reload), then stops asking once nothing about it can change.
+async fn a_job_page_follows_its_deliveries_without_a_reload(backend: TestBackend) {
+    let receiver = WebhookReceiver::start().await;
+    receiver.stall_first(1);
+    let app = spawn_app_with(
+        backend,
+        webhook_config(|config| config.webhooks.settings.timeout_ms = 30_000),
+    )
+    .await;
+    app.set_password("alice", "alice-pw").await;
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    register_ok(&app, &app.alice.token, &receiver.url("/hooks")).await;
+    let job_id = app
+        .create_job(&app.alice.token, "followed", &summarize("tell me live"))
+        .await;
+    app.wait_for_status(&job_id, "succeeded", WAIT).await;
+    // The delivery has reached the receiver, which holds it unanswered.
+    receiver.wait_for(1, Duration::from_secs(20)).await;
+
+    browser.sign_in(&app, "alice", "alice-pw").await;
+    browser.goto(&app, &format!("/jobs/{job_id}")).await;
+    assert_eq!(
+        browser.count(".delivery-event[data-state=pending]").await,
+        1,
+        "the event waits on its delivery"
+    );
+    assert_eq!(
+        browser
+            .attr_of("#job-webhooks", "data-settled")
+            .await
+            .as_deref(),
+        Some("false")
+    );
+    let mark = browser.mark_document().await;
+    receiver.release();
+    let status = browser
+        .wait_for_text(
+            "tr.delivery[data-outcome=delivered] .delivery-status",
+            |t| !t.is_empty(),
+        )
+        .await;
+    assert!(
+        status.starts_with('2'),
+        "the receiver's own status: {status}"
+    );
+    assert_eq!(
+        browser.eval("return window.__onejob_marker").await,
+        serde_json::json!(mark),
+        "the same document: the section refreshed itself"
+    );
+    browser
+        .wait_for_text("#job-webhooks .delivery-event", |_| true)
+        .await;
+    assert_eq!(
+        browser
+            .attr_of("#job-webhooks", "data-settled")
+            .await
+            .as_deref(),
+        Some("true"),
+        "nothing left to follow: the section stops asking"
+    );
+    browser.close().await;
+}
+
+on_both_backends!(
+    a_user_registers_an_endpoint_sees_a_delivery_on_the_job_page_and_resends_it,
+    a_job_page_follows_its_deliveries_without_a_reload,
+);

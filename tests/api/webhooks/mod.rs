@@ -70,7 +70,7 @@ async fn register(app: &TestApp, token: &str, body: Value) -> reqwest::Response 
 }
 
 /// Registers `url` for every event type; returns (id, secret).
-async fn register_ok(app: &TestApp, token: &str, url: &str) -> (String, String) {
+pub(crate) async fn register_ok(app: &TestApp, token: &str, url: &str) -> (String, String) {
     let response = register(
         app,
         token,
