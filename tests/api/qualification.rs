@@ -73,7 +73,7 @@ async fn failover_skips_an_unqualified_provider_and_takes_a_qualified_one(backen
         FakeProvider::start(Shape::OpenAi).await,
     );
     let toml = [
-        provider("fake-a", &a.base_url, "fake-model"),
+        ProviderToml::openai("fake-a", &a.base_url).toml(),
         provider("fake-b", &b.base_url, "fake-model"),
         provider("fake-c", &c.base_url, "fake-model"),
         strict_task_toml("summarize", &["fake-a", "fake-b", "fake-c"], TEMPLATE),
@@ -332,12 +332,12 @@ async fn assert_the_change_voids_the_qualification(
 async fn changing_the_template_voids_the_qualification(backend: TestBackend) {
     let fake = FakeProvider::start(Shape::OpenAi).await;
     let v1 = [
-        ProviderToml::openai("fake", &fake.base_url).toml(),
+        provider("fake", &fake.base_url, "fake-model"),
         strict_task_toml("summarize", &["fake"], TEMPLATE),
     ]
     .concat();
     let v2 = [
-        ProviderToml::openai("fake", &fake.base_url).toml(),
+        provider("fake", &fake.base_url, "fake-model"),
         strict_task_toml("summarize", &["fake"], "Summarize briefly: {{ text }}"),
     ]
     .concat();
@@ -400,7 +400,7 @@ async fn a_chain_with_a_stale_fallback(
     let config = |b_model: &str| {
         config_of(
             &[
-                provider("fake-a", &a.base_url, "fake-model"),
+                ProviderToml::openai("fake-a", &a.base_url).toml(),
                 provider("fake-b", &b.base_url, b_model),
                 strict_task_toml("summarize", &["fake-a", "fake-b"], TEMPLATE),
             ]
@@ -536,7 +536,7 @@ async fn qualification_fails_on_an_extra_key_on_prose_and_on_a_golden_mismatch(
 ) {
     let fake = FakeProvider::start(Shape::OpenAi).await;
     let toml = [
-        ProviderToml::openai("fake", &fake.base_url).toml(),
+        provider("fake", &fake.base_url, "fake-model"),
         strict_task_toml("summarize", &["fake"], TEMPLATE),
     ]
     .concat();
