@@ -88,6 +88,87 @@ async fn nginx_t_passes_on_the_test_copy_of_deploy_nginx_conf() {
     );
 }
 
+/// The routes nginx sends by the `Idempotency-Key` header.
+const KEYED_ROUTES: [&str; 4] = [
+    "/api/v1/jobs",
+    "/v1/chat/completions",
+    "/v1/messages",
+    "/v1/responses",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_key_carrying_route_goes_where_its_key_does_and_the_others_are_spread() {
+    let up = FakeProvider::start(Shape::OpenAi).await;
+    let Some(site) = Balanced::start(&up).await else {
+        return;
+    };
+    let keys: Vec<String> = (0..6).map(|i| format!("routed-{i}")).collect();
+    // A browser's form post is answered with a redirect: its answer is the
+    // one to look at, not the page it leads to.
+    let browser = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let mut homes = Vec::new();
+    for key in &keys {
+        let home = site.route_of(key).await;
+        homes.push(home);
+        // An empty body is refused before anything is created: only the
+        // route matters here.
+        for route in KEYED_ROUTES {
+            let response = site
+                .post(route)
+                .header("Idempotency-Key", key)
+                .json(&json!({}))
+                .send()
+                .await
+                .unwrap();
+            assert!(response.status().is_client_error(), "{route}: {response:?}");
+            assert_eq!(site.served(&response), home, "{route} under {key}");
+        }
+        // The browser's form, its key in its address (signed out: the
+        // answer is the sign-in page, from the key's process).
+        let form = browser
+            .post(site.nginx.url(&format!("/jobs?idempotency_key={key}")))
+            .form(&[("idempotency_key", key.as_str())])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(form.status(), StatusCode::SEE_OTHER, "to sign in: {form:?}");
+        assert_eq!(site.served(&form), home, "the form under {key}");
+    }
+    let mut spread = BTreeMap::<&str, std::collections::BTreeSet<usize>>::new();
+    for path in ["/healthz", "/api/v1/jobs", "/v1/models"] {
+        for _ in 0..12 {
+            let response = site
+                .client
+                .get(site.nginx.url(path))
+                .bearer_auth(&site.token)
+                .send()
+                .await
+                .unwrap();
+            assert!(response.status().is_success(), "{path}: {response:?}");
+            spread
+                .entry(path)
+                .or_default()
+                .insert(site.served(&response));
+        }
+    }
+    let figures = format!(
+        "{} keys, each on one process for {} routes and the form: processes {homes:?}; \
+         12 requests without a key reached processes {spread:?}; upstream calls {}",
+        keys.len(),
+        KEYED_ROUTES.len(),
+        up.total_requests()
+    );
+    eprintln!("load balancer: {figures}");
+    record_figures("load-balancer-routes", &figures);
+    let distinct: std::collections::BTreeSet<_> = homes.iter().collect();
+    assert!(distinct.len() > 1, "the keys are spread: {figures}");
+    assert!(spread.values().all(|seen| seen.len() > 1), "{figures}");
+    assert_eq!(up.total_requests(), 0, "nothing was created: {figures}");
+}
+
 /// Twenty copies of one request under one key, sent at once through
 /// nginx, with `Prefer: wait` so that each waits for the answer.
 async fn send_duplicates(site: &Balanced) -> Vec<reqwest::Response> {
