@@ -301,7 +301,8 @@ pub const CONTENT_SECURITY_POLICY: &str =
 
 /// Security headers on every response; `no-store` on everything not marked
 /// cacheable (pages and API answers are per user); `Vary: HX-Request` on
-/// pages, which are a whole page or an htmx fragment by that header.
+/// pages, which are a whole page or an htmx fragment by that header;
+/// [`X_ACCEL_BUFFERING`] on event streams.
 pub async fn security_headers(
     req: ServiceRequest,
     next: Next<impl MessageBody>,
@@ -325,15 +326,28 @@ pub async fn security_headers(
     if !headers.contains_key(header::CACHE_CONTROL) {
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     }
-    let is_page = headers
+    let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/html"));
+        .unwrap_or_default();
+    let is_page = content_type.starts_with("text/html");
+    let is_event_stream = content_type.starts_with("text/event-stream");
     if is_page {
         headers.append(header::VARY, HeaderValue::from_static("HX-Request"));
     }
+    if is_event_stream {
+        headers.insert(
+            HeaderName::from_static(X_ACCEL_BUFFERING),
+            HeaderValue::from_static("no"),
+        );
+    }
     Ok(response)
 }
+
+/// Sent with every event stream: a proxy that honours it (nginx does)
+/// passes each event on as it comes instead of buffering the response,
+/// whatever its own settings for the path (docs/deployment.md).
+pub const X_ACCEL_BUFFERING: &str = "x-accel-buffering";
 
 /// The client's address: the socket's peer, or, when the peer is a trusted
 /// proxy, the rightmost `X-Forwarded-For` entry that is not itself one.

@@ -43,6 +43,7 @@ mod hostile;
 mod idempotency;
 mod late_answers;
 mod ledger;
+mod load_balancer;
 mod messages;
 mod metrics;
 mod multi_process;

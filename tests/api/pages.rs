@@ -73,6 +73,49 @@ async fn the_submit_form_without_javascript_makes_one_job_however_often_it_is_po
     assert_ne!(hidden_value(&fresh, "idempotency_key"), key);
 }
 
+/// The submit form posts to an address that repeats its key, where a load
+/// balancer can route by it (docs/deployment.md, "Routing by key"); the
+/// hidden field stays the key, and an address naming another key is
+/// refused before anything is stored.
+async fn the_submit_forms_address_repeats_its_key_and_must_agree_with_it(backend: TestBackend) {
+    let app = spawn_app(backend).await;
+    app.set_password("alice", "alice-password").await;
+    let browser = FormClient::new(&app);
+    let csrf = browser.sign_in("alice", "alice-password").await;
+    let (_, form) = browser.open_submit_form("").await;
+    let key = hidden_value(&form, "idempotency_key");
+    let action = format!("/jobs?idempotency_key={key}");
+    assert!(
+        form.contains(&format!(
+            "action=\"{action}\" class=\"stack\" id=\"submit-form\""
+        )),
+        "the form posts to {action}: {form}"
+    );
+    let fields = [
+        ("csrf", csrf.as_str()),
+        ("idempotency_key", key.as_str()),
+        ("task", "summarize"),
+        ("provider", ""),
+        ("input.text", "routed by its key"),
+    ];
+    let elsewhere = browser
+        .post_form("/jobs?idempotency_key=another-key", &fields)
+        .await;
+    assert_eq!(elsewhere.status(), StatusCode::BAD_REQUEST);
+    let page = elsewhere.text().await.unwrap();
+    assert!(page.contains("another submission key"), "{page}");
+    assert_eq!(app.job_count(&app.alice.id).await, 0, "nothing stored");
+
+    let routed = browser.post_form(&action, &fields).await;
+    assert_eq!(routed.status(), StatusCode::SEE_OTHER);
+    let location = routed.headers()["location"].to_str().unwrap().to_owned();
+    // Posted to `/jobs` alone, as before: the field is the key.
+    let plain = browser.post_form("/jobs", &fields).await;
+    assert_eq!(plain.status(), StatusCode::SEE_OTHER);
+    assert_eq!(plain.headers()["location"].to_str().unwrap(), location);
+    assert_eq!(app.job_count(&app.alice.id).await, 1);
+}
+
 /// Posts the submit form as a browser without JavaScript would.
 async fn submit_form(browser: &FormClient, csrf: &str, key: &str, text: &str) -> reqwest::Response {
     let fields = [
@@ -798,6 +841,7 @@ on_both_backends!(
     browser_forms_follow_the_configured_body_limit,
     reasons_staff_write_are_escaped_on_the_console_audit_and_job_pages,
     the_submit_form_without_javascript_makes_one_job_however_often_it_is_posted,
+    the_submit_forms_address_repeats_its_key_and_must_agree_with_it,
     an_invalid_form_is_shown_again_with_the_same_key_and_nothing_stored,
     a_cross_site_post_is_refused_and_changes_nothing,
     wrong_passwords_slow_one_address_down_and_never_lock_out_another,

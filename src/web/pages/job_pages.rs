@@ -62,6 +62,21 @@ fn fresh_input(task: &TaskDefinition) -> String {
     }
 }
 
+impl SubmitPage<'_> {
+    /// Where the form posts: `/jobs`, with its key in the address too, so
+    /// that a load balancer, which cannot read a form's body, can route
+    /// every submission of one form to one process (docs/deployment.md).
+    fn action(&self) -> String {
+        format!(
+            "/jobs?{KEY_IN_ADDRESS}={}",
+            super::percent_encode(&self.idempotency_key)
+        )
+    }
+}
+
+/// The query argument of the submit form's address that repeats its key.
+const KEY_IN_ADDRESS: &str = "idempotency_key";
+
 #[derive(Deserialize)]
 pub struct NewJobQuery {
     task: Option<String>,
@@ -198,16 +213,39 @@ impl SubmittedForm {
     }
 }
 
-/// `POST /jobs`: a double click, Enter twice or a resubmitted POST all carry
-/// the same key, so all land on the one job.
+/// Checks that the key the form's address repeats, if it has one (what a
+/// load balancer routed the submission by), is the form's own: a form
+/// posted with another key in its address is refused, so that every layer
+/// agrees on which job a submission names. The field stays the key: a
+/// form posted to `/jobs` alone is taken as before.
+fn key_in_address_agrees(
+    address: &[(String, String)],
+    key: &IdempotencyKey,
+) -> Result<(), PageError> {
+    let named = address.iter().filter(|(name, _)| name == KEY_IN_ADDRESS);
+    for (_, raw) in named {
+        if IdempotencyKey::parse(raw).as_ref() != Ok(key) {
+            return Err(PageError::bad_request(
+                "The form's address carries another submission key than the form itself. \
+                 Open a fresh form.",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `POST /jobs?idempotency_key=…`: a double click, Enter twice or a
+/// resubmitted POST all carry the same key, so all land on the one job.
 pub async fn submit_job(
     app: web::Data<App>,
     user: SignedIn,
+    address: web::Query<Vec<(String, String)>>,
     form: web::Form<Vec<(String, String)>>,
 ) -> Result<HttpResponse, PageError> {
     let form = SubmittedForm(form.into_inner());
     user.check_csrf(form.get("csrf"))?;
     let key = form.submission_key()?;
+    key_in_address_agrees(&address, &key)?;
     let contract = app
         .config()
         .contracts

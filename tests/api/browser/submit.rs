@@ -160,6 +160,11 @@ async fn assert_a_double_click_reached_the_server_twice_and_made_one_job(
         if let Some(body) = &post.post_data {
             assert!(body.contains(&key), "the form's key is sent: {body}");
         }
+        assert_eq!(
+            post.query.as_deref(),
+            Some(format!("idempotency_key={key}").as_str()),
+            "the key is in the address too, for a load balancer: {post:#?}"
+        );
     }
     // What reached the app, and how it answered: both, with the job.
     let reached: Vec<ProxiedRequest> = proxy
@@ -525,6 +530,11 @@ async fn submit_go_back_and_submit_again(backend: TestBackend, javascript: bool,
     if let Some(body) = &post.post_data {
         assert!(body.contains(&key), "the form's key is sent again: {body}");
     }
+    assert_eq!(
+        post.query.as_deref(),
+        Some(format!("idempotency_key={key}").as_str()),
+        "the key is in the address too, for a load balancer: {post:#?}"
+    );
     let exposition = metrics(&app).await;
     if edit {
         let title = browser.text_of("#key-reused h1").await;

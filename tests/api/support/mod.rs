@@ -5,18 +5,21 @@
 //! that holds an answer back ([`proxy`]), a reader of event streams
 //! ([`sse`]), readers of the server's metrics ([`metrics`]) and stored
 //! rows ([`db`]), a recorder of the statements sent ([`statement_log`]),
-//! and databases as an earlier release left them
-//! ([`migrations`]).
+//! databases as an earlier release left them
+//! ([`migrations`]), and a real nginx running `deploy/nginx.conf`
+//! ([`nginx`]) in front of three processes ([`balanced`]).
 
 #[macro_use]
 pub mod harness;
 
 pub mod aws;
+pub mod balanced;
 pub mod db;
 pub mod devtools;
 pub mod fake_provider;
 pub mod metrics;
 pub mod migrations;
+pub mod nginx;
 pub mod proxy;
 pub mod sse;
 pub mod statement_log;

@@ -15,6 +15,8 @@ use crate::support::harness::TestApp;
 #[derive(Clone, Debug)]
 pub struct ProxiedRequest {
     pub method: String,
+    /// The path, without the query (the submit form's address repeats its
+    /// key there).
     pub path: String,
     /// Whether it carried `HX-Request` (htmx sent it).
     pub from_htmx: bool,
@@ -158,7 +160,8 @@ async fn proxy_connection(
     let request_line = lines.next().unwrap_or_default().to_owned();
     let mut parts = request_line.split(' ');
     let method = parts.next().unwrap_or_default().to_owned();
-    let path = parts.next().unwrap_or_default().to_owned();
+    let target = parts.next().unwrap_or_default();
+    let path = target.split('?').next().unwrap_or_default().to_owned();
     let mut forwarded = format!("{request_line}\r\n");
     let (mut length, mut from_htmx) = (0, false);
     for line in lines {

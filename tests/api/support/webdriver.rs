@@ -717,6 +717,7 @@ impl Browser {
                 Some(SentRequest {
                     method: request["method"].as_str()?.to_owned(),
                     path: url.path().to_owned(),
+                    query: url.query().map(str::to_owned),
                     kind: params["type"].as_str().unwrap_or_default().to_owned(),
                     headers: request["headers"].as_object().cloned().unwrap_or_default(),
                     post_data: request["postData"].as_str().map(str::to_owned),
@@ -731,6 +732,8 @@ impl Browser {
 pub struct SentRequest {
     pub method: String,
     pub path: String,
+    /// The query, if the URL had one.
+    pub query: Option<String>,
     /// `Document` for a navigation (a native form submission), `XHR` or
     /// `Fetch` for a script's request.
     pub kind: String,
