@@ -307,6 +307,9 @@ pub struct DeliveriesQuery {
     pub limit: Option<i64>,
     /// Only the deliveries older than this one (a delivery id, as `next`
     /// gives it).
+    #[param(
+        pattern = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+    )]
     pub before: Option<String>,
 }
 
