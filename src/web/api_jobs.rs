@@ -7,7 +7,9 @@ use serde::Deserialize;
 use utoipa::IntoParams;
 
 use super::auth::Caller;
-use super::body::{json_body, no_query, page_limit, parse_query, query_id, BodyRules, EmptyBody};
+use super::body::{
+    json_body, keyset_page, no_query, page_limit, parse_query, query_id, BodyRules, EmptyBody,
+};
 use super::error::{job_location, ApiError};
 use super::views::{
     AttemptView, CreateJobRequest, JobPage, JobSummary, JobView, Problem, StartAttemptRequest,
@@ -197,13 +199,10 @@ pub async fn list_jobs(
     let query: ListQuery = parse_query(&req)?;
     let limit = page_limit(query.limit, 20, 100)?;
     let before = query_id(query.before, "before", "a job id", JobId::parse)?;
-    let mut jobs = app.list_jobs(&caller.0, before, limit + 1).await?;
-    let more = jobs.len() as i64 > limit;
-    jobs.truncate(limit as usize);
-    let next = match (more, jobs.last()) {
-        (true, Some(last)) => Some(format!("/api/v1/jobs?limit={limit}&before={}", last.id)),
-        _ => None,
-    };
+    let read = app.list_jobs(&caller.0, before, limit + 1).await?;
+    let (jobs, next) = keyset_page(read, limit, |last| {
+        format!("/api/v1/jobs?limit={limit}&before={}", last.id)
+    });
     Ok(HttpResponse::Ok().json(JobPage {
         jobs: jobs.iter().map(JobSummary::from).collect(),
         next,

@@ -10,7 +10,9 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, OpenApi, ToSchema};
 
 use super::auth::Caller;
-use super::body::{json_body, no_query, page_limit, parse_query, query_id, BodyRules, EmptyBody};
+use super::body::{
+    json_body, keyset_page, no_query, page_limit, parse_query, query_id, BodyRules, EmptyBody,
+};
 use super::error::ApiError;
 use super::views::{rfc3339, Problem};
 use super::{read, resource, READ};
@@ -540,19 +542,16 @@ pub async fn list_deliveries(
     let query: DeliveriesQuery = parse_query(&req)?;
     let limit = page_limit(query.limit, 50, 200)?;
     let before = query_id(query.before, "before", "a delivery id", parse_id)?;
-    let mut deliveries = app
+    let read = app
         .webhook_deliveries(&caller.0, &path, before, limit + 1)
         .await?;
-    let more = deliveries.len() as i64 > limit;
-    deliveries.truncate(limit as usize);
-    let next = match (more, deliveries.last()) {
-        (true, Some(last)) => Some(format!(
+    let (deliveries, next) = keyset_page(read, limit, |last| {
+        format!(
             "{}/deliveries?limit={limit}&before={}",
             location(&path),
             last.id
-        )),
-        _ => None,
-    };
+        )
+    });
     Ok(HttpResponse::Ok().json(DeliveryList {
         deliveries: deliveries.iter().map(DeliveryView::from).collect(),
         next,
@@ -581,19 +580,16 @@ pub async fn list_events(
     let query: EventsQuery = parse_query(&req)?;
     let limit = page_limit(query.limit, 50, 200)?;
     let before = query_id(query.before, "before", "an event id", parse_id)?;
-    let mut events = app
+    let read = app
         .webhook_events(&caller.0, &path, before, limit + 1)
         .await?;
-    let more = events.len() as i64 > limit;
-    events.truncate(limit as usize);
-    let next = match (more, events.last()) {
-        (true, Some(last)) => Some(format!(
+    let (events, next) = keyset_page(read, limit, |last| {
+        format!(
             "{}/events?limit={limit}&before={}",
             location(&path),
             last.id
-        )),
-        _ => None,
-    };
+        )
+    });
     Ok(HttpResponse::Ok().json(WebhookEventList {
         events: events.iter().map(WebhookEventView::from).collect(),
         next,

@@ -249,6 +249,20 @@ pub fn no_query(req: &HttpRequest) -> Result<(), ApiError> {
     parse_query::<NoParameters>(req).map(|NoParameters {}| ())
 }
 
+/// A page of a list read with one row more than `limit` (newest first):
+/// the rows cut to `limit`, and the path of the following page, which
+/// `next_path` makes from the page's last row, or `None` on the last page.
+pub fn keyset_page<T>(
+    mut rows: Vec<T>,
+    limit: i64,
+    next_path: impl FnOnce(&T) -> String,
+) -> (Vec<T>, Option<String>) {
+    let more = rows.len() as i64 > limit;
+    rows.truncate(limit as usize);
+    let next = rows.last().filter(|_| more).map(next_path);
+    (rows, next)
+}
+
 /// A page size from the query: `default` when absent, else 1..=`max` (400
 /// `invalid-query` outside it).
 pub fn page_limit(limit: Option<i64>, default: i64, max: i64) -> Result<i64, ApiError> {
