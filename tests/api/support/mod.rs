@@ -15,6 +15,7 @@ pub mod harness;
 pub mod aws;
 pub mod balanced;
 pub mod db;
+pub mod db_proxy;
 pub mod devtools;
 pub mod fake_provider;
 pub mod metrics;
