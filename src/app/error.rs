@@ -229,7 +229,7 @@ impl From<StoreError> for AppError {
                 tracing::warn!(error = %source, "no database connection free in time");
                 Self::Unavailable("the database is busy; retry shortly".into())
             }
-            StoreError::Busy(reason) => {
+            StoreError::Busy(reason) | StoreError::ConnectionLost(reason) => {
                 tracing::warn!(%reason, "the database could not serve the request now");
                 Self::Unavailable(
                     "the database is busy or briefly unavailable; retry shortly with the same key"

@@ -391,6 +391,7 @@ impl App {
         let requested = check_input(&contract, &input)?;
         let reservation = self.reservation_for(&contract, &input, requested)?;
         Ok(NewJob {
+            id: crate::domain::JobId::new(),
             reservation,
             owner_id: owner.id.clone(),
             key,

@@ -150,8 +150,12 @@ impl App {
         let tell = Box::new(move |recorded: &mut Recorded| {
             app.count_usage(recorded);
             app.metrics().record_applied(&provider, &recorded.applied);
-            if recorded.applied == Applied::Won {
-                app.notify_job_finished(&recorded.job_id, recorded.finished.take());
+            match recorded.applied {
+                Applied::Won => app.notify_job_finished(&recorded.job_id, recorded.finished.take()),
+                // This answer had won already, and whoever waits may not
+                // have heard (the first try's reply was lost, say).
+                Applied::Repeated("won") => app.notify_job_finished(&recorded.job_id, None),
+                _ => {}
             }
         });
         let recorded = self

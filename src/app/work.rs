@@ -90,7 +90,10 @@ impl App {
             self.metrics().held_back(provider, false);
         }
         held.extend(batch.held_back);
-        let claims = batch.claims;
+        let mut claims = batch.claims;
+        if !batch.unconfirmed.is_empty() {
+            claims.extend(self.confirm_claims(lease_owner, batch.unconfirmed).await);
+        }
         let admitted = claims
             .into_iter()
             .map(|claim| {
@@ -102,6 +105,35 @@ impl App {
         // dropped unused: what they counted is given back.
         drop(slots);
         Ok(Claimed { admitted, held })
+    }
+
+    /// The attempts a claim took though its reply was lost, found on a
+    /// fresh connection ([`queue::confirm_claims`]). If even that fails,
+    /// none: those attempts run out their lease and the reaper makes them
+    /// `unknown`, as for a process that stopped.
+    async fn confirm_claims(
+        &self,
+        lease_owner: &str,
+        unconfirmed: Vec<(UserId, Vec<AttemptId>)>,
+    ) -> Vec<Claim> {
+        let owner = lease_owner.to_owned();
+        let confirmed = self
+            .store()
+            .run(move |conn| queue::confirm_claims(conn, &owner, &unconfirmed))
+            .await;
+        match confirmed {
+            Ok(claims) => {
+                tracing::warn!(
+                    confirmed = claims.len(),
+                    "a claim's reply was lost; what it took is sent"
+                );
+                claims
+            }
+            Err(error) => {
+                tracing::error!(%error, "a claim's reply was lost and it could not be confirmed; its attempts will surface as unknown");
+                Vec::new()
+            }
+        }
     }
 
     /// Extends this worker's lease on a running attempt; false when the

@@ -30,10 +30,11 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use diesel::r2d2::PooledConnection;
 use tokio::sync::oneshot;
 
 use super::connection::write_transaction;
-use super::connection::Placement;
+use super::connection::{DbConnectionManager, Placement};
 use super::jobs::{self, CreateOutcome, NewJob};
 use super::{Attempt, DbConnection, Store, StoreError, StoreResult};
 use crate::domain::UserId;
@@ -298,14 +299,22 @@ impl GroupCommit {
             }
             return;
         };
-        let run = |conn: &mut DbConnection| loop {
+        let run = |conn: &mut PooledConnection<DbConnectionManager>| loop {
             let batch = self.take(self.limits.max_rows, true);
             if batch.is_empty() {
                 return;
             }
-            match conn {
-                DbConnection::Sqlite(_) => self.commit(conn, batch),
-                DbConnection::Postgresql(_) => self.insert_by_owner(conn, batch),
+            let lost = match &mut **conn {
+                DbConnection::Sqlite(_) => {
+                    self.commit(conn, batch);
+                    false
+                }
+                DbConnection::Postgresql(_) => self.insert_by_owner(store, conn, batch),
+            };
+            // The broken connection goes back (and out of the pool); the
+            // next batch takes a fresh one.
+            if let (true, Ok(fresh)) = (lost, store.conn()) {
+                *conn = fresh;
             }
         };
         match store.writer_turn() {
@@ -359,13 +368,26 @@ impl GroupCommit {
     /// PostgreSQL: one multi-row statement per owner in the batch (each
     /// names its owner, so a distributed database routes it to one shard);
     /// each statement commits by itself. Only creations queue here.
-    fn insert_by_owner(&self, conn: &mut DbConnection, batch: Vec<Waiting>) {
+    /// A creation whose connection broke is confirmed on a fresh one
+    /// ([`Store::confirm_if_lost`]) before it is answered. Returns whether
+    /// the connection broke.
+    fn insert_by_owner(&self, store: &Store, conn: &mut DbConnection, batch: Vec<Waiting>) -> bool {
+        let mut lost = false;
         for group in run_grouped(conn, batch) {
             self.count(group.len());
-            for waiting in group {
+            for mut waiting in group {
+                if let Waiting::Creation(creation) = &mut waiting {
+                    let outcome = creation
+                        .outcome
+                        .take()
+                        .unwrap_or(Err(StoreError::Cancelled));
+                    lost |= matches!(outcome, Err(StoreError::ConnectionLost(_)));
+                    creation.outcome = Some(store.confirm_if_lost(conn, &creation.job, outcome));
+                }
                 waiting.answer();
             }
         }
+        lost
     }
 
     fn count(&self, rows: usize) {

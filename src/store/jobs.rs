@@ -18,6 +18,11 @@ use crate::domain::{
 /// What a client asked for, validated and fingerprinted by the caller.
 #[derive(Debug, Clone)]
 pub struct NewJob {
+    /// The job's id, chosen before the first try: a creation whose
+    /// connection broke can then tell its own job (committed, its reply
+    /// lost) from another request's under the same key
+    /// ([`confirm_creation`]).
+    pub id: JobId,
     pub owner_id: UserId,
     pub key: IdempotencyKey,
     pub task: String,
@@ -126,6 +131,46 @@ fn insert_or_read(
     })
 }
 
+/// After a creation's connection broke ([`StoreError::ConnectionLost`]),
+/// on a fresh connection: whether the creation committed all the same (the
+/// reply to its commit lost). The job under the key with the id this
+/// creation chose is its own: `Created`, with its attempts, so that a
+/// started attempt goes to the worker as if the reply had come; but only
+/// while that attempt still runs under its lease (else the lease has run
+/// out and the reaper decides, and the job is `Existing`). Another job
+/// under the key is `Existing`. None: the creation did not commit, and is
+/// made now.
+pub fn confirm_creation(
+    conn: &mut DbConnection,
+    new: &NewJob,
+    placement: Placement,
+) -> StoreResult<(CreateOutcome, Vec<Attempt>)> {
+    let Some(job) = find_by_key(conn, &new.owner_id, new.key.as_str())? else {
+        return create_job_placed(conn, new, placement);
+    };
+    let attempts = attempts_of(conn, &job.key())?;
+    let still_ours = |attempt: &Attempt| match &new.start {
+        Some(start) => {
+            attempt.state == AttemptState::Running
+                && attempt.lease_owner.as_deref() == Some(start.lease_owner.as_str())
+                && attempt
+                    .lease_expires_at
+                    .is_some_and(|until| until > Timestamp::now())
+        }
+        None => true,
+    };
+    let created = job.id == new.id && attempts.len() == 1 && still_ours(&attempts[0]);
+    tracing::warn!(
+        job_id = %job.id,
+        committed = job.id == new.id,
+        "a creation's connection broke; checked on a fresh connection"
+    );
+    Ok(match created {
+        true => (CreateOutcome::Created(job), attempts),
+        false => (CreateOutcome::Existing(job), attempts),
+    })
+}
+
 /// The job a key already made, with its attempts (the caller's transaction
 /// makes the two reads one view).
 fn existing_by_key(
@@ -141,7 +186,7 @@ fn existing_by_key(
 /// The job row a new request makes (stamped at the creating transaction).
 fn new_job_row(new: &NewJob, now: Timestamp) -> Job {
     Job {
-        id: JobId::new(),
+        id: new.id.clone(),
         owner_id: new.owner_id.clone(),
         idempotency_key: new.key.as_str().to_owned(),
         task: new.task.clone(),

@@ -53,6 +53,12 @@ pub enum StoreError {
     /// connection lost or refused, SQLite's "database is locked".
     #[error("the database is busy: {0}")]
     Busy(String),
+    /// The connection broke during the call: whatever it last sent may or
+    /// may not have committed (a lost reply to `COMMIT`), so the caller
+    /// checks on a fresh connection where that matters. The connection is
+    /// not pooled again ([`forget_if_lost`]).
+    #[error("the connection to the database was lost: {0}")]
+    ConnectionLost(String),
     #[error("database error: {0}")]
     Database(diesel::result::Error),
     #[error("stored data is inconsistent: {0}")]
@@ -73,46 +79,80 @@ impl StoreError {
 
 impl From<diesel::result::Error> for StoreError {
     fn from(error: diesel::result::Error) -> Self {
-        match transient_reason(&error) {
-            Some(reason) => Self::Busy(reason),
+        match transience(&error) {
+            Some(Transience::Busy(reason)) => Self::Busy(reason),
+            Some(Transience::ConnectionLost(reason)) => Self::ConnectionLost(reason),
             None => Self::Database(error),
         }
     }
 }
 
-/// Why a database error is worth a retry, if it is. PostgreSQL reports
-/// deadlocks, lock and statement timeouts and lost connections without a
-/// kind of their own, so their (English) messages are matched.
-fn transient_reason(error: &diesel::result::Error) -> Option<String> {
+/// Why a database error is worth a retry, if it is.
+enum Transience {
+    /// The database is there but could not serve this now.
+    Busy(String),
+    /// The connection itself broke: what it carried last may have
+    /// committed.
+    ConnectionLost(String),
+}
+
+/// Classifies a database error. PostgreSQL reports deadlocks, lock and
+/// statement timeouts and lost connections without a kind of their own, so
+/// their (English) messages are matched.
+fn transience(error: &diesel::result::Error) -> Option<Transience> {
     use diesel::result::{DatabaseErrorKind as Kind, Error};
-    const MESSAGES: [&str; 13] = [
-        "deadlock detected",
-        "lock timeout",
-        "could not obtain lock",
-        "statement timeout",
-        "idle-in-transaction timeout",
+    const LOST: [&str; 5] = [
         "terminating connection",
         "server closed the connection",
         "connection to server",
         "no connection to the server",
         "the database system is",
+    ];
+    const BUSY: [&str; 8] = [
+        "deadlock detected",
+        "lock timeout",
+        "could not obtain lock",
+        "statement timeout",
+        "idle-in-transaction timeout",
         "could not serialize access",
         "database is locked",
         "database table is locked",
     ];
     match error {
         Error::DatabaseError(kind, info) => {
-            let message = info.message();
-            let transient = matches!(
-                kind,
-                Kind::SerializationFailure | Kind::ClosedConnection | Kind::UnableToSendCommand
-            ) || MESSAGES.iter().any(|m| message.contains(m));
-            transient.then(|| message.to_owned())
+            let message = info.message().to_owned();
+            if matches!(kind, Kind::ClosedConnection | Kind::UnableToSendCommand)
+                || LOST.iter().any(|m| message.contains(m))
+            {
+                Some(Transience::ConnectionLost(message))
+            } else if matches!(kind, Kind::SerializationFailure)
+                || BUSY.iter().any(|m| message.contains(m))
+            {
+                Some(Transience::Busy(message))
+            } else {
+                None
+            }
         }
-        Error::BrokenTransactionManager => {
-            Some("the connection's transaction state was lost".into())
-        }
+        // A failed `COMMIT` whose rollback failed too: the commit's error
+        // says what happened (a broken connection, typically).
+        Error::RollbackErrorOnCommit { commit_error, .. } => transience(commit_error),
+        Error::BrokenTransactionManager => Some(Transience::ConnectionLost(
+            "the connection's transaction state was lost".into(),
+        )),
         _ => None,
+    }
+}
+
+/// Keeps a connection that broke out of the pool: its transaction state is
+/// marked broken, which the pool checks when the connection comes back
+/// (libpq's own state is not visible through diesel), so the next caller
+/// gets a fresh connection instead of this one's "no connection to the
+/// server".
+pub fn forget_if_lost<T>(conn: &mut DbConnection, outcome: &StoreResult<T>) {
+    if let Err(StoreError::ConnectionLost(_)) = outcome {
+        type Manager = <DbConnection as diesel::Connection>::TransactionManager;
+        <Manager as diesel::connection::TransactionManager<DbConnection>>::transaction_manager_status_mut(conn)
+            .set_in_error();
     }
 }
 
@@ -296,14 +336,39 @@ impl Store {
             return group.create(self, new, after_commit).await;
         }
         let placement = self.placement;
+        let store = self.clone();
         self.run(move |conn| {
-            let created = jobs::create_job_placed(conn, &new, placement)?;
+            let created = jobs::create_job_placed(conn, &new, placement);
+            let created = store.confirm_if_lost(conn, &new, created)?;
             if let Some(after_commit) = after_commit {
                 after_commit(&created);
             }
             Ok(created)
         })
         .await
+    }
+
+    /// A creation's outcome, confirmed on a fresh connection when its own
+    /// broke ([`jobs::confirm_creation`]); any other outcome as it is.
+    fn confirm_if_lost(
+        &self,
+        conn: &mut DbConnection,
+        new: &jobs::NewJob,
+        outcome: StoreResult<group_commit::Created>,
+    ) -> StoreResult<group_commit::Created> {
+        let Err(StoreError::ConnectionLost(reason)) = &outcome else {
+            return outcome;
+        };
+        tracing::warn!(%reason, "the connection broke during a creation");
+        forget_if_lost(conn, &outcome);
+        match self.pool.get() {
+            Ok(mut fresh) => {
+                let confirmed = jobs::confirm_creation(&mut fresh, new, self.placement);
+                forget_if_lost(&mut fresh, &confirmed);
+                confirmed
+            }
+            Err(_) => outcome,
+        }
     }
 
     /// Runs `work`, a write transaction's body, on SQLite in a savepoint of
@@ -378,10 +443,12 @@ impl Store {
                 observe(asked.elapsed());
             }
             let mut conn = conn.map_err(StoreError::PoolExhausted)?;
-            match &writers {
+            let outcome = match &writers {
                 Some(turn) => turn.within(|| f(&mut conn)),
                 None => f(&mut conn),
-            }
+            };
+            forget_if_lost(&mut conn, &outcome);
+            outcome
         })
         .await
         .map_err(|_| StoreError::Cancelled)?

@@ -100,6 +100,12 @@ pub struct ClaimBatch {
     pub claims: Vec<Claim>,
     /// Providers with a due attempt this claim could not admit.
     pub held_back: Vec<String>,
+    /// Attempts whose claim may have committed though its reply never
+    /// came (the connection broke: [`StoreError::ConnectionLost`]), by
+    /// owner: [`confirm_claims`] tells, on a fresh connection.
+    pub unconfirmed: Vec<(UserId, Vec<AttemptId>)>,
+    /// The attempts of the owner being claimed, until its claim returns.
+    claiming: Vec<AttemptId>,
 }
 
 /// Claims up to `rules.limit` of the oldest due queued attempts for
@@ -208,8 +214,17 @@ fn claim_owner_by_owner(conn: &mut DbConnection, rules: ClaimRules<'_>) -> Store
                 claim_of_owner(conn, &owner_id, group, &mut rules, &mut batch)
             })
         };
+        super::forget_if_lost(conn, &claimed);
+        let claiming = std::mem::take(&mut batch.claiming);
         match claimed {
             Ok(claims) => batch.claims.extend(claims),
+            // The claim may have committed: confirmed by the caller on a
+            // fresh connection, not retried here.
+            Err(StoreError::ConnectionLost(reason)) if !one_transaction => {
+                tracing::warn!(%reason, owner = %owner_id, "the connection broke during a claim");
+                batch.unconfirmed.push((owner_id, claiming));
+                break;
+            }
             // What committed must be sent: it is returned, and this
             // owner's attempts stay queued for the next claim.
             Err(error) if !one_transaction && !batch.claims.is_empty() => {
@@ -237,25 +252,7 @@ fn claim_of_owner(
 ) -> StoreResult<Vec<Claim>> {
     let lockable = lock_unfinished_jobs(conn, owner_id, &group)?;
     let now = Timestamp::now();
-    let mut taken = batch.claims.len() as i64;
-    let mut by_provider: BTreeMap<String, Vec<AttemptId>> = BTreeMap::new();
-    for candidate in group {
-        if taken >= rules.limit {
-            break;
-        }
-        if !lockable.contains(&candidate.job_id) || batch.held_back.contains(&candidate.provider) {
-            continue;
-        }
-        if !(rules.admit)(&candidate.attempt_id, &candidate.provider) {
-            batch.held_back.push(candidate.provider);
-            continue;
-        }
-        taken += 1;
-        by_provider
-            .entry(candidate.provider)
-            .or_default()
-            .push(candidate.attempt_id);
-    }
+    let by_provider = admit_candidates(group, &lockable, rules, batch);
     let mut claimed: Vec<Attempt> = Vec::new();
     for (provider, ids) in by_provider {
         let lease_until = db_now_plus(conn, rules.lease_ms);
@@ -307,6 +304,69 @@ fn claim_of_owner(
             Ok(Claim { attempt, job })
         })
         .collect()
+}
+
+/// The candidates of one owner to claim, by provider: those whose job is
+/// locked, within the claim's limit, and `admit`ted (a provider refused is
+/// held back, with its other candidates). Noted in `batch.claiming` until
+/// the claim returns.
+fn admit_candidates(
+    group: Vec<Candidate>,
+    lockable: &std::collections::HashSet<JobId>,
+    rules: &mut ClaimRules<'_>,
+    batch: &mut ClaimBatch,
+) -> BTreeMap<String, Vec<AttemptId>> {
+    let mut taken = batch.claims.len() as i64;
+    let mut by_provider: BTreeMap<String, Vec<AttemptId>> = BTreeMap::new();
+    for candidate in group {
+        if taken >= rules.limit {
+            break;
+        }
+        if !lockable.contains(&candidate.job_id) || batch.held_back.contains(&candidate.provider) {
+            continue;
+        }
+        if !(rules.admit)(&candidate.attempt_id, &candidate.provider) {
+            batch.held_back.push(candidate.provider);
+            continue;
+        }
+        taken += 1;
+        batch.claiming.push(candidate.attempt_id.clone());
+        by_provider
+            .entry(candidate.provider)
+            .or_default()
+            .push(candidate.attempt_id);
+    }
+    by_provider
+}
+
+/// Of `unconfirmed` attempts (a claim whose connection broke before its
+/// reply came), those the claim did take: running under `lease_owner`'s
+/// unexpired lease with `sent_at` recorded, which only that claim can have
+/// written, since they were queued when it began. The caller sends them as
+/// it would have; the others stayed queued (or another process has them).
+pub fn confirm_claims(
+    conn: &mut DbConnection,
+    lease_owner: &str,
+    unconfirmed: &[(UserId, Vec<AttemptId>)],
+) -> StoreResult<Vec<Claim>> {
+    let mut claims = Vec::new();
+    for (owner_id, ids) in unconfirmed {
+        let now = db_now(conn);
+        let taken: Vec<Attempt> = attempts::table
+            .filter(attempts::owner_id.eq(owner_id))
+            .filter(attempts::id.eq_any(ids))
+            .filter(attempts::state.eq(AttemptState::Running))
+            .filter(attempts::lease_owner.eq(lease_owner))
+            .filter(attempts::lease_expires_at.gt(now))
+            .filter(attempts::sent_at.is_not_null())
+            .select(Attempt::as_select())
+            .load(conn)?;
+        for attempt in taken {
+            let job = get_job(conn, &attempt.job_key())?;
+            claims.push(Claim { attempt, job });
+        }
+    }
+    Ok(claims)
 }
 
 /// The jobs among `group`'s that are unfinished and free to claim: on

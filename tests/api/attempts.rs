@@ -529,6 +529,7 @@ async fn claimed_by_a_process_that_died(
     prepared
         .with_conn(move |conn| {
             let new = job_store::NewJob {
+                id: onejob::domain::JobId::new(),
                 start: None,
                 reservation: Default::default(),
                 owner_id: owner,

@@ -182,6 +182,7 @@ fn job_with_an_abandoned_attempt(
     key: &str,
 ) -> (JobId, AttemptId) {
     let new = NewJob {
+        id: onejob::domain::JobId::new(),
         start: None,
         reservation: Default::default(),
         owner_id: owner.clone(),

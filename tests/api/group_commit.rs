@@ -498,6 +498,7 @@ async fn recording_app(backend: TestBackend) -> (PreparedApp, StatementLog) {
 fn batch_creation(owner: &UserId, key: &str, started: bool) -> onejob::store::jobs::NewJob {
     use onejob::domain::{IdempotencyKey, JsonText};
     onejob::store::jobs::NewJob {
+        id: onejob::domain::JobId::new(),
         owner_id: owner.clone(),
         key: IdempotencyKey::parse(key).unwrap(),
         task: "summarize".into(),

@@ -221,6 +221,7 @@ async fn a_started_attempt_gets_the_soft_timeout_from_its_start(backend: TestBac
     prepared
         .with_conn(move |conn| {
             let job = NewJob {
+                id: onejob::domain::JobId::new(),
                 start: Some(StartNow {
                     lease_owner: "w1".into(),
                     lease_ms: 60_000,

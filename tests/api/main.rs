@@ -44,6 +44,7 @@ mod idempotency;
 mod late_answers;
 mod ledger;
 mod load_balancer;
+mod lost_commit;
 mod messages;
 mod metrics;
 mod multi_process;

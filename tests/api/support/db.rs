@@ -404,6 +404,7 @@ pub async fn attempts_of(app: &TestApp, job_id: &str) -> Vec<Attempt> {
 /// `owner`'s, under `key`, whose text is the key.
 pub fn new_job(owner: &UserId, key: &str) -> NewJob {
     NewJob {
+        id: onejob::domain::JobId::new(),
         start: None,
         reservation: Default::default(),
         owner_id: owner.clone(),

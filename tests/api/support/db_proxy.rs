@@ -125,12 +125,12 @@ impl DbProxy {
     }
 
     /// Arms a lost commit reply: the next transaction that runs a statement
-    /// containing `statement` commits, and its connection breaks before
+    /// containing `statement` (compared [`normalized`]) commits, and its connection breaks before
     /// the reply to `COMMIT` reaches the client. One transaction only.
     pub fn lose_commit_reply(&self, statement: &str) {
         let mut trap = self.shared.trap();
         trap.armed = Some(CommitTrap {
-            statement: statement.to_owned(),
+            statement: normalized(statement),
         });
         trap.awaited = trap.tripped.len();
     }
@@ -152,11 +152,6 @@ impl DbProxy {
                 panic!("no transaction committed through the armed trap within {within:?}");
             }
         }
-    }
-
-    /// How many commit replies were dropped so far.
-    pub fn tripped_count(&self) -> usize {
-        self.shared.trap().tripped.len()
     }
 
     /// Cuts the process off: from now every byte, either way, on every
@@ -342,16 +337,28 @@ impl Session {
     fn end_transaction(&mut self, shared: &Shared) -> bool {
         let statements = std::mem::take(&mut self.statements);
         let mut trap = shared.trap();
-        let matches = trap
-            .armed
-            .as_ref()
-            .is_some_and(|armed| statements.iter().any(|s| s.contains(&armed.statement)));
+        let matches = trap.armed.as_ref().is_some_and(|armed| {
+            statements
+                .iter()
+                .any(|s| normalized(s).contains(&armed.statement))
+        });
         if matches {
             trap.armed = None;
             trap.committing = Some(statements);
         }
         matches
     }
+}
+
+/// A statement's text as the trap compares it: lower case, without the
+/// quotes around identifiers, each run of white space one space.
+fn normalized(statement: &str) -> String {
+    statement
+        .to_lowercase()
+        .replace('"', "")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// A NUL-terminated string at the start of `bytes`, and what follows it.
