@@ -632,7 +632,8 @@ pub fn mark_unknown(
 /// it is closed with a note); one that was never sent goes back to the
 /// queue (or is closed, if its job finished). Each attempt is handled in a
 /// transaction of its own, so reapers in several processes never hold locks
-/// on two jobs at once. Returns what changed.
+/// on two jobs at once, and one whose rows another session holds locked is
+/// left for a later turn without holding up the rest. Returns what changed.
 pub fn expire_leases(conn: &mut DbConnection) -> StoreResult<Vec<(AttemptId, AttemptState)>> {
     let now = db_now(conn);
     let expired: Vec<(AttemptId, JobId, UserId)> = attempts::table
@@ -643,8 +644,18 @@ pub fn expire_leases(conn: &mut DbConnection) -> StoreResult<Vec<(AttemptId, Att
         .load(conn)?;
     let mut changed = Vec::new();
     for (attempt_id, id, owner_id) in expired {
-        if let Some(state) = expire_one(conn, &attempt_id, &JobKey { id, owner_id })? {
-            changed.push((attempt_id, state));
+        match expire_one(conn, &attempt_id, &JobKey { id, owner_id }) {
+            Ok(Some(state)) => changed.push((attempt_id, state)),
+            Ok(None) => {}
+            // On PostgreSQL: its row or its job's is locked past the lock
+            // wait, by a process cut off inside a transaction, say, whose
+            // locks hold until the database ends its session. That attempt
+            // waits for a later turn; the others are reaped now. (SQLite's
+            // lock is the whole database's: the next would wait as long.)
+            Err(StoreError::Busy(reason)) if matches!(conn, DbConnection::Postgresql(_)) => {
+                tracing::warn!(%attempt_id, %reason, "an expired lease could not be reaped now; tried again next turn");
+            }
+            Err(error) => return Err(error),
         }
     }
     Ok(changed)

@@ -50,6 +50,7 @@ mod metrics;
 mod multi_process;
 mod openai_compat;
 mod pages;
+mod partition;
 mod properties;
 mod qualification;
 mod rate_limits;

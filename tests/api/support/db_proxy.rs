@@ -10,7 +10,9 @@
 //! - [`DbProxy::partition`] and [`DbProxy::heal`]: every byte in either
 //!   direction, on open and new connections, is held (not lost) until the
 //!   partition heals, when it all goes through: the process hangs on its
-//!   database calls meanwhile, and its stale writes arrive afterwards.
+//!   database calls meanwhile, and its stale writes arrive afterwards. A
+//!   session the server ends meanwhile (idle in transaction, say) reaches
+//!   the process as closed only at the heal, as across a real partition.
 //!
 //! The proxy speaks only as much of the protocol as it needs: the startup
 //! packet (an `SSLRequest` or `GSSENCRequest` is refused with `N`, as a
@@ -225,15 +227,19 @@ async fn relay(
         }
     };
     // The server's messages, whole, through a channel: reading them is
-    // never cut off halfway.
+    // never cut off halfway. When the server closes, what it sent before
+    // goes down first and then the close, both when no partition holds
+    // them: the downstream half ends the connection once the channel is
+    // drained and closed.
     let (replies, mut from_server) = tokio::sync::mpsc::channel::<Vec<u8>>(64);
     let reader = async move {
-        loop {
-            let message = read_message(&mut server_read).await?;
+        while let Ok(message) = read_message(&mut server_read).await {
             if replies.send(message).await.is_err() {
-                return Ok::<(), std::io::Error>(());
+                break;
             }
         }
+        drop(replies);
+        std::future::pending::<std::io::Result<()>>().await
     };
     let downstream = {
         let shared = shared.clone();
@@ -260,7 +266,10 @@ async fn relay(
                         return Ok::<(), std::io::Error>(());
                     }
                     message = from_server.recv() => {
-                        let Some(message) = message else { return Ok(()) };
+                        let Some(message) = message else {
+                            pass_when_open(&mut held).await;
+                            return Ok(());
+                        };
                         pass_when_open(&mut held).await;
                         client_write.write_all(&message).await?;
                     }
