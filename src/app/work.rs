@@ -6,6 +6,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::task::task_tracker::TaskTrackerToken;
@@ -24,6 +25,11 @@ pub struct Admitted {
     /// `None` only for a provider this process does not have (the attempt
     /// then fails unsent).
     pub slot: Option<SendSlot>,
+    /// Taken before the claim (or the creation that started it) was asked
+    /// of the database: its lease began later, so by `leased_since +
+    /// lease_ms` on this process's clock it has surely run out. A claim
+    /// whose reply comes after that (held by a partition, say) is not sent.
+    pub leased_since: Instant,
 }
 
 /// What a claim took, and the providers whose due attempts it left queued
@@ -41,6 +47,7 @@ impl App {
     /// left queued) and confirmed for sending by the claim itself (its
     /// `sent_at` is set): the caller sends them at once.
     pub async fn claim_batch(&self, lease_owner: &str, limit: usize) -> AppResult<Claimed> {
+        let leased_since = Instant::now();
         let owner = lease_owner.to_owned();
         let lease_ms = self.config().worker.lease_ms as i64;
         let providers = self.providers().clone();
@@ -98,7 +105,11 @@ impl App {
             .into_iter()
             .map(|claim| {
                 let slot = slots.remove(&claim.attempt.id);
-                Admitted { claim, slot }
+                Admitted {
+                    claim,
+                    slot,
+                    leased_since,
+                }
             })
             .collect();
         // Slots left over (an admitted attempt another process took) are
@@ -265,6 +276,8 @@ pub(crate) struct StartSlot {
     _in_flight: TaskTrackerToken,
     /// The room its provider's limits gave the call.
     send: SendSlot,
+    /// Before the creating transaction began (see `Admitted::leased_since`).
+    reserved_at: Instant,
     pub start: StartNow,
 }
 
@@ -276,6 +289,7 @@ impl StartSlot {
         let admitted = Admitted {
             claim,
             slot: Some(self.send),
+            leased_since: self.reserved_at,
         };
         (self.offer.run)(admitted, self.slot);
     }
@@ -325,6 +339,7 @@ impl App {
             soft_timeout_ms: provider.soft_timeout().as_millis() as i64,
         };
         Some(StartSlot {
+            reserved_at: Instant::now(),
             _in_flight: in_flight,
             offer,
             slot,

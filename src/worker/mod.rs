@@ -371,7 +371,11 @@ impl Worker {
 
     #[tracing::instrument(skip_all, fields(job_id = %admitted.claim.job.id, attempt_id = %admitted.claim.attempt.id, provider = %admitted.claim.attempt.provider))]
     async fn run_attempt(&self, admitted: Admitted) {
-        let Admitted { claim, slot } = admitted;
+        let Admitted {
+            claim,
+            slot,
+            leased_since,
+        } = admitted;
         let attempt_id = claim.attempt.key();
         let provider = claim.attempt.provider.clone();
         let lease = Duration::from_millis(self.app.config().worker.lease_ms);
@@ -390,7 +394,15 @@ impl Worker {
         // request does not leave: the attempt goes back to the queue (its
         // `sent_at` cleared) and is claimed again once the pause is over.
         let paused_since = slot.as_ref().is_some_and(|s| !s.clear_to_send());
-        if claim.attempt.sent_at.is_none() || paused_since {
+        // The claim's reply came after its lease had surely run out (a
+        // partition held it): the reaper may have made the attempt
+        // `unknown` and support acted on it; it does not leave now. Given
+        // back if nobody has touched it; else it stays as the reaper left it.
+        let lapsed = leased_since.elapsed() >= lease;
+        if lapsed {
+            tracing::warn!("a claim came back after its lease had run out: not sent");
+        }
+        if claim.attempt.sent_at.is_none() || paused_since || lapsed {
             drop(slot);
             match self
                 .app

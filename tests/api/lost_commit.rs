@@ -36,7 +36,8 @@ use crate::support::db::new_job;
 use crate::support::db_proxy::DbProxy;
 use crate::support::fake_provider::{answer, one_fake_config, FakeProvider, Shape, WAIT};
 use crate::support::harness::{
-    postgres_available, record_figures, summarize, PreparedApp, TestApp, TestBackend,
+    postgres_available, record_figures, start_instance, summarize, PreparedApp, TestApp,
+    TestBackend,
 };
 use crate::support::webhook_receiver::WebhookReceiver;
 use crate::webhooks::WEBHOOK_KEY;
@@ -87,6 +88,23 @@ impl Staged {
             proxy,
             store,
         })
+    }
+
+    /// A job of alice's for the fake provider, its attempt queued.
+    async fn queued_job(&self, key: &'static str) -> String {
+        let owner = self.prepared.alice.id.clone();
+        self.prepared
+            .with_conn(move |conn| {
+                let new = onejob::store::jobs::NewJob {
+                    provider: "fake".into(),
+                    ..new_job(&owner, key)
+                };
+                match onejob::store::jobs::create_job(conn, &new).unwrap() {
+                    onejob::store::jobs::CreateOutcome::Created(job) => job.id.to_string(),
+                    other => panic!("{other:?}"),
+                }
+            })
+            .await
     }
 
     async fn start(self) -> Behind {
@@ -320,20 +338,7 @@ mod postgres {
             return;
         };
         // Queued before the server starts: its worker's first claim takes it.
-        let owner = staged.prepared.alice.id.clone();
-        let job_id = staged
-            .prepared
-            .with_conn(move |conn| {
-                let new = onejob::store::jobs::NewJob {
-                    provider: "fake".into(),
-                    ..new_job(&owner, "lost-claim")
-                };
-                match onejob::store::jobs::create_job(conn, &new).unwrap() {
-                    onejob::store::jobs::CreateOutcome::Created(job) => job.id.to_string(),
-                    other => panic!("{other:?}"),
-                }
-            })
-            .await;
+        let job_id = staged.queued_job("lost-claim").await;
         staged.proxy.lose_commit_reply(CLAIM);
         let behind = staged.start().await;
         let trapped = behind.proxy.tripped(TRAP_WAIT).await;
@@ -524,6 +529,56 @@ mod postgres {
             "lost_commit_budget",
             &format!(
                 "budget: statuses {statuses:?}; reserved tokens while running {reserved_while_running}; after the job: {reservations} reservations, {reserved} tokens reserved"
+            ),
+        );
+    }
+
+    /// The claim commits, and a partition holds its reply past the lease:
+    /// meanwhile another process's reaper makes the attempt `unknown`.
+    /// When the reply comes, the worker sees its lease has surely run out
+    /// and does not send: the attempt stays as the reaper left it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_claim_whose_reply_a_partition_holds_past_its_lease_is_not_sent() {
+        let fake = FakeProvider::start(Shape::OpenAi).await;
+        fake.set_default(answer("done"));
+        let mut config = one_fake_config(&fake);
+        config.worker.lease_ms = 1_000;
+        let Some(staged) = Staged::new(config.clone()).await else {
+            return;
+        };
+        let job_id = staged.queued_job("held-claim").await;
+        staged.proxy.partition_after_commit(CLAIM);
+        let direct = staged.prepared.store.clone();
+        let behind = staged.start().await;
+        let cut = std::time::Instant::now();
+        behind.proxy.tripped(TRAP_WAIT).await;
+        // Another process, on the database directly: its reaper finds the
+        // lease run out.
+        let (_, _other, other_server) = start_instance(config, direct).await;
+        let deadline = std::time::Instant::now() + WAIT;
+        let attempt = loop {
+            let attempts = behind.attempts(&job_id).await;
+            if attempts[0].1 == AttemptState::Unknown {
+                break attempts[0].clone();
+            }
+            assert!(std::time::Instant::now() < deadline, "{attempts:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let unknown_after = cut.elapsed();
+        behind.proxy.heal();
+        // The claim's reply reaches the worker, which goes idle without
+        // sending it.
+        behind.wait_worker_idle().await;
+        assert_eq!(fake.requests_for(&attempt.0), 0, "never sent");
+        assert_eq!(fake.total_requests(), 0);
+        let after = behind.attempts(&job_id).await;
+        assert_eq!(after[0].1, AttemptState::Unknown, "{after:?}");
+        other_server.abort();
+        record_figures(
+            "lost_commit_claim_held_past_its_lease",
+            &format!(
+                "claim reply held by a partition: attempt unknown {unknown_after:?} after the cut; after the heal: sent 0 times, still {:?}",
+                after[0].1
             ),
         );
     }

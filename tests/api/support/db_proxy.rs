@@ -7,6 +7,9 @@
 //!   read (so the commit happened) and dropped, and the connection is cut.
 //!   onejob sees a broken connection where its commit's answer should be:
 //!   the database committed, onejob cannot know it.
+//! - [`DbProxy::partition_after_commit`]: the same transaction's commit
+//!   goes up and the process is partitioned at once, its reply held with
+//!   everything else until the heal.
 //! - [`DbProxy::partition`] and [`DbProxy::heal`]: every byte in either
 //!   direction, on open and new connections, is held (not lost) until the
 //!   partition heals, when it all goes through: the process hangs on its
@@ -35,11 +38,22 @@ const GSSENC_REQUEST: u32 = 80_877_104;
 /// length prefix may ask the proxy to buffer).
 const MAX_MESSAGE: usize = 64 << 20;
 
-/// A lost commit reply, armed: it trips on the first transaction whose
-/// statements include one containing `statement`.
+/// A trap, armed: it trips on the first transaction whose statements
+/// include one containing `statement`.
 #[derive(Debug, Clone)]
 struct CommitTrap {
     statement: String,
+    then: AfterCommit,
+}
+
+/// What a tripped trap does once the transaction's commit has gone up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AfterCommit {
+    /// Drops the server's reply and cuts the connection.
+    LoseReply,
+    /// Partitions the process at once: the reply, and everything after
+    /// it, waits for [`DbProxy::heal`].
+    Partition,
 }
 
 #[derive(Default)]
@@ -65,6 +79,16 @@ struct Shared {
 impl Shared {
     fn trap(&self) -> std::sync::MutexGuard<'_, TrapState> {
         self.trap.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The trapped transaction's commit is done with: it counts as tripped.
+    fn trip(&self) {
+        let mut trap = self.trap();
+        if let Some(statements) = trap.committing.take() {
+            trap.tripped.push(statements);
+        }
+        drop(trap);
+        self.tripped.notify_waiters();
     }
 }
 
@@ -130,9 +154,23 @@ impl DbProxy {
     /// containing `statement` (compared [`normalized`]) commits, and its connection breaks before
     /// the reply to `COMMIT` reaches the client. One transaction only.
     pub fn lose_commit_reply(&self, statement: &str) {
+        self.arm(statement, AfterCommit::LoseReply);
+    }
+
+    /// Arms a partition that starts the moment the next transaction that
+    /// runs a statement containing `statement` sends its commit: the
+    /// database commits, and the reply is held with everything else until
+    /// [`DbProxy::heal`]. [`DbProxy::tripped`] returns once the commit has
+    /// gone up.
+    pub fn partition_after_commit(&self, statement: &str) {
+        self.arm(statement, AfterCommit::Partition);
+    }
+
+    fn arm(&self, statement: &str, then: AfterCommit) {
         let mut trap = self.shared.trap();
         trap.armed = Some(CommitTrap {
             statement: normalized(statement),
+            then,
         });
         trap.awaited = trap.tripped.len();
     }
@@ -215,13 +253,20 @@ async fn relay(
                 let message = read_message(&mut client_read).await?;
                 pass_when_open(&mut held).await;
                 let trips = session.observe(&message, &shared);
-                if trips {
-                    cut.send_replace(true);
-                }
-                server_write.write_all(&message).await?;
-                if trips {
-                    // Nothing more goes up this connection.
-                    std::future::pending::<()>().await;
+                match trips {
+                    Some(AfterCommit::LoseReply) => {
+                        cut.send_replace(true);
+                        server_write.write_all(&message).await?;
+                        // Nothing more goes up this connection.
+                        std::future::pending::<()>().await;
+                    }
+                    Some(AfterCommit::Partition) => {
+                        // Held before the commit goes up: its reply too.
+                        shared.held.send_replace(true);
+                        server_write.write_all(&message).await?;
+                        shared.trip();
+                    }
+                    None => server_write.write_all(&message).await?,
                 }
             }
         }
@@ -257,12 +302,7 @@ async fn relay(
                                 break;
                             }
                         }
-                        let mut trap = shared.trap();
-                        if let Some(statements) = trap.committing.take() {
-                            trap.tripped.push(statements);
-                        }
-                        drop(trap);
-                        shared.tripped.notify_waiters();
+                        shared.trip();
                         return Ok::<(), std::io::Error>(());
                     }
                     message = from_server.recv() => {
@@ -301,7 +341,7 @@ impl Session {
     /// armed trap waits for: an explicit `COMMIT`, or, outside a
     /// transaction, the simple query or `Sync` whose implicit commit makes
     /// the statement durable. The trap is then spent.
-    fn observe(&mut self, message: &[u8], shared: &Shared) -> bool {
+    fn observe(&mut self, message: &[u8], shared: &Shared) -> Option<AfterCommit> {
         let body = &message[5..];
         match message[0] {
             b'Q' => {
@@ -338,24 +378,25 @@ impl Session {
             b'S' if !self.in_transaction => return self.end_transaction(shared),
             _ => {}
         }
-        false
+        None
     }
 
     /// The transaction's statements are committed by the message being
-    /// observed: whether the armed trap takes them.
-    fn end_transaction(&mut self, shared: &Shared) -> bool {
+    /// observed: what the armed trap does, if it takes them.
+    fn end_transaction(&mut self, shared: &Shared) -> Option<AfterCommit> {
         let statements = std::mem::take(&mut self.statements);
         let mut trap = shared.trap();
-        let matches = trap.armed.as_ref().is_some_and(|armed| {
-            statements
-                .iter()
-                .any(|s| normalized(s).contains(&armed.statement))
-        });
-        if matches {
-            trap.armed = None;
-            trap.committing = Some(statements);
+        let armed = trap.armed.as_ref()?;
+        if !statements
+            .iter()
+            .any(|s| normalized(s).contains(&armed.statement))
+        {
+            return None;
         }
-        matches
+        let then = armed.then;
+        trap.armed = None;
+        trap.committing = Some(statements);
+        Some(then)
     }
 }
 
