@@ -85,6 +85,9 @@ struct KeptLease {
     heartbeat: tokio::time::Interval,
     /// Until when the lease holds.
     until: Instant,
+    /// The attempt is no longer running under this worker: renewing it
+    /// again would change nothing.
+    lost: bool,
 }
 
 #[derive(Clone)]
@@ -534,8 +537,12 @@ impl Worker {
         // The first beat is one period from now (an `interval`'s immediate
         // first tick, awaited, would pass through the timer for nothing).
         let period = (length / 3).max(Duration::from_millis(50));
-        let heartbeat = tokio::time::interval_at(Instant::now() + period, period);
+        let mut heartbeat = tokio::time::interval_at(Instant::now() + period, period);
+        // Beats missed while a renewal hung (a partition) are not made up
+        // in a burst afterwards.
+        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         KeptLease {
+            lost: false,
             attempt_id: claim.attempt.id.clone(),
             owner_id: claim.attempt.owner_id.clone(),
             length,
@@ -548,9 +555,14 @@ impl Worker {
     /// Renews a kept lease at its heartbeat; `until` moves on only when it
     /// was renewed.
     async fn renew_kept(&self, lease: &mut KeptLease) {
+        if lease.lost {
+            return;
+        }
         let renewed_at = Instant::now();
-        if self.renew_lease(&lease.attempt_id, &lease.owner_id).await {
-            lease.until = renewed_at + lease.length;
+        match self.renew_lease(&lease.attempt_id, &lease.owner_id).await {
+            Some(true) => lease.until = renewed_at + lease.length,
+            Some(false) => lease.lost = true,
+            None => {}
         }
     }
 
@@ -615,10 +627,11 @@ impl Worker {
     }
 
     /// Renews the claim's lease, retrying a few times when the database is
-    /// busy. False when it was not renewed (the attempt is no longer running
-    /// under this worker, or the database stayed busy); an answer still goes
-    /// through the CAS.
-    async fn renew_lease(&self, attempt_id: &AttemptId, owner_id: &UserId) -> bool {
+    /// busy: `Some(true)` renewed, `Some(false)` lost (the attempt is no
+    /// longer running under this worker; its kept lease stops renewing),
+    /// `None` when the database stayed busy. An answer still goes through
+    /// the CAS either way.
+    async fn renew_lease(&self, attempt_id: &AttemptId, owner_id: &UserId) -> Option<bool> {
         let mut delay = Duration::from_millis(50);
         for attempt in 1..=4 {
             match self
@@ -626,12 +639,12 @@ impl Worker {
                 .renew_lease(attempt_id, owner_id, &self.lease_owner)
                 .await
             {
-                Ok(true) => return true,
+                Ok(true) => return Some(true),
                 Ok(false) => {
                     tracing::warn!(
                         "lease lost: the attempt is no longer running under this process"
                     );
-                    return false;
+                    return Some(false);
                 }
                 Err(error) => {
                     tracing::warn!(%error, attempt, "renewing the lease failed; retrying");
@@ -640,7 +653,7 @@ impl Worker {
                 }
             }
         }
-        false
+        None
     }
 
     /// Applies an outcome, as it is: an outcome is never rewritten.
