@@ -22,6 +22,7 @@ pub mod migrations;
 pub mod nginx;
 pub mod proxy;
 pub mod sse;
+pub mod standby;
 pub mod statement_log;
 pub mod statement_rule;
 pub mod webdriver;
