@@ -96,10 +96,16 @@ impl DatabaseUrl {
         &self.0
     }
 
-    /// The URL with any password replaced, fit for logs.
+    /// The URL with any password replaced, fit for logs: the one in the
+    /// user information, and a `password` query parameter (libpq takes
+    /// either). Hosts, ports and the other parameters stay, a multi-host
+    /// URL's whole list of hosts included.
     pub fn redacted(&self) -> String {
-        match (self.backend(), self.0.find("://"), self.0.rfind('@')) {
-            (Backend::Postgres, Some(scheme_end), Some(at)) if at > scheme_end => {
+        if self.backend() != Backend::Postgres {
+            return self.0.clone();
+        }
+        let url = match (self.0.find("://"), self.0.rfind('@')) {
+            (Some(scheme_end), Some(at)) if at > scheme_end => {
                 let userinfo = &self.0[scheme_end + 3..at];
                 let user = userinfo.split(':').next().unwrap_or("");
                 if userinfo.contains(':') {
@@ -109,8 +115,24 @@ impl DatabaseUrl {
                 }
             }
             _ => self.0.clone(),
-        }
+        };
+        redact_password_parameter(&url)
     }
+}
+
+/// `url` with the value of each `password=` query parameter replaced.
+fn redact_password_parameter(url: &str) -> String {
+    let Some((base, query)) = url.split_once('?') else {
+        return url.to_owned();
+    };
+    let parameters: Vec<&str> = query
+        .split('&')
+        .map(|parameter| match parameter.split_once('=') {
+            Some((name, _)) if name.eq_ignore_ascii_case("password") => "password=***",
+            _ => parameter,
+        })
+        .collect();
+    format!("{base}?{}", parameters.join("&"))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -451,6 +473,35 @@ mod tests {
         let url = DatabaseUrl::parse("postgres://app:s3cret@db:5432/onejob").unwrap();
         assert_eq!(url.redacted(), "postgres://app:***@db:5432/onejob");
         assert!(!url.redacted().contains("s3cret"));
+    }
+
+    /// A multi-host URL (libpq tries the hosts in turn, and with
+    /// `target_session_attrs=read-write` keeps the first that takes writes:
+    /// how onejob follows a failover) is a PostgreSQL URL, logged with its
+    /// hosts and parameters and without its password, wherever the URL
+    /// carries it.
+    #[test]
+    fn a_multi_host_url_is_postgres_and_is_logged_with_its_hosts_and_without_its_password() {
+        let url = DatabaseUrl::parse(
+            "postgres://app:s3cret@10.0.0.1:5432,10.0.0.2:5432/onejob?target_session_attrs=read-write",
+        )
+        .unwrap();
+        assert_eq!(url.backend(), Backend::Postgres);
+        assert_eq!(url.sqlite_file(), None);
+        assert_eq!(
+            url.redacted(),
+            "postgres://app:***@10.0.0.1:5432,10.0.0.2:5432/onejob?target_session_attrs=read-write"
+        );
+        let url = DatabaseUrl::parse(
+            "postgresql://db-a,db-b/onejob?user=app&password=s3cret&target_session_attrs=read-write",
+        )
+        .unwrap();
+        assert_eq!(url.backend(), Backend::Postgres);
+        assert_eq!(
+            url.redacted(),
+            "postgresql://db-a,db-b/onejob?user=app&password=***&target_session_attrs=read-write"
+        );
+        assert!(!url.described().contains("s3cret"));
     }
 
     #[test]

@@ -6,8 +6,9 @@
 //! ([`sse`]), readers of the server's metrics ([`metrics`]) and stored
 //! rows ([`db`]), a recorder of the statements sent ([`statement_log`]),
 //! databases as an earlier release left them
-//! ([`migrations`]), and a real nginx running `deploy/nginx.conf`
-//! ([`nginx`]) in front of three processes ([`balanced`]).
+//! ([`migrations`]), a real nginx running `deploy/nginx.conf`
+//! ([`nginx`]) in front of three processes ([`balanced`]), and a
+//! PostgreSQL primary with its synchronous standby ([`standby`]).
 
 #[macro_use]
 pub mod harness;
@@ -23,6 +24,7 @@ pub mod migrations;
 pub mod nginx;
 pub mod proxy;
 pub mod sse;
+pub mod standby;
 pub mod statement_log;
 pub mod statement_rule;
 pub mod webdriver;
