@@ -53,6 +53,13 @@ pub enum StoreError {
     /// connection lost or refused, SQLite's "database is locked".
     #[error("the database is busy: {0}")]
     Busy(String),
+    /// The database's disk has no room for the write (SQLite's
+    /// `SQLITE_FULL`; PostgreSQL's "No space left on device", from its data
+    /// disk or, with a PANIC, its WAL disk). Nothing of the transaction was
+    /// stored, and nothing will be until an operator frees space; then the
+    /// same connections serve again.
+    #[error("the database's disk is full: {0}")]
+    DiskFull(String),
     #[error("database error: {0}")]
     Database(diesel::result::Error),
     #[error("stored data is inconsistent: {0}")]
@@ -73,10 +80,33 @@ impl StoreError {
 
 impl From<diesel::result::Error> for StoreError {
     fn from(error: diesel::result::Error) -> Self {
+        if let Some(reason) = disk_full_reason(&error) {
+            return Self::DiskFull(reason);
+        }
         match transient_reason(&error) {
             Some(reason) => Self::Busy(reason),
             None => Self::Database(error),
         }
+    }
+}
+
+/// The database's own words when its disk is full. Neither driver reports
+/// this as a kind of its own: SQLite's `SQLITE_FULL` reads "database or
+/// disk is full" (a commit that cannot grow the WAL, a checkpoint that
+/// cannot grow the file), PostgreSQL's `53100` names the system's error
+/// (`could not extend file …`, or a WAL write's PANIC).
+fn disk_full_reason(error: &diesel::result::Error) -> Option<String> {
+    const MESSAGES: [&str; 2] = ["database or disk is full", "No space left on device"];
+    match error {
+        diesel::result::Error::DatabaseError(_, info)
+            if MESSAGES.iter().any(|m| info.message().contains(m)) =>
+        {
+            Some(info.message().to_owned())
+        }
+        diesel::result::Error::RollbackErrorOnCommit { commit_error, .. } => {
+            disk_full_reason(commit_error)
+        }
+        _ => None,
     }
 }
 
