@@ -293,10 +293,18 @@ impl GroupCommit {
         }
         let _abdicate = Abdicate(self);
         let Ok(mut conn) = store.conn() else {
-            for waiting in self.take(usize::MAX, true) {
-                waiting.refuse("no database connection became free in time");
+            // Until a take finds the queue empty, which gives up the lead:
+            // a leader that returned still leading would leave every later
+            // write waiting for it.
+            loop {
+                let waiting = self.take(usize::MAX, true);
+                if waiting.is_empty() {
+                    return;
+                }
+                for waiting in waiting {
+                    waiting.refuse("no database connection became free in time");
+                }
             }
-            return;
         };
         let run = |conn: &mut DbConnection| loop {
             let batch = self.take(self.limits.max_rows, true);
