@@ -519,6 +519,44 @@ mod tests {
         );
     }
 
+    /// SQLite ends a transaction by itself when a statement finds the disk
+    /// full; the driver notices at its next failing statement and counts
+    /// no transaction. Acted out here without a full disk: a `ROLLBACK`
+    /// behind the driver's back, then a statement that fails. A write
+    /// inside must be refused, not begun afresh (which would commit it
+    /// alone, and wait forever for the writer turn this thread holds).
+    #[test]
+    fn a_write_inside_a_transaction_sqlite_ended_is_refused() {
+        use crate::store::StoreError;
+        let dir = tempfile::tempdir().unwrap();
+        let url = DatabaseUrl::parse(dir.path().join("lost.db").to_str().unwrap()).unwrap();
+        let mut conn = DbConnectionManager::new(url, &DatabaseSettings::default())
+            .establish()
+            .unwrap();
+        let (sender, answer) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut inner = None;
+            let turn = WriterTurn::default();
+            let _ = turn.within(|| {
+                write_transaction(&mut conn, |conn| {
+                    conn.batch_execute("ROLLBACK").unwrap();
+                    let _ = conn.batch_execute("SELECT * FROM no_such_table");
+                    let write = write_transaction(conn, |_| Ok::<_, StoreError>(()));
+                    inner = Some(write.map_err(|error| error.to_string()));
+                    Ok::<_, StoreError>(())
+                })
+            });
+            let _ = sender.send(inner);
+        });
+        let inner = answer
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the inner write answers, not waits forever for its own thread's writer turn");
+        assert!(
+            matches!(inner, Some(Err(_))),
+            "the inner write was refused: {inner:?}"
+        );
+    }
+
     #[test]
     fn passwords_are_redacted_for_logs() {
         let url = DatabaseUrl::parse("postgres://app:s3cret@db:5432/onejob").unwrap();
