@@ -33,6 +33,7 @@ mod docs_check;
 mod docs_examples;
 mod door_matrix;
 mod edges;
+mod full_disk;
 mod gemini;
 mod group_commit;
 mod guard_agreement;

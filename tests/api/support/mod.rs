@@ -6,8 +6,10 @@
 //! ([`sse`]), readers of the server's metrics ([`metrics`]) and stored
 //! rows ([`db`]), a recorder of the statements sent ([`statement_log`]),
 //! databases as an earlier release left them
-//! ([`migrations`]), and a real nginx running `deploy/nginx.conf`
-//! ([`nginx`]) in front of three processes ([`balanced`]).
+//! ([`migrations`]), a real nginx running `deploy/nginx.conf`
+//! ([`nginx`]) in front of three processes ([`balanced`]), a size-limited
+//! tmpfs that a test fills ([`tmpfs`]) and a PostgreSQL cluster of a
+//! test's own ([`scratch_cluster`]).
 
 #[macro_use]
 pub mod harness;
@@ -21,8 +23,10 @@ pub mod metrics;
 pub mod migrations;
 pub mod nginx;
 pub mod proxy;
+pub mod scratch_cluster;
 pub mod sse;
 pub mod statement_log;
 pub mod statement_rule;
+pub mod tmpfs;
 pub mod webdriver;
 pub mod webhook_receiver;
