@@ -19,7 +19,10 @@
 //! (a budget refusal, a constraint) rolls back only its savepoint. If the
 //! commit itself fails,
 //! nothing of the batch was stored, and each write runs again in a
-//! transaction of its own.
+//! transaction of its own. So it goes when SQLite ends the batch's
+//! transaction by itself (a statement that found the disk full rolls it
+//! all back): nothing more runs in it (`write_transaction` refuses), and
+//! its commit fails.
 //!
 //! On PostgreSQL, which flushes concurrent commits together by itself,
 //! only creations queue, and a batch is one multi-row statement per owner:
