@@ -1,6 +1,7 @@
 //! The one application error type. Every use case answers with it; storage
 //! errors are mapped here, in one place (not found → `NotFound`, pool
-//! exhausted → `Unavailable`, anything else → `Internal`, logged), and each
+//! exhausted, a busy database or a full disk → `Unavailable`, anything
+//! else → `Internal`, logged), and each
 //! front end words it once (problem+json in `web::error`, a page in
 //! `web::pages`).
 
@@ -233,6 +234,13 @@ impl From<StoreError> for AppError {
                 tracing::warn!(%reason, "the database could not serve the request now");
                 Self::Unavailable(
                     "the database is busy or briefly unavailable; retry shortly with the same key"
+                        .into(),
+                )
+            }
+            StoreError::DiskFull(reason) => {
+                tracing::error!(%reason, "the database's disk is full: nothing can be written until an operator frees space");
+                Self::Unavailable(
+                    "the database's disk is full, so nothing was stored; retry later with the same key"
                         .into(),
                 )
             }

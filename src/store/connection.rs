@@ -345,21 +345,33 @@ pub fn placement_of(conn: &mut DbConnection) -> Placement {
 /// writes can fail with "database is locked" instead of waiting its turn.
 /// Inside [`WriterTurn::within`] it first waits for this process's earlier
 /// writers to finish.
+///
+/// SQLite ends a whole transaction by itself on some failures: a statement
+/// that finds the disk full (`SQLITE_FULL`) rolls back every savepoint and
+/// the transaction around them, and the driver then counts no transaction.
+/// So a failure's own error is kept when nothing is left to roll back, and
+/// a write whose enclosing transaction was lost this way is refused: begun
+/// afresh it would commit alone what its caller meant as part of a larger
+/// one (a batch of [`super::group_commit`]), and wait forever for the
+/// writer turn this thread already holds.
 pub fn write_transaction<T, E, F>(conn: &mut DbConnection, f: F) -> Result<T, E>
 where
     F: FnOnce(&mut DbConnection) -> Result<T, E>,
     E: From<diesel::result::Error>,
 {
-    type Manager = <DbConnection as Connection>::TransactionManager;
     let nested = Manager::transaction_manager_status_mut(conn)
         .transaction_depth()?
         .is_some();
     match conn {
         // Inside a transaction already: a savepoint (the write lock, on
         // SQLite, is held by the outer transaction).
-        _ if nested => conn.transaction(f),
+        _ if nested => savepoint(conn, f),
         DbConnection::Postgresql(_) => conn.transaction(f),
+        DbConnection::Sqlite(_) if InWriteTransaction::already() => {
+            Err(diesel::result::Error::BrokenTransactionManager.into())
+        }
         DbConnection::Sqlite(sqlite) => {
+            let _inside = InWriteTransaction::enter();
             let turn = WriterTurn::current();
             // A writer that panicked left nothing half-done behind the
             // mutex (its transaction rolls back), so a poisoned turn is fine.
@@ -379,12 +391,73 @@ where
                         Err(commit_error.into())
                     }
                 },
-                Err(error) => {
-                    Manager::rollback_transaction(conn)?;
-                    Err(error)
-                }
+                Err(error) => Err(roll_back(conn, error)),
             }
         }
+    }
+}
+
+type Manager = <DbConnection as Connection>::TransactionManager;
+
+/// `f` in a savepoint of the open transaction.
+fn savepoint<T, E, F>(conn: &mut DbConnection, f: F) -> Result<T, E>
+where
+    F: FnOnce(&mut DbConnection) -> Result<T, E>,
+    E: From<diesel::result::Error>,
+{
+    Manager::begin_transaction(conn)?;
+    match f(conn) {
+        Ok(value) => {
+            Manager::commit_transaction(conn)?;
+            Ok(value)
+        }
+        Err(error) => Err(roll_back(conn, error)),
+    }
+}
+
+/// Rolls back the innermost savepoint or transaction after `error`; the
+/// error to report: `error`, unless the rollback itself failed while a
+/// transaction is still open.
+fn roll_back<E: From<diesel::result::Error>>(conn: &mut DbConnection, error: E) -> E {
+    match Manager::rollback_transaction(conn) {
+        Ok(()) => error,
+        // SQLite ended the transaction itself: nothing was left to roll
+        // back, and the first error says why.
+        Err(_)
+            if matches!(
+                Manager::transaction_manager_status_mut(conn).transaction_depth(),
+                Ok(None)
+            ) =>
+        {
+            error
+        }
+        Err(rollback_error) => rollback_error.into(),
+    }
+}
+
+thread_local! {
+    /// Whether this thread is inside a SQLite write transaction of
+    /// [`write_transaction`]'s own beginning.
+    static IN_WRITE_TRANSACTION: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks this thread inside [`write_transaction`] until dropped.
+struct InWriteTransaction;
+
+impl InWriteTransaction {
+    fn already() -> bool {
+        IN_WRITE_TRANSACTION.with(std::cell::Cell::get)
+    }
+
+    fn enter() -> Self {
+        IN_WRITE_TRANSACTION.with(|inside| inside.set(true));
+        Self
+    }
+}
+
+impl Drop for InWriteTransaction {
+    fn drop(&mut self) {
+        IN_WRITE_TRANSACTION.with(|inside| inside.set(false));
     }
 }
 
@@ -465,6 +538,44 @@ mod tests {
         assert!(
             opcodes.contains(&"Variable"),
             "the limit was planned as a constant: {opcodes:?}"
+        );
+    }
+
+    /// SQLite ends a transaction by itself when a statement finds the disk
+    /// full; the driver notices at its next failing statement and counts
+    /// no transaction. Acted out here without a full disk: a `ROLLBACK`
+    /// behind the driver's back, then a statement that fails. A write
+    /// inside must be refused, not begun afresh (which would commit it
+    /// alone, and wait forever for the writer turn this thread holds).
+    #[test]
+    fn a_write_inside_a_transaction_sqlite_ended_is_refused() {
+        use crate::store::StoreError;
+        let dir = tempfile::tempdir().unwrap();
+        let url = DatabaseUrl::parse(dir.path().join("lost.db").to_str().unwrap()).unwrap();
+        let mut conn = DbConnectionManager::new(url, &DatabaseSettings::default())
+            .establish()
+            .unwrap();
+        let (sender, answer) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut inner = None;
+            let turn = WriterTurn::default();
+            let _ = turn.within(|| {
+                write_transaction(&mut conn, |conn| {
+                    conn.batch_execute("ROLLBACK").unwrap();
+                    let _ = conn.batch_execute("SELECT * FROM no_such_table");
+                    let write = write_transaction(conn, |_| Ok::<_, StoreError>(()));
+                    inner = Some(write.map_err(|error| error.to_string()));
+                    Ok::<_, StoreError>(())
+                })
+            });
+            let _ = sender.send(inner);
+        });
+        let inner = answer
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the inner write answers, not waits forever for its own thread's writer turn");
+        assert!(
+            matches!(inner, Some(Err(_))),
+            "the inner write was refused: {inner:?}"
         );
     }
 

@@ -19,7 +19,10 @@
 //! (a budget refusal, a constraint) rolls back only its savepoint. If the
 //! commit itself fails,
 //! nothing of the batch was stored, and each write runs again in a
-//! transaction of its own.
+//! transaction of its own. So it goes when SQLite ends the batch's
+//! transaction by itself (a statement that found the disk full rolls it
+//! all back): nothing more runs in it (`write_transaction` refuses), and
+//! its commit fails.
 //!
 //! On PostgreSQL, which flushes concurrent commits together by itself,
 //! only creations queue, and a batch is one multi-row statement per owner:
@@ -294,10 +297,18 @@ impl GroupCommit {
         }
         let _abdicate = Abdicate(self);
         let Ok(mut conn) = store.conn() else {
-            for waiting in self.take(usize::MAX, true) {
-                waiting.refuse("no database connection became free in time");
+            // Until a take finds the queue empty, which gives up the lead:
+            // a leader that returned still leading would leave every later
+            // write waiting for it.
+            loop {
+                let waiting = self.take(usize::MAX, true);
+                if waiting.is_empty() {
+                    return;
+                }
+                for waiting in waiting {
+                    waiting.refuse("no database connection became free in time");
+                }
             }
-            return;
         };
         let run = |conn: &mut PooledConnection<DbConnectionManager>| loop {
             let batch = self.take(self.limits.max_rows, true);

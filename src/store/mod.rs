@@ -59,6 +59,13 @@ pub enum StoreError {
     /// not pooled again ([`forget_if_lost`]).
     #[error("the connection to the database was lost: {0}")]
     ConnectionLost(String),
+    /// The database's disk has no room for the write (SQLite's
+    /// `SQLITE_FULL`; PostgreSQL's "No space left on device", from its data
+    /// disk or, with a PANIC, its WAL disk). Nothing of the transaction was
+    /// stored, and nothing will be until an operator frees space; then the
+    /// same connections serve again.
+    #[error("the database's disk is full: {0}")]
+    DiskFull(String),
     #[error("database error: {0}")]
     Database(diesel::result::Error),
     #[error("stored data is inconsistent: {0}")]
@@ -79,11 +86,38 @@ impl StoreError {
 
 impl From<diesel::result::Error> for StoreError {
     fn from(error: diesel::result::Error) -> Self {
+        if let Some(reason) = disk_full_reason(&error) {
+            return Self::DiskFull(reason);
+        }
         match transience(&error) {
             Some(Transience::Busy(reason)) => Self::Busy(reason),
             Some(Transience::ConnectionLost(reason)) => Self::ConnectionLost(reason),
             None => Self::Database(error),
         }
+    }
+}
+
+/// The database's own words when its disk is full. Neither driver reports
+/// this as a kind of its own: SQLite's `SQLITE_FULL` reads "database or
+/// disk is full" (a commit that cannot grow the WAL, a checkpoint that
+/// cannot grow the file); PostgreSQL's `53100` either names the system's
+/// error ("No space left on device", as a WAL write's PANIC does) or, for
+/// a table that could not grow by a whole block ("could not extend file …:
+/// wrote only 4096 of 8192 bytes"), only hints at it.
+fn disk_full_reason(error: &diesel::result::Error) -> Option<String> {
+    const MESSAGES: [&str; 2] = ["database or disk is full", "No space left on device"];
+    const HINT: &str = "Check free disk space";
+    match error {
+        diesel::result::Error::DatabaseError(_, info)
+            if MESSAGES.iter().any(|m| info.message().contains(m))
+                || info.hint().is_some_and(|hint| hint.contains(HINT)) =>
+        {
+            Some(info.message().to_owned())
+        }
+        diesel::result::Error::RollbackErrorOnCommit { commit_error, .. } => {
+            disk_full_reason(commit_error)
+        }
+        _ => None,
     }
 }
 
@@ -452,5 +486,64 @@ impl Store {
         })
         .await
         .map_err(|_| StoreError::Cancelled)?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StoreError;
+    use diesel::result::{DatabaseErrorInformation, DatabaseErrorKind, Error};
+
+    /// An error as PostgreSQL or SQLite words it: a message, and a hint.
+    #[derive(Debug)]
+    struct Words(&'static str, Option<&'static str>);
+
+    impl DatabaseErrorInformation for Words {
+        fn message(&self) -> &str {
+            self.0
+        }
+        fn details(&self) -> Option<&str> {
+            None
+        }
+        fn hint(&self) -> Option<&str> {
+            self.1
+        }
+        fn table_name(&self) -> Option<&str> {
+            None
+        }
+        fn column_name(&self) -> Option<&str> {
+            None
+        }
+        fn constraint_name(&self) -> Option<&str> {
+            None
+        }
+        fn statement_position(&self) -> Option<i32> {
+            None
+        }
+    }
+
+    fn from(message: &'static str, hint: Option<&'static str>) -> StoreError {
+        Error::DatabaseError(DatabaseErrorKind::Unknown, Box::new(Words(message, hint))).into()
+    }
+
+    /// Each database's words for a full disk, as the full-disk tests met
+    /// them (tests/api/full_disk).
+    #[test]
+    fn a_full_disk_on_either_database_is_disk_full() {
+        let hint = Some("Check free disk space.");
+        for (message, hint) in [
+            ("database or disk is full", None),
+            ("could not extend file \"base/16384/16386\": No space left on device", hint),
+            ("could not extend file \"base/16384/16418\": wrote only 4096 of 8192 bytes at block 51", hint),
+            ("could not write to file \"pg_wal/xlogtemp.18610\": No space left on device", None),
+        ] {
+            let error = from(message, hint);
+            assert!(
+                matches!(&error, StoreError::DiskFull(reason) if reason == message),
+                "{message}: {error:?}"
+            );
+        }
+        let busy = from("deadlock detected", None);
+        assert!(matches!(busy, StoreError::Busy(_)), "{busy:?}");
     }
 }

@@ -699,7 +699,63 @@ async fn a_batch_of_thousands_is_stored_whole_in_a_few_statements(backend: TestB
     );
 }
 
+/// A leader that gets no pooled connection in time refuses its batch (a
+/// 503) and gives up the lead: the next creation leads and commits. (A
+/// leader that returned still leading left every later creation waiting
+/// for it, until a restart: a database outage that outlasted the pool's
+/// wait wedged creations for good.)
+async fn a_leader_without_a_connection_refuses_its_batch_and_the_next_comer_leads(
+    backend: TestBackend,
+) {
+    let db = TestDb::create(backend);
+    let mut config = test_config(DEFAULT_TEST_PROVIDERS);
+    config.database.pool_size = 1;
+    config.database.pool_timeout_ms = 200;
+    let store = {
+        let url = db.url.clone();
+        tokio::task::spawn_blocking(move || onejob::startup::open_store(&url, &config).unwrap())
+            .await
+            .unwrap()
+    };
+    // The pool's one connection, held by the test while the first
+    // creation queues: its leader gets none.
+    let (held, owner) = {
+        let store = store.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut conn = store.conn().unwrap();
+            let (user, _) = user_store::add_user(&mut conn, "alice", Role::User).unwrap();
+            (conn, user.id)
+        })
+        .await
+        .unwrap()
+    };
+    let first = tokio::time::timeout(
+        Duration::from_secs(10),
+        store.create_job(crate::support::db::new_job(&owner, "no-connection"), None),
+    )
+    .await
+    .expect("the first creation is answered");
+    assert!(
+        matches!(first, Err(StoreError::Busy(_))),
+        "refused as busy: {:?}",
+        first.map(|_| ())
+    );
+    drop(held);
+    let next = tokio::time::timeout(
+        Duration::from_secs(10),
+        store.create_job(crate::support::db::new_job(&owner, "next-comer"), None),
+    )
+    .await
+    .expect("the next creation leads, not waits for a leader that has gone");
+    assert!(
+        matches!(next, Ok((CreateOutcome::Created(_), _))),
+        "created: {:?}",
+        next.map(|_| ())
+    );
+}
+
 on_both_backends!(
+    a_leader_without_a_connection_refuses_its_batch_and_the_next_comer_leads,
     one_owners_batch_stores_what_each_creation_alone_would,
     a_batch_of_thousands_is_stored_whole_in_a_few_statements,
     a_batch_with_a_replay_and_a_reused_key_answers_each_and_stores_the_right_rows,

@@ -34,6 +34,7 @@ mod docs_examples;
 mod door_matrix;
 mod edges;
 mod failover;
+mod full_disk;
 mod gemini;
 mod group_commit;
 mod guard_agreement;

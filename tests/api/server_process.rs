@@ -176,6 +176,11 @@ impl ServerProcess {
         let _ = self.child.kill();
     }
 
+    /// Its exit status, if it has exited (`None`: still running).
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().unwrap()
+    }
+
     /// Waits for the process to exit (panics after `within`); its exit status.
     pub async fn wait_exit(&mut self, within: Duration) -> std::process::ExitStatus {
         let deadline = Instant::now() + within;

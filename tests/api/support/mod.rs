@@ -7,8 +7,10 @@
 //! rows ([`db`]), a recorder of the statements sent ([`statement_log`]),
 //! databases as an earlier release left them
 //! ([`migrations`]), a real nginx running `deploy/nginx.conf`
-//! ([`nginx`]) in front of three processes ([`balanced`]), and a
-//! PostgreSQL primary with its synchronous standby ([`standby`]).
+//! ([`nginx`]) in front of three processes ([`balanced`]), a PostgreSQL
+//! primary with its synchronous standby ([`standby`]), a size-limited
+//! tmpfs that a test fills ([`tmpfs`]) and a PostgreSQL cluster of a
+//! test's own ([`scratch_cluster`]).
 
 #[macro_use]
 pub mod harness;
@@ -23,9 +25,11 @@ pub mod metrics;
 pub mod migrations;
 pub mod nginx;
 pub mod proxy;
+pub mod scratch_cluster;
 pub mod sse;
 pub mod standby;
 pub mod statement_log;
 pub mod statement_rule;
+pub mod tmpfs;
 pub mod webdriver;
 pub mod webhook_receiver;
