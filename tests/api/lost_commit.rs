@@ -25,9 +25,7 @@ use diesel::prelude::*;
 use onejob::config::Config;
 use onejob::domain::webhook::WebhookKey;
 use onejob::domain::{AttemptState, Secret};
-use onejob::store::schema::{
-    attempts, budget_reservations, jobs, race_log, usage_ledger, webhook_events,
-};
+use onejob::store::schema::{attempts, webhook_events};
 use onejob::store::{DatabaseUrl, Store};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -133,6 +131,26 @@ impl Behind {
             .unwrap()
     }
 
+    /// How many rows of `table` have `value` in `column`, around the proxy.
+    async fn rows_where(&self, table: &'static str, column: &'static str, value: &str) -> i64 {
+        #[derive(QueryableByName)]
+        struct Count {
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            n: i64,
+        }
+        let value = value.to_owned();
+        self.read(move |conn| {
+            diesel::sql_query(format!(
+                "SELECT count(*) AS n FROM {table} WHERE {column} = $1"
+            ))
+            .bind::<diesel::sql_types::Text, _>(value)
+            .get_result::<Count>(conn)
+            .unwrap()
+            .n
+        })
+        .await
+    }
+
     /// The job's attempts as (id, state, sent) around the proxy.
     async fn attempts(&self, job_id: &str) -> Vec<(String, AttemptState, bool)> {
         let job_id = job_id.to_owned();
@@ -146,42 +164,6 @@ impl Behind {
                     attempts::sent_at.is_not_null(),
                 ))
                 .load::<(String, AttemptState, bool)>(conn)
-                .unwrap()
-        })
-        .await
-    }
-
-    async fn jobs_under(&self, key: &str) -> i64 {
-        let key = key.to_owned();
-        self.read(move |conn| {
-            jobs::table
-                .filter(jobs::idempotency_key.eq(key))
-                .count()
-                .get_result(conn)
-                .unwrap()
-        })
-        .await
-    }
-
-    async fn race_rows(&self, job_id: &str) -> i64 {
-        let job_id = job_id.to_owned();
-        self.read(move |conn| {
-            race_log::table
-                .filter(race_log::job_id.eq(job_id))
-                .count()
-                .get_result(conn)
-                .unwrap()
-        })
-        .await
-    }
-
-    async fn ledger_rows(&self, job_id: &str) -> i64 {
-        let job_id = job_id.to_owned();
-        self.read(move |conn| {
-            usage_ledger::table
-                .filter(usage_ledger::job_id.eq(job_id))
-                .count()
-                .get_result(conn)
                 .unwrap()
         })
         .await
@@ -200,18 +182,6 @@ impl Behind {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-    }
-
-    async fn events_of(&self, job_id: &str) -> i64 {
-        let job_id = job_id.to_owned();
-        self.read(move |conn| {
-            webhook_events::table
-                .filter(webhook_events::job_id.eq(job_id))
-                .count()
-                .get_result(conn)
-                .unwrap()
-        })
-        .await
     }
 
     /// Waits until the job's one event is recorded delivered.
@@ -237,18 +207,6 @@ impl Behind {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-    }
-
-    async fn reservations(&self, job_id: &str) -> i64 {
-        let job_id = job_id.to_owned();
-        self.read(move |conn| {
-            budget_reservations::table
-                .filter(budget_reservations::job_id.eq(job_id))
-                .count()
-                .get_result(conn)
-                .unwrap()
-        })
-        .await
     }
 
     async fn reserved(&self, owner: &onejob::domain::UserId) -> i64 {
@@ -315,7 +273,12 @@ mod postgres {
         assert_eq!(attempts[0].1, AttemptState::Succeeded);
         assert_eq!(fake.requests_for(&attempts[0].0), 1, "sent once");
         assert_eq!(fake.total_requests(), 1);
-        assert_eq!(behind.jobs_under("lost-create").await, 1);
+        assert_eq!(
+            behind
+                .rows_where("jobs", "idempotency_key", "lost-create")
+                .await,
+            1
+        );
         assert_eq!(job["attempts"][0]["outcome"], "won");
         record_figures(
             "lost_commit_creation",
@@ -388,8 +351,8 @@ mod postgres {
         assert_eq!(job["attempts"][0]["outcome"], "won");
         assert_eq!(fake.total_requests(), 1, "sent once");
         let (races, ledger) = (
-            behind.race_rows(&job_id).await,
-            behind.ledger_rows(&job_id).await,
+            behind.rows_where("race_log", "job_id", &job_id).await,
+            behind.rows_where("usage_ledger", "job_id", &job_id).await,
         );
         assert_eq!(races, 0, "the retry is not a late answer");
         assert_eq!(ledger, 1, "billed once");
@@ -442,7 +405,11 @@ mod postgres {
         behind.proxy.tripped(TRAP_WAIT).await;
         app.wait_for_status(&first, "succeeded", WAIT).await;
         let delivered = receiver.wait_for(1, WAIT).await;
-        assert_eq!(behind.events_of(&first).await, 1, "one event for the job");
+        assert_eq!(
+            behind.rows_where("webhook_events", "job_id", &first).await,
+            1,
+            "one event for the job"
+        );
 
         behind.proxy.lose_commit_reply(DELIVERY_DONE);
         let second = app
@@ -461,7 +428,11 @@ mod postgres {
             .map(|r| r.webhook_id().to_owned())
             .collect();
         assert_eq!(of_second.len(), 1, "delivered once: {of_second:?}");
-        assert_eq!(behind.events_of(&second).await, 1, "one event for the job");
+        assert_eq!(
+            behind.rows_where("webhook_events", "job_id", &second).await,
+            1,
+            "one event for the job"
+        );
         let first_ids: Vec<&str> = delivered.iter().map(|r| r.webhook_id()).collect();
         record_figures(
             "lost_commit_webhook_outbox",
@@ -506,13 +477,20 @@ mod postgres {
         let reserved_while_running = behind.reserved(&owner).await;
         app.wait_for_status(&job_id, "succeeded", WAIT).await;
         behind.wait_worker_idle().await;
-        assert_eq!(behind.jobs_under("lost-budget").await, 1);
+        assert_eq!(
+            behind
+                .rows_where("jobs", "idempotency_key", "lost-budget")
+                .await,
+            1
+        );
         assert_eq!(fake.total_requests(), 1, "sent once");
         // Given back when the job ended: nothing left reserved.
         let deadline = std::time::Instant::now() + WAIT;
         let (reservations, reserved) = loop {
             let counted = (
-                behind.reservations(&job_id).await,
+                behind
+                    .rows_where("budget_reservations", "job_id", &job_id)
+                    .await,
                 behind.reserved(&owner).await,
             );
             if counted == (0, 0) || std::time::Instant::now() > deadline {
