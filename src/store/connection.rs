@@ -39,6 +39,19 @@ text_enum! {
     }
 }
 
+/// Whether `raw` is libpq's keyword/value form (`host=db port=5432
+/// dbname=onejob`), which would otherwise be taken for a SQLite file's
+/// path: words of `keyword=value`, one of them a connection keyword.
+fn is_keyword_value_form(raw: &str) -> bool {
+    const KEYWORDS: [&str; 6] = ["host", "hostaddr", "port", "dbname", "user", "password"];
+    !raw.contains("://")
+        && raw.split_whitespace().all(|word| word.contains('='))
+        && raw.split_whitespace().any(|word| {
+            word.split_once('=')
+                .is_some_and(|(key, _)| KEYWORDS.contains(&key))
+        })
+}
+
 /// `postgres://…` / `postgresql://…`, or a SQLite file path (optionally `sqlite://path`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DatabaseUrl(String);
@@ -48,6 +61,9 @@ impl DatabaseUrl {
         let raw = raw.trim();
         if raw.is_empty() {
             return Err(ConnectError::EmptyUrl);
+        }
+        if is_keyword_value_form(raw) {
+            return Err(ConnectError::KeywordValueForm);
         }
         Ok(Self(raw.to_owned()))
     }
@@ -139,6 +155,13 @@ fn redact_password_parameter(url: &str) -> String {
 pub enum ConnectError {
     #[error("DATABASE_URL is empty")]
     EmptyUrl,
+    /// Not echoed: the string may hold a password.
+    #[error(
+        "DATABASE_URL is in libpq's keyword/value form (host=… dbname=…); onejob takes the URL \
+         form: postgres://user:password@host:5432/dbname (several hosts: \
+         postgres://user@db-a:5432,db-b:5432/dbname?target_session_attrs=read-write)"
+    )]
+    KeywordValueForm,
     #[error("cannot connect to {url}: {source}")]
     Connection {
         url: String,
@@ -577,6 +600,28 @@ mod tests {
             matches!(inner, Some(Err(_))),
             "the inner write was refused: {inner:?}"
         );
+    }
+
+    /// libpq's keyword/value form is refused with the URL form to use
+    /// (taken for a SQLite path, it would have made a file by that name),
+    /// and the refusal does not repeat the string, which may hold a
+    /// password. A SQLite path with `=` in it is still a path.
+    #[test]
+    fn libpq_keyword_value_strings_are_refused_with_the_url_form_to_use() {
+        for raw in [
+            "host=db port=5432 dbname=onejob",
+            "host=pg-one,pg-two dbname=onejob target_session_attrs=read-write password=s3cret",
+        ] {
+            let error = DatabaseUrl::parse(raw).unwrap_err().to_string();
+            assert!(error.contains("postgres://"), "{error}");
+            assert!(
+                !error.contains("s3cret") && !error.contains("pg-one"),
+                "{error}"
+            );
+        }
+        for path in ["onejob.db", "data/a=b.db", "sqlite://x=1.db"] {
+            assert_eq!(DatabaseUrl::parse(path).unwrap().backend(), Backend::Sqlite);
+        }
     }
 
     #[test]
