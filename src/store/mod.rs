@@ -268,6 +268,41 @@ pub struct Store {
     batches: Option<group_commit::GroupCommit>,
     /// One database, or distributed by owner (read at start).
     placement: connection::Placement,
+    /// Raised when a connection broke: see [`Suspicion`].
+    suspicion: Suspicion,
+}
+
+/// After one connection broke, the pool's idle ones may be dead too (the
+/// server restarted, or failed over to a standby), and each would fail its
+/// next caller once before the pool drops it. For a while after a break,
+/// each checkout is tried with a round trip first and a dead connection is
+/// swapped for a fresh one, so one request answers `503`, not one for every
+/// pooled connection. The rest of the time checkouts cost nothing.
+#[derive(Clone, Default)]
+struct Suspicion(Arc<std::sync::atomic::AtomicU64>);
+
+impl Suspicion {
+    /// How long checkouts are tried after a break.
+    const WINDOW: Duration = Duration::from_secs(10);
+
+    fn base() -> std::time::Instant {
+        static BASE: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        *BASE.get_or_init(std::time::Instant::now)
+    }
+
+    fn now_ms() -> u64 {
+        Self::base().elapsed().as_millis() as u64
+    }
+
+    fn raise(&self) {
+        let until = Self::now_ms() + Self::WINDOW.as_millis() as u64;
+        self.0
+            .fetch_max(until, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn active(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed) > Self::now_ms()
+    }
 }
 
 impl Store {
@@ -321,6 +356,7 @@ impl Store {
                 })
             }),
             placement,
+            suspicion: Suspicion::default(),
         })
     }
 
@@ -349,7 +385,36 @@ impl Store {
 
     /// A pooled connection, for blocking code such as the CLI and tests.
     pub fn conn(&self) -> StoreResult<diesel::r2d2::PooledConnection<DbConnectionManager>> {
-        self.pool.get().map_err(StoreError::PoolExhausted)
+        self.checkout().map_err(StoreError::PoolExhausted)
+    }
+
+    /// A pooled connection; while [`Suspicion`] is raised, one that answers
+    /// a round trip (a dead one is dropped, and another taken).
+    fn checkout(&self) -> Result<diesel::r2d2::PooledConnection<DbConnectionManager>, r2d2::Error> {
+        let mut conn = self.pool.get()?;
+        if !self.suspicion.active() {
+            return Ok(conn);
+        }
+        for _ in 0..self.pool.max_size() {
+            if diesel::connection::SimpleConnection::batch_execute(&mut *conn, "SELECT 1").is_ok() {
+                break;
+            }
+            forget_if_lost(
+                &mut conn,
+                &Err::<(), _>(StoreError::ConnectionLost(String::new())),
+            );
+            drop(conn);
+            conn = self.pool.get()?;
+        }
+        Ok(conn)
+    }
+
+    /// [`forget_if_lost`], and the pool's other connections suspect.
+    fn note_if_lost<T>(&self, conn: &mut DbConnection, outcome: &StoreResult<T>) {
+        if let Err(StoreError::ConnectionLost(_)) = outcome {
+            forget_if_lost(conn, outcome);
+            self.suspicion.raise();
+        }
     }
 
     /// This process's SQLite writers' turn (none on PostgreSQL).
@@ -394,11 +459,11 @@ impl Store {
             return outcome;
         };
         tracing::warn!(%reason, "the connection broke during a creation");
-        forget_if_lost(conn, &outcome);
-        match self.pool.get() {
+        self.note_if_lost(conn, &outcome);
+        match self.checkout() {
             Ok(mut fresh) => {
                 let confirmed = jobs::confirm_creation(&mut fresh, new, self.placement);
-                forget_if_lost(&mut fresh, &confirmed);
+                self.note_if_lost(&mut fresh, &confirmed);
                 confirmed
             }
             Err(_) => outcome,
@@ -468,20 +533,19 @@ impl Store {
         F: FnOnce(&mut DbConnection) -> StoreResult<T> + Send + 'static,
         T: Send + 'static,
     {
-        let (pool, observer) = (self.pool.clone(), self.pool_wait.clone());
-        let writers = self.writers.clone();
+        let store = self.clone();
         tokio::task::spawn_blocking(move || {
             let asked = std::time::Instant::now();
-            let conn = pool.get();
-            if let Some(observe) = &observer {
+            let conn = store.checkout();
+            if let Some(observe) = &store.pool_wait {
                 observe(asked.elapsed());
             }
             let mut conn = conn.map_err(StoreError::PoolExhausted)?;
-            let outcome = match &writers {
+            let outcome = match &store.writers {
                 Some(turn) => turn.within(|| f(&mut conn)),
                 None => f(&mut conn),
             };
-            forget_if_lost(&mut conn, &outcome);
+            store.note_if_lost(&mut conn, &outcome);
             outcome
         })
         .await

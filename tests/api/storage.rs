@@ -175,3 +175,74 @@ on_both_backends!(
     get_routes_also_answer_head,
     every_session_commits_durably_whatever_the_database_default,
 );
+
+/// PostgreSQL ends every session of a store's pool (a restart or a
+/// failover does that): the call that finds its connection dead fails, as
+/// `ConnectionLost` (answered `503`), and every later one is served,
+/// however many dead connections the pool held: for a while after a break
+/// each checkout is tried first, and a dead connection swapped for a fresh
+/// one. Without that, each pooled connection fails one call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pool_whose_sessions_all_died_fails_one_call_not_one_per_connection() {
+    if !crate::support::harness::postgres_available() {
+        return;
+    }
+    let mut config = test_config(DEFAULT_TEST_PROVIDERS);
+    config.database.pool_size = 6;
+    let db = crate::support::harness::TestDb::create(TestBackend::Postgres);
+    let (url, settings) = (db.url.clone(), config.clone());
+    let store =
+        tokio::task::spawn_blocking(move || onejob::startup::open_store(&url, &settings).unwrap())
+            .await
+            .unwrap();
+    let url = db.url.as_str().to_owned();
+    let (pool_store, ended) = tokio::task::spawn_blocking(move || {
+        // Every connection of the pool opened, then back in it, idle.
+        let held: Vec<_> = (0..6).map(|_| pool_store_conn(&store)).collect();
+        drop(held);
+        let mut admin = diesel::PgConnection::establish(&url).unwrap();
+        let ended = diesel::sql_query(
+            "SELECT count(pg_terminate_backend(pid)) AS value FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        )
+        .get_result::<Number>(&mut admin)
+        .unwrap()
+        .value;
+        (store, ended)
+    })
+    .await
+    .unwrap();
+    assert_eq!(ended, 6, "the pool's sessions were ended");
+    let mut outcomes = Vec::new();
+    for _ in 0..12 {
+        let read = pool_store
+            .run(|conn| {
+                diesel::sql_query("SELECT 1::bigint AS value")
+                    .get_result::<Number>(conn)
+                    .map_err(onejob::store::StoreError::from)
+            })
+            .await;
+        outcomes.push(match read {
+            Ok(_) => "ok".to_owned(),
+            Err(error) => format!("{error:?}").chars().take(14).collect(),
+        });
+    }
+    let failed = outcomes.iter().filter(|o| *o != "ok").count();
+    assert!(failed <= 1, "one call failed at most: {outcomes:?}");
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| o == "ok" || o.starts_with("ConnectionLost")),
+        "{outcomes:?}"
+    );
+    crate::support::harness::record_figures(
+        "dead_pool",
+        &format!("{ended} sessions of a pool of 6 ended; the next 12 calls: {outcomes:?}"),
+    );
+}
+
+fn pool_store_conn(
+    store: &Store,
+) -> diesel::r2d2::PooledConnection<onejob::store::DbConnectionManager> {
+    store.conn().unwrap()
+}
