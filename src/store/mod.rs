@@ -184,10 +184,16 @@ fn transience(error: &diesel::result::Error) -> Option<Transience> {
 /// server".
 pub fn forget_if_lost<T>(conn: &mut DbConnection, outcome: &StoreResult<T>) {
     if let Err(StoreError::ConnectionLost(_)) = outcome {
-        type Manager = <DbConnection as diesel::Connection>::TransactionManager;
-        <Manager as diesel::connection::TransactionManager<DbConnection>>::transaction_manager_status_mut(conn)
-            .set_in_error();
+        mark_broken(conn);
     }
+}
+
+/// Marks `conn`'s transaction state broken: the pool drops it when it comes
+/// back.
+fn mark_broken(conn: &mut DbConnection) {
+    type Manager = <DbConnection as diesel::Connection>::TransactionManager;
+    <Manager as diesel::connection::TransactionManager<DbConnection>>::transaction_manager_status_mut(conn)
+        .set_in_error();
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
@@ -399,10 +405,7 @@ impl Store {
             if diesel::connection::SimpleConnection::batch_execute(&mut *conn, "SELECT 1").is_ok() {
                 break;
             }
-            forget_if_lost(
-                &mut conn,
-                &Err::<(), _>(StoreError::ConnectionLost(String::new())),
-            );
+            mark_broken(&mut conn);
             drop(conn);
             conn = self.pool.get()?;
         }

@@ -171,6 +171,17 @@ impl Behind {
 }
 
 impl Behind {
+    /// The job's one attempt, which succeeded, sent once (the provider's
+    /// only request): its id.
+    async fn one_attempt_sent_once(&self, fake: &FakeProvider, job_id: &str) -> String {
+        let attempts = self.attempts(job_id).await;
+        assert_eq!(attempts.len(), 1, "{attempts:?}");
+        assert_eq!(attempts[0].1, AttemptState::Succeeded);
+        assert_eq!(fake.requests_for(&attempts[0].0), 1, "sent once");
+        assert_eq!(fake.total_requests(), 1);
+        attempts[0].0.clone()
+    }
+
     /// Waits until the worker's one slot is free again: every attempt it
     /// ran is done, its outcome applied (retries included).
     async fn wait_worker_idle(&self) {
@@ -268,11 +279,7 @@ mod postgres {
         let job_id = body["id"].as_str().unwrap().to_owned();
         let job = app.wait_for_status(&job_id, "succeeded", WAIT).await;
         behind.wait_worker_idle().await;
-        let attempts = behind.attempts(&job_id).await;
-        assert_eq!(attempts.len(), 1, "{attempts:?}");
-        assert_eq!(attempts[0].1, AttemptState::Succeeded);
-        assert_eq!(fake.requests_for(&attempts[0].0), 1, "sent once");
-        assert_eq!(fake.total_requests(), 1);
+        let attempt = behind.one_attempt_sent_once(&fake, &job_id).await;
         assert_eq!(
             behind
                 .rows_where("jobs", "idempotency_key", "lost-create")
@@ -284,7 +291,7 @@ mod postgres {
             "lost_commit_creation",
             &format!(
                 "creation: statuses {statuses:?}; 1 job under the key; attempt sent {} time(s); job {}",
-                fake.requests_for(&attempts[0].0),
+                fake.requests_for(&attempt),
                 job["status"]
             ),
         );
@@ -311,18 +318,14 @@ mod postgres {
         );
         let job = behind.app.wait_for_status(&job_id, "succeeded", WAIT).await;
         behind.wait_worker_idle().await;
-        let attempts = behind.attempts(&job_id).await;
-        assert_eq!(attempts.len(), 1, "{attempts:?}");
-        assert_eq!(attempts[0].1, AttemptState::Succeeded);
-        assert_eq!(fake.requests_for(&attempts[0].0), 1, "sent once");
-        assert_eq!(fake.total_requests(), 1);
+        let attempt = behind.one_attempt_sent_once(&fake, &job_id).await;
         record_figures(
             "lost_commit_claim",
             &format!(
                 "claim: attempt sent {} time(s); job {}; attempt {:?}",
-                fake.requests_for(&attempts[0].0),
+                fake.requests_for(&attempt),
                 job["status"],
-                attempts[0].1
+                AttemptState::Succeeded
             ),
         );
     }
