@@ -21,6 +21,7 @@
 //! See docs/benchmarks.md.
 
 mod ceiling;
+mod cpu;
 mod cpu_budget;
 mod load;
 mod servers;
@@ -31,6 +32,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use cpu::CpuMeter;
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel::sql_types::BigInt;
@@ -66,6 +68,18 @@ struct Args {
     /// at the end, and the databases dropped).
     #[arg(long)]
     keep: Option<std::path::PathBuf>,
+    /// Pin the `onejob serve` processes to these CPUs (`taskset -c`'s
+    /// list, say `0-7`), apart from the load generator's.
+    #[arg(long)]
+    server_cpus: Option<String>,
+    /// Pin this process (the load generator and the fake upstreams) to
+    /// these CPUs.
+    #[arg(long)]
+    load_cpus: Option<String>,
+    /// `[server] http_workers` for the footprint's second idle reading:
+    /// as many HTTP workers as a machine of that many cores gets.
+    #[arg(long, default_value_t = 16)]
+    many_workers: usize,
 }
 
 /// What a ratio must come to, if anything.
@@ -117,6 +131,9 @@ struct Bench {
     /// Rates on an empty database, for the `prefill` comparison.
     empty_create: Option<f64>,
     empty_lifecycle: Option<f64>,
+    /// CPU per job measured so far, in µs, by what was measured
+    /// (`"create server"`, `"pgbench create database per transaction"`…).
+    cpu: std::cell::RefCell<std::collections::HashMap<String, Option<f64>>>,
 }
 
 const SIMULATED: &str = r#"
@@ -160,6 +177,12 @@ fn config(worker_concurrency: usize, pool_size: u32, providers_and_tasks: &str) 
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
+    if let Some(cpus) = &args.server_cpus {
+        servers::SERVER_CPUS.set(cpus.clone()).unwrap();
+    }
+    if let Some(cpus) = &args.load_cpus {
+        cpu::pin_self(cpus);
+    }
     let (temp, dir) = match &args.keep {
         Some(dir) => {
             std::fs::create_dir_all(dir).expect("creating --keep");
@@ -182,13 +205,16 @@ async fn main() {
         ratios: Vec::new(),
         empty_create: None,
         empty_lifecycle: None,
+        cpu: Default::default(),
         args,
     };
     println!(
-        "onejob benchmark: {} s per run, {} clients, {} CPUs",
+        "onejob benchmark: {} s per run, {} clients, {} CPUs (servers on {}, load on {})",
         bench.args.seconds,
         bench.args.concurrency,
-        std::thread::available_parallelism().map_or(0, |n| n.get())
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        bench.args.server_cpus.as_deref().unwrap_or("any"),
+        bench.args.load_cpus.as_deref().unwrap_or("any"),
     );
     let started = Instant::now();
     let mut lifecycle_one = None;
@@ -267,6 +293,32 @@ impl Bench {
             ratio.target()
         );
         self.ratios.push(ratio);
+    }
+
+    /// The server's CPU per job of the run tagged `tag`, against
+    /// PostgreSQL's CPU per transaction of pgbench's `script`: what the
+    /// database itself spends on the bare statements. Beside it,
+    /// PostgreSQL's CPU per job under onejob.
+    fn push_cpu(&mut self, name: &str, tag: &str, script: &str) {
+        let measured = |key: String| self.cpu.borrow().get(&key).copied().flatten();
+        let server = measured(format!("{tag} server"));
+        let database = measured(format!("{tag} database"));
+        let bare = measured(format!("pgbench {script} database per transaction"));
+        let us = |v: Option<f64>| v.map_or("?".to_owned(), |v| format!("{v:.1} µs"));
+        self.push(Ratio {
+            name: name.into(),
+            product: format!(
+                "{} (PostgreSQL's under onejob {})",
+                us(server),
+                us(database)
+            ),
+            ceiling: format!(
+                "PostgreSQL's per pgbench {script}.sql transaction {}",
+                us(bare)
+            ),
+            ratio: server.zip(bare).map_or(f64::NAN, |(s, b)| s / b.max(0.001)),
+            goal: Goal::None,
+        });
     }
 
     /// Creations over HTTP: unique keys, 201 expected.
@@ -354,6 +406,7 @@ impl Bench {
             ratio: rate / batched,
             goal: Goal::None,
         });
+        self.push_cpu("server CPU per PostgreSQL creation", "create", "create");
         self.push(Ratio {
             name: "creation (PostgreSQL)".into(),
             product: format!("{rate:.0} jobs/s"),
@@ -375,10 +428,21 @@ impl Bench {
         .await;
         ceiling::analyze(&deployment.database_url);
         let syncs_before = ceiling::wal_syncs(&deployment.database_url);
+        let meter = CpuMeter::start(servers::pids(&servers));
         let run = self
             .create_load(&servers, &deployment.token, tag, self.seconds())
             .await;
+        let spent = meter.stop();
         println!("  onejob creation: {}", run.summary());
+        println!("  {}", spent.line(run.latencies.len()));
+        self.cpu.borrow_mut().insert(
+            format!("{tag} server"),
+            spent.server_per_job(run.latencies.len()),
+        );
+        self.cpu.borrow_mut().insert(
+            format!("{tag} database"),
+            spent.database_per_job(run.latencies.len()),
+        );
         if let (Some(before), Some(after)) =
             (syncs_before, ceiling::wal_syncs(&deployment.database_url))
         {
@@ -410,7 +474,18 @@ impl Bench {
         ceiling::analyze(&url);
         let since = chrono::Utc::now().timestamp_millis();
         let syncs_before = ceiling::wal_syncs(&url);
+        let meter = CpuMeter::start(Vec::new());
         let tps = run(self.args.seconds);
+        let spent = meter.stop();
+        let transactions = (tps * self.args.seconds as f64) as usize;
+        println!(
+            "  pgbench {name}: PostgreSQL's CPU {:?} µs per transaction",
+            spent.database_per_job(transactions).map(|us| us.round())
+        );
+        self.cpu.borrow_mut().insert(
+            format!("pgbench {name} database per transaction"),
+            spent.database_per_job(transactions),
+        );
         if let (Some(before), Some(after)) = (syncs_before, ceiling::wal_syncs(&url)) {
             let transactions = tps * self.args.seconds as f64;
             println!(
@@ -457,12 +532,23 @@ impl Bench {
         ceiling::analyze(url);
         let since = chrono::Utc::now().timestamp_millis();
         let started = Instant::now();
+        let meter = CpuMeter::start(servers::pids(&servers));
         let run = self
             .create_load(&servers, &deployment.token, tag, self.seconds())
             .await;
         let created_in = started.elapsed();
         let succeeded = wait_until_finished(url, since, Duration::from_secs(120));
         let elapsed = started.elapsed();
+        let spent = meter.stop();
+        println!("  {}", spent.line(succeeded as usize));
+        self.cpu.borrow_mut().insert(
+            format!("{tag} server"),
+            spent.server_per_job(succeeded as usize),
+        );
+        self.cpu.borrow_mut().insert(
+            format!("{tag} database"),
+            spent.database_per_job(succeeded as usize),
+        );
         let rate = succeeded as f64 / elapsed.as_secs_f64();
         println!(
             "  onejob lifecycle, {processes} process(es): {} created in {:.1} s ({}), all {succeeded} succeeded after {:.1} s = {rate:.0} jobs/s",
@@ -503,6 +589,7 @@ impl Bench {
         let tps = finished as f64 / self.args.seconds as f64;
         self.drop_database(&database);
         println!("  pgbench lifecycle.sql: {rounds:.0} rounds/s, {finished} jobs finished = {tps:.0} jobs/s");
+        self.push_cpu("server CPU per lifecycle job", "life", "lifecycle");
         self.push(Ratio {
             name: "lifecycle (PostgreSQL)".into(),
             product: format!("{rate:.0} jobs/s"),
@@ -642,11 +729,14 @@ impl Bench {
             Duration::from_secs(1),
         )
         .await;
-        let cpu_before = (servers[0].cpu_time(), servers::cpu_time_of("self"));
+        let meter = CpuMeter::start(servers::pids(&servers));
         let commits_before = self.group_commits(&servers[0].base, &admin).await;
         let run = self
             .create_load(&servers, &deployment.token, "sqlite", self.seconds())
             .await;
+        // Where the cores went: the server's CPU and the load generator's
+        // (this process), per job.
+        let spent = meter.stop();
         println!("  onejob creation: {}", run.summary());
         // Each SQLite commit is one flush of the WAL (synchronous=FULL).
         if let (Some(before), Some(after)) = (
@@ -662,21 +752,8 @@ impl Bench {
                 rows / commits.max(1.0)
             );
         }
-        // Where the two cores went: the server's CPU and the load
-        // generator's (this process), per job.
-        let cpu_after = (servers[0].cpu_time(), servers::cpu_time_of("self"));
-        let per_job = |before: Option<Duration>, after: Option<Duration>| {
-            before.zip(after).map_or("?".to_owned(), |(before, after)| {
-                let spent = (after - before).as_secs_f64();
-                let jobs = run.latencies.len().max(1) as f64;
-                format!("{spent:.2} s = {:.1} µs per job", spent * 1e6 / jobs)
-            })
-        };
-        println!(
-            "  CPU over the run: server {}; load generator {}",
-            per_job(cpu_before.0, cpu_after.0),
-            per_job(cpu_before.1, cpu_after.1)
-        );
+        println!("  {}", spent.line(run.latencies.len()));
+        let server_cpu = spent.server_per_job(run.latencies.len());
         let loaded_kib = servers[0].rss_kib().unwrap_or(0);
         println!(
             "  footprint: start to /readyz {ready_ms:.0} ms; RSS idle {:.1} MB, after the load {:.1} MB",
@@ -688,6 +765,14 @@ impl Bench {
             product: format!("{:.1} MB", idle_kib as f64 / 1024.0),
             ceiling: "30 MB".into(),
             ratio: idle_kib as f64 / 1024.0 / 30.0,
+            goal: Goal::AtMost(1.0),
+        });
+        let wide_kib = self.idle_rss_with_workers(&deployment).await;
+        self.push(Ratio {
+            name: format!("idle RSS (SQLite, {} HTTP workers)", self.args.many_workers),
+            product: format!("{:.1} MB", wide_kib as f64 / 1024.0),
+            ceiling: "30 MB".into(),
+            ratio: wide_kib as f64 / 1024.0 / 30.0,
             goal: Goal::AtMost(1.0),
         });
         self.push(Ratio {
@@ -717,8 +802,28 @@ impl Bench {
         let ceiling = ceiling::sqlite_raw_loop(&raw_path, &owner, self.seconds(), 1);
         println!("  raw SQLite loop: {ceiling:.0} creations/s");
         let batch = self.args.concurrency;
+        // The loop runs on this thread; nothing else in this process is busy.
+        let meter = CpuMeter::start(Vec::new());
         let batched = ceiling::sqlite_raw_loop(&raw_path, &owner, self.seconds(), batch);
-        println!("  raw SQLite loop, {batch} creations per commit: {batched:.0} creations/s");
+        let raw_cpu = meter
+            .stop()
+            .load
+            .map(|spent| cpu::per_job(spent, (batched * self.seconds().as_secs_f64()) as usize));
+        println!(
+            "  raw SQLite loop, {batch} creations per commit: {batched:.0} creations/s, \
+             CPU {:.1} µs per creation",
+            raw_cpu.unwrap_or(f64::NAN)
+        );
+        let us = |v: Option<f64>| v.map_or("?".to_owned(), |v| format!("{v:.1} µs"));
+        self.push(Ratio {
+            name: format!("server CPU per SQLite creation, {batch} creators"),
+            product: us(server_cpu),
+            ceiling: format!("raw loop, {batch} per commit: {} per row", us(raw_cpu)),
+            ratio: server_cpu
+                .zip(raw_cpu)
+                .map_or(f64::NAN, |(s, r)| s / r.max(0.001)),
+            goal: Goal::Other("≤ 45 µs", server_cpu.is_some_and(|us| us <= 45.0)),
+        });
         let rate = run.rate();
         self.push(Ratio {
             name: "creation (SQLite)".into(),
@@ -743,6 +848,27 @@ impl Bench {
             ratio: p99.as_secs_f64() / 0.05,
             goal: Goal::Other("≤ 1.0, no errors", met),
         });
+    }
+
+    /// The idle RSS, in KiB, of a process configured with as many HTTP
+    /// workers as a machine of `--many-workers` cores gets by default: it
+    /// stands in for that machine where this one has fewer cores.
+    async fn idle_rss_with_workers(&self, deployment: &Deployment) -> u64 {
+        let many = self.args.many_workers;
+        let wide = deployment.reconfigured(
+            self.dir(),
+            "sqlite-wide",
+            &config(0, 8, SIMULATED)
+                .replace("[server]\n", &format!("[server]\nhttp_workers = {many}\n")),
+        );
+        let servers = wide.serve(1).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let kib = servers[0].rss_kib().unwrap_or(0);
+        println!(
+            "  footprint with {many} HTTP workers: RSS idle {:.1} MB",
+            kib as f64 / 1024.0
+        );
+        kib
     }
 
     /// The server's commits that carried batched writes and the writes
@@ -994,6 +1120,7 @@ impl Bench {
             for concurrency in [1usize, 32] {
                 let client = self.client.clone();
                 let direct_url = format!("{upstream}/v1/chat/completions");
+                let meter = CpuMeter::start(Vec::new());
                 let direct = load::run(concurrency, duration, move |n| {
                     let (client, url) = (client.clone(), direct_url.clone());
                     async move {
@@ -1012,12 +1139,14 @@ impl Bench {
                     }
                 })
                 .await;
+                let direct_cpu = meter.stop();
                 let (client, token, base, tag) = (
                     self.client.clone(),
                     deployment.token.clone(),
                     base.clone(),
                     format!("{backend}-{concurrency}"),
                 );
+                let meter = CpuMeter::start(servers::pids(&servers));
                 let through = load::run(concurrency, duration, move |n| {
                     let (client, token, base) = (client.clone(), token.clone(), base.clone());
                     let key = format!("{tag}-{n}");
@@ -1040,7 +1169,19 @@ impl Bench {
                     }
                 })
                 .await;
+                let through_cpu = meter.stop();
                 println!("  {backend} c={concurrency} direct: {}\n  {backend} c={concurrency} onejob: {}", direct.summary(), through.summary());
+                println!("    direct: {}", direct_cpu.line(direct.latencies.len()));
+                println!("    onejob: {}", through_cpu.line(through.latencies.len()));
+                let server_cpu = through_cpu.server_per_job(through.latencies.len());
+                let upstream_cpu = cpu::per_job(direct_cpu.upstream, direct.latencies.len());
+                self.push(Ratio {
+                    name: format!("server CPU per /v1 call {backend} c={concurrency}"),
+                    product: server_cpu.map_or("?".into(), |us| format!("{us:.1} µs")),
+                    ceiling: format!("the fake upstream's per direct call {upstream_cpu:.1} µs"),
+                    ratio: server_cpu.map_or(f64::NAN, |us| us / upstream_cpu.max(0.001)),
+                    goal: Goal::None,
+                });
                 let overhead = through.p50().saturating_sub(direct.p50());
                 let goal = match (backend, concurrency) {
                     ("sqlite", 1) => Goal::Other(

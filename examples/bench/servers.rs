@@ -9,6 +9,10 @@ use std::time::{Duration, Instant};
 
 use crate::cpu_budget::CpuBudget;
 
+/// The CPUs `onejob serve` processes are pinned to (`--server-cpus`, as
+/// `taskset -c` takes them); unset, they run where the kernel puts them.
+pub static SERVER_CPUS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
 /// The `onejob` binary built beside this benchmark (`target/release/onejob`).
 pub fn onejob_binary() -> PathBuf {
     let exe = std::env::current_exe().expect("the benchmark's own path");
@@ -70,7 +74,20 @@ impl Deployment {
     }
 
     fn command(&self) -> Command {
-        let mut command = Command::new(onejob_binary());
+        self.command_on(None)
+    }
+
+    /// The `onejob` command, pinned to `cpus` when given (`taskset` execs
+    /// it, so the pid is `onejob`'s own).
+    fn command_on(&self, cpus: Option<&str>) -> Command {
+        let mut command = match cpus {
+            Some(cpus) => {
+                let mut taskset = Command::new("taskset");
+                taskset.args(["-c", cpus]).arg(onejob_binary());
+                taskset
+            }
+            None => Command::new(onejob_binary()),
+        };
         command
             .arg("--config")
             .arg(&self.config)
@@ -129,7 +146,7 @@ impl Deployment {
             let port = free_port();
             let started = Instant::now();
             let child = self
-                .command()
+                .command_on(SERVER_CPUS.get().map(String::as_str))
                 .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
                 .stdout(Stdio::null())
                 .stderr(self.log_file())
@@ -194,21 +211,14 @@ impl Server {
             .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
     }
 
-    /// The CPU time the process has used so far.
-    pub fn cpu_time(&self) -> Option<Duration> {
-        cpu_time_of(&self.child.id().to_string())
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 }
 
-/// The CPU time process `pid` (or `self`) has used so far, user and
-/// system, from `/proc/<pid>/stat`, in clock ticks of 10 ms as Linux counts
-/// them.
-pub fn cpu_time_of(pid: &str) -> Option<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The fields after the command's name, which is in parentheses.
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    Some(Duration::from_millis(ticks * 10))
+/// The pids of `servers`, for a [`crate::cpu::CpuMeter`].
+pub fn pids(servers: &[Server]) -> Vec<u32> {
+    servers.iter().map(Server::pid).collect()
 }
 
 impl Drop for Server {

@@ -65,11 +65,20 @@ fn stream() -> HttpResponse {
         .streaming(events)
 }
 
+/// Runs an upstream's system on a thread of its own, named so that the
+/// benchmark counts its CPU apart from the load generator's (`cpu`).
+fn spawn_named<T: Send + 'static>(run: impl FnOnce() -> T + Send + 'static) {
+    std::thread::Builder::new()
+        .name("bench-upstream".into())
+        .spawn(run)
+        .expect("starting the upstream's thread");
+}
+
 /// Starts the upstream; its base URL (`http://127.0.0.1:PORT`).
 pub fn start() -> String {
     let listener = TcpListener::bind("127.0.0.1:0").expect("binding the upstream");
     let base = format!("http://{}", listener.local_addr().unwrap());
-    std::thread::spawn(move || {
+    spawn_named(move || {
         actix_web::rt::System::new().block_on(async move {
             HttpServer::new(|| App::new().route("/v1/chat/completions", web::post().to(complete)))
                 .workers(1)
@@ -107,7 +116,7 @@ pub fn start_limited(capacity: usize, latency_ms: u64) -> (String, Calls) {
     let base = format!("http://{}", listener.local_addr().unwrap());
     let calls = Calls::default();
     let served = calls.clone();
-    std::thread::spawn(move || {
+    spawn_named(move || {
         actix_web::rt::System::new().block_on(async move {
             HttpServer::new(move || {
                 let calls = served.clone();

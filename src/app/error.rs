@@ -85,6 +85,10 @@ pub enum AppError {
     /// The owner's monthly budget has no room for this job's reservation.
     #[error("{0}")]
     BudgetExceeded(BudgetRefusal),
+    /// The caller's token stopped being valid while its request ran
+    /// (revoked, expired, or its user disabled): the middleware's refusal.
+    #[error("the bearer token is not valid")]
+    TokenRevoked,
     /// Busy for now; retrying (with the same idempotency key) is safe.
     #[error("{0}")]
     Unavailable(String),

@@ -20,7 +20,7 @@
 use serde_json::Value;
 
 use super::singleflight::{Call, Leader, Shared};
-use super::{App, AppError, AppResult, Attempt, Claim, Job, User};
+use super::{App, AppError, AppResult, Attempt, Claim, Credential, Job, User};
 use crate::contracts::TaskContract;
 use crate::domain::ledger::TallyKind;
 use crate::domain::{AttemptState, Fingerprint, IdempotencyKey, JobIntent, JsonText};
@@ -58,6 +58,9 @@ pub struct JobCreation {
     pub attempts: Vec<Attempt>,
     /// True when the key had already made this job with the same payload.
     pub replayed: bool,
+    /// True when the transaction that stored or found the job checked the
+    /// caller's token as it stood then (`credentials`).
+    confirmed: bool,
 }
 
 /// Checks the input against the task's rules: a JSON object whose required
@@ -152,9 +155,39 @@ fn same_intent(job: &Job, fingerprint: &Fingerprint, sent: &JobIntent<'_>) -> bo
 impl App {
     /// Creates the job `owner`'s key names, or returns the one it already
     /// made (same payload), or refuses (different payload: `KeyReused`).
+    /// A token check taken from the kept grants (`credentials`) is
+    /// confirmed by the creating transaction, or read again before
+    /// anything else is answered.
     pub async fn create_job(
         &self,
         owner: &User,
+        credential: &Credential,
+        key: IdempotencyKey,
+        request: JobRequest,
+    ) -> AppResult<JobCreation> {
+        let Some(counter) = credential.kept_counter() else {
+            return self.create_job_as(owner, None, key, request).await;
+        };
+        let retry = (key.clone(), request.clone());
+        let outcome = self.create_job_as(owner, Some(counter), key, request).await;
+        if matches!(&outcome, Ok(creation) if creation.confirmed) {
+            return outcome;
+        }
+        self.confirm_now(owner, credential).await?;
+        match outcome {
+            // Tokens or users changed since the grant was read; this token
+            // is still good: again, on the read just made.
+            Err(AppError::TokenRevoked) => self.create_job_as(owner, None, retry.0, retry.1).await,
+            other => other,
+        }
+    }
+
+    /// [`App::create_job`] with the credential counter the creating
+    /// transaction must read unchanged, if any.
+    async fn create_job_as(
+        &self,
+        owner: &User,
+        kept_counter: Option<i64>,
         key: IdempotencyKey,
         request: JobRequest,
     ) -> AppResult<JobCreation> {
@@ -198,7 +231,10 @@ impl App {
         let validated =
             self.validate_new_job(owner, key.clone(), request, params, fingerprint.clone());
         let found = match &validated {
-            Ok(new_job) => self.insert_job(owner, new_job.clone()).await.map(Some),
+            Ok(new_job) => self
+                .insert_job(owner, new_job.clone(), kept_counter)
+                .await
+                .map(Some),
             Err(_) => self.find_by_key(owner, &key).await,
         }
         .inspect_err(|error| {
@@ -211,14 +247,21 @@ impl App {
         };
         let (CreateOutcome::Created(job) | CreateOutcome::Existing(job)) = &outcome;
         leader.share(job, &attempts);
-        match outcome {
+        // Stored or found by the creating transaction, which confirmed a
+        // kept token check (a refused request's key was only read).
+        let confirmed = validated.is_ok();
+        let mut creation = match outcome {
             CreateOutcome::Created(job) => Ok(self.created(job, attempts)),
             // The key had made a job already (perhaps a concurrent request
             // with the same key won the insert).
             CreateOutcome::Existing(job) => {
                 self.replay_or_conflict(job, attempts, (&fingerprint, &sent), TallyKind::Replayed)
             }
+        };
+        if let Ok(creation) = &mut creation {
+            creation.confirmed = confirmed;
         }
+        creation
     }
 
     /// The request's `params` (`{}` when it sent none), once it and its
@@ -276,7 +319,12 @@ impl App {
     /// made). With a worker slot free, its first attempt starts in the
     /// creating transaction and goes to the worker once that commits (on
     /// the committing thread, even if this request is gone by then).
-    async fn insert_job(&self, owner: &User, mut new_job: NewJob) -> AppResult<Created> {
+    async fn insert_job(
+        &self,
+        owner: &User,
+        mut new_job: NewJob,
+        kept_counter: Option<i64>,
+    ) -> AppResult<Created> {
         let start = self
             .reserve_start(&new_job.provider)
             .inspect(|slot| new_job.start = Some(slot.start.clone()));
@@ -292,9 +340,12 @@ impl App {
             })
         });
         self.store()
-            .create_job(new_job, after_commit)
+            .create_job(new_job, kept_counter, after_commit)
             .await
             .map_err(|error| match error {
+                // Tokens or users changed since the caller's token was
+                // checked: `create_job` reads it again.
+                StoreError::CredentialsChanged => AppError::TokenRevoked,
                 StoreError::BudgetExceeded(refused) => {
                     self.count_refused(&owner.id, &task, &provider);
                     AppError::budget_exceeded(&refused, &self.config().ledger.currency)
@@ -330,6 +381,7 @@ impl App {
             job,
             attempts,
             replayed: false,
+            confirmed: false,
         }
     }
 
@@ -347,6 +399,7 @@ impl App {
                 job,
                 attempts,
                 replayed: true,
+                confirmed: false,
             })
         } else {
             self.metrics().key_conflicts.inc();

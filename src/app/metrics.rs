@@ -92,6 +92,9 @@ pub struct Metrics {
     /// Jobs their owner cancelled (a repeated cancel is not counted).
     pub jobs_cancelled: Counter,
     pub twins_joined: Counter,
+    /// Creations that took their token's check from this process's kept
+    /// grants, confirmed by the creating transaction (`credentials`).
+    pub token_checks_kept: Counter,
     pub attempts: Family<AttemptLabels, Counter>,
     pub races: Counter,
     pub provider_call_seconds: HistogramFamily<ProviderLabel>,
@@ -140,6 +143,7 @@ impl Metrics {
             key_conflicts: Counter::default(),
             jobs_cancelled: Counter::default(),
             twins_joined: Counter::default(),
+            token_checks_kept: Counter::default(),
             attempts: Family::default(),
             races: Counter::default(),
             provider_call_seconds: Family::new_with_constructor(seconds_histogram),
@@ -207,6 +211,13 @@ impl Metrics {
             "Requests answered from the job a twin under the same key was creating in this \
              process, without a database round trip (also counted as replays or conflicts)",
             self.twins_joined.clone(),
+        );
+        registry.register(
+            "onejob_token_checks_kept",
+            "Job-creating requests whose bearer token was checked from this process's kept \
+             grants, without a read of their own; the creating transaction confirms that no \
+             token or user changed since (SQLite)",
+            self.token_checks_kept.clone(),
         );
         registry.register(
             "onejob_attempts",

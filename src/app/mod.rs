@@ -20,6 +20,7 @@
 //! | wait for a job to finish (`Prefer: wait`, the chat doors) | [`waiting`] |
 //! | a job's stream: release, batch, follow | [`streams`] |
 //! | users, tokens, sessions | [`accounts`] |
+//! | a creation's token check, kept and confirmed by its transaction | [`credentials`] |
 //! | take password checks in turn | [`password_queue`] |
 //! | what people read: jobs, the console | [`queries`] |
 //! | the console's charts | [`charts`] |
@@ -37,6 +38,7 @@ pub mod accounts;
 pub mod callbacks;
 pub mod cancel;
 pub mod charts;
+pub mod credentials;
 pub mod dispatch;
 pub mod error;
 pub mod gate;
@@ -79,6 +81,7 @@ pub use crate::store::users::User;
 pub use crate::store::webhooks::{Delivery, Endpoint, Event, Resent};
 pub use crate::store::{Attempt, Job, QualificationRun, RaceEntry, StoreError};
 pub use accounts::SignIn;
+pub use credentials::Credential;
 pub use error::{AppError, AppResult, BudgetRefusal};
 
 use crate::config::Config;
@@ -115,6 +118,8 @@ struct Inner {
     start_offer: std::sync::RwLock<std::sync::Weak<work::StartOffer>>,
     /// Keys this process is creating jobs for (`twins`).
     creations: singleflight::Singleflight,
+    /// The bearer tokens' grants this process has read (`credentials`).
+    kept_grants: credentials::KeptGrants,
     tallies: ledger::Tallies,
     /// The streams running in this process, by job.
     streams: streams::StreamHub,
@@ -151,6 +156,7 @@ impl App {
                 metrics,
                 start_offer: Default::default(),
                 creations: Default::default(),
+                kept_grants: Default::default(),
                 tallies: Default::default(),
                 streams: Default::default(),
             }),

@@ -157,6 +157,15 @@ pub fn is_replay(stored: &str, sent: &Fingerprint) -> bool {
     stored == sent.as_str()
 }
 
+/// Whether a creation may be stored on a token check this process kept
+/// (`app::credentials`): only while the credential counter its creating
+/// transaction reads (`now`) is the one the check was read at (`kept`).
+/// Every revocation, expiry change and disabled, enabled or changed user
+/// moves the counter, by trigger, in the transaction that makes it.
+pub fn kept_check_holds(kept: i64, now: Option<i64>) -> bool {
+    now == Some(kept)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -40,7 +40,11 @@ pub const LAYOUT: Layout = Layout {
         "sign_in_throttle",
         "qualifications",
     ],
-    local: &["__diesel_schema_migrations", "backlog_samples"],
+    local: &[
+        "__diesel_schema_migrations",
+        "backlog_samples",
+        "credential_changes",
+    ],
 };
 
 /// The column the distributed tables are distributed by.

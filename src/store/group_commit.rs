@@ -105,6 +105,9 @@ impl<T: Send + 'static> Write for Queued<T> {
 /// creations in one statement.
 struct Creation {
     job: NewJob,
+    /// The credential counter its transaction must read unchanged, if its
+    /// caller's token check was kept (`app::credentials`).
+    kept_counter: Option<i64>,
     placement: Placement,
     after_commit: Option<AfterCommit>,
     outcome: Option<StoreResult<Created>>,
@@ -121,9 +124,10 @@ impl Waiting {
     fn run(&mut self, conn: &mut DbConnection) {
         match self {
             Self::Creation(creation) => {
-                creation.outcome = Some(jobs::create_job_placed(
+                creation.outcome = Some(jobs::create_job_checked(
                     conn,
                     &creation.job,
+                    creation.kept_counter,
                     creation.placement,
                 ));
             }
@@ -203,11 +207,13 @@ impl GroupCommit {
     }
 
     /// Queues the creation of `job`, leading the batches if no one is, and
-    /// waits for the commit that holds it.
+    /// waits for the commit that holds it. With `kept_counter`, the batch
+    /// first reads the credential counter ([`jobs::create_job_checked`]).
     pub async fn create(
         &self,
         store: &Store,
         job: NewJob,
+        kept_counter: Option<i64>,
         after_commit: Option<AfterCommit>,
     ) -> StoreResult<Created> {
         let (reply, answer) = oneshot::channel();
@@ -215,6 +221,7 @@ impl GroupCommit {
             store,
             Waiting::Creation(Box::new(Creation {
                 job,
+                kept_counter,
                 placement: store.placement(),
                 after_commit,
                 outcome: None,
@@ -414,9 +421,15 @@ impl GroupCommit {
 fn run_grouped(conn: &mut DbConnection, batch: Vec<Waiting>) -> Vec<Vec<Waiting>> {
     let mut groups: Vec<Vec<Waiting>> = Vec::new();
     let mut owners: Vec<(UserId, Vec<Box<Creation>>)> = Vec::new();
+    let mut counter = CounterOnce::default();
     for waiting in batch {
         match waiting {
-            Waiting::Creation(creation) => {
+            Waiting::Creation(mut creation) => {
+                if let Some(refused) = counter.refusal(conn, creation.kept_counter) {
+                    creation.outcome = Some(Err(refused));
+                    groups.push(vec![Waiting::Creation(creation)]);
+                    continue;
+                }
                 let owner = &creation.job.owner_id;
                 match owners.iter_mut().find(|(o, _)| o == owner) {
                     Some((_, group)) => group.push(creation),
@@ -439,4 +452,25 @@ fn run_grouped(conn: &mut DbConnection, batch: Vec<Waiting>) -> Vec<Vec<Waiting>
         groups.push(group.into_iter().map(Waiting::Creation).collect());
     }
     groups
+}
+
+/// The credential counter, read at most once per batch (under SQLite's
+/// write lock, which every change to tokens and users takes too).
+#[derive(Default)]
+struct CounterOnce(Option<Result<Option<i64>, String>>);
+
+impl CounterOnce {
+    /// Why a creation whose token check was kept at `kept` may not be
+    /// stored: the counter moved since, or could not be read.
+    fn refusal(&mut self, conn: &mut DbConnection, kept: Option<i64>) -> Option<StoreError> {
+        let kept = kept?;
+        let now = self.0.get_or_insert_with(|| {
+            super::users::credential_counter(conn).map_err(|error| error.to_string())
+        });
+        match now {
+            Ok(now) if crate::domain::guards::kept_check_holds(kept, *now) => None,
+            Ok(_) => Some(StoreError::CredentialsChanged),
+            Err(reason) => Some(StoreError::Busy(reason.clone())),
+        }
+    }
 }

@@ -283,14 +283,93 @@ fn insert_job_and_attempt(
     Ok(inserted.into_iter().next())
 }
 
-/// The creations of one owner together: on PostgreSQL in one statement,
+/// [`create_job_placed`], in a transaction that first reads the credential
+/// counter when `kept_counter` is given: moved since, nothing is stored
+/// ([`StoreError::CredentialsChanged`]).
+pub fn create_job_checked(
+    conn: &mut DbConnection,
+    new: &NewJob,
+    kept_counter: Option<i64>,
+    placement: Placement,
+) -> StoreResult<(CreateOutcome, Vec<Attempt>)> {
+    let Some(counter) = kept_counter else {
+        return create_job_placed(conn, new, placement);
+    };
+    write_transaction(conn, |conn| {
+        if !super::users::credentials_unchanged_since(conn, counter)? {
+            return Err(StoreError::CredentialsChanged);
+        }
+        create_job_placed(conn, new, placement)
+    })
+}
+
+/// The creations of one owner together ([`create_distinct_of_one_owner`]).
+/// Twins in one batch (a storm of retries under one key) are made or found
+/// once: the first of each key stands for the rest, which are answered with
+/// the job it made or found, as [`CreateOutcome::Existing`]. A twin whose
+/// first failed is made or found alone.
+pub fn create_many_of_one_owner(
+    conn: &mut DbConnection,
+    owner: &UserId,
+    news: &[&NewJob],
+    placement: Placement,
+) -> Vec<StoreResult<(CreateOutcome, Vec<Attempt>)>> {
+    let mut first_of_key: std::collections::HashMap<&str, usize> = Default::default();
+    let mut distinct: Vec<&NewJob> = Vec::with_capacity(news.len());
+    let slots: Vec<usize> = news
+        .iter()
+        .map(|new| {
+            *first_of_key.entry(new.key.as_str()).or_insert_with(|| {
+                distinct.push(new);
+                distinct.len() - 1
+            })
+        })
+        .collect();
+    if distinct.len() == news.len() {
+        return create_distinct_of_one_owner(conn, owner, news, placement);
+    }
+    type Outcome = StoreResult<(CreateOutcome, Vec<Attempt>)>;
+    let mut firsts: Vec<Option<Outcome>> =
+        create_distinct_of_one_owner(conn, owner, &distinct, placement)
+            .into_iter()
+            .map(Some)
+            .collect();
+    // Each twin's answer, read from its first's before that is handed on.
+    let mut seen = vec![false; distinct.len()];
+    let twins: Vec<Option<Outcome>> = slots
+        .iter()
+        .zip(news)
+        .map(|(&slot, new)| {
+            if !std::mem::replace(&mut seen[slot], true) {
+                return None;
+            }
+            Some(match &firsts[slot] {
+                Some(Ok((
+                    CreateOutcome::Created(job) | CreateOutcome::Existing(job),
+                    attempts,
+                ))) => Ok((CreateOutcome::Existing(job.clone()), attempts.clone())),
+                _ => create_job_placed(conn, new, placement),
+            })
+        })
+        .collect();
+    twins
+        .into_iter()
+        .zip(slots)
+        .map(|(twin, slot)| match twin {
+            Some(outcome) => outcome,
+            None => firsts[slot].take().unwrap_or(Err(StoreError::Cancelled)),
+        })
+        .collect()
+}
+
+/// Creations of one owner under distinct keys: on PostgreSQL in one statement,
 /// the multi-row form of [`insert_job_and_attempt`] (one round trip and one
 /// commit for them all); on SQLite as multi-row inserts in a savepoint of
 /// the caller's transaction. A creation the statement did not insert (its key
 /// had made a job, the same key came twice, or the owner has a budget) is
 /// then made or found alone by [`create_job_with_attempts`]: one verdict
 /// per creation, and none fails another.
-pub fn create_many_of_one_owner(
+fn create_distinct_of_one_owner(
     conn: &mut DbConnection,
     owner: &UserId,
     news: &[&NewJob],

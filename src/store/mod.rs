@@ -76,6 +76,11 @@ pub enum StoreError {
     /// back).
     #[error("the owner's budget is exhausted")]
     BudgetExceeded(budgets::Refused),
+    /// A creation made on a kept check of its caller's token found that
+    /// tokens or users changed since (`users::credentials_unchanged_since`):
+    /// nothing of it was stored; the token is read again.
+    #[error("tokens or users changed since the caller's token was checked")]
+    CredentialsChanged,
 }
 
 impl StoreError {
@@ -429,18 +434,23 @@ impl Store {
     /// ([`jobs::create_job_with_attempts`]), sharing a commit with the
     /// creations beside it where the store batches them. `after_commit`
     /// runs once the creation is durable, even if the caller has gone.
+    ///
+    /// With `kept_counter`, the creating transaction first reads the
+    /// credential counter: moved since, nothing is stored and the creation
+    /// answers [`StoreError::CredentialsChanged`] (`app::credentials`).
     pub async fn create_job(
         &self,
         new: jobs::NewJob,
+        kept_counter: Option<i64>,
         after_commit: Option<group_commit::AfterCommit>,
     ) -> StoreResult<group_commit::Created> {
         if let Some(group) = &self.batches {
-            return group.create(self, new, after_commit).await;
+            return group.create(self, new, kept_counter, after_commit).await;
         }
         let placement = self.placement;
         let store = self.clone();
         self.run(move |conn| {
-            let created = jobs::create_job_placed(conn, &new, placement);
+            let created = jobs::create_job_checked(conn, &new, kept_counter, placement);
             let created = store.confirm_if_lost(conn, &new, created)?;
             if let Some(after_commit) = after_commit {
                 after_commit(&created);

@@ -227,6 +227,90 @@ pub fn user_for_token(conn: &mut DbConnection, token: &str) -> StoreResult<Optio
         .optional()?)
 }
 
+/// What a token grants, as one statement saw it: its user, when it
+/// expires, and the credential counter at that moment (SQLite's
+/// `credential_changes`; docs/design.md, "A token's check, kept").
+#[derive(Debug, Clone, QueryableByName)]
+pub struct TokenGrant {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    pub id: UserId,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    pub name: String,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    pub role: Role,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>)]
+    pub expires_at: Option<Timestamp>,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    pub counter: i64,
+}
+
+impl TokenGrant {
+    pub fn user(&self) -> User {
+        User {
+            id: self.id.clone(),
+            name: self.name.clone(),
+            role: self.role,
+        }
+    }
+}
+
+/// The grant of the token whose SHA-256 is `digest`, if the token is live
+/// and its user not disabled (SQLite only: PostgreSQL has no counter that
+/// moves). One statement, so the user and the counter are one snapshot.
+pub fn grant_for_digest(
+    conn: &mut diesel::SqliteConnection,
+    digest: &str,
+) -> StoreResult<Option<TokenGrant>> {
+    use super::prepared::KeepPrepared;
+    use diesel::sql_types::{BigInt, Text};
+    Ok(diesel::sql_query(
+        "SELECT users.id, users.name, users.role, api_tokens.expires_at, \
+                (SELECT counter FROM credential_changes WHERE id = 1) AS counter \
+           FROM api_tokens JOIN users ON users.id = api_tokens.user_id \
+          WHERE api_tokens.token_sha256 = ? AND users.disabled_at IS NULL \
+            AND (api_tokens.expires_at IS NULL OR api_tokens.expires_at > ?) \
+          LIMIT 1",
+    )
+    .bind::<Text, _>(digest)
+    .bind::<BigInt, _>(Timestamp::now())
+    .keep_prepared()
+    .load::<TokenGrant>(conn)?
+    .into_iter()
+    .next())
+}
+
+/// Whether the credential counter still reads `counter` (SQLite): no token
+/// was revoked and no user disabled or changed since a grant read it. Read
+/// in the write transaction that acts on the grant, it is that write's
+/// check of its caller's token.
+pub fn credentials_unchanged_since(conn: &mut DbConnection, counter: i64) -> StoreResult<bool> {
+    Ok(crate::domain::guards::kept_check_holds(
+        counter,
+        credential_counter(conn)?,
+    ))
+}
+
+/// The credential counter now (SQLite); `None` on PostgreSQL, where
+/// nothing moves it: no grant is kept there, so none is confirmed.
+pub fn credential_counter(conn: &mut DbConnection) -> StoreResult<Option<i64>> {
+    use super::prepared::KeepPrepared;
+    #[derive(QueryableByName)]
+    struct Counter {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        counter: i64,
+    }
+    match conn {
+        DbConnection::Sqlite(lite) => Ok(diesel::sql_query(
+            "SELECT counter FROM credential_changes WHERE id = 1",
+        )
+        .keep_prepared()
+        .load::<Counter>(lite)?
+        .first()
+        .map(|now| now.counter)),
+        DbConnection::Postgresql(_) => Ok(None),
+    }
+}
+
 /// A user as the Users page lists them.
 #[derive(Debug, Clone, PartialEq, Eq, Queryable)]
 pub struct UserSummary {

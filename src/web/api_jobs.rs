@@ -106,7 +106,9 @@ pub async fn create_job(
     .await?;
     let mut replayed = false;
     let (job, attempts, applied) = wait_if_preferred(&app, &req, async {
-        let created = app.create_job(&caller.0, key, body.into()).await?;
+        let created = app
+            .create_job(&caller.0, &caller.1, key, body.into())
+            .await?;
         replayed = created.replayed;
         Ok((created.job, created.attempts))
     })

@@ -11,27 +11,45 @@ use actix_web::middleware::Next;
 use actix_web::{web, FromRequest, HttpMessage, HttpRequest, ResponseError};
 
 use super::error::{ApiError, ProblemType};
-use crate::app::{App, User};
+use crate::app::{App, Credential, User};
 
-/// The authenticated user making the request.
+/// The authenticated user making the request, and how its token was
+/// checked (read for this request, or kept: see `app::credentials`).
 #[derive(Debug, Clone)]
-pub struct Caller(pub User);
+pub struct Caller(pub User, pub Credential);
 
 impl FromRequest for Caller {
     type Error = ApiError;
     type Future = Ready<Result<Self, ApiError>>;
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        let extensions = req.extensions();
+        let credential = extensions.get::<Credential>().cloned().unwrap_or_default();
         ready(
-            req.extensions()
+            extensions
                 .get::<User>()
                 .cloned()
-                .map(Caller)
+                .map(|user| Caller(user, credential))
                 .ok_or_else(|| {
                     ApiError::new(ProblemType::Unauthorized, "no valid bearer token was sent")
                 }),
         )
     }
+}
+
+/// The requests whose handlers create a job with the caller's credential
+/// ([`App::create_job`]), which confirms a kept token check in the
+/// creating transaction: only these may use one. Every other request's
+/// token is read for it.
+const CREATING: [&str; 4] = [
+    "/api/v1/jobs",
+    "/v1/chat/completions",
+    "/v1/responses",
+    "/v1/messages",
+];
+
+fn creates_a_job(req: &ServiceRequest) -> bool {
+    req.method() == actix_web::http::Method::POST && CREATING.contains(&req.path())
 }
 
 /// Where a request may carry its token.
@@ -136,20 +154,28 @@ async fn run_as_or<B: MessageBody>(
         Err(refusal) => Err(refusal),
     };
     match user {
-        Ok(user) => {
-            req.extensions_mut().insert(user);
+        Ok((user, credential)) => {
+            {
+                let mut extensions = req.extensions_mut();
+                extensions.insert(user);
+                extensions.insert(credential);
+            }
             Ok(next.call(req).await?.map_into_left_body())
         }
         Err(refusal) => Ok(req.into_response(refuse(refusal)).map_into_right_body()),
     }
 }
 
-async fn authenticate(req: &ServiceRequest, token: &str) -> Result<User, ApiError> {
+async fn authenticate(req: &ServiceRequest, token: &str) -> Result<(User, Credential), ApiError> {
     let app = req
         .app_data::<web::Data<App>>()
         .cloned()
         .ok_or_else(ApiError::internal)?;
-    app.user_for_token(token)
-        .await?
-        .ok_or_else(|| ApiError::new(ProblemType::Unauthorized, "the bearer token is not valid"))
+    let user = if creates_a_job(req) {
+        app.user_for_creating_token(token).await?
+    } else {
+        let user = app.user_for_token(token).await?;
+        user.map(|user| (user, Credential::Checked))
+    };
+    user.ok_or_else(|| ApiError::new(ProblemType::Unauthorized, "the bearer token is not valid"))
 }

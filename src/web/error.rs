@@ -324,6 +324,7 @@ impl From<AppError> for ApiError {
             AppError::AttemptNotUnknown(state) => Self::new(ProblemType::AttemptNotUnknown, detail)
                 .with("attempt_state", state.as_str()),
             AppError::InvalidSignature => Self::new(ProblemType::InvalidSignature, detail),
+            AppError::TokenRevoked => Self::new(ProblemType::Unauthorized, detail),
             AppError::CallbackExpired {
                 age_seconds,
                 window_seconds,

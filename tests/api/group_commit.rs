@@ -644,6 +644,63 @@ async fn one_owners_batch_stores_what_each_creation_alone_would(backend: TestBac
     }
 }
 
+/// A storm of twins in one batch (sixteen creations under one key) costs
+/// the statements one creation under that key costs: the first is made,
+/// and the fifteen others hear of its job, as the database stored it,
+/// without a statement each.
+async fn twins_in_one_batch_are_answered_from_the_first_without_statements_of_their_own(
+    backend: TestBackend,
+) {
+    use onejob::store::jobs::NewJob;
+
+    let (prepared, log) = recording_app(backend).await;
+    let owner = prepared.alice.id.clone();
+    let (outcomes, storm_statements, calm_statements, stored) = prepared
+        .with_conn(move |conn| {
+            let mut send = |keys: &[&str]| {
+                let news: Vec<NewJob> = keys
+                    .iter()
+                    .map(|key| batch_creation(&owner, key, false))
+                    .collect();
+                let news: Vec<&NewJob> = news.iter().collect();
+                log.take();
+                let outcomes = as_the_leader_runs(conn, &owner, &news);
+                (outcomes, sent_on_one_connection(log.take_sent()))
+            };
+            let (_, calm_statements) = send(&["calm-0", "calm-1"]);
+            let mut storm = vec!["storm"; 16];
+            storm.push("after-storm");
+            let (outcomes, storm_statements) = send(&storm);
+            let stored: Vec<Job> = jobs::table
+                .filter(jobs::idempotency_key.eq("storm"))
+                .select(Job::as_select())
+                .load(conn)
+                .unwrap();
+            (outcomes, storm_statements, calm_statements, stored)
+        })
+        .await;
+
+    assert_eq!(stored.len(), 1, "one job under the key: {stored:?}");
+    let job = &stored[0];
+    let (first, twins) = outcomes[..16].split_first().unwrap();
+    assert!(
+        matches!(first, Ok((CreateOutcome::Created(made), _)) if made == job),
+        "{first:?}"
+    );
+    for twin in twins {
+        assert!(
+            matches!(twin, Ok((CreateOutcome::Existing(found), attempts)) if found == job && attempts.len() == 1),
+            "{twin:?}"
+        );
+    }
+    assert!(matches!(outcomes[16], Ok((CreateOutcome::Created(_), _))));
+    assert_eq!(
+        storm_statements.len(),
+        calm_statements.len(),
+        "sixteen twins and one other key cost what two keys cost: {storm_statements:#?}"
+    );
+}
+
 /// A batch as large as `database.group_commit_rows` may let one be (here
 /// 5,000 creations of one owner) is stored whole, every creation made
 /// once with its first attempt, and stays a few statements: on SQLite, in
@@ -731,7 +788,11 @@ async fn a_leader_without_a_connection_refuses_its_batch_and_the_next_comer_lead
     };
     let first = tokio::time::timeout(
         Duration::from_secs(10),
-        store.create_job(crate::support::db::new_job(&owner, "no-connection"), None),
+        store.create_job(
+            crate::support::db::new_job(&owner, "no-connection"),
+            None,
+            None,
+        ),
     )
     .await
     .expect("the first creation is answered");
@@ -743,7 +804,11 @@ async fn a_leader_without_a_connection_refuses_its_batch_and_the_next_comer_lead
     drop(held);
     let next = tokio::time::timeout(
         Duration::from_secs(10),
-        store.create_job(crate::support::db::new_job(&owner, "next-comer"), None),
+        store.create_job(
+            crate::support::db::new_job(&owner, "next-comer"),
+            None,
+            None,
+        ),
     )
     .await
     .expect("the next creation leads, not waits for a leader that has gone");
@@ -755,6 +820,7 @@ async fn a_leader_without_a_connection_refuses_its_batch_and_the_next_comer_lead
 }
 
 on_both_backends!(
+    twins_in_one_batch_are_answered_from_the_first_without_statements_of_their_own,
     a_leader_without_a_connection_refuses_its_batch_and_the_next_comer_leads,
     one_owners_batch_stores_what_each_creation_alone_would,
     a_batch_of_thousands_is_stored_whole_in_a_few_statements,

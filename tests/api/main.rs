@@ -43,6 +43,7 @@ mod health;
 mod history;
 mod hostile;
 mod idempotency;
+mod kept_tokens;
 mod late_answers;
 mod ledger;
 mod load_balancer;

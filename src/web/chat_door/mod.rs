@@ -222,6 +222,7 @@ pub async fn create_or_join<D: Door>(
     let created = app
         .create_job(
             &caller.0,
+            &caller.1,
             key,
             JobRequest {
                 task: request.route,

@@ -13,7 +13,7 @@ use super::{
 };
 use crate::app::intake::JobRequest;
 use crate::app::TaskDefinition;
-use crate::app::{App, AppError, Attempt, Job};
+use crate::app::{App, AppError, Attempt, Credential, Job};
 use crate::contracts::TaskKind;
 use crate::domain::{
     may_start_attempt, AttemptState, IdempotencyKey, JobId, JobStatus, JsonText, NewAttemptRefusal,
@@ -284,7 +284,10 @@ pub async fn submit_job(
         params,
         chat_route: false,
     };
-    match app.create_job(&user.user, key, request).await {
+    match app
+        .create_job(&user.user, &Credential::Checked, key, request)
+        .await
+    {
         Ok(created) => Ok(see_other(&format!("/jobs/{}", created.job.id))),
         Err(AppError::KeyReused { job_id }) => Ok(render_with(
             StatusCode::CONFLICT,

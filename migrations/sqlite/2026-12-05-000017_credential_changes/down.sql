@@ -1,0 +1,5 @@
+DROP TRIGGER credential_changes_user_deleted;
+DROP TRIGGER credential_changes_user_altered;
+DROP TRIGGER credential_changes_token_altered;
+DROP TRIGGER credential_changes_token_deleted;
+DROP TABLE credential_changes;

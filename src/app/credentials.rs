@@ -1,0 +1,156 @@
+//! A token's check, kept (docs/design.md): on SQLite, a request that
+//! creates a job takes its bearer token's user from the grants this
+//! process has already read, without a read of its own, and the creating
+//! transaction confirms the grant.
+//!
+//! A grant is kept with the credential counter as the read saw it
+//! (`credential_changes`, which triggers move whenever a token is revoked
+//! or changed and whenever a user is disabled, enabled, given another role
+//! or deleted, by any process or by hand). The creating transaction reads
+//! the counter once per batch, under the write lock: unchanged, the token
+//! was still good when the job was stored; moved, nothing of the creation
+//! is stored, the token is read again, and the creation runs again on that
+//! read, or is refused with 401. Any other way a creation is answered (a
+//! replay found by key, a twin's job, a refusal) reads the token again
+//! before it answers. So a revocation stops a token at once, across
+//! processes, as the per-request read did; only the read is saved.
+//!
+//! PostgreSQL reads every request's token: no counter moves there.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use super::{App, AppError, AppResult, User};
+use crate::domain::Timestamp;
+use crate::store::users::{self, TokenGrant};
+use crate::store::{Backend, DbConnection};
+
+/// The most grants one process keeps; past it, they are all dropped
+/// (each is read again at its next use).
+const MAX_KEPT: usize = 4096;
+
+/// How a request's bearer token was checked.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Credential {
+    /// Read from the database for this request.
+    #[default]
+    Checked,
+    /// Taken from this process's kept grants: the write that acts on it
+    /// confirms it, or it is read again before anything is answered.
+    Kept(KeptGrant),
+}
+
+/// A kept grant's token (by its SHA-256, never in clear) and the counter
+/// it was read at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeptGrant {
+    digest: String,
+    counter: i64,
+}
+
+impl Credential {
+    /// The counter the creating transaction must read unchanged, if kept.
+    pub(crate) fn kept_counter(&self) -> Option<i64> {
+        match self {
+            Self::Checked => None,
+            Self::Kept(kept) => Some(kept.counter),
+        }
+    }
+}
+
+/// The grants this process has read, by token digest.
+#[derive(Default)]
+pub(crate) struct KeptGrants(Mutex<HashMap<String, TokenGrant>>);
+
+impl KeptGrants {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, TokenGrant>> {
+        // Every change is one insert or removal: a panic leaves it whole.
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The grant kept for `digest`, unless it has expired since.
+    fn get(&self, digest: &str) -> Option<TokenGrant> {
+        let grant = self.lock().get(digest).cloned()?;
+        match grant.expires_at {
+            Some(at) if at <= Timestamp::now() => None,
+            _ => Some(grant),
+        }
+    }
+
+    fn keep(&self, digest: String, grant: Option<TokenGrant>) {
+        let mut grants = self.lock();
+        match grant {
+            Some(grant) => {
+                if grants.len() >= MAX_KEPT {
+                    grants.clear();
+                }
+                grants.insert(digest, grant);
+            }
+            None => {
+                grants.remove(&digest);
+            }
+        }
+    }
+}
+
+impl App {
+    /// The user a bearer token belongs to, for a request that creates a
+    /// job, and how it was checked: on SQLite from the kept grants when
+    /// there is one, else (and on PostgreSQL) read now.
+    pub async fn user_for_creating_token(
+        &self,
+        token: &str,
+    ) -> AppResult<Option<(User, Credential)>> {
+        if self.store().backend() != Backend::Sqlite {
+            let user = self.user_for_token(token).await?;
+            return Ok(user.map(|user| (user, Credential::Checked)));
+        }
+        let digest = users::token_digest(token);
+        if let Some(grant) = self.inner.kept_grants.get(&digest) {
+            self.metrics().token_checks_kept.inc();
+            let counter = grant.counter;
+            return Ok(Some((
+                grant.user(),
+                Credential::Kept(KeptGrant { digest, counter }),
+            )));
+        }
+        let grant = self.read_grant(digest).await?;
+        Ok(grant.map(|grant| (grant.user(), Credential::Checked)))
+    }
+
+    /// Reads the grant of the token `digest` names, and keeps it (or
+    /// forgets the one kept, when the token is no longer good).
+    async fn read_grant(&self, digest: String) -> AppResult<Option<TokenGrant>> {
+        let read = digest.clone();
+        let grant = self
+            .store()
+            .run(move |conn| match conn {
+                DbConnection::Sqlite(lite) => users::grant_for_digest(lite, &read),
+                DbConnection::Postgresql(_) => Ok(None),
+            })
+            .await?;
+        self.inner.kept_grants.keep(digest, grant.clone());
+        Ok(grant)
+    }
+
+    /// Checks a kept grant now, with a read: the token still good for the
+    /// same user (401 otherwise). A user changed meanwhile (another role,
+    /// say) is a retryable refusal: the request's answer was shaped for
+    /// the user as it was.
+    pub(crate) async fn confirm_now(&self, owner: &User, credential: &Credential) -> AppResult<()> {
+        let Credential::Kept(kept) = credential else {
+            return Ok(());
+        };
+        match self.read_grant(kept.digest.clone()).await? {
+            Some(grant) if grant.user() == *owner => Ok(()),
+            Some(grant) if grant.id == owner.id => Err(AppError::Unavailable(
+                "your account changed while this request ran; send it again with the same \
+                 Idempotency-Key"
+                    .into(),
+            )),
+            _ => Err(AppError::TokenRevoked),
+        }
+    }
+}
