@@ -919,7 +919,11 @@ impl Bench {
         let (mut storm, mut unique) = (Run::default(), Run::default());
         for round in 0..rounds {
             // Taking turns at going first.
-            let order = if round % 2 == 0 { [true, false] } else { [false, true] };
+            let order = if round % 2 == 0 {
+                [true, false]
+            } else {
+                [false, true]
+            };
             for same_key in order {
                 let (client, token, base) =
                     (self.client.clone(), deployment.token.clone(), base.clone());
