@@ -287,6 +287,13 @@ impl GroupCommit {
         queue.waiting.drain(..n).collect()
     }
 
+    /// Every waiting write, and no longer leading.
+    fn take_all_and_abdicate(&self) -> Vec<Waiting> {
+        let mut queue = self.lock();
+        queue.leading = false;
+        queue.waiting.drain(..).collect()
+    }
+
     /// The leader's loop, on a blocking thread: batch after batch until no
     /// creation waits.
     fn lead(&self, store: &Store) {
@@ -304,18 +311,16 @@ impl GroupCommit {
         }
         let _abdicate = Abdicate(self);
         let Ok(mut conn) = store.conn() else {
-            // Until a take finds the queue empty, which gives up the lead:
-            // a leader that returned still leading would leave every later
-            // write waiting for it.
-            loop {
-                let waiting = self.take(usize::MAX, true);
-                if waiting.is_empty() {
-                    return;
-                }
-                for waiting in waiting {
-                    waiting.refuse("no database connection became free in time");
-                }
+            // What waited through the failed checkout is refused, and the
+            // lead given up in the same turn of the lock: a write queued
+            // after that leads anew and tries for a connection itself (a
+            // leader that returned still leading would leave every later
+            // write waiting for it; one that refused later comers too would
+            // refuse them without a try, after a connection came free).
+            for waiting in self.take_all_and_abdicate() {
+                waiting.refuse("no database connection became free in time");
             }
+            return;
         };
         let run = |conn: &mut PooledConnection<DbConnectionManager>| loop {
             let batch = self.take(self.limits.max_rows, true);
