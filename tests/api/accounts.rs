@@ -14,7 +14,8 @@ use crate::support::fake_provider::{
     WAIT,
 };
 use crate::support::harness::{
-    hidden_value, spawn_app, spawn_app_with, summarize, FormClient, TestApp, TestBackend,
+    hidden_value, onejob_users, spawn_app, spawn_app_with, summarize, FormClient, TestApp,
+    TestBackend,
 };
 
 async fn sign_in(app: &TestApp, name: &str, password: &str) -> (FormClient, String) {
@@ -650,21 +651,6 @@ async fn a_sign_in_flood_starves_neither_the_api_nor_lease_renewals(backend: Tes
 }
 
 /// `onejob users …` against the running server's database.
-fn onejob_users(app: &TestApp, args: &[&str]) -> std::process::Output {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_onejob"))
-        .arg("users")
-        .args(args)
-        .env("DATABASE_URL", app.db.url.as_str())
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "onejob users {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    output
-}
-
 async fn the_command_line_disables_enables_and_revokes_at_once(backend: TestBackend) {
     let app = spawn_app(backend).await;
     let (alice, _) = sign_in(&app, "alice", "alice-pw").await;

@@ -10,23 +10,8 @@ use reqwest::StatusCode;
 use serde_json::json;
 
 use crate::support::db::new_job;
-use crate::support::harness::{spawn_app, summarize, TestApp, TestBackend};
+use crate::support::harness::{onejob_users, spawn_app, summarize, TestApp, TestBackend};
 use crate::support::metrics::{metric_sum, metrics};
-
-fn onejob_users(app: &TestApp, args: &[&str]) -> String {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_onejob"))
-        .arg("users")
-        .args(args)
-        .env("DATABASE_URL", app.db.url.as_str())
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "onejob users {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).unwrap()
-}
 
 async fn kept_checks(app: &TestApp) -> f64 {
     metric_sum(&metrics(app).await, "onejob_token_checks_kept_total", &[])
@@ -102,8 +87,8 @@ async fn a_kept_token_is_refused_at_once_when_another_process_revokes_it(backend
         "bob's token is still good"
     );
 
-    let issued = onejob_users(&app, &["token", "alice", "--days", "1"]);
-    let fresh = issued.trim().to_owned();
+    let issued = onejob_users(&app, &["token", "alice", "--days", "1"]).stdout;
+    let fresh = String::from_utf8(issued).unwrap().trim().to_owned();
     assert_eq!(
         post(fresh.clone(), "five", summarize("five")).await,
         StatusCode::CREATED

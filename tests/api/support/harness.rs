@@ -754,6 +754,23 @@ pub fn hidden_value(html: &str, name: &str) -> String {
     html[start..].split('"').next().unwrap().to_owned()
 }
 
+/// Runs `onejob users <args>` against the app's database, as an operator
+/// would from another process; it must succeed.
+pub fn onejob_users(app: &TestApp, args: &[&str]) -> std::process::Output {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_onejob"))
+        .arg("users")
+        .args(args)
+        .env("DATABASE_URL", app.db.url.as_str())
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "onejob users {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
 /// Keeps a bounded run's figures (load, chaos) where `.ci/run` prints them
 /// after the suite: `target/test-figures/NAME.txt`.
 pub fn record_figures(name: &str, figures: &str) {
