@@ -70,12 +70,14 @@ impl KeptGrants {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The grant kept for `digest`, unless it has expired since.
-    fn get(&self, digest: &str) -> Option<TokenGrant> {
-        let grant = self.lock().get(digest).cloned()?;
+    /// The user and counter of the grant kept for `digest`, unless its
+    /// token has expired since.
+    fn get(&self, digest: &str) -> Option<(User, i64)> {
+        let grants = self.lock();
+        let grant = grants.get(digest)?;
         match grant.expires_at {
             Some(at) if at <= Timestamp::now() => None,
-            _ => Some(grant),
+            _ => Some((grant.user(), grant.counter)),
         }
     }
 
@@ -108,11 +110,10 @@ impl App {
             return Ok(user.map(|user| (user, Credential::Checked)));
         }
         let digest = users::token_digest(token);
-        if let Some(grant) = self.inner.kept_grants.get(&digest) {
+        if let Some((user, counter)) = self.inner.kept_grants.get(&digest) {
             self.metrics().token_checks_kept.inc();
-            let counter = grant.counter;
             return Ok(Some((
-                grant.user(),
+                user,
                 Credential::Kept(KeptGrant { digest, counter }),
             )));
         }

@@ -165,29 +165,24 @@ impl App {
         key: IdempotencyKey,
         request: JobRequest,
     ) -> AppResult<JobCreation> {
-        let Some(counter) = credential.kept_counter() else {
-            return self.create_job_as(owner, None, key, request).await;
-        };
-        let retry = (key.clone(), request.clone());
-        let outcome = self.create_job_as(owner, Some(counter), key, request).await;
-        if matches!(&outcome, Ok(creation) if creation.confirmed) {
-            return outcome;
+        let outcome = self.create_job_as(owner, credential, key, request).await;
+        // Answered without the creating transaction's check (a twin's job,
+        // a refused request's replay, a refusal): the token is read first.
+        // A 401 was decided by such a read already.
+        let unconfirmed = !matches!(&outcome, Ok(creation) if creation.confirmed)
+            && !matches!(&outcome, Err(AppError::TokenRevoked));
+        if unconfirmed {
+            self.confirm_now(owner, credential).await?;
         }
-        self.confirm_now(owner, credential).await?;
-        match outcome {
-            // Tokens or users changed since the grant was read; this token
-            // is still good: again, on the read just made.
-            Err(AppError::TokenRevoked) => self.create_job_as(owner, None, retry.0, retry.1).await,
-            other => other,
-        }
+        outcome
     }
 
-    /// [`App::create_job`] with the credential counter the creating
-    /// transaction must read unchanged, if any.
+    /// [`App::create_job`], its token check confirmed only where the
+    /// creating transaction ran.
     async fn create_job_as(
         &self,
         owner: &User,
-        kept_counter: Option<i64>,
+        credential: &Credential,
         key: IdempotencyKey,
         request: JobRequest,
     ) -> AppResult<JobCreation> {
@@ -232,7 +227,7 @@ impl App {
             self.validate_new_job(owner, key.clone(), request, params, fingerprint.clone());
         let found = match &validated {
             Ok(new_job) => self
-                .insert_job(owner, new_job.clone(), kept_counter)
+                .insert_confirmed(owner, credential, new_job)
                 .await
                 .map(Some),
             Err(_) => self.find_by_key(owner, &key).await,
@@ -312,6 +307,26 @@ impl App {
                     None => continue,
                 },
             }
+        }
+    }
+
+    /// [`App::insert_job`] with the caller's token check: a kept one is
+    /// confirmed by the creating transaction; if tokens or users changed
+    /// since, the token is read again and the job inserted on that read
+    /// (or the request refused with 401).
+    async fn insert_confirmed(
+        &self,
+        owner: &User,
+        credential: &Credential,
+        new_job: &NewJob,
+    ) -> AppResult<Created> {
+        let kept = credential.kept_counter();
+        match self.insert_job(owner, new_job.clone(), kept).await {
+            Err(AppError::TokenRevoked) if kept.is_some() => {
+                self.confirm_now(owner, credential).await?;
+                self.insert_job(owner, new_job.clone(), None).await
+            }
+            other => other,
         }
     }
 

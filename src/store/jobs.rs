@@ -314,51 +314,43 @@ pub fn create_many_of_one_owner(
     news: &[&NewJob],
     placement: Placement,
 ) -> Vec<StoreResult<(CreateOutcome, Vec<Attempt>)>> {
+    // Each key's first position, and each creation's key as an index of those.
     let mut first_of_key: std::collections::HashMap<&str, usize> = Default::default();
-    let mut distinct: Vec<&NewJob> = Vec::with_capacity(news.len());
+    let mut firsts: Vec<usize> = Vec::with_capacity(news.len());
     let slots: Vec<usize> = news
         .iter()
-        .map(|new| {
+        .enumerate()
+        .map(|(position, new)| {
             *first_of_key.entry(new.key.as_str()).or_insert_with(|| {
-                distinct.push(new);
-                distinct.len() - 1
+                firsts.push(position);
+                firsts.len() - 1
             })
         })
         .collect();
-    if distinct.len() == news.len() {
+    if firsts.len() == news.len() {
         return create_distinct_of_one_owner(conn, owner, news, placement);
     }
+    let distinct: Vec<&NewJob> = firsts.iter().map(|&position| news[position]).collect();
+    let made = create_distinct_of_one_owner(conn, owner, &distinct, placement);
     type Outcome = StoreResult<(CreateOutcome, Vec<Attempt>)>;
-    let mut firsts: Vec<Option<Outcome>> =
-        create_distinct_of_one_owner(conn, owner, &distinct, placement)
-            .into_iter()
-            .map(Some)
-            .collect();
-    // Each twin's answer, read from its first's before that is handed on.
-    let mut seen = vec![false; distinct.len()];
-    let twins: Vec<Option<Outcome>> = slots
-        .iter()
-        .zip(news)
-        .map(|(&slot, new)| {
-            if !std::mem::replace(&mut seen[slot], true) {
-                return None;
-            }
-            Some(match &firsts[slot] {
-                Some(Ok((
-                    CreateOutcome::Created(job) | CreateOutcome::Existing(job),
-                    attempts,
-                ))) => Ok((CreateOutcome::Existing(job.clone()), attempts.clone())),
-                _ => create_job_placed(conn, new, placement),
-            })
-        })
-        .collect();
-    twins
+    let mut outcomes: Vec<Option<Outcome>> = news.iter().map(|_| None).collect();
+    // Each twin from its first's outcome, before those are moved to their places.
+    for (position, (&slot, new)) in slots.iter().zip(news).enumerate() {
+        if firsts[slot] != position {
+            outcomes[position] = Some(match &made[slot] {
+                Ok((CreateOutcome::Created(job) | CreateOutcome::Existing(job), attempts)) => {
+                    Ok((CreateOutcome::Existing(job.clone()), attempts.clone()))
+                }
+                Err(_) => create_job_placed(conn, new, placement),
+            });
+        }
+    }
+    for (outcome, position) in made.into_iter().zip(firsts) {
+        outcomes[position] = Some(outcome);
+    }
+    outcomes
         .into_iter()
-        .zip(slots)
-        .map(|(twin, slot)| match twin {
-            Some(outcome) => outcome,
-            None => firsts[slot].take().unwrap_or(Err(StoreError::Cancelled)),
-        })
+        .map(|outcome| outcome.expect("each creation has its outcome"))
         .collect()
 }
 
