@@ -194,13 +194,27 @@ fn refuse_a_new_sqlite_file(command: &Command, url: &DatabaseUrl) -> CliResult {
 }
 
 /// Runs one command. The configuration (and the environment variables it
-/// names, as far as the command needs them) is read here, once.
-pub async fn execute(cli: Cli) -> CliResult {
+/// names, as far as the command needs them) is read here, once; then the
+/// logger is installed with `log_filter`, and only a server exports traces.
+pub async fn execute(cli: Cli, log_filter: Option<&str>) -> CliResult {
     let config = Config::load_with(
         cli.config.as_deref(),
         &Environment::Process,
         &cli.command.secrets_needed(),
     )?;
+    let traced = match cli.command {
+        Command::Serve { .. } => config.telemetry.clone(),
+        _ => crate::config::TelemetryConfig::default(),
+    };
+    let export = crate::telemetry::init(log_filter, &traced);
+    let result = run(cli, config).await;
+    if let Some(export) = export {
+        export.shutdown(std::time::Duration::from_secs(5));
+    }
+    result
+}
+
+async fn run(cli: Cli, config: Config) -> CliResult {
     let url = DatabaseUrl::parse(cli.database_url.as_deref().unwrap_or(&config.database.url))?;
     if matches!(cli.command, Command::Citus { .. })
         && url.backend() != crate::store::Backend::Postgres

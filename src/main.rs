@@ -9,9 +9,9 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 async fn main() {
     // The log filter is the one environment variable read outside the
     // command line's own parsing and the configuration's loading.
-    onejob::telemetry::init(std::env::var("RUST_LOG").ok().as_deref());
+    let log_filter = std::env::var("RUST_LOG").ok();
     let cli = onejob::cli::Cli::parse();
-    if let Err(error) = onejob::cli::execute(cli).await {
+    if let Err(error) = onejob::cli::execute(cli, log_filter.as_deref()).await {
         eprintln!("error: {error}");
         std::process::exit(1);
     }

@@ -15,6 +15,7 @@ use crate::config::Config;
 use crate::domain::ids::text_enum;
 use crate::providers::Providers;
 use crate::store::{migrations, DatabaseUrl, Store};
+use crate::telemetry::http_span::HttpSpan;
 use crate::web;
 use crate::worker::{self, WorkerHandle};
 
@@ -155,7 +156,7 @@ impl Application {
                 .wrap(from_fn(web::record_http))
                 .wrap(from_fn(web::echo_request_id))
                 .wrap(from_fn(web::body::body_deadline))
-                .wrap(TracingLogger::default())
+                .wrap(TracingLogger::<HttpSpan>::new())
                 .app_data(state.clone())
                 .configure(routes)
         })
@@ -185,7 +186,7 @@ impl Application {
         let server = HttpServer::new(move || {
             HttpApp::new()
                 .wrap(from_fn(web::security_headers))
-                .wrap(TracingLogger::default())
+                .wrap(TracingLogger::<HttpSpan>::new())
                 .app_data(state.clone())
                 .configure(web::metrics_routes)
         })

@@ -72,7 +72,7 @@ impl Dispatch {
         let reply = self.provider.call(&self.call).await;
         Reply {
             outcome: self.contract.judge(reply.outcome),
-            usage: reply.usage,
+            ..reply
         }
     }
 
@@ -82,7 +82,7 @@ impl Dispatch {
         let reply = self.provider.stream(&self.call, sink).await;
         Reply {
             outcome: self.contract.judge(reply.outcome),
-            usage: reply.usage,
+            ..reply
         }
     }
 

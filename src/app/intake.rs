@@ -18,6 +18,7 @@
 //! A refusal stores nothing, so it never reserves the key.
 
 use serde_json::Value;
+use tracing::Instrument;
 
 use super::singleflight::{Call, Leader, Shared};
 use super::{App, AppError, AppResult, Attempt, Claim, Credential, Job, User};
@@ -173,6 +174,9 @@ impl App {
             && !matches!(&outcome, Err(AppError::TokenRevoked));
         if unconfirmed {
             self.confirm_now(owner, credential).await?;
+        }
+        if let Ok(creation) = &outcome {
+            trace_request(creation);
         }
         outcome
     }
@@ -354,9 +358,22 @@ impl App {
                 }
             })
         });
+        let span = tracing::info_span!(
+            target: "onejob::trace",
+            "job.create",
+            onejob.job.id = %new_job.id,
+            onejob.job.created = tracing::field::Empty,
+        );
         self.store()
             .create_job(new_job, kept_counter, after_commit)
+            .instrument(span.clone())
             .await
+            .inspect(|(outcome, _)| {
+                span.record(
+                    "onejob.job.created",
+                    matches!(outcome, CreateOutcome::Created(_)),
+                );
+            })
             .map_err(|error| match error {
                 // Tokens or users changed since the caller's token was
                 // checked: `create_job` reads it again.
@@ -473,6 +490,23 @@ impl App {
             params,
             fingerprint: fingerprint.as_str().to_owned(),
             start: None,
+            // The request's span: the job's work continues its trace.
+            trace_context: crate::telemetry::trace::current(),
         })
+    }
+}
+
+/// Names the job on the request's span; a request that joined a job made
+/// by another is linked to that job's trace (docs/tracing.md).
+fn trace_request(creation: &JobCreation) {
+    if !crate::telemetry::enabled() {
+        return;
+    }
+    let span = tracing::Span::current();
+    let job = &creation.job;
+    crate::telemetry::trace::attribute(&span, "onejob.job.id", job.id.to_string());
+    crate::telemetry::trace::attribute(&span, "onejob.replayed", creation.replayed);
+    if creation.replayed {
+        crate::telemetry::trace::link_to_job(&span, job.trace().as_ref());
     }
 }

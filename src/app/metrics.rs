@@ -178,6 +178,13 @@ impl Metrics {
         metrics.register_stream_and_unknown_metrics(&mut registry);
         metrics.register_webhook_metrics(&mut registry);
         metrics.register_commit_and_usage_metrics(&mut registry);
+        registry.register(
+            "onejob_trace_spans",
+            "Finished spans of this process by fate, while traces are exported: exported, \
+             dropped_queue_full (the export queue was full) or dropped_export_failed (the \
+             collector refused, failed or outlasted the export timeout)",
+            crate::telemetry::SPANS.clone(),
+        );
         Self {
             registry,
             ..metrics

@@ -22,6 +22,12 @@ pub struct MatrixCell {
     pub status: QualificationStatus,
 }
 
+/// Links the request reading `job` (a wait, a stream followed, a look) to
+/// the job's trace (docs/tracing.md).
+fn link_request_to(job: &Job) {
+    crate::telemetry::trace::link_to_job(&tracing::Span::current(), job.trace().as_ref());
+}
+
 impl App {
     /// A job and its attempts, if `viewer` may see it (else not found).
     pub async fn job_for(&self, viewer: &User, job_id: &JobId) -> AppResult<(Job, Vec<Attempt>)> {
@@ -45,7 +51,10 @@ impl App {
             })
             .await?;
         match found {
-            Some((job, attempts)) if visible_to(&job, viewer) => Ok((job, attempts)),
+            Some((job, attempts)) if visible_to(&job, viewer) => {
+                link_request_to(&job);
+                Ok((job, attempts))
+            }
             _ => Err(AppError::NotFound),
         }
     }
@@ -66,6 +75,7 @@ impl App {
             )
             .await?
             .ok_or(AppError::NotFound)
+            .inspect(|(job, _)| link_request_to(job))
     }
 
     /// The job `owner`'s key already made, if any.

@@ -9,6 +9,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::{require_admin, App, AppError, AppResult, User};
 use crate::domain::webhook::{
@@ -384,16 +385,30 @@ async fn deliver(app: &App, claimed: Claimed, lease_owner: &str) {
         return;
     };
     let settings = &app.config().webhooks.settings;
+    let span = delivery_span(&claimed);
+    let mut headers = signed_headers(&key, &claimed, Timestamp::now()).to_vec();
+    if let Some(context) = crate::telemetry::trace::context_of(&span) {
+        headers.extend(crate::telemetry::trace::headers(&context));
+    }
     let started = Instant::now();
     let attempted = send(
         &claimed.endpoint.url,
         settings.allow_private_addresses,
         Duration::from_millis(settings.timeout_ms),
-        &signed_headers(&key, &claimed, Timestamp::now()),
+        &headers,
         claimed.event.body.clone(),
         started,
     )
+    .instrument(span.clone())
     .await;
+    span.record("onejob.webhook.outcome", attempted.outcome.as_str());
+    if let Some(status) = attempted.status_code {
+        span.record("http.response.status_code", status);
+    }
+    if attempted.outcome != DeliveryOutcome::Delivered {
+        crate::telemetry::trace::error(&span, attempted.error.clone().unwrap_or_default());
+    }
+    drop(span);
     app.metrics().webhook_delivery(attempted.outcome);
     let follow_up = FollowUp {
         schedule: settings.schedule(),
@@ -417,6 +432,32 @@ async fn deliver(app: &App, claimed: Claimed, lease_owner: &str) {
             tracing::warn!(%error, "recording a webhook delivery failed; its lease will run out and it is sent again")
         }
     }
+}
+
+/// The span of one delivery of a claimed event, a child of its job's trace
+/// (docs/tracing.md).
+fn delivery_span(claimed: &Claimed) -> tracing::Span {
+    let event = &claimed.event;
+    let span = tracing::info_span!(
+        target: "onejob::trace",
+        "webhook delivery",
+        otel.name = "webhook delivery",
+        otel.kind = "client",
+        otel.status_code = tracing::field::Empty,
+        onejob.job.id = %event.job_id,
+        onejob.webhook.event_id = %event.id,
+        onejob.webhook.endpoint_id = %claimed.endpoint.id,
+        onejob.webhook.kind = %event.kind,
+        onejob.webhook.delivery = event.attempts,
+        onejob.webhook.outcome = tracing::field::Empty,
+        http.response.status_code = tracing::field::Empty,
+    );
+    let job = event
+        .trace_context
+        .as_deref()
+        .and_then(crate::domain::TraceContext::from_column);
+    crate::telemetry::trace::set_parent(&span, job.as_ref());
+    span
 }
 
 /// The Standard Webhooks headers of a claimed event sent at `now`: its id,

@@ -22,6 +22,8 @@ pub struct ConfigFile {
     #[serde(default)]
     pub ledger: super::ledger::LedgerSettings,
     #[serde(default)]
+    pub telemetry: super::telemetry::TelemetrySettings,
+    #[serde(default)]
     pub providers: Vec<ProviderSettings>,
     #[serde(default)]
     pub tasks: Vec<TaskDefinition>,

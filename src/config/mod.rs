@@ -12,6 +12,7 @@
 mod checks;
 mod file;
 pub mod ledger;
+pub mod telemetry;
 pub mod webhooks;
 
 use std::collections::HashMap;
@@ -19,6 +20,7 @@ use std::path::Path;
 
 pub use file::{RetentionSettings, ServerSettings, WorkerSettings};
 pub use ledger::{LedgerConfig, LedgerSettings};
+pub use telemetry::{TelemetryConfig, TelemetrySettings};
 pub use webhooks::{WebhookConfig, WebhookSettings};
 
 use crate::contracts::Contracts;
@@ -108,6 +110,8 @@ pub struct Config {
     pub webhooks: WebhookConfig,
     /// `[ledger]`: the currency and the price table.
     pub ledger: LedgerConfig,
+    /// `[telemetry]`: whether and where traces are exported.
+    pub telemetry: TelemetryConfig,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -228,6 +232,7 @@ fn resolve(
         key: webhook_key,
     };
     let ledger = raw.ledger.resolve(&providers)?;
+    let telemetry = raw.telemetry.resolve(env)?;
     let mut server = raw.server;
     if server.shutdown_grace_ms == 0 {
         let longest = providers.iter().map(|p| p.timeout_ms).max().unwrap_or(0);
@@ -243,6 +248,7 @@ fn resolve(
         callbacks,
         webhooks,
         ledger,
+        telemetry,
     })
 }
 

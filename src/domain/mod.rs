@@ -25,6 +25,7 @@ pub mod state;
 pub mod stream;
 pub mod throttle;
 pub mod time;
+pub mod trace_context;
 pub mod usage;
 pub mod webhook;
 
@@ -45,4 +46,5 @@ pub use state::{
     NewAttemptRefusal, TransitionError,
 };
 pub use time::Timestamp;
+pub use trace_context::TraceContext;
 pub use usage::{Usage, UsageSource};

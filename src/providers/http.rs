@@ -13,7 +13,7 @@ use super::classify::{classify_status, parse_retry_after_headers, StatusClass};
 use super::codec::{conclude, Codec, ErrorReason};
 use super::error_chain;
 use super::streaming::{self, DeltaSink};
-use super::{BoxFuture, Call, ProviderClient, ProviderKind, ProviderSettings, Reply};
+use super::{AnswerFacts, BoxFuture, Call, ProviderClient, ProviderKind, ProviderSettings, Reply};
 use crate::chat::{anthropic, bedrock, gemini};
 use crate::domain::outcome::Reason;
 use crate::domain::{Outcome, Refusal, Secret};
@@ -133,6 +133,13 @@ impl HttpClient {
                 secret.set_sensitive(true);
                 headers.insert("X-Onejob-Callback-Url", url);
                 headers.insert("X-Onejob-Callback-Secret", secret);
+            }
+        }
+        if let Some(trace) = &call.trace {
+            for (name, value) in crate::telemetry::trace::headers(trace) {
+                if let Ok(value) = HeaderValue::from_str(&value) {
+                    headers.insert(name, value);
+                }
             }
         }
         self.insert_credential(&mut headers);
@@ -327,29 +334,57 @@ impl HttpClient {
             header("retry-after-ms").as_deref(),
             header("retry-after").as_deref(),
         );
-        let content_type = header("content-type").unwrap_or_default();
         let error_type = header("x-amzn-errortype");
         if let (Some(sink), true) = (sink, status.is_success()) {
-            let streamed = if content_type.starts_with("application/vnd.amazon.eventstream") {
-                streaming::read_aws_event_stream(response, self.max_response_bytes, sink).await
-            } else if content_type.starts_with("text/event-stream") {
-                let reader = self.codec.stream_reader();
-                streaming::read_sse(response, self.max_response_bytes, reader, sink).await
-            } else {
-                // An answer that came whole: handed on whole.
-                return self
-                    .read_whole(call, response, Some(sink), retry_after, error_type)
-                    .await;
-            };
-            let usage = streamed.usage.map(crate::chat::TokenCounts::to_usage);
-            let outcome = match streamed.ended {
-                Ok(answer) => conclude(call.shape, answer, None).await,
-                Err(outcome) => outcome,
-            };
-            return Reply { outcome, usage };
+            return self
+                .read_streamed(call, response, sink, retry_after, error_type)
+                .await;
         }
         self.read_whole(call, response, sink, retry_after, error_type)
             .await
+    }
+
+    /// Reads an answer asked for as a stream: an event stream (SSE, or
+    /// Bedrock's binary one), each delta to `sink`; or one that came whole.
+    async fn read_streamed(
+        &self,
+        call: &Call,
+        response: reqwest::Response,
+        sink: &DeltaSink,
+        retry_after: Option<Duration>,
+        error_type: Option<String>,
+    ) -> Reply {
+        let content_type = response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        let streamed = if content_type.starts_with("application/vnd.amazon.eventstream") {
+            streaming::read_aws_event_stream(response, self.max_response_bytes, sink).await
+        } else if content_type.starts_with("text/event-stream") {
+            let reader = self.codec.stream_reader();
+            streaming::read_sse(response, self.max_response_bytes, reader, sink).await
+        } else {
+            // An answer that came whole: handed on whole.
+            return self
+                .read_whole(call, response, Some(sink), retry_after, error_type)
+                .await;
+        };
+        let usage = streamed.usage.map(crate::chat::TokenCounts::to_usage);
+        let mut facts = AnswerFacts::default();
+        let outcome = match streamed.ended {
+            Ok(answer) => {
+                facts = AnswerFacts::of(&answer, None);
+                conclude(call.shape, answer, None).await
+            }
+            Err(outcome) => outcome,
+        };
+        Reply {
+            outcome,
+            usage,
+            facts,
+        }
     }
 
     /// Reads an answer that came whole (or an error) and classifies it.
@@ -395,11 +430,19 @@ impl HttpClient {
         }
         let decoded = self.codec.decode(&bytes, status.as_u16());
         let usage = decoded.usage.map(crate::chat::TokenCounts::to_usage);
+        let mut facts = AnswerFacts::default();
         let outcome = match decoded.answer {
-            Ok(answer) => conclude(call.shape, answer, sink).await,
+            Ok(answer) => {
+                facts = AnswerFacts::of(&answer, Some(&bytes));
+                conclude(call.shape, answer, sink).await
+            }
             Err(outcome) => outcome,
         };
-        Reply { outcome, usage }
+        Reply {
+            outcome,
+            usage,
+            facts,
+        }
     }
 }
 

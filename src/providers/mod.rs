@@ -59,6 +59,9 @@ pub struct Call {
     pub shape: AnswerShape,
     /// Where and with which secret the provider may call back late.
     pub callback: Option<CallbackTarget>,
+    /// The span of the attempt's call, sent as `traceparent` (and
+    /// `tracestate`) while tracing is on.
+    pub trace: Option<crate::domain::TraceContext>,
 }
 
 impl Call {
@@ -97,6 +100,7 @@ impl Call {
             request,
             shape: AnswerShape::Json,
             callback: None,
+            trace: None,
         }
     }
 
@@ -119,6 +123,7 @@ impl Call {
             request,
             shape: AnswerShape::Message,
             callback: None,
+            trace: None,
         }
     }
 
@@ -173,6 +178,42 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub struct Reply {
     pub outcome: Outcome,
     pub usage: Option<Usage>,
+    /// What the answer said of itself, for its trace.
+    pub facts: AnswerFacts,
+}
+
+/// What an answer says of itself, beyond its content: read for the
+/// provider call's span (docs/tracing.md), and only while tracing is on.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AnswerFacts {
+    /// The model that answered, as the provider named it.
+    pub model: Option<String>,
+    /// Why it stopped, in OpenAI's words (`stop`, `length`, `tool_calls`,
+    /// `content_filter`).
+    pub finish_reason: Option<String>,
+}
+
+impl AnswerFacts {
+    /// The facts of `answer`, with the model `body` names (`model`, or
+    /// Gemini's `modelVersion`); nothing while tracing is off.
+    pub fn of(answer: &crate::chat::Answer, body: Option<&[u8]>) -> Self {
+        if !crate::telemetry::enabled() {
+            return Self::default();
+        }
+        #[derive(serde::Deserialize)]
+        struct Named {
+            model: Option<String>,
+            #[serde(rename = "modelVersion")]
+            model_version: Option<String>,
+        }
+        let model = body
+            .and_then(|body| serde_json::from_slice::<Named>(body).ok())
+            .and_then(|named| named.model.or(named.model_version));
+        Self {
+            model,
+            finish_reason: Some(crate::chat::openai_chat::write_finish_reason(&answer.stop)),
+        }
+    }
 }
 
 impl Reply {
@@ -187,6 +228,7 @@ impl From<Outcome> for Reply {
         Self {
             outcome,
             usage: None,
+            facts: AnswerFacts::default(),
         }
     }
 }

@@ -102,7 +102,11 @@ impl ProviderClient for SimulatedClient {
                 }
                 _ => None,
             };
-            Reply { outcome, usage }
+            Reply {
+                outcome,
+                usage,
+                facts: super::AnswerFacts::default(),
+            }
         })
     }
 

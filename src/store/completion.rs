@@ -387,6 +387,8 @@ struct Settled {
     failure_kind: Option<ReasonKind>,
     #[diesel(sql_type = Nullable<Text>)]
     failure_detail: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    trace_context: Option<String>,
     #[diesel(sql_type = diesel::sql_types::Bool)]
     subscribed: bool,
 }
@@ -414,12 +416,13 @@ impl Settled {
             updated_at: self.updated_at?,
             failure_kind: self.failure_kind,
             failure_detail: self.failure_detail,
+            trace_context: self.trace_context,
         })
     }
 }
 
 /// The job's columns, in the order [`Settled`] names them.
-const JOB_COLUMNS: [&str; 18] = [
+const JOB_COLUMNS: [&str; 19] = [
     "id",
     "owner_id",
     "idempotency_key",
@@ -438,6 +441,7 @@ const JOB_COLUMNS: [&str; 18] = [
     "updated_at",
     "failure_kind",
     "failure_detail",
+    "trace_context",
 ];
 
 /// [`settle_success_in_one_statement`]'s text, written once.

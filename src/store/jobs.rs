@@ -40,6 +40,8 @@ pub struct NewJob {
     /// The most the job can cost, reserved against its owner's budget (if
     /// the owner has one) in the creating transaction.
     pub reservation: Reservation,
+    /// The trace the job's work continues: the creating request's span.
+    pub trace_context: Option<crate::domain::TraceContext>,
 }
 
 #[derive(Debug)]
@@ -207,6 +209,7 @@ fn new_job_row(new: &NewJob, now: Timestamp) -> Job {
         updated_at: now,
         failure_kind: None,
         failure_detail: None,
+        trace_context: new.trace_context.as_ref().map(|t| t.to_column()),
     }
 }
 
@@ -243,8 +246,9 @@ fn insert_job_and_attempt(
     let statement = format!(
         "WITH job AS (
            INSERT INTO jobs (id, owner_id, idempotency_key, task, provider, requested_provider,
-                             input, params, fingerprint, status, version, created_at, updated_at)
-           SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12
+                             input, params, fingerprint, status, version, created_at, updated_at,
+                             trace_context)
+           SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, $20
            WHERE NOT EXISTS (SELECT 1 FROM budgets WHERE budgets.owner_id = $2)
            ON CONFLICT (owner_id, idempotency_key) DO NOTHING
            RETURNING id, owner_id, provider
@@ -278,6 +282,7 @@ fn insert_job_and_attempt(
         .bind::<Nullable<BigInt>, _>(lease_ms)
         .bind::<Nullable<BigInt>, _>(started)
         .bind::<Nullable<BigInt>, _>(timeout)
+        .bind::<Nullable<Text>, _>(job.trace_context.as_deref())
         .keep_prepared()
         .load(conn)?;
     Ok(inserted.into_iter().next())
@@ -463,6 +468,11 @@ fn insert_jobs_and_attempts(
         .bind::<Array<Nullable<BigInt>>, _>(started(&|_| now.millis()))
         .bind::<Array<Nullable<BigInt>>, _>(started(&|s| s.soft_timeout_ms))
         .bind::<BigInt, _>(now)
+        .bind::<Array<Nullable<Text>>, _>(
+            rows.iter()
+                .map(|j| j.trace_context.clone())
+                .collect::<Vec<_>>(),
+        )
         .load(conn)?)
 }
 
@@ -498,7 +508,8 @@ fn insert_jobs_and_attempts_sqlite(
                 .bind::<Text, _>(job.input.as_str())
                 .bind::<Text, _>(job.params.as_str())
                 .bind::<Text, _>(job.fingerprint.as_str())
-                .bind::<Text, _>(job.status.as_str());
+                .bind::<Text, _>(job.status.as_str())
+                .bind::<Nullable<Text>, _>(job.trace_context.as_deref());
         }
         let ids: Vec<InsertedId> = insert.keep_prepared().load(conn)?;
         inserted.extend(ids.into_iter().map(|row| row.id));
@@ -546,7 +557,7 @@ struct InsertedId {
 
 /// The most rows one of SQLite's multi-row inserts carries. SQLite refuses
 /// a statement with more than 32,766 bound values, and a batch can be as
-/// large as `database.group_commit_rows` allows: 64 rows of nine values
+/// large as `database.group_commit_rows` allows: 64 rows of ten values
 /// stay far under it, and a connection keeps at most seven texts of each
 /// insert prepared (1, 2, 4 … 64 rows).
 pub const MAX_ROWS_PER_STATEMENT: usize = 64;
@@ -583,15 +594,16 @@ fn numbered_rows(rows: usize, per_row: usize, row: impl Fn(&[String]) -> String)
 /// The jobs' insert of [`insert_jobs_and_attempts_sqlite`], `rows` rows.
 /// SQLite needs the `WHERE` to read `ON CONFLICT` as the upsert's.
 fn sqlite_jobs_statement(rows: usize) -> String {
-    let values = numbered_rows(rows, 9, |m| {
+    let values = numbered_rows(rows, 10, |m| {
         format!(
-            "({}, ?1, {}, {}, {}, {}, {}, {}, {}, {}, 0, ?2, ?2)",
-            m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7], m[8]
+            "({}, ?1, {}, {}, {}, {}, {}, {}, {}, {}, 0, ?2, ?2, {})",
+            m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7], m[8], m[9]
         )
     });
     format!(
         "INSERT INTO jobs (id, owner_id, idempotency_key, task, provider, requested_provider,
-                           input, params, fingerprint, status, version, created_at, updated_at)
+                           input, params, fingerprint, status, version, created_at, updated_at,
+                           trace_context)
          SELECT * FROM (VALUES {values})
          WHERE NOT EXISTS (SELECT 1 FROM budgets WHERE budgets.owner_id = ?1)
          ON CONFLICT (owner_id, idempotency_key) DO NOTHING
@@ -620,23 +632,24 @@ fn sqlite_attempts_statement(rows: usize) -> String {
 }
 
 /// The statement of [`insert_jobs_and_attempts`]: `$1` the owner, `$2`…
-/// `$16` the rows' columns as arrays, `$17` the time of creation.
+/// `$16` the rows' columns as arrays, `$17` the time of creation, `$18` the rows' trace contexts.
 pub fn multi_row_creation_statement() -> String {
     format!(
         "WITH input AS (
            SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
                                 $7::text[], $8::text[], $9::text[], $10::text[], $11::text[],
                                 $12::text[], $13::text[], $14::bigint[], $15::bigint[],
-                                $16::bigint[])
+                                $16::bigint[], $18::text[])
              AS i(id, idempotency_key, task, provider, requested_provider, input, params,
                   fingerprint, status, attempt_id, state, lease_owner, lease_ms, started_at,
-                  soft_timeout_ms)
+                  soft_timeout_ms, trace_context)
          ),
          job AS (
            INSERT INTO jobs (id, owner_id, idempotency_key, task, provider, requested_provider,
-                             input, params, fingerprint, status, version, created_at, updated_at)
+                             input, params, fingerprint, status, version, created_at, updated_at,
+                             trace_context)
            SELECT id, $1, idempotency_key, task, provider, requested_provider, input, params,
-                  fingerprint, status, 0, $17, $17
+                  fingerprint, status, 0, $17, $17, trace_context
            FROM input
            WHERE NOT EXISTS (SELECT 1 FROM budgets WHERE budgets.owner_id = $1)
            ON CONFLICT (owner_id, idempotency_key) DO NOTHING

@@ -36,9 +36,16 @@ pub struct Job {
     pub updated_at: Timestamp,
     pub failure_kind: Option<ReasonKind>,
     pub failure_detail: Option<String>,
+    /// Its trace's context, in its stored form: see [`Job::trace`].
+    pub trace_context: Option<String>,
 }
 
 impl Job {
+    /// The job's trace, which its attempts and webhooks continue.
+    pub fn trace(&self) -> Option<crate::domain::TraceContext> {
+        crate::domain::TraceContext::from_column(self.trace_context.as_deref()?)
+    }
+
     /// Why the job failed, from its columns; `None` unless it failed.
     pub fn failure(&self) -> Option<Reason> {
         reason_of(
@@ -107,6 +114,7 @@ impl Job {
             updated_at: Timestamp::from_millis(5_000),
             failure_kind: None,
             failure_detail: None,
+            trace_context: None,
         }
     }
 }

@@ -71,6 +71,9 @@ diesel::table! {
         updated_at -> BigInt,
         failure_kind -> Nullable<Text>,
         failure_detail -> Nullable<Text>,
+        /// The job's trace (`domain::TraceContext::to_column`), when
+        /// tracing was on as it was created.
+        trace_context -> Nullable<Text>,
     }
 }
 
@@ -233,6 +236,8 @@ diesel::table! {
         lease_expires_at -> Nullable<BigInt>,
         delivered_at -> Nullable<BigInt>,
         created_at -> BigInt,
+        /// Its job's trace, copied when the event was recorded.
+        trace_context -> Nullable<Text>,
     }
 }
 

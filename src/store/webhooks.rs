@@ -211,6 +211,9 @@ pub struct Event {
     pub lease_expires_at: Option<Timestamp>,
     pub delivered_at: Option<Timestamp>,
     pub created_at: Timestamp,
+    /// Its job's trace (`domain::TraceContext::to_column`), which each
+    /// delivery continues.
+    pub trace_context: Option<String>,
 }
 
 impl Event {
@@ -597,6 +600,7 @@ pub fn record_event(
             webhook_events::next_attempt_at.eq(now),
             webhook_events::window_start_at.eq(now),
             webhook_events::created_at.eq(now),
+            webhook_events::trace_context.eq(job.trace_context.as_deref()),
         );
         let insert = diesel::insert_into(webhook_events::table).values(row);
         written += per_backend!(conn, |c| insert.on_conflict_do_nothing().execute(c)?);

@@ -22,11 +22,15 @@ use tokio_util::task::TaskTracker;
 use crate::app::dispatch::Dispatch;
 use crate::app::work::{Admitted, StartOffer};
 use crate::app::{App, AppError, AttemptKey, Claim};
-use crate::domain::{AttemptId, AttemptState, Outcome, Timestamp, Usage, UserId};
+use crate::domain::{Applied, AttemptId, AttemptState, Outcome, Timestamp, Usage, UserId};
 use crate::providers::limits::{LateHold, SendSlot};
 use crate::providers::Reply;
 
 mod stream;
+mod traced;
+
+use traced::AttemptTrace;
+use tracing::Instrument;
 
 /// A running worker pool; dropping it does not stop it, [`WorkerHandle::shutdown`] does.
 pub struct WorkerHandle {
@@ -74,6 +78,17 @@ struct LateCall {
     slot: Option<SendSlot>,
     /// Its place under the provider's `max_late_calls`.
     _hold: LateHold,
+    /// Its call's span, open until the late news (or none) comes.
+    traced: AttemptTrace,
+}
+
+/// A call past its soft timeout, before it is marked unknown.
+struct Unanswered {
+    attempt_id: AttemptKey,
+    provider: String,
+    sent_at: Instant,
+    slot: Option<SendSlot>,
+    traced: AttemptTrace,
 }
 
 /// A sent claim's lease, kept while its call is out: renewed at each beat
@@ -382,8 +397,8 @@ impl Worker {
         let attempt_id = claim.attempt.key();
         let provider = claim.attempt.provider.clone();
         let lease = Duration::from_millis(self.app.config().worker.lease_ms);
-        let dispatch = match self.app.dispatch(&claim) {
-            Ok(dispatch) => Arc::new(dispatch),
+        let mut dispatch = match self.app.dispatch(&claim) {
+            Ok(dispatch) => dispatch,
             Err(not_sent) => {
                 let deadline = Instant::now() + lease;
                 self.apply(&attempt_id, &provider, not_sent, None, deadline)
@@ -421,12 +436,20 @@ impl Worker {
             }
             return;
         }
-        self.send(claim, dispatch, slot).await;
+        let traced = AttemptTrace::start(&claim, &dispatch);
+        dispatch.call.trace = traced.context();
+        self.send(claim, Arc::new(dispatch), slot, traced).await;
     }
 
     /// Sends a confirmed claim and applies what comes back (or, past the
     /// soft timeout, marks it unknown and keeps listening for late news).
-    async fn send(&self, claim: Claim, dispatch: Arc<Dispatch>, mut slot: Option<SendSlot>) {
+    async fn send(
+        &self,
+        claim: Claim,
+        dispatch: Arc<Dispatch>,
+        mut slot: Option<SendSlot>,
+        traced: AttemptTrace,
+    ) {
         if let Some(slot) = slot.as_mut() {
             slot.sending();
             slot.settle_tokens(dispatch.estimated_tokens());
@@ -434,7 +457,7 @@ impl Worker {
         tracing::info!("attempt sent");
         self.observe_waits(&claim);
         if dispatch.call.wants_stream() {
-            return self.send_streaming(claim, dispatch, slot).await;
+            return self.send_streaming(claim, dispatch, slot, traced).await;
         }
         let attempt_id = claim.attempt.key();
         let provider = claim.attempt.provider.clone();
@@ -457,45 +480,69 @@ impl Worker {
             }
         };
         let Some(reply) = answered else {
-            let reason = format!(
-                "no answer within the soft timeout of {} ms",
-                soft_timeout.as_millis()
-            );
-            tracing::warn!("{reason}: attempt is now unknown");
-            self.apply(
-                &attempt_id,
-                &provider,
-                Outcome::Unknown(reason.into()),
-                None,
-                lease.until,
-            )
-            .await;
-            // Keep the call open for late news, off this claim loop's
-            // slot, if the provider's cap on open late calls allows.
-            let Some(hold) = dispatch.provider.limiter().try_hold_late() else {
-                self.late_call_dropped(&dispatch, &provider);
-                return;
-            };
-            let worker = self.clone();
-            let late = LateCall {
+            let unanswered = Unanswered {
                 attempt_id,
                 provider,
                 sent_at,
-                window: dispatch.provider.late_result_window(),
                 slot,
-                _hold: hold,
+                traced,
             };
-            self.tracker
-                .spawn(async move { worker.await_late_result(late, call).await });
-            return;
+            return self
+                .keep_for_late_news(&dispatch, unanswered, call, lease.until)
+                .await;
         };
         self.app
             .metrics()
             .observe_provider_call(&provider, sent_at.elapsed());
-        let (outcome, usage) = self.settle(&provider, reply, slot.as_ref());
+        traced.answered(&reply);
+        let settled = self.settle(&provider, reply, slot.as_ref());
         drop(slot);
-        self.apply(&attempt_id, &provider, outcome, usage, lease.until)
-            .await
+        self.apply_traced(&traced, &attempt_id, &provider, settled, lease.until, 0)
+            .await;
+    }
+
+    /// Past the soft timeout: the attempt is marked unknown, and its call
+    /// kept open for late news, off the claim loop's slot, if the
+    /// provider's cap on open late calls allows.
+    async fn keep_for_late_news(
+        &self,
+        dispatch: &Dispatch,
+        unanswered: Unanswered,
+        call: std::pin::Pin<Box<dyn std::future::Future<Output = Reply> + Send>>,
+        lease_until: Instant,
+    ) {
+        let Unanswered {
+            attempt_id,
+            provider,
+            sent_at,
+            slot,
+            traced,
+        } = unanswered;
+        let reason = format!(
+            "no answer within the soft timeout of {} ms",
+            dispatch.provider.soft_timeout().as_millis()
+        );
+        tracing::warn!("{reason}: attempt is now unknown");
+        traced.went_unknown();
+        let unknown = (Outcome::Unknown(reason.into()), None);
+        self.apply_traced(&traced, &attempt_id, &provider, unknown, lease_until, 0)
+            .await;
+        let Some(hold) = dispatch.provider.limiter().try_hold_late() else {
+            self.late_call_dropped(dispatch, &provider);
+            return;
+        };
+        let worker = self.clone();
+        let late = LateCall {
+            attempt_id,
+            provider,
+            sent_at,
+            window: dispatch.provider.late_result_window(),
+            slot,
+            _hold: hold,
+            traced,
+        };
+        self.tracker
+            .spawn(async move { worker.await_late_result(late, call).await });
     }
 
     /// Observes how long a claim waited: since it was queued, and since it
@@ -602,10 +649,12 @@ impl Worker {
             window,
             slot,
             _hold,
+            traced,
         } = late;
         let lease = Duration::from_millis(self.app.config().worker.lease_ms);
         tokio::select! {
             reply = call => {
+                traced.answered(&reply);
                 let (outcome, usage) = self.settle(&provider, reply, slot.as_ref());
                 drop(slot);
                 match outcome {
@@ -613,7 +662,8 @@ impl Worker {
                     outcome => {
                         tracing::info!(%attempt_id, "late answer arrived");
                         self.app.metrics().observe_provider_call(&provider, sent_at.elapsed());
-                        self.apply(&attempt_id, &provider, outcome, usage, Instant::now() + lease).await;
+                        let until = Instant::now() + lease;
+                        self.apply_traced(&traced, &attempt_id, &provider, (outcome, usage), until, 0).await;
                     }
                 }
             },
@@ -656,6 +706,27 @@ impl Worker {
         None
     }
 
+    /// [`Worker::apply_released`] in its own span, a child of the call's,
+    /// which records what the write did (the compare-and-swap's verdict).
+    async fn apply_traced(
+        &self,
+        traced: &AttemptTrace,
+        attempt_id: &AttemptKey,
+        provider: &str,
+        (outcome, usage): (Outcome, Option<Usage>),
+        lease_until: Instant,
+        released: u64,
+    ) {
+        let recording = traced.recording(&outcome);
+        let applied = self
+            .apply_released(attempt_id, provider, outcome, usage, lease_until, released)
+            .instrument(recording.clone())
+            .await;
+        if let Some(applied) = &applied {
+            AttemptTrace::recorded(&recording, applied);
+        }
+    }
+
     /// Applies an outcome, as it is: an outcome is never rewritten.
     ///
     /// While the database is busy or away, the write is retried until the
@@ -675,7 +746,7 @@ impl Worker {
         lease_until: Instant,
     ) {
         self.apply_released(attempt_id, provider, outcome, usage, lease_until, 0)
-            .await
+            .await;
     }
 
     /// [`Worker::apply`] for an attempt that released `released` chunks of
@@ -688,7 +759,7 @@ impl Worker {
         usage: Option<Usage>,
         lease_until: Instant,
         released: u64,
-    ) {
+    ) -> Option<Applied> {
         let mut delay = Duration::from_millis(100);
         for attempt in 1.. {
             match self
@@ -696,10 +767,10 @@ impl Worker {
                 .apply_streamed_outcome(attempt_id, provider, outcome.clone(), released, usage)
                 .await
             {
-                Ok(_) => return,
+                Ok(applied) => return Some(applied),
                 Err(AppError::NotFound) => {
                     tracing::error!(%attempt_id, "the attempt is gone; its outcome cannot be applied");
-                    return;
+                    return None;
                 }
                 Err(AppError::Unavailable(reason)) => {
                     tracing::warn!(%reason, attempt, "applying an outcome failed; retrying in {delay:?}");
@@ -708,7 +779,7 @@ impl Worker {
                     tracing::error!(%error, attempt, outcome = outcome.label(), "the database refused an outcome; retrying while the lease holds");
                     if Instant::now() + delay >= lease_until {
                         tracing::error!(%attempt_id, outcome = outcome.label(), "the outcome could not be recorded before the lease ran out; the attempt stays running and the reaper makes it unknown");
-                        return;
+                        return None;
                     }
                 }
             }
@@ -719,5 +790,6 @@ impl Worker {
             delay = (delay * 2).min(Duration::from_secs(5));
         }
         tracing::error!(%attempt_id, "applying an outcome given up when the shutdown grace ended; the attempt will surface as unknown");
+        None
     }
 }

@@ -34,6 +34,7 @@ impl Worker {
         claim: Claim,
         dispatch: Arc<Dispatch>,
         slot: Option<SendSlot>,
+        traced: super::AttemptTrace,
     ) {
         let attempt_id = claim.attempt.key();
         let provider = claim.attempt.provider.clone();
@@ -78,24 +79,27 @@ impl Worker {
                 self.app
                     .metrics()
                     .observe_provider_call(&provider, sent_at.elapsed());
+                traced.answered(&reply);
                 let (outcome, usage) = self.settle(&provider, reply, slot.as_ref());
                 (outlet.judged(outcome, refused), usage)
             }
             Err(stop) => {
                 // Nothing more of this call is read or released.
                 drop(call);
-                (outlet.stopped(stop, &timeouts), None)
+                let outcome = outlet.stopped(stop, &timeouts);
+                traced.outcome(&outcome);
+                (outcome, None)
             }
         };
         drop(slot);
         let Outlet { mut writer, .. } = outlet;
         writer.flush().await;
         let released = writer.released();
-        self.apply_released(
+        self.apply_traced(
+            &traced,
             &attempt_id,
             &provider,
-            outcome,
-            usage,
+            (outcome, usage),
             lease.until,
             released,
         )

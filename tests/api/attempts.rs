@@ -532,6 +532,7 @@ async fn claimed_by_a_process_that_died(
                 id: onejob::domain::JobId::new(),
                 start: None,
                 reservation: Default::default(),
+                trace_context: None,
                 owner_id: owner,
                 key: onejob::domain::IdempotencyKey::parse(key).unwrap(),
                 task: "summarize".into(),

@@ -185,6 +185,7 @@ fn job_with_an_abandoned_attempt(
         id: onejob::domain::JobId::new(),
         start: None,
         reservation: Default::default(),
+        trace_context: None,
         owner_id: owner.clone(),
         key: onejob::domain::IdempotencyKey::parse(key).unwrap(),
         task: "summarize".into(),

@@ -517,6 +517,7 @@ fn batch_creation(owner: &UserId, key: &str, started: bool) -> onejob::store::jo
             soft_timeout_ms: 7_000,
         }),
         reservation: Default::default(),
+        trace_context: None,
     }
 }
 

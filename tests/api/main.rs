@@ -70,6 +70,7 @@ mod start_on_create;
 mod statement_rules;
 mod storage;
 mod streaming;
+mod traces;
 mod twins;
 mod upgrades;
 mod webhook_fairness;

@@ -407,6 +407,7 @@ pub fn new_job(owner: &UserId, key: &str) -> NewJob {
         id: onejob::domain::JobId::new(),
         start: None,
         reservation: Default::default(),
+        trace_context: None,
         owner_id: owner.clone(),
         key: IdempotencyKey::parse(key).unwrap(),
         task: "summarize".into(),

@@ -17,6 +17,7 @@ pub mod harness;
 
 pub mod aws;
 pub mod balanced;
+pub mod collector;
 pub mod db;
 pub mod db_proxy;
 pub mod devtools;

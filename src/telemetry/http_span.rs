@@ -1,0 +1,67 @@
+//! Each HTTP request's span: its method, route, request id and status, in
+//! OpenTelemetry's HTTP terms. While tracing is on, a `traceparent` (and
+//! `tracestate`) from the client makes it a child of the client's span;
+//! while it is off, no trace header is read.
+
+use actix_web::body::MessageBody;
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::{Error, HttpMessage};
+use tracing::field::Empty;
+use tracing::Span;
+use tracing_actix_web::{RequestId, RootSpanBuilder};
+
+use crate::domain::TraceContext;
+
+/// The root span builder onejob's `TracingLogger` uses.
+pub struct HttpSpan;
+
+/// The client's trace context, if its headers hold a valid one.
+fn client_context(request: &ServiceRequest) -> Option<TraceContext> {
+    let header = |name: &str| {
+        request
+            .headers()
+            .get(name)
+            .and_then(|value| value.to_str().ok())
+    };
+    TraceContext::parse(header("traceparent")?, header("tracestate"))
+}
+
+impl RootSpanBuilder for HttpSpan {
+    fn on_request_start(request: &ServiceRequest) -> Span {
+        let method = request.method().as_str();
+        let route = request.match_pattern();
+        let route = route.as_deref().unwrap_or("default");
+        let request_id = request
+            .extensions()
+            .get::<RequestId>()
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        let span = tracing::info_span!(
+            target: "onejob::http",
+            "HTTP request",
+            http.request.method = method,
+            http.route = route,
+            request_id = %request_id,
+            http.response.status_code = Empty,
+            otel.name = Empty,
+            otel.kind = "server",
+            otel.status_code = Empty,
+        );
+        if super::enabled() {
+            span.record("otel.name", format!("{method} {route}"));
+            super::trace::set_parent(&span, client_context(request).as_ref());
+        }
+        span
+    }
+
+    fn on_request_end<B: MessageBody>(span: Span, outcome: &Result<ServiceResponse<B>, Error>) {
+        let status = match outcome {
+            Ok(response) => response.status(),
+            Err(error) => error.as_response_error().status_code(),
+        };
+        span.record("http.response.status_code", i64::from(status.as_u16()));
+        if status.is_server_error() {
+            span.record("otel.status_code", "ERROR");
+        }
+    }
+}
