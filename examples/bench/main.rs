@@ -17,7 +17,9 @@
 //! (`/v1/chat/completions` through onejob vs calling the upstream directly),
 //! `ttft` (time to the first token of a streamed chat completion, through
 //! onejob vs direct), `ratelimit` (a provider that refuses past its concurrency, with onejob's
-//! `max_in_flight` off and on).
+//! `max_in_flight` off and on). `--otlp live` or `--otlp dead` runs the
+//! `overhead` step with traces exported to a collector that answers at once,
+//! or to one that never answers.
 //! See docs/benchmarks.md.
 
 mod ceiling;
@@ -80,6 +82,10 @@ struct Args {
     /// as many HTTP workers as a machine of that many cores gets.
     #[arg(long, default_value_t = 16)]
     many_workers: usize,
+    /// Trace export in the `overhead` step: `off`, `live` (to a collector
+    /// that answers at once) or `dead` (to one that never answers).
+    #[arg(long, default_value = "off", value_parser = ["off", "live", "dead"])]
+    otlp: String,
 }
 
 /// What a ratio must come to, if anything.
@@ -1129,10 +1135,27 @@ impl Bench {
             "\n[overhead] /v1/chat/completions through onejob vs calling the upstream directly"
         );
         let upstream = upstream::start();
+        let (telemetry, exports) = match self.args.otlp.as_str() {
+            "live" => {
+                let (base, exports) = upstream::start_collector();
+                (
+                    format!("\n[telemetry]\notlp_endpoint = \"{base}\"\n"),
+                    Some(exports),
+                )
+            }
+            "dead" => {
+                let base = upstream::start_dead_collector();
+                (format!("\n[telemetry]\notlp_endpoint = \"{base}\"\n"), None)
+            }
+            _ => (String::new(), None),
+        };
+        println!("  trace export: {}", self.args.otlp);
         let duration = Duration::from_secs((self.args.seconds / 2).max(2));
         let chat = |n: u64| json!({"model": "bench-chat", "messages": [{"role": "user", "content": format!("hello {n}")}]});
         for backend in ["sqlite", "postgres"] {
-            let (deployment, servers) = self.chat_deployment("overhead", backend, &upstream).await;
+            let (deployment, servers) = self
+                .chat_deployment("overhead", backend, &upstream, &telemetry)
+                .await;
             let base = servers[0].base.clone();
             for concurrency in [1usize, 32] {
                 let client = self.client.clone();
@@ -1211,7 +1234,10 @@ impl Bench {
                     ),
                     _ => Goal::None,
                 };
-                let name = format!("overhead {backend} c={concurrency}");
+                let name = match self.args.otlp.as_str() {
+                    "off" => format!("overhead {backend} c={concurrency}"),
+                    mode => format!("overhead {backend} c={concurrency}, traces {mode}"),
+                };
                 self.push(Ratio {
                     name,
                     product: format!("onejob p50 {} p99 {}", ms(through.p50()), ms(through.p99())),
@@ -1230,6 +1256,10 @@ impl Bench {
                 self.drop_database("onejob_bench_overhead");
             }
         }
+        if let Some(exports) = exports {
+            let exports = exports.load(std::sync::atomic::Ordering::Relaxed);
+            println!("  the collector took {exports} exports");
+        }
     }
 
     /// One `onejob serve` process on a fresh `backend` database, with the
@@ -1239,9 +1269,10 @@ impl Bench {
         step: &str,
         backend: &str,
         upstream: &str,
+        telemetry: &str,
     ) -> (Deployment, Vec<Server>) {
         let routes = format!(
-            "{}\n[[tasks]]\nname = \"bench-chat\"\nkind = \"chat\"\nproviders = [\"up\"]\n",
+            "{}\n[[tasks]]\nname = \"bench-chat\"\nkind = \"chat\"\nproviders = [\"up\"]\n{telemetry}",
             upstream_provider(upstream, "")
         );
         let url = match backend {
@@ -1276,7 +1307,7 @@ impl Bench {
                    "messages": [{"role": "user", "content": format!("tell {n}")}]})
         };
         for backend in ["sqlite", "postgres"] {
-            let (deployment, servers) = self.chat_deployment("ttft", backend, &upstream).await;
+            let (deployment, servers) = self.chat_deployment("ttft", backend, &upstream, "").await;
             let base = servers[0].base.clone();
             for concurrency in [1usize, 32] {
                 let (client, direct_url) = (

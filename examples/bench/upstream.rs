@@ -91,6 +91,55 @@ pub fn start() -> String {
     base
 }
 
+/// Starts an OTLP/HTTP collector that takes every export (`POST
+/// /v1/traces`) and answers 200 at once; its base URL, and how many exports
+/// came.
+pub fn start_collector() -> (String, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    let listener = TcpListener::bind("127.0.0.1:0").expect("binding the collector");
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let exports = std::sync::Arc::new(AtomicU64::new(0));
+    let counted = exports.clone();
+    spawn_named(move || {
+        actix_web::rt::System::new().block_on(async move {
+            HttpServer::new(move || {
+                let counted = counted.clone();
+                App::new().route(
+                    "/v1/traces",
+                    web::post().to(move |_body: web::Bytes| {
+                        counted.fetch_add(1, Relaxed);
+                        async {
+                            HttpResponse::Ok()
+                                .content_type("application/x-protobuf")
+                                .finish()
+                        }
+                    }),
+                )
+            })
+            .workers(1)
+            .listen(listener)
+            .expect("listening")
+            .run()
+            .await
+        })
+    });
+    (base, exports)
+}
+
+/// Starts a collector that accepts every connection and never answers:
+/// its base URL.
+pub fn start_dead_collector() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("binding the dead collector");
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    spawn_named(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming().flatten() {
+            held.push(stream);
+        }
+    });
+    base
+}
+
 /// What a rate-limited upstream saw.
 #[derive(Clone, Default)]
 pub struct Calls {

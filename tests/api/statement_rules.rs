@@ -667,7 +667,7 @@ const WRITERS: &[(&str, Option<&str>)] = &[
     ("completion.rs::settle_success", None),
     ("completion.rs::skip_queued_attempts", Some("update attempts set state = $1, finished_at = $2, lease_expires_at = $3, error_kind = $4, error = $5, error_detail = $6 where (((attempts.job_id = $7)")),
     ("jobs.rs::insert_job_and_attempt", Some("with job as ( insert into jobs (")),
-    ("jobs.rs::insert_job_unless_key_exists", Some("fingerprint, status, version, result, completed_by, failure_reason, created_at, updated_at, failure_kind, failure_detail) values")),
+    ("jobs.rs::insert_job_unless_key_exists", Some("fingerprint, status, version, result, completed_by, failure_reason, created_at, updated_at, failure_kind, failure_detail, trace_context) values")),
     ("jobs.rs::multi_row_creation_statement", Some("with input as ( select * from unnest(")),
     ("jobs.rs::sqlite_attempts_statement", None),
     ("jobs.rs::sqlite_jobs_statement", None),
