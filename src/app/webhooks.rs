@@ -388,7 +388,7 @@ async fn deliver(app: &App, claimed: Claimed, lease_owner: &str) {
     let span = delivery_span(&claimed);
     let mut headers = signed_headers(&key, &claimed, Timestamp::now()).to_vec();
     if let Some(context) = crate::telemetry::trace::context_of(&span) {
-        headers.extend(crate::telemetry::trace::headers(&context));
+        headers.extend(context.headers());
     }
     let started = Instant::now();
     let attempted = send(

@@ -91,6 +91,16 @@ impl TraceContext {
         &self.traceparent[36..52]
     }
 
+    /// The W3C headers that hand this context on: `traceparent`, and
+    /// `tracestate` when there is one.
+    pub fn headers(&self) -> Vec<(&'static str, String)> {
+        let mut headers = vec![("traceparent", self.traceparent.clone())];
+        if let Some(state) = &self.tracestate {
+            headers.push(("tracestate", state.clone()));
+        }
+        headers
+    }
+
     /// Whether the parent recorded its span (the `sampled` flag).
     pub fn sampled(&self) -> bool {
         u8::from_str_radix(&self.traceparent[53..55], 16).is_ok_and(|flags| flags & 1 == 1)

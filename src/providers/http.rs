@@ -136,7 +136,7 @@ impl HttpClient {
             }
         }
         if let Some(trace) = &call.trace {
-            for (name, value) in crate::telemetry::trace::headers(trace) {
+            for (name, value) in trace.headers() {
                 if let Ok(value) = HeaderValue::from_str(&value) {
                     headers.insert(name, value);
                 }
@@ -375,7 +375,7 @@ impl HttpClient {
         let mut facts = AnswerFacts::default();
         let outcome = match streamed.ended {
             Ok(answer) => {
-                facts = AnswerFacts::of(&answer, None);
+                facts = AnswerFacts::of(&answer, None, call.trace.is_some());
                 conclude(call.shape, answer, None).await
             }
             Err(outcome) => outcome,
@@ -433,7 +433,7 @@ impl HttpClient {
         let mut facts = AnswerFacts::default();
         let outcome = match decoded.answer {
             Ok(answer) => {
-                facts = AnswerFacts::of(&answer, Some(&bytes));
+                facts = AnswerFacts::of(&answer, Some(&bytes), call.trace.is_some());
                 conclude(call.shape, answer, sink).await
             }
             Err(outcome) => outcome,

@@ -183,7 +183,7 @@ pub struct Reply {
 }
 
 /// What an answer says of itself, beyond its content: read for the
-/// provider call's span (docs/tracing.md), and only while tracing is on.
+/// provider call's span (docs/tracing.md), and only for a traced call.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct AnswerFacts {
     /// The model that answered, as the provider named it.
@@ -195,9 +195,9 @@ pub struct AnswerFacts {
 
 impl AnswerFacts {
     /// The facts of `answer`, with the model `body` names (`model`, or
-    /// Gemini's `modelVersion`); nothing while tracing is off.
-    pub fn of(answer: &crate::chat::Answer, body: Option<&[u8]>) -> Self {
-        if !crate::telemetry::enabled() {
+    /// Gemini's `modelVersion`); nothing unless the call is `traced`.
+    pub fn of(answer: &crate::chat::Answer, body: Option<&[u8]>, traced: bool) -> Self {
+        if !traced {
             return Self::default();
         }
         #[derive(serde::Deserialize)]

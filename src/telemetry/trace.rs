@@ -93,13 +93,3 @@ pub fn error(span: &Span, description: impl Into<String>) {
         span.set_status(Status::error(description.into()));
     }
 }
-
-/// The W3C headers to send on a call made for a job: `traceparent`, and
-/// `tracestate` when there is one.
-pub fn headers(context: &TraceContext) -> Vec<(&'static str, String)> {
-    let mut headers = vec![("traceparent", context.traceparent().to_owned())];
-    if let Some(state) = context.tracestate() {
-        headers.push(("tracestate", state.to_owned()));
-    }
-    headers
-}

@@ -195,11 +195,42 @@ on_both_backends!(
     a_collector_that_hangs_or_refuses_fails_no_request_and_its_spans_are_counted,
 );
 
+/// A job that failed over and whose late answer lost, traced, with what
+/// the test's parties saw.
+pub struct FailoverTrace {
+    pub server: ServerProcess,
+    pub db: TestDb,
+    pub dir: tempfile::TempDir,
+    pub job_id: String,
+    /// The client's trace, and its span the creation was sent from.
+    pub trace_id: String,
+    pub client_span: String,
+    /// The job as it stood when it had succeeded.
+    pub won: Value,
+    /// Every span exported (the replay's trace included).
+    pub spans: Vec<Span>,
+    retry_trace: String,
+    fakes: [FakeProvider; 3],
+    delivered: Vec<crate::support::webhook_receiver::Received>,
+}
+
+impl FailoverTrace {
+    /// The spans of the job's trace.
+    pub fn job_spans(&self) -> Vec<Span> {
+        self.spans
+            .iter()
+            .filter(|s| s.trace_id == self.trace_id)
+            .cloned()
+            .collect()
+    }
+}
+
 /// `broken` refuses the request (a definite failure): the job fails over
 /// to `slow`, which holds it past its soft timeout (unknown); support
 /// abandons it and the owner starts the next attempt, on `fast`, which
-/// wins; then `slow`'s held answer comes back and loses.
-async fn a_failover_and_a_lost_race_are_one_trace_under_the_clients_span(backend: TestBackend) {
+/// wins; then `slow`'s held answer comes back and loses. Then a retry of
+/// the creation from another trace, and the webhook's delivery.
+pub async fn failover_with_a_lost_race(backend: TestBackend) -> FailoverTrace {
     let db = TestDb::create_empty(backend);
     let url = db.url.as_str().to_owned();
     let dir = tempfile::tempdir().unwrap();
@@ -294,7 +325,35 @@ async fn a_failover_and_a_lost_race_are_one_trace_under_the_clients_span(backend
                 && spans.iter().any(|s| s.trace_id == retry_trace)
         })
         .await;
-    let job_spans = collector.trace(&trace_id);
+    FailoverTrace {
+        server,
+        db,
+        dir,
+        job_id,
+        trace_id,
+        client_span,
+        won,
+        spans,
+        retry_trace,
+        fakes: [broken, slow, fast],
+        delivered,
+    }
+}
+
+async fn a_failover_and_a_lost_race_are_one_trace_under_the_clients_span(backend: TestBackend) {
+    let traced = failover_with_a_lost_race(backend).await;
+    let FailoverTrace {
+        job_id,
+        trace_id,
+        client_span,
+        won,
+        spans,
+        retry_trace,
+        fakes: [broken, slow, fast],
+        delivered,
+        ..
+    } = &traced;
+    let job_spans = traced.job_spans();
     println!(
         "the job's trace (failover, unknown, lost race, webhook):\n{}",
         tree(&job_spans)
@@ -304,7 +363,7 @@ async fn a_failover_and_a_lost_race_are_one_trace_under_the_clients_span(backend
     let creation = find(&job_spans, "creating request", |s| {
         s.name == "POST /api/v1/jobs"
     });
-    assert_eq!(creation.parent_span_id, client_span);
+    assert_eq!(&creation.parent_span_id, client_span);
     assert_eq!(creation.kind, 2, "a server span");
     assert_eq!(creation.service, "onejob-test");
     assert_eq!(creation.text("onejob.job.id"), job_id);
@@ -402,7 +461,7 @@ async fn a_failover_and_a_lost_race_are_one_trace_under_the_clients_span(backend
     // The replay is a span of the client's retry's trace, linked to the
     // job's.
     let retried = find(&spans, "the replay", |s| {
-        s.trace_id == retry_trace && s.name == "POST /api/v1/jobs"
+        s.trace_id == *retry_trace && s.name == "POST /api/v1/jobs"
     });
     assert_eq!(retried.attr("onejob.replayed"), Some(&Attr::Bool(true)));
     assert!(
@@ -414,7 +473,7 @@ async fn a_failover_and_a_lost_race_are_one_trace_under_the_clients_span(backend
     );
     // Reading the job from outside its trace links to it too.
     let look = find(&spans, "a read of the job", |s| {
-        s.name == "GET /api/v1/jobs/{id}" && s.trace_id != trace_id
+        s.name == "GET /api/v1/jobs/{id}" && s.trace_id != *trace_id
     });
     assert!(look
         .links

@@ -3,8 +3,9 @@
 //! race log ([`console`]), Users ([`users`]), job search ([`job_search`]),
 //! the job page's forms while it refreshes itself ([`job_forms`]), a chat
 //! job's live text ([`live_text`]), the console's charts and the usage
-//! ledger ([`usage`]), and webhook endpoints and a job's deliveries
-//! ([`webhooks`]). The browser, the DevTools client, the holding proxy and
+//! ledger ([`usage`]), webhook endpoints and a job's deliveries
+//! ([`webhooks`]), and a traced job's timeline beside its span tree
+//! ([`traces`]). The browser, the DevTools client, the holding proxy and
 //! the row readers they use are in [`crate::support`]; whether pages fit at
 //! 1280 and 390 px, and the README's screenshots of them, are in
 //! [`crate::browser_pages`].
@@ -25,6 +26,7 @@ mod job_forms;
 mod job_search;
 mod live_text;
 mod submit;
+mod traces;
 mod usage;
 mod users;
 mod webhooks;

@@ -215,6 +215,36 @@ impl Collector {
 /// The spans as indented trees, one per root (a span whose parent is not
 /// among them), children in start order, each line with its attributes.
 pub fn tree(spans: &[Span]) -> String {
+    tree_with(spans, true, &|key, _| {
+        key.starts_with("gen_ai.") || key.starts_with("onejob.") || key.starts_with("http.")
+    })
+}
+
+/// [`tree`] with fewer attributes: what tells the attempts and the
+/// verdicts apart.
+pub fn brief_tree(spans: &[Span]) -> String {
+    const KEYS: [&str; 7] = [
+        "onejob.provider",
+        "onejob.attempt.outcome",
+        "onejob.attempt.unknown",
+        "onejob.cas.verdict",
+        "onejob.failover.provider",
+        "onejob.webhook.outcome",
+        "http.response.status_code",
+    ];
+    tree_with(spans, false, &|key, value| {
+        KEYS.contains(&key) && value != &Attr::Bool(false)
+    })
+}
+
+/// What a span's line shows of it: its id, and which attributes.
+struct Shown<'a> {
+    ids: bool,
+    attribute: &'a dyn Fn(&str, &Attr) -> bool,
+}
+
+fn tree_with(spans: &[Span], ids: bool, attribute: &dyn Fn(&str, &Attr) -> bool) -> String {
+    let shown = Shown { ids, attribute };
     let ids: std::collections::HashSet<&str> = spans.iter().map(|s| s.span_id.as_str()).collect();
     let mut children: HashMap<&str, Vec<&Span>> = HashMap::new();
     let mut roots = Vec::new();
@@ -234,18 +264,22 @@ pub fn tree(spans: &[Span]) -> String {
             format!(" (remote parent {})", root.parent_span_id)
         };
         out.push_str(&format!("trace {}{parent}\n", root.trace_id));
-        write_span(&mut out, root, &children, 1);
+        write_span(&mut out, root, &children, 1, &shown);
     }
     out
 }
 
-fn write_span(out: &mut String, span: &Span, children: &HashMap<&str, Vec<&Span>>, depth: usize) {
+fn write_span(
+    out: &mut String,
+    span: &Span,
+    children: &HashMap<&str, Vec<&Span>>,
+    depth: usize,
+    shown: &Shown<'_>,
+) {
     let attrs: Vec<String> = span
         .attributes
         .iter()
-        .filter(|(k, _)| {
-            k.starts_with("gen_ai.") || k.starts_with("onejob.") || k.starts_with("http.")
-        })
+        .filter(|(k, v)| (shown.attribute)(k, v))
         .map(|(k, v)| format!("{k}={}", v.shown()))
         .collect();
     let status = match span.status {
@@ -257,11 +291,15 @@ fn write_span(out: &mut String, span: &Span, children: &HashMap<&str, Vec<&Span>
     } else {
         format!(" links={:?}", span.links)
     };
+    let id = if shown.ids {
+        format!(" [{}]", span.span_id)
+    } else {
+        String::new()
+    };
     out.push_str(&format!(
-        "{}{} [{}]{status}{links} {}\n",
+        "{}{}{id}{status}{links} {}\n",
         "  ".repeat(depth),
         span.name,
-        span.span_id,
         attrs.join(" ")
     ));
     let mut kids = children
@@ -270,6 +308,6 @@ fn write_span(out: &mut String, span: &Span, children: &HashMap<&str, Vec<&Span>
         .unwrap_or_default();
     kids.sort_by_key(|s| s.start_ns);
     for kid in kids {
-        write_span(out, kid, children, depth + 1);
+        write_span(out, kid, children, depth + 1, shown);
     }
 }

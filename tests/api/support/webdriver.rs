@@ -466,15 +466,21 @@ impl Browser {
 
     /// Saves the page at 1280 and 390 px wide to `target/screenshots/NAME-WIDTH.png`.
     pub async fn screenshots(&self, name: &str) {
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/screenshots");
-        std::fs::create_dir_all(&dir).unwrap();
         for (width, height) in [(1280, 900), (390, 844)] {
-            self.client.set_window_size(width, height).await.unwrap();
-            self.wait_for_layout(width).await;
-            let png = self.client.screenshot().await.unwrap();
-            std::fs::write(dir.join(format!("{name}-{width}.png")), png).unwrap();
+            self.screenshot_at(name, width, height).await;
         }
         self.client.set_window_size(1280, 900).await.unwrap();
+    }
+
+    /// Saves the page in a window of `width` × `height` px to
+    /// `target/screenshots/NAME-WIDTH.png`.
+    pub async fn screenshot_at(&self, name: &str, width: u32, height: u32) {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/screenshots");
+        std::fs::create_dir_all(&dir).unwrap();
+        self.client.set_window_size(width, height).await.unwrap();
+        self.wait_for_layout(width).await;
+        let png = self.client.screenshot().await.unwrap();
+        std::fs::write(dir.join(format!("{name}-{width}.png")), png).unwrap();
     }
 
     /// Waits until the page is laid out for a window `width` px wide: the
