@@ -460,7 +460,7 @@ async fn a_failover_and_a_lost_race_are_one_trace_under_the_clients_span(backend
 
     // The replay is a span of the client's retry's trace, linked to the
     // job's.
-    let retried = find(&spans, "the replay", |s| {
+    let retried = find(spans, "the replay", |s| {
         s.trace_id == *retry_trace && s.name == "POST /api/v1/jobs"
     });
     assert_eq!(retried.attr("onejob.replayed"), Some(&Attr::Bool(true)));
@@ -472,7 +472,7 @@ async fn a_failover_and_a_lost_race_are_one_trace_under_the_clients_span(backend
         retried.links
     );
     // Reading the job from outside its trace links to it too.
-    let look = find(&spans, "a read of the job", |s| {
+    let look = find(spans, "a read of the job", |s| {
         s.name == "GET /api/v1/jobs/{id}" && s.trace_id != *trace_id
     });
     assert!(look
