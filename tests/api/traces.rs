@@ -78,10 +78,24 @@ async fn admin_token(db: &TestDb) -> String {
     .unwrap()
 }
 
-/// Runs `onejob qualify` for `provider` on `summarize`.
-fn qualify(dir: &Path, config: &Path, url: &str, provider: &str) {
+/// The providers and tasks of a configuration: `fake`, the one provider
+/// of `summarize`.
+fn one_fake(fake: &FakeProvider) -> String {
+    [
+        ProviderToml::openai("fake", &fake.base_url)
+            .timeout_ms(5_000)
+            .toml(),
+        strict_task_toml("summarize", &["fake"], "Summarize: {{ text }}"),
+    ]
+    .concat()
+}
+
+/// Runs `onejob <args>` with the configuration and database of the
+/// processes under test, as an operator would; it must succeed. Its
+/// standard output.
+pub fn onejob_command(dir: &Path, config: &Path, url: &str, args: &[&str]) -> String {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_onejob"))
-        .args(["qualify", "--provider", provider, "--task", "summarize"])
+        .args(args)
         .current_dir(dir)
         .env("ONEJOB_CONFIG", config)
         .env("DATABASE_URL", url)
@@ -90,8 +104,19 @@ fn qualify(dir: &Path, config: &Path, url: &str, provider: &str) {
         .unwrap();
     assert!(
         output.status.success(),
-        "{}",
+        "onejob {args:?}: {}",
         String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// Runs `onejob qualify` for `provider` on `summarize`.
+fn qualify(dir: &Path, config: &Path, url: &str, provider: &str) {
+    onejob_command(
+        dir,
+        config,
+        url,
+        &["qualify", "--provider", provider, "--task", "summarize"],
     );
 }
 
@@ -574,13 +599,7 @@ async fn a_job_created_by_a_killed_process_is_traced_on_by_the_one_that_sends_it
     let collector = Collector::start().await;
     let hooks = WebhookReceiver::start().await;
     let fake = FakeProvider::start(Shape::OpenAi).await;
-    let rest = [
-        ProviderToml::openai("fake", &fake.base_url)
-            .timeout_ms(5_000)
-            .toml(),
-        strict_task_toml("summarize", &["fake"], "Summarize: {{ text }}"),
-    ]
-    .concat();
+    let rest = one_fake(&fake);
     let config = config_file(dir.path(), "both.toml", &collector.endpoint(), "", &rest);
     let mut first =
         ServerProcess::spawn_as(dir.path(), "first", &config, &url, free_port(), "http");
@@ -662,13 +681,7 @@ async fn a_collector_that_hangs_or_refuses_fails_no_request_and_its_spans_are_co
     let dir = tempfile::tempdir().unwrap();
     let silent = SilentServer::start().await;
     let fake = FakeProvider::start(Shape::OpenAi).await;
-    let rest = [
-        ProviderToml::openai("fake", &fake.base_url)
-            .timeout_ms(5_000)
-            .toml(),
-        strict_task_toml("summarize", &["fake"], "Summarize: {{ text }}"),
-    ]
-    .concat();
+    let rest = one_fake(&fake);
     let bounded = "max_queue_size = 8\nmax_export_batch_size = 8\nexport_timeout_ms = 300";
     let config = config_file(dir.path(), "hung.toml", &silent.url(""), bounded, &rest);
     let mut server = ServerProcess::spawn(dir.path(), "hung", &config, &url);

@@ -12,19 +12,15 @@ on_both_backends!(the_timeline_of_a_traced_job_agrees_with_its_span_tree);
 
 /// A new password for `admin`, from `onejob users password`.
 fn admin_password(traced: &crate::traces::FailoverTrace) -> String {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_onejob"))
-        .args(["users", "password", "admin"])
-        .current_dir(traced.dir.path())
-        .env("ONEJOB_CONFIG", traced.dir.path().join("traced.toml"))
-        .env("DATABASE_URL", traced.db.url.as_str())
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).unwrap().trim().to_owned()
+    let dir = traced.dir.path();
+    crate::traces::onejob_command(
+        dir,
+        &dir.join("traced.toml"),
+        traced.db.url.as_str(),
+        &["users", "password", "admin"],
+    )
+    .trim()
+    .to_owned()
 }
 
 async fn the_timeline_of_a_traced_job_agrees_with_its_span_tree(backend: TestBackend) {
