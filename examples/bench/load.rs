@@ -58,6 +58,11 @@ pub fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1000.0)
 }
 
+/// A duration in whole microseconds, for differences finer than `ms` shows.
+pub fn us(d: Duration) -> String {
+    format!("{} µs", d.as_micros())
+}
+
 /// Runs `request(n)` (n counts up from 0 across all clients) from
 /// `concurrency` clients until `duration` has passed; a request's latency
 /// is the time it took.

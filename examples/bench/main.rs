@@ -1247,8 +1247,8 @@ impl Bench {
                 });
                 println!(
                     "    p50 overhead {}, p99 overhead {}",
-                    ms(overhead),
-                    ms(through.p99().saturating_sub(direct.p99()))
+                    load::us(overhead),
+                    load::us(through.p99().saturating_sub(direct.p99()))
                 );
             }
             drop(servers);

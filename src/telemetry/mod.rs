@@ -93,6 +93,9 @@ pub fn init(filter: Option<&str>, telemetry: &TelemetryConfig) -> Option<Export>
     let traces = export.as_ref().map(|(_, tracer)| {
         tracing_opentelemetry::layer()
             .with_tracer(tracer.clone())
+            // No busy/idle clocks, code locations, threads or levels: a
+            // span carries what docs/tracing.md names, and costs no more.
+            .with_tracked_inactivity(false)
             .with_location(false)
             .with_threads(false)
             .with_level(false)
