@@ -82,10 +82,10 @@ pub fn init(filter: Option<&str>, telemetry: &TelemetryConfig) -> Option<Export>
             .map_err(|error| eprintln!("onejob: traces are not exported: {error}"))
             .ok()
     });
-    if export.is_none() {
-        // The job's spans cost a disabled call site, nothing more.
-        filter = filter.add_directive(format!("{TRACE_TARGET}=off").parse().expect("a directive"));
-    }
+    // The job's own spans are for export, not the log: the logger never
+    // formats them, and while nothing is exported they cost a disabled
+    // call site, nothing more.
+    filter = filter.add_directive(format!("{TRACE_TARGET}=off").parse().expect("a directive"));
     let logs = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
