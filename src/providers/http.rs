@@ -364,7 +364,8 @@ impl HttpClient {
             streaming::read_aws_event_stream(response, self.max_response_bytes, sink).await
         } else if content_type.starts_with("text/event-stream") {
             let reader = self.codec.stream_reader();
-            streaming::read_sse(response, self.max_response_bytes, reader, sink).await
+            let traced = call.trace.is_some();
+            streaming::read_sse(response, self.max_response_bytes, reader, sink, traced).await
         } else {
             // An answer that came whole: handed on whole.
             return self
@@ -375,7 +376,7 @@ impl HttpClient {
         let mut facts = AnswerFacts::default();
         let outcome = match streamed.ended {
             Ok(answer) => {
-                facts = AnswerFacts::of(&answer, None, call.trace.is_some());
+                facts = AnswerFacts::of(&answer, streamed.model.clone(), call.trace.is_some());
                 conclude(call.shape, answer, None).await
             }
             Err(outcome) => outcome,
@@ -433,7 +434,11 @@ impl HttpClient {
         let mut facts = AnswerFacts::default();
         let outcome = match decoded.answer {
             Ok(answer) => {
-                facts = AnswerFacts::of(&answer, Some(&bytes), call.trace.is_some());
+                facts = AnswerFacts::of(
+                    &answer,
+                    AnswerFacts::model_named(&bytes),
+                    call.trace.is_some(),
+                );
                 conclude(call.shape, answer, sink).await
             }
             Err(outcome) => outcome,

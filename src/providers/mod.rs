@@ -194,25 +194,39 @@ pub struct AnswerFacts {
 }
 
 impl AnswerFacts {
-    /// The facts of `answer`, with the model `body` names (`model`, or
-    /// Gemini's `modelVersion`); nothing unless the call is `traced`.
-    pub fn of(answer: &crate::chat::Answer, body: Option<&[u8]>, traced: bool) -> Self {
+    /// The facts of `answer`, which `model` answered; nothing unless the
+    /// call is `traced`.
+    pub fn of(answer: &crate::chat::Answer, model: Option<String>, traced: bool) -> Self {
         if !traced {
             return Self::default();
+        }
+        Self {
+            model,
+            finish_reason: Some(crate::chat::openai_chat::write_finish_reason(&answer.stop)),
+        }
+    }
+
+    /// The model an answer (or one of its stream's events) names: its
+    /// `model` (OpenAI's, Anthropic's), `message.model` (Anthropic's
+    /// `message_start`) or Gemini's `modelVersion`.
+    pub fn model_named(json: &[u8]) -> Option<String> {
+        #[derive(serde::Deserialize)]
+        struct Message {
+            model: Option<String>,
         }
         #[derive(serde::Deserialize)]
         struct Named {
             model: Option<String>,
             #[serde(rename = "modelVersion")]
             model_version: Option<String>,
+            message: Option<Message>,
         }
-        let model = body
-            .and_then(|body| serde_json::from_slice::<Named>(body).ok())
-            .and_then(|named| named.model.or(named.model_version));
-        Self {
-            model,
-            finish_reason: Some(crate::chat::openai_chat::write_finish_reason(&answer.stop)),
-        }
+        let named: Named = serde_json::from_slice(json).ok()?;
+        named
+            .model
+            .or(named.model_version)
+            .or(named.message.and_then(|m| m.model))
+            .filter(|m| !m.is_empty())
     }
 }
 

@@ -26,6 +26,8 @@ pub type DeltaSink = mpsc::Sender<Delta>;
 pub struct Streamed {
     pub ended: Result<Answer, Outcome>,
     pub usage: Option<TokenCounts>,
+    /// The model the stream's events named, for a traced call.
+    pub model: Option<String>,
 }
 
 /// Why reading a stream's bytes stopped early.
@@ -102,6 +104,7 @@ impl Taking<'_> {
         Streamed {
             ended: ended.map(|()| self.assembly.answer()),
             usage,
+            model: None,
         }
     }
 }
@@ -122,7 +125,9 @@ pub async fn read_sse(
     cap: usize,
     mut reader: Box<dyn StreamReader>,
     sink: &DeltaSink,
+    traced: bool,
 ) -> Streamed {
+    let mut model = None;
     let mut read = 0usize;
     let bytes = response.bytes_stream().map(move |chunk| {
         let chunk = chunk.map_err(ReadError::Transport)?;
@@ -163,6 +168,9 @@ pub async fn read_sse(
         if data.is_empty() {
             continue;
         }
+        if traced && model.is_none() {
+            model = super::AnswerFacts::model_named(data.as_bytes());
+        }
         let read = match reader.read(&event.event, data) {
             Ok(read) => read,
             Err(error) => break Err(stream_error(error)),
@@ -171,7 +179,10 @@ pub async fn read_sse(
             break ended;
         }
     };
-    taking.ended(ended)
+    Streamed {
+        model,
+        ..taking.ended(ended)
+    }
 }
 
 /// Reads AWS's binary event stream (Bedrock's ConverseStream) to its end,

@@ -416,10 +416,17 @@ on_both_backends!(every_configuration_example_in_the_docs_starts_a_server);
 #[test]
 fn every_screenshot_the_readme_shows_is_taken_by_a_browser_test() {
     let readme: String = documentation().iter().map(|file| read(file)).collect();
-    let browser_tests = ["submit", "console", "users", "job_search", "usage"]
-        .iter()
-        .map(|page| read(&format!("tests/api/browser/{page}.rs")))
-        .collect::<String>()
+    let browser_tests = [
+        "submit",
+        "console",
+        "users",
+        "job_search",
+        "usage",
+        "traces",
+    ]
+    .iter()
+    .map(|page| read(&format!("tests/api/browser/{page}.rs")))
+    .collect::<String>()
         + &read("tests/api/browser_pages.rs");
     let mut shown: Vec<&str> = readme
         .split("screenshots/")

@@ -25,7 +25,7 @@ use crate::support::collector::{tree, Attr, Collector, Span};
 use crate::support::fake_provider::{
     strict_task_toml, Behaviour, FakeProvider, ProviderToml, Shape,
 };
-use crate::support::harness::{summarize, TestBackend, TestDb, FAKE_API_KEY};
+use crate::support::harness::{record_figures, summarize, TestBackend, TestDb, FAKE_API_KEY};
 use crate::support::metrics::metric_sum;
 use crate::support::webhook_receiver::{SilentServer, WebhookReceiver};
 
@@ -379,10 +379,13 @@ async fn a_failover_and_a_lost_race_are_one_trace_under_the_clients_span(backend
         ..
     } = &traced;
     let job_spans = traced.job_spans();
-    println!(
-        "the job's trace (failover, unknown, lost race, webhook):\n{}",
+    let printed = format!(
+        "the job's trace on {backend:?} (failover, unknown, lost race, webhook):\n{}",
         tree(&job_spans)
     );
+    println!("{printed}");
+    // Printed after the suite by `.ci/run`, too.
+    record_figures(&format!("trace-failover-{backend:?}"), &printed);
 
     // The request that created the job is the client's span's child.
     let creation = find(&job_spans, "creating request", |s| {
@@ -572,6 +575,7 @@ providers = ["up"]
     let call = provider_span(&spans, 1);
     assert_eq!(call.parent_span_id, request.span_id);
     assert_eq!(call.text("onejob.attempt.outcome"), "succeeded");
+    assert_eq!(call.text("gen_ai.response.model"), "fake-model");
     assert_eq!(
         call.attr("gen_ai.response.finish_reasons"),
         Some(&Attr::Texts(vec!["stop".into()]))
