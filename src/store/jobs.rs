@@ -111,8 +111,14 @@ fn insert_or_read(
         if let Some(attempt) = insert_job_and_attempt(pg, &row, new.start.as_ref(), now)? {
             return Ok((CreateOutcome::Created(row), vec![attempt]));
         }
-        // The key had made a job, or the owner has a budget: the
-        // transaction below tells which.
+        // The key had made a job (a replay, a storm's twin): one statement
+        // reads it and its attempts. Nothing found: the owner has a budget
+        // (or retention removed the job meanwhile), and the transaction
+        // below tells which.
+        if let Some((job, attempts)) = existing_in_one_read(conn, &new.owner_id, new.key.as_str())?
+        {
+            return Ok((CreateOutcome::Existing(job), attempts));
+        }
     }
     write_transaction(conn, |conn| {
         let inserted = insert_job_unless_key_exists(conn, &row)?;
@@ -171,6 +177,32 @@ pub fn confirm_creation(
         true => (CreateOutcome::Created(job), attempts),
         false => (CreateOutcome::Existing(job), attempts),
     })
+}
+
+/// The job `owner_id`'s key made and its attempts, in one statement (one
+/// view of both, without a transaction's round trips); `None` when the
+/// key made no job.
+fn existing_in_one_read(
+    conn: &mut DbConnection,
+    owner_id: &UserId,
+    key: &str,
+) -> StoreResult<Option<(Job, Vec<Attempt>)>> {
+    use super::schema::attempts;
+    let rows: Vec<(Job, Attempt)> = jobs::table
+        .inner_join(attempts::table.on(queue::same_job()))
+        .filter(jobs::owner_id.eq(owner_id))
+        .filter(jobs::idempotency_key.eq(key))
+        .filter(attempts::owner_id.eq(owner_id))
+        .order(attempts::number.asc())
+        .select((Job::as_select(), Attempt::as_select()))
+        .load(conn)?;
+    let mut rows = rows.into_iter();
+    Ok(rows.next().map(|(job, first)| {
+        let attempts = std::iter::once(first)
+            .chain(rows.map(|(_, attempt)| attempt))
+            .collect();
+        (job, attempts)
+    }))
 }
 
 /// The job a key already made, with its attempts (the caller's transaction

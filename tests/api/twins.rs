@@ -12,8 +12,10 @@ use reqwest::StatusCode;
 use serde_json::Value;
 
 use crate::support::harness::{
-    spawn_app, spawn_app_with, summarize, test_config, TestApp, TestBackend, DEFAULT_TEST_PROVIDERS,
+    postgres_available, spawn_app, spawn_app_with, summarize, test_config, PreparedApp, TestApp,
+    TestBackend, DEFAULT_TEST_PROVIDERS,
 };
+use crate::support::statement_log::{Sent, StatementLog};
 
 /// Another session holds off every job insert (SQLite's write lock; on
 /// PostgreSQL a SHARE lock on `jobs`, which inserts wait for) until the
@@ -155,6 +157,75 @@ async fn twins_of_a_request_the_busy_database_refused_get_its_503_at_once(backen
         status,
         StatusCode::CREATED,
         "the retry goes through: {body}"
+    );
+}
+
+/// Item: on PostgreSQL a replay (a storm's twin that arrives after its
+/// job landed is one) costs two statements, neither in a transaction: the
+/// creating statement, which finds the key taken, and one read of the job
+/// with its attempts, which answers as the stored row is now.
+#[tokio::test]
+async fn a_replay_on_postgresql_is_two_statements_and_no_transaction() {
+    if !postgres_available() {
+        return;
+    }
+    let log = StatementLog::new();
+    let app = Arc::new(
+        PreparedApp::new(TestBackend::Postgres, test_config(DEFAULT_TEST_PROVIDERS))
+            .await
+            .recording(&log)
+            .await
+            .start()
+            .await,
+    );
+    let id = app
+        .create_job(&app.alice.token, "replayed", &summarize("same"))
+        .await;
+    app.wait_for_status(&id, "succeeded", Duration::from_secs(20))
+        .await;
+    // A change by hand, bypassing onejob: the replay must show it.
+    let read = id.clone();
+    let version: i64 = app
+        .with_conn(move |conn| {
+            conn.batch_execute(&format!(
+                "UPDATE jobs SET version = version + 7 WHERE id = '{read}'"
+            ))
+            .unwrap();
+            use diesel::prelude::*;
+            use onejob::store::schema::jobs;
+            jobs::table
+                .filter(jobs::id.eq(&read))
+                .select(jobs::version)
+                .first(conn)
+                .unwrap()
+        })
+        .await;
+    log.take();
+    let (status, replayed, body) = post(app.clone(), "replayed", summarize("same")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(replayed);
+    assert_eq!(body["id"], id.as_str());
+    assert_eq!(
+        body["version"].as_i64(),
+        Some(version),
+        "the replay reads the row as it is now: {body}"
+    );
+    assert_eq!(body["status"], "succeeded", "{body}");
+    assert_eq!(body["attempts"].as_array().map(Vec::len), Some(1), "{body}");
+    let of_jobs: Vec<Sent> = log
+        .take_sent()
+        .into_iter()
+        .filter(|sent| sent.sql.contains("jobs"))
+        .collect();
+    assert_eq!(of_jobs.len(), 2, "{of_jobs:#?}");
+    assert!(of_jobs[0].sql.starts_with("WITH job AS"), "{of_jobs:#?}");
+    assert!(
+        of_jobs[1].sql.starts_with("SELECT") && of_jobs[1].sql.contains("\"attempts\""),
+        "{of_jobs:#?}"
+    );
+    assert!(
+        of_jobs.iter().all(|sent| sent.transaction.is_none()),
+        "{of_jobs:#?}"
     );
 }
 
