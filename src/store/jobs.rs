@@ -188,14 +188,14 @@ fn existing_in_one_read(
     key: &str,
 ) -> StoreResult<Option<(Job, Vec<Attempt>)>> {
     use super::schema::attempts;
-    let rows: Vec<(Job, Attempt)> = jobs::table
+    let rows: Vec<(Job, Attempt)> = per_backend!(conn, |c| jobs::table
         .inner_join(attempts::table.on(queue::same_job()))
         .filter(jobs::owner_id.eq(owner_id))
         .filter(jobs::idempotency_key.eq(key))
         .filter(attempts::owner_id.eq(owner_id))
         .order(attempts::number.asc())
         .select((Job::as_select(), Attempt::as_select()))
-        .load(conn)?;
+        .load(c))?;
     let mut rows = rows.into_iter();
     Ok(rows.next().map(|(job, first)| {
         let attempts = std::iter::once(first)

@@ -98,19 +98,19 @@ pub(super) fn record_call(
     let (task, input): (String, Option<String>) = if !estimates {
         let task = match task {
             Some(task) => task.to_owned(),
-            None => jobs::table
+            None => per_backend!(conn, |c| jobs::table
                 .filter(jobs::id.eq(&attempt.job_id))
                 .filter(jobs::owner_id.eq(&attempt.owner_id))
                 .select(jobs::task)
-                .first(conn)?,
+                .first(c))?,
         };
         (task, None)
     } else {
-        let (task, input): (String, String) = jobs::table
+        let (task, input): (String, String) = per_backend!(conn, |c| jobs::table
             .filter(jobs::id.eq(&attempt.job_id))
             .filter(jobs::owner_id.eq(&attempt.owner_id))
             .select((jobs::task, jobs::input))
-            .first(conn)?;
+            .first(c))?;
         (task, Some(input))
     };
     let usage = match (charge.usage, kind, input) {

@@ -3,6 +3,7 @@
 
 use diesel::prelude::*;
 
+use super::connection::per_backend;
 use super::rows::{Attempt, Job, JobKey};
 use super::schema::{attempts, jobs};
 use super::{DbConnection, StoreError, StoreResult};
@@ -28,12 +29,14 @@ pub fn find_owned_attempt(
     attempt_id: &AttemptId,
     owner_id: &UserId,
 ) -> StoreResult<Option<Attempt>> {
-    Ok(attempts::table
+    // On the concrete connection: its statement is found in the cache by
+    // its type, not by building its SQL and hashing it (once a request).
+    Ok(per_backend!(conn, |c| attempts::table
         .filter(attempts::id.eq(attempt_id))
         .filter(attempts::owner_id.eq(owner_id))
         .select(Attempt::as_select())
-        .first(conn)
-        .optional()?)
+        .first(c)
+        .optional())?)
 }
 
 pub fn get_attempt(conn: &mut DbConnection, attempt_id: &AttemptId) -> StoreResult<Attempt> {
@@ -52,12 +55,12 @@ pub fn find_job(conn: &mut DbConnection, job_id: &JobId) -> StoreResult<Option<J
 
 /// A job by its whole key.
 pub fn find_owned_job(conn: &mut DbConnection, key: &JobKey) -> StoreResult<Option<Job>> {
-    Ok(jobs::table
+    Ok(per_backend!(conn, |c| jobs::table
         .filter(jobs::id.eq(&key.id))
         .filter(jobs::owner_id.eq(&key.owner_id))
         .select(Job::as_select())
-        .first(conn)
-        .optional()?)
+        .first(c)
+        .optional())?)
 }
 
 pub fn get_job(conn: &mut DbConnection, key: &JobKey) -> StoreResult<Job> {
@@ -80,10 +83,10 @@ pub fn with_attempts(conn: &mut DbConnection, job: Job) -> StoreResult<(Job, Vec
 
 /// The job's attempts in the order they were made.
 pub fn attempts_of(conn: &mut DbConnection, key: &JobKey) -> StoreResult<Vec<Attempt>> {
-    Ok(attempts::table
+    Ok(per_backend!(conn, |c| attempts::table
         .filter(attempts::job_id.eq(&key.id))
         .filter(attempts::owner_id.eq(&key.owner_id))
         .order(attempts::number.asc())
         .select(Attempt::as_select())
-        .load(conn)?)
+        .load(c))?)
 }

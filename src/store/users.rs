@@ -3,6 +3,7 @@
 
 use diesel::prelude::*;
 
+use super::connection::per_backend;
 use super::schema::{api_tokens, users};
 use super::{DbConnection, StoreError, StoreResult};
 use crate::domain::password::UserName;
@@ -213,18 +214,21 @@ fn insert_token(
 /// The user a bearer token belongs to, if the token is live and the user
 /// not disabled.
 pub fn user_for_token(conn: &mut DbConnection, token: &str) -> StoreResult<Option<User>> {
-    Ok(api_tokens::table
+    let (digest, now) = (token_digest(token), Timestamp::now());
+    // On the concrete connection, read once a request: its statement is
+    // found in the cache by its type, not by building and hashing its SQL.
+    Ok(per_backend!(conn, |c| api_tokens::table
         .inner_join(users::table)
-        .filter(api_tokens::token_sha256.eq(token_digest(token)))
+        .filter(api_tokens::token_sha256.eq(&digest))
         .filter(
             api_tokens::expires_at
                 .is_null()
-                .or(api_tokens::expires_at.gt(Timestamp::now())),
+                .or(api_tokens::expires_at.gt(now)),
         )
         .filter(users::disabled_at.is_null())
         .select((users::id, users::name, users::role))
-        .first::<User>(conn)
-        .optional()?)
+        .first::<User>(c)
+        .optional())?)
 }
 
 /// What a token grants, as one statement saw it: its user, when it
