@@ -292,9 +292,11 @@ impl Worker {
     /// its slot until the attempt is done.
     fn run_in_slot(&self, admitted: Admitted, slot: tokio::sync::OwnedSemaphorePermit) {
         let worker = self.clone();
+        // Boxed: the attempt's future is kilobytes, and a task's future is
+        // copied whole each time the task changes stage (spawned, done).
         self.tracker.spawn_on(
             async move {
-                worker.run_attempt(admitted).await;
+                Box::pin(worker.run_attempt(admitted)).await;
                 drop(slot);
             },
             &self.runtime,
@@ -542,7 +544,7 @@ impl Worker {
             traced,
         };
         self.tracker
-            .spawn(async move { worker.await_late_result(late, call).await });
+            .spawn(async move { Box::pin(worker.await_late_result(late, call)).await });
     }
 
     /// Observes how long a claim waited: since it was queued, and since it
