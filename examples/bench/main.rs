@@ -910,7 +910,9 @@ impl Bench {
         let deployment = Deployment::prepare(self.dir(), "storm", &url, &config(0, 8, SIMULATED));
         let servers = deployment.serve(1).await;
         let base = servers[0].base.clone();
-        let rounds = (self.args.seconds / 2).max(3);
+        // Rounds until the step's seconds are spent (at least three): the
+        // p99 of a few bursts is the slowest burst's tail, so more rounds
+        // are what steadies it.
         // 256 connections opened before the clock starts, so that neither
         // side's first round pays for them.
         let (client, warm_base) = (self.client.clone(), base.clone());
@@ -923,7 +925,11 @@ impl Bench {
         })
         .await;
         let (mut storm, mut unique) = (Run::default(), Run::default());
-        for round in 0..rounds {
+        let started = Instant::now();
+        let mut rounds: u64 = 0;
+        while rounds < 3 || started.elapsed() < Duration::from_secs(self.args.seconds) {
+            let round = rounds;
+            rounds += 1;
             // Taking turns at going first.
             let order = if round % 2 == 0 {
                 [true, false]
