@@ -1,7 +1,7 @@
 //! Twins in flight: requests under a key this process is already creating a
 //! job for wait for that creation and answer as it ended: from its job, or
 //! with its 503 when the database was busy. (A twin whose leader ends with
-//! nothing to hand on boards again: `app::twins`' unit tests.)
+//! nothing to hand on boards again: `app::singleflight`' unit tests.)
 
 use std::sync::mpsc;
 use std::sync::Arc;
