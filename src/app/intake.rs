@@ -392,11 +392,8 @@ impl App {
         Ok(self
             .store()
             .run(move |conn| {
-                let Some(job) = job_store::find_by_key(conn, &owner_id, &key)? else {
-                    return Ok(None);
-                };
-                let (job, attempts) = crate::store::reads::with_attempts(conn, job)?;
-                Ok(Some((CreateOutcome::Existing(job), attempts)))
+                let found = job_store::job_of_key(conn, &owner_id, &key)?;
+                Ok(found.map(|(job, attempts)| (CreateOutcome::Existing(job), attempts)))
             })
             .await?)
     }

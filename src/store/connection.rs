@@ -14,8 +14,11 @@ use crate::domain::ids::text_enum;
 use crate::domain::Timestamp;
 
 /// Runs `$body` with `$c` bound to the concrete connection, for statements
-/// the multi-backend connection cannot compile (`RETURNING`, `ON CONFLICT`):
-/// the body is compiled once per backend.
+/// the multi-backend connection cannot compile (`RETURNING`, `ON CONFLICT`),
+/// and for reads run once a request or more: through the multi-backend
+/// connection a query has no static id, so diesel's statement cache finds
+/// it only by building its SQL and hashing it, each time; on the concrete
+/// one it is found by its type. The body is compiled once per backend.
 macro_rules! per_backend {
     ($conn:expr, |$c:ident| $body:expr) => {
         match $conn {

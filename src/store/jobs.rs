@@ -115,8 +115,7 @@ fn insert_or_read(
         // reads it and its attempts. Nothing found: the owner has a budget
         // (or retention removed the job meanwhile), and the transaction
         // below tells which.
-        if let Some((job, attempts)) = existing_in_one_read(conn, &new.owner_id, new.key.as_str())?
-        {
+        if let Some((job, attempts)) = job_of_key(conn, &new.owner_id, new.key.as_str())? {
             return Ok((CreateOutcome::Existing(job), attempts));
         }
     }
@@ -181,8 +180,9 @@ pub fn confirm_creation(
 
 /// The job `owner_id`'s key made and its attempts, in one statement (one
 /// view of both, without a transaction's round trips); `None` when the
-/// key made no job.
-fn existing_in_one_read(
+/// key made no job. (A job is never without its first attempt: both are
+/// written, and removed, together.)
+pub fn job_of_key(
     conn: &mut DbConnection,
     owner_id: &UserId,
     key: &str,
@@ -205,15 +205,13 @@ fn existing_in_one_read(
     }))
 }
 
-/// The job a key already made, with its attempts (the caller's transaction
-/// makes the two reads one view).
+/// The job a key already made, with its attempts ([`job_of_key`]).
 fn existing_by_key(
     conn: &mut DbConnection,
     new: &NewJob,
 ) -> StoreResult<(CreateOutcome, Vec<Attempt>)> {
-    let existing =
-        find_by_key(conn, &new.owner_id, new.key.as_str())?.ok_or(super::StoreError::NotFound)?;
-    let attempts = attempts_of(conn, &existing.key())?;
+    let (existing, attempts) =
+        job_of_key(conn, &new.owner_id, new.key.as_str())?.ok_or(super::StoreError::NotFound)?;
     Ok((CreateOutcome::Existing(existing), attempts))
 }
 

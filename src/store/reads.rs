@@ -29,8 +29,6 @@ pub fn find_owned_attempt(
     attempt_id: &AttemptId,
     owner_id: &UserId,
 ) -> StoreResult<Option<Attempt>> {
-    // On the concrete connection: its statement is found in the cache by
-    // its type, not by building its SQL and hashing it (once a request).
     Ok(per_backend!(conn, |c| attempts::table
         .filter(attempts::id.eq(attempt_id))
         .filter(attempts::owner_id.eq(owner_id))

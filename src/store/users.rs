@@ -215,8 +215,6 @@ fn insert_token(
 /// not disabled.
 pub fn user_for_token(conn: &mut DbConnection, token: &str) -> StoreResult<Option<User>> {
     let (digest, now) = (token_digest(token), Timestamp::now());
-    // On the concrete connection, read once a request: its statement is
-    // found in the cache by its type, not by building and hashing its SQL.
     Ok(per_backend!(conn, |c| api_tokens::table
         .inner_join(users::table)
         .filter(api_tokens::token_sha256.eq(&digest))
