@@ -1,29 +1,34 @@
-//! A token's check, kept (docs/design.md): on SQLite, a request that
-//! creates a job takes its bearer token's user from the grants this
-//! process has already read, without a read of its own, and the creating
-//! transaction confirms the grant.
+//! A token's check, kept (docs/design.md): a request that creates a job
+//! takes its bearer token's user from the grants this process has already
+//! read, without a read of its own, and the write that stores the job
+//! confirms the grant.
 //!
-//! A grant is kept with the credential counter as the read saw it
-//! (`credential_changes`, which triggers move whenever a token is revoked
-//! or changed and whenever a user is disabled, enabled, given another role
-//! or deleted, by any process or by hand). The creating transaction reads
-//! the counter once per batch, under the write lock: unchanged, the token
-//! was still good when the job was stored; moved, nothing of the creation
-//! is stored, the token is read again, and the creation runs again on that
-//! read, or is refused with 401. Any other way a creation is answered (a
-//! replay found by key, a twin's job, a refusal) reads the token again
-//! before it answers. So a revocation stops a token at once, across
-//! processes, as the per-request read did; only the read is saved.
+//! - **SQLite:** a grant is kept with the credential counter as the read
+//!   saw it (`credential_changes`, which triggers move whenever a token is
+//!   revoked or changed and whenever a user is disabled, enabled, given
+//!   another role or deleted, by any process or by hand). The creating
+//!   transaction reads the counter once per batch, under the write lock:
+//!   unchanged, the token was still good when the job was stored; moved,
+//!   nothing of the creation is stored.
+//! - **PostgreSQL:** no counter moves (a row every token change writes
+//!   would be one hot row for every process, and across a Citus cluster).
+//!   The statement that stores the job checks the token itself, in its own
+//!   snapshot: the job is inserted only where the token is still live and
+//!   still grants its owner, neither disabled nor given another role.
 //!
-//! PostgreSQL reads every request's token: no counter moves there.
+//! Where the check fails, the token is read again, and the creation runs
+//! again on that read, or is refused with 401. Any other way a creation is
+//! answered (on PostgreSQL, a replay found by key; a twin's job; a
+//! refusal) reads the token again before it answers. So a revocation stops
+//! a token at once, across processes, as the per-request read did; only
+//! the read is saved.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 use super::{App, AppError, AppResult, User};
 use crate::domain::Timestamp;
-use crate::store::users::{self, TokenGrant};
-use crate::store::{Backend, DbConnection};
+use crate::store::users::{self, GrantToCheck, TokenGrant};
 
 /// The most grants one process keeps; past it, they are all dropped
 /// (each is read again at its next use).
@@ -40,20 +45,50 @@ pub enum Credential {
     Kept(KeptGrant),
 }
 
-/// A kept grant's token (by its SHA-256, never in clear) and the counter
-/// it was read at.
+/// A kept grant's token (by its SHA-256, never in clear), the role it
+/// granted, and on SQLite the counter it was read at.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeptGrant {
     digest: String,
-    counter: i64,
+    role: crate::domain::Role,
+    /// `None` on PostgreSQL: the storing statement checks the token.
+    counter: Option<i64>,
 }
 
 impl Credential {
-    /// The counter the creating transaction must read unchanged, if kept.
+    /// The counter the creating transaction must read unchanged (SQLite).
     pub(crate) fn kept_counter(&self) -> Option<i64> {
         match self {
             Self::Checked => None,
-            Self::Kept(kept) => Some(kept.counter),
+            Self::Kept(kept) => kept.counter,
+        }
+    }
+
+    /// The grant the statement storing the job must find still holding
+    /// (PostgreSQL).
+    pub(crate) fn grant_to_check(&self) -> Option<GrantToCheck> {
+        match self {
+            Self::Kept(kept) if kept.counter.is_none() => Some(GrantToCheck {
+                digest: kept.digest.clone(),
+                role: kept.role,
+            }),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn is_kept(&self) -> bool {
+        matches!(self, Self::Kept(_))
+    }
+
+    /// Whether the creating write confirmed this check, when it `stored`
+    /// the job or found the one its key had made: a counter by the
+    /// creating transaction, whatever it found; a grant to check only by
+    /// the statement that stored the job (a job found under the key was
+    /// read without the check).
+    pub(crate) fn confirmed_by_creation(&self, stored: bool) -> bool {
+        match self {
+            Self::Checked => true,
+            Self::Kept(kept) => kept.counter.is_some() || stored,
         }
     }
 }
@@ -70,9 +105,8 @@ impl KeptGrants {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The user and counter of the grant kept for `digest`, unless its
-    /// token has expired since.
-    fn get(&self, digest: &str) -> Option<(User, i64)> {
+    /// The grant kept for `digest`, unless its token has expired since.
+    fn get(&self, digest: &str) -> Option<(User, Option<i64>)> {
         let grants = self.lock();
         let grant = grants.get(digest)?;
         match grant.expires_at {
@@ -99,22 +133,23 @@ impl KeptGrants {
 
 impl App {
     /// The user a bearer token belongs to, for a request that creates a
-    /// job, and how it was checked: on SQLite from the kept grants when
-    /// there is one, else (and on PostgreSQL) read now.
+    /// job, and how it was checked: from the kept grants when there is
+    /// one, else read now.
     pub async fn user_for_creating_token(
         &self,
         token: &str,
     ) -> AppResult<Option<(User, Credential)>> {
-        if self.store().backend() != Backend::Sqlite {
-            let user = self.user_for_token(token).await?;
-            return Ok(user.map(|user| (user, Credential::Checked)));
-        }
         let digest = users::token_digest(token);
         if let Some((user, counter)) = self.inner.kept_grants.get(&digest) {
             self.metrics().token_checks_kept.inc();
+            let role = user.role;
             return Ok(Some((
                 user,
-                Credential::Kept(KeptGrant { digest, counter }),
+                Credential::Kept(KeptGrant {
+                    digest,
+                    role,
+                    counter,
+                }),
             )));
         }
         let grant = self.read_grant(digest).await?;
@@ -127,10 +162,7 @@ impl App {
         let read = digest.clone();
         let grant = self
             .store()
-            .run(move |conn| match conn {
-                DbConnection::Sqlite(lite) => users::grant_for_digest(lite, &read),
-                DbConnection::Postgresql(_) => Ok(None),
-            })
+            .run(move |conn| users::grant_for_digest(conn, &read))
             .await?;
         self.inner.kept_grants.keep(digest, grant.clone());
         Ok(grant)

@@ -246,9 +246,10 @@ impl App {
         };
         let (CreateOutcome::Created(job) | CreateOutcome::Existing(job)) = &outcome;
         leader.share(job, &attempts);
-        // Stored or found by the creating transaction, which confirmed a
-        // kept token check (a refused request's key was only read).
-        let confirmed = validated.is_ok();
+        // Did the creating write confirm a kept token check? (A refused
+        // request's key was only read.)
+        let stored = matches!(outcome, CreateOutcome::Created(_));
+        let confirmed = validated.is_ok() && credential.confirmed_by_creation(stored);
         let mut creation = match outcome {
             CreateOutcome::Created(job) => Ok(self.created(job, attempts)),
             // The key had made a job already (perhaps a concurrent request
@@ -324,9 +325,13 @@ impl App {
         credential: &Credential,
         new_job: &NewJob,
     ) -> AppResult<Created> {
-        let kept = credential.kept_counter();
-        match self.insert_job(owner, new_job.clone(), kept).await {
-            Err(AppError::TokenRevoked) if kept.is_some() => {
+        let mut kept_job = new_job.clone();
+        kept_job.kept_grant = credential.grant_to_check();
+        match self
+            .insert_job(owner, kept_job, credential.kept_counter())
+            .await
+        {
+            Err(AppError::TokenRevoked) if credential.is_kept() => {
                 self.confirm_now(owner, credential).await?;
                 self.insert_job(owner, new_job.clone(), None).await
             }
@@ -489,6 +494,8 @@ impl App {
             start: None,
             // The request's span: the job's work continues its trace.
             trace_context: crate::telemetry::trace::current(),
+            // Set by `insert_confirmed`, for a kept token check.
+            kept_grant: None,
         })
     }
 }

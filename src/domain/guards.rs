@@ -12,7 +12,7 @@
 //! predicate agree. A change to one without the other fails that test.
 
 use super::state::{AttemptEvent, AttemptState, JobStatus};
-use super::{Fingerprint, Timestamp};
+use super::{Fingerprint, Role, Timestamp};
 
 /// The claim (`store::queue::claim_batch`): a queued attempt of an
 /// unfinished job, whose provider this process has not closed, and which is
@@ -164,6 +164,33 @@ pub fn is_replay(stored: &str, sent: &Fingerprint) -> bool {
 /// moves the counter, by trigger, in the transaction that makes it.
 pub fn kept_check_holds(kept: i64, now: Option<i64>) -> bool {
     now == Some(kept)
+}
+
+/// A token as the statement storing a creation finds it, by the digest of
+/// a grant kept without a counter (PostgreSQL, `app::credentials`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenFound {
+    /// Its user is the job's owner.
+    pub of_owner: bool,
+    pub expires_at: Option<Timestamp>,
+    pub user_disabled: bool,
+    pub role: Role,
+}
+
+/// Whether a creation may be stored on a grant kept in `kept_role`: the
+/// token is still there (`None`: revoked), unexpired at `now`, and grants
+/// the job's owner, who is not disabled and still has that role.
+///
+/// SQL: `EXISTS (SELECT 1 FROM api_tokens JOIN users … WHERE token_sha256 =
+/// <digest> AND users.id = <owner> AND users.role = <kept role> AND
+/// disabled_at IS NULL AND (expires_at IS NULL OR expires_at > now))`.
+pub fn kept_grant_holds(token: Option<TokenFound>, kept_role: Role, now: Timestamp) -> bool {
+    token.is_some_and(|token| {
+        token.of_owner
+            && token.role == kept_role
+            && !token.user_disabled
+            && token.expires_at.is_none_or(|at| at > now)
+    })
 }
 
 #[cfg(test)]

@@ -42,6 +42,11 @@ pub struct NewJob {
     pub reservation: Reservation,
     /// The trace the job's work continues: the creating request's span.
     pub trace_context: Option<crate::domain::TraceContext>,
+    /// The caller's token check, kept from an earlier read (PostgreSQL,
+    /// `app::credentials`): nothing is stored unless the token still
+    /// grants the owner what it did, as the storing statement sees it
+    /// (else [`StoreError::CredentialsChanged`]).
+    pub kept_grant: Option<super::users::GrantToCheck>,
 }
 
 #[derive(Debug)]
@@ -108,18 +113,24 @@ fn insert_or_read(
     let now = Timestamp::now();
     let row = new_job_row(new, now);
     if let (DbConnection::Postgresql(pg), Placement::OneDatabase) = (&mut *conn, placement) {
-        if let Some(attempt) = insert_job_and_attempt(pg, &row, new.start.as_ref(), now)? {
+        let kept = new.kept_grant.as_ref();
+        if let Some(attempt) = insert_job_and_attempt(pg, &row, new.start.as_ref(), kept, now)? {
             return Ok((CreateOutcome::Created(row), vec![attempt]));
         }
         // The key had made a job (a replay, a storm's twin): one statement
-        // reads it and its attempts. Nothing found: the owner has a budget
-        // (or retention removed the job meanwhile), and the transaction
-        // below tells which.
+        // reads it and its attempts. Nothing found: the owner has a budget,
+        // the kept token check no longer holds (or retention removed the
+        // job meanwhile), and the transaction below tells which.
         if let Some((job, attempts)) = job_of_key(conn, &new.owner_id, new.key.as_str())? {
             return Ok((CreateOutcome::Existing(job), attempts));
         }
     }
     write_transaction(conn, |conn| {
+        if let Some(grant) = &new.kept_grant {
+            if !super::users::grant_holds(conn, &new.owner_id, grant)? {
+                return Err(StoreError::CredentialsChanged);
+            }
+        }
         let inserted = insert_job_unless_key_exists(conn, &row)?;
         if inserted == 1 {
             let attempt = match &new.start {
@@ -253,12 +264,14 @@ const ATTEMPT_COLUMNS: &str = "id, job_id, owner_id, number, provider, state, ou
 /// PostgreSQL: the job and its first attempt in one statement (a
 /// data-modifying `WITH`), atomic by itself, so one round trip instead of
 /// four (`BEGIN`, two inserts, `COMMIT`). The attempt is inserted only if
-/// the job was: `None` when the key had made a job already, or when the
-/// owner has a budget (whose reservation needs the transaction).
+/// the job was: `None` when the key had made a job already, when the owner
+/// has a budget (whose reservation needs the transaction), or when `kept`,
+/// the caller's kept token check, no longer holds.
 fn insert_job_and_attempt(
     conn: &mut diesel::PgConnection,
     job: &Job,
     start: Option<&StartNow>,
+    kept: Option<&super::users::GrantToCheck>,
     now: Timestamp,
 ) -> StoreResult<Option<Attempt>> {
     use diesel::sql_types::{BigInt, Nullable, Text};
@@ -280,6 +293,7 @@ fn insert_job_and_attempt(
                              trace_context)
            SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, $20
            WHERE NOT EXISTS (SELECT 1 FROM budgets WHERE budgets.owner_id = $2)
+             AND ($21::text IS NULL OR {grant_holds})
            ON CONFLICT (owner_id, idempotency_key) DO NOTHING
            RETURNING id, owner_id, provider
          )
@@ -291,6 +305,7 @@ fn insert_job_and_attempt(
          FROM job
          RETURNING {ATTEMPT_COLUMNS}",
         now_ms = PG_NOW_MS,
+        grant_holds = super::users::grant_holds_sql("$2", "$21", "$22", "$12"),
     );
     let inserted: Vec<Attempt> = diesel::sql_query(statement)
         .bind::<Text, _>(job.id.as_str())
@@ -313,6 +328,8 @@ fn insert_job_and_attempt(
         .bind::<Nullable<BigInt>, _>(started)
         .bind::<Nullable<BigInt>, _>(timeout)
         .bind::<Nullable<Text>, _>(job.trace_context.as_deref())
+        .bind::<Nullable<Text>, _>(kept.map(|grant| grant.digest.as_str()))
+        .bind::<Nullable<Text>, _>(kept.map(|grant| grant.role.as_str()))
         .keep_prepared()
         .load(conn)?;
     Ok(inserted.into_iter().next())
@@ -402,9 +419,13 @@ fn create_distinct_of_one_owner(
     news: &[&NewJob],
     placement: Placement,
 ) -> Vec<StoreResult<(CreateOutcome, Vec<Attempt>)>> {
-    if news.len() == 1 || placement == Placement::ByOwner {
+    let sqlite_with_kept_grant =
+        matches!(conn, DbConnection::Sqlite(_)) && news.iter().any(|new| new.kept_grant.is_some());
+    if news.len() == 1 || placement == Placement::ByOwner || sqlite_with_kept_grant {
         // One alone: the single-row statement plans faster. Distributed:
-        // plain inserts, each creation its own one-shard transaction.
+        // plain inserts, each creation its own one-shard transaction. On
+        // SQLite (which keeps token checks by its counter, not this way)
+        // a grant to check is checked in each creation's transaction.
         return news
             .iter()
             .map(|new| create_job_placed(conn, new, placement))
@@ -466,6 +487,11 @@ fn insert_jobs_and_attempts(
             None => AttemptState::Queued.as_str().to_owned(),
         })
         .collect();
+    let kept = |f: &dyn Fn(&super::users::GrantToCheck) -> String| {
+        news.iter()
+            .map(|new| new.kept_grant.as_ref().map(f))
+            .collect::<Vec<Option<String>>>()
+    };
     let statement = multi_row_creation_statement();
     Ok(diesel::sql_query(statement)
         .bind::<Text, _>(owner.as_str())
@@ -503,6 +529,8 @@ fn insert_jobs_and_attempts(
                 .map(|j| j.trace_context.clone())
                 .collect::<Vec<_>>(),
         )
+        .bind::<Array<Nullable<Text>>, _>(kept(&|grant| grant.digest.clone()))
+        .bind::<Array<Nullable<Text>>, _>(kept(&|grant| grant.role.as_str().to_owned()))
         .load(conn)?)
 }
 
@@ -669,10 +697,10 @@ pub fn multi_row_creation_statement() -> String {
            SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
                                 $7::text[], $8::text[], $9::text[], $10::text[], $11::text[],
                                 $12::text[], $13::text[], $14::bigint[], $15::bigint[],
-                                $16::bigint[], $18::text[])
+                                $16::bigint[], $18::text[], $19::text[], $20::text[])
              AS i(id, idempotency_key, task, provider, requested_provider, input, params,
                   fingerprint, status, attempt_id, state, lease_owner, lease_ms, started_at,
-                  soft_timeout_ms, trace_context)
+                  soft_timeout_ms, trace_context, grant_digest, grant_role)
          ),
          job AS (
            INSERT INTO jobs (id, owner_id, idempotency_key, task, provider, requested_provider,
@@ -682,6 +710,7 @@ pub fn multi_row_creation_statement() -> String {
                   fingerprint, status, 0, $17, $17, trace_context
            FROM input
            WHERE NOT EXISTS (SELECT 1 FROM budgets WHERE budgets.owner_id = $1)
+             AND (input.grant_digest IS NULL OR {grant_holds})
            ON CONFLICT (owner_id, idempotency_key) DO NOTHING
            RETURNING id, owner_id, provider
          )
@@ -695,6 +724,8 @@ pub fn multi_row_creation_statement() -> String {
          FROM job JOIN input ON input.id = job.id
          RETURNING {ATTEMPT_COLUMNS}",
         now_ms = PG_NOW_MS,
+        grant_holds =
+            super::users::grant_holds_sql("$1", "input.grant_digest", "input.grant_role", "$17"),
     )
 }
 

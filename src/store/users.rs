@@ -230,8 +230,8 @@ pub fn user_for_token(conn: &mut DbConnection, token: &str) -> StoreResult<Optio
 }
 
 /// What a token grants, as one statement saw it: its user, when it
-/// expires, and the credential counter at that moment (SQLite's
-/// `credential_changes`; docs/design.md, "A token's check, kept").
+/// expires, and on SQLite the credential counter at that moment
+/// (`credential_changes`; docs/design.md, "A token's check, kept").
 #[derive(Debug, Clone, QueryableByName)]
 pub struct TokenGrant {
     #[diesel(sql_type = diesel::sql_types::Text)]
@@ -242,8 +242,10 @@ pub struct TokenGrant {
     pub role: Role,
     #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>)]
     pub expires_at: Option<Timestamp>,
-    #[diesel(sql_type = diesel::sql_types::BigInt)]
-    pub counter: i64,
+    /// `None` on PostgreSQL, where no counter moves: there the statement
+    /// that acts on a kept grant checks the token itself ([`GrantToCheck`]).
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>)]
+    pub counter: Option<i64>,
 }
 
 impl TokenGrant {
@@ -257,28 +259,87 @@ impl TokenGrant {
 }
 
 /// The grant of the token whose SHA-256 is `digest`, if the token is live
-/// and its user not disabled (SQLite only: PostgreSQL has no counter that
-/// moves). One statement, so the user and the counter are one snapshot.
-pub fn grant_for_digest(
-    conn: &mut diesel::SqliteConnection,
-    digest: &str,
-) -> StoreResult<Option<TokenGrant>> {
+/// and its user not disabled. One statement, so the user and the counter
+/// are one snapshot.
+pub fn grant_for_digest(conn: &mut DbConnection, digest: &str) -> StoreResult<Option<TokenGrant>> {
     use super::prepared::KeepPrepared;
     use diesel::sql_types::{BigInt, Text};
-    Ok(diesel::sql_query(
-        "SELECT users.id, users.name, users.role, api_tokens.expires_at, \
-                (SELECT counter FROM credential_changes WHERE id = 1) AS counter \
-           FROM api_tokens JOIN users ON users.id = api_tokens.user_id \
-          WHERE api_tokens.token_sha256 = ? AND users.disabled_at IS NULL \
-            AND (api_tokens.expires_at IS NULL OR api_tokens.expires_at > ?) \
-          LIMIT 1",
+    let now = Timestamp::now();
+    let grants = match conn {
+        DbConnection::Sqlite(lite) => diesel::sql_query(
+            "SELECT users.id, users.name, users.role, api_tokens.expires_at, \
+                    (SELECT counter FROM credential_changes WHERE id = 1) AS counter \
+               FROM api_tokens JOIN users ON users.id = api_tokens.user_id \
+              WHERE api_tokens.token_sha256 = ? AND users.disabled_at IS NULL \
+                AND (api_tokens.expires_at IS NULL OR api_tokens.expires_at > ?) \
+              LIMIT 1",
+        )
+        .bind::<Text, _>(digest)
+        .bind::<BigInt, _>(now)
+        .keep_prepared()
+        .load::<TokenGrant>(lite)?,
+        DbConnection::Postgresql(pg) => diesel::sql_query(
+            "SELECT users.id, users.name, users.role, api_tokens.expires_at, \
+                    NULL::bigint AS counter \
+               FROM api_tokens JOIN users ON users.id = api_tokens.user_id \
+              WHERE api_tokens.token_sha256 = $1 AND users.disabled_at IS NULL \
+                AND (api_tokens.expires_at IS NULL OR api_tokens.expires_at > $2) \
+              LIMIT 1",
+        )
+        .bind::<Text, _>(digest)
+        .bind::<BigInt, _>(now)
+        .keep_prepared()
+        .load::<TokenGrant>(pg)?,
+    };
+    Ok(grants.into_iter().next())
+}
+
+/// A token check kept from an earlier read, for the statement that stores
+/// a creation to confirm in its own snapshot (PostgreSQL, where no counter
+/// moves): the token still live, and still its owner's, who is neither
+/// disabled nor given another role since.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrantToCheck {
+    /// The token's SHA-256 (never the token).
+    pub digest: String,
+    pub role: Role,
+}
+
+/// [`GrantToCheck`] as SQL: true while the token whose digest is
+/// `$digest` is live and grants `$owner` in role `$role`, at `$now`
+/// (PostgreSQL placeholders, given as their numbers).
+pub fn grant_holds_sql(owner: &str, digest: &str, role: &str, now: &str) -> String {
+    format!(
+        "EXISTS (SELECT 1 FROM api_tokens JOIN users ON users.id = api_tokens.user_id \
+                  WHERE api_tokens.token_sha256 = {digest} AND users.id = {owner} \
+                    AND users.role = {role} AND users.disabled_at IS NULL \
+                    AND (api_tokens.expires_at IS NULL OR api_tokens.expires_at > {now}))"
     )
-    .bind::<Text, _>(digest)
-    .bind::<BigInt, _>(Timestamp::now())
-    .keep_prepared()
-    .load::<TokenGrant>(conn)?
-    .into_iter()
-    .next())
+}
+
+/// Whether `grant` still holds for `owner` now ([`GrantToCheck`]), read
+/// in the transaction that acts on it.
+pub fn grant_holds(
+    conn: &mut DbConnection,
+    owner: &UserId,
+    grant: &GrantToCheck,
+) -> StoreResult<bool> {
+    let now = Timestamp::now();
+    let holds = per_backend!(conn, |c| api_tokens::table
+        .inner_join(users::table)
+        .filter(api_tokens::token_sha256.eq(&grant.digest))
+        .filter(users::id.eq(owner))
+        .filter(users::role.eq(grant.role))
+        .filter(users::disabled_at.is_null())
+        .filter(
+            api_tokens::expires_at
+                .is_null()
+                .or(api_tokens::expires_at.gt(now)),
+        )
+        .select(users::id)
+        .first::<String>(c)
+        .optional())?;
+    Ok(holds.is_some())
 }
 
 /// Whether the credential counter still reads `counter` (SQLite): no token
@@ -293,7 +354,7 @@ pub fn credentials_unchanged_since(conn: &mut DbConnection, counter: i64) -> Sto
 }
 
 /// The credential counter now (SQLite); `None` on PostgreSQL, where
-/// nothing moves it: no grant is kept there, so none is confirmed.
+/// nothing moves it (a grant kept there is checked by [`GrantToCheck`]).
 pub fn credential_counter(conn: &mut DbConnection) -> StoreResult<Option<i64>> {
     use super::prepared::KeepPrepared;
     #[derive(QueryableByName)]

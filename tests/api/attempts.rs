@@ -533,6 +533,7 @@ async fn claimed_by_a_process_that_died(
                 start: None,
                 reservation: Default::default(),
                 trace_context: None,
+                kept_grant: None,
                 owner_id: owner,
                 key: onejob::domain::IdempotencyKey::parse(key).unwrap(),
                 task: "summarize".into(),

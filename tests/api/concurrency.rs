@@ -186,6 +186,7 @@ fn job_with_an_abandoned_attempt(
         start: None,
         reservation: Default::default(),
         trace_context: None,
+        kept_grant: None,
         owner_id: owner.clone(),
         key: onejob::domain::IdempotencyKey::parse(key).unwrap(),
         task: "summarize".into(),

@@ -518,6 +518,7 @@ fn batch_creation(owner: &UserId, key: &str, started: bool) -> onejob::store::jo
         }),
         reservation: Default::default(),
         trace_context: None,
+        kept_grant: None,
     }
 }
 

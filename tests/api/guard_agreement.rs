@@ -446,6 +446,93 @@ fn prunes_agree(conn: &mut DbConnection, owner: &UserId) -> usize {
     cases.len()
 }
 
+/// The check a creation on a kept grant makes of its token
+/// (`users::grant_holds`, both backends; on PostgreSQL also the `EXISTS`
+/// the creating statements embed, `users::grant_holds_sql`) and
+/// `guards::kept_grant_holds`, over every token and user the check reads.
+fn grants_agree(conn: &mut DbConnection, owner: &UserId, other: &UserId) -> usize {
+    use onejob::domain::Role;
+    use onejob::store::users::{grant_holds, grant_holds_sql, GrantToCheck};
+    let now = Timestamp::now();
+    let expiries = [None, Some(now - 60_000), Some(now + 3_600_000)];
+    let mut cases = 0;
+    for present in [false, true] {
+        for of_owner in [true, false] {
+            for expires_at in expiries {
+                for user_disabled in [false, true] {
+                    for role in [Role::User, Role::Support] {
+                        cases += 1;
+                        let digest = format!("{cases:064x}");
+                        let user = if of_owner { owner } else { other };
+                        if present {
+                            conn.batch_execute(&format!(
+                                "INSERT INTO api_tokens (id, user_id, token_sha256, created_at, expires_at) \
+                                 VALUES ('grant-{cases}', '{user}', '{digest}', 1, {})",
+                                sql_instant(expires_at)
+                            ))
+                            .unwrap();
+                        }
+                        conn.batch_execute(&format!(
+                            "UPDATE users SET role = '{role}', disabled_at = {} WHERE id = '{user}'",
+                            if user_disabled { "1" } else { "NULL" }
+                        ))
+                        .unwrap();
+                        let found = present.then_some(guards::TokenFound {
+                            of_owner,
+                            expires_at,
+                            user_disabled,
+                            role,
+                        });
+                        let expected = guards::kept_grant_holds(found, Role::User, now);
+                        let grant = GrantToCheck {
+                            digest: digest.clone(),
+                            role: Role::User,
+                        };
+                        let case = (present, of_owner, expires_at, user_disabled, role);
+                        assert_eq!(
+                            grant_holds(conn, owner, &grant).unwrap(),
+                            expected,
+                            "grant_holds and kept_grant_holds disagree on \
+                             (present, of owner, expires, disabled, role) = {case:?}"
+                        );
+                        if let DbConnection::Postgresql(pg) = conn {
+                            use diesel::sql_types::{BigInt, Bool, Text};
+                            #[derive(diesel::QueryableByName)]
+                            struct Holds {
+                                #[diesel(sql_type = Bool)]
+                                holds: bool,
+                            }
+                            let sql = format!(
+                                "SELECT {} AS holds",
+                                grant_holds_sql("$1", "$2", "$3", "$4")
+                            );
+                            let holds: Holds = diesel::RunQueryDsl::get_result(
+                                diesel::sql_query(sql)
+                                    .bind::<Text, _>(owner.as_str())
+                                    .bind::<Text, _>(&digest)
+                                    .bind::<Text, _>(Role::User.as_str())
+                                    .bind::<BigInt, _>(now),
+                                pg,
+                            )
+                            .unwrap();
+                            assert_eq!(
+                                holds.holds, expected,
+                                "the creating statements' EXISTS and kept_grant_holds disagree on \
+                                 (present, of owner, expires, disabled, role) = {case:?}"
+                            );
+                        }
+                        conn.batch_execute(&format!(
+                            "UPDATE users SET role = 'user', disabled_at = NULL WHERE id = '{user}'"
+                        ))
+                        .unwrap();
+                    }
+                }
+            }
+        }
+    }
+    cases
+}
+
 /// The replay test of `app::intake` and `guards::is_replay`: the same
 /// intent spelled another way is a replay, another intent is not.
 fn replays_agree() -> usize {
@@ -472,10 +559,11 @@ fn replays_agree() -> usize {
 
 async fn every_guarded_statement_agrees_with_its_predicate(backend: TestBackend) {
     let prepared = PreparedApp::new(backend, test_config(DEFAULT_TEST_PROVIDERS)).await;
-    let owner = prepared.alice.id.clone();
+    let (owner, other) = (prepared.alice.id.clone(), prepared.bob.id.clone());
     let cases = prepared
         .with_conn(move |conn| {
-            claims_agree(conn, &owner)
+            grants_agree(conn, &owner, &other)
+                + claims_agree(conn, &owner)
                 + expiries_agree(conn, &owner)
                 + leases_agree(conn, &owner)
                 + completions_agree(conn, &owner)

@@ -408,6 +408,7 @@ pub fn new_job(owner: &UserId, key: &str) -> NewJob {
         start: None,
         reservation: Default::default(),
         trace_context: None,
+        kept_grant: None,
         owner_id: owner.clone(),
         key: IdempotencyKey::parse(key).unwrap(),
         task: "summarize".into(),
