@@ -1,15 +1,11 @@
--- The bare creation of one job, as onejob's own statements do it: the API
--- token's look-up, then one statement inserting the job under its
--- idempotency key (ON CONFLICT DO NOTHING; for an owner without a budget,
--- whose jobs reserve nothing) and, only if the job was inserted, its
--- first, queued attempt.
--- Variables: owner (the user's id), digest (sha-256 of its API token).
-SELECT users.id, users.name, users.role FROM api_tokens
-  INNER JOIN users ON api_tokens.user_id = users.id
-  WHERE api_tokens.token_sha256 = :digest
-    AND (api_tokens.expires_at IS NULL OR api_tokens.expires_at > bench_now_ms())
-    AND users.disabled_at IS NULL
-  LIMIT 1;
+-- The bare creation of one job, as onejob's own statement does it on a
+-- kept token check: one statement inserting the job under its idempotency
+-- key (ON CONFLICT DO NOTHING; for an owner without a budget, whose jobs
+-- reserve nothing; only while the API token still grants the owner, with
+-- no read of it before) and, only if the job was inserted, its first,
+-- queued attempt.
+-- Variables: owner (the user's id), digest (sha-256 of its API token),
+-- role (the owner's).
 SELECT bench_uuid7() AS job_id, bench_uuid7() AS attempt_id, bench_uuid7() AS idem_key,
        bench_now_ms() AS now,
        md5(random()::text) || md5(random()::text) AS fingerprint \gset
@@ -19,6 +15,10 @@ WITH job AS (
     SELECT :job_id, :owner, :idem_key, 'summarize', 'sim', NULL, '{"text":"pgbench"}', '{}',
            :fingerprint, 'pending', 0, :now, :now
     WHERE NOT EXISTS (SELECT 1 FROM budgets WHERE budgets.owner_id = :owner)
+    AND EXISTS (SELECT 1 FROM api_tokens JOIN users ON users.id = api_tokens.user_id
+                 WHERE api_tokens.token_sha256 = :digest AND users.id = :owner
+                   AND users.role = :role AND users.disabled_at IS NULL
+                   AND (api_tokens.expires_at IS NULL OR api_tokens.expires_at > :now))
     ON CONFLICT (owner_id, idempotency_key) DO NOTHING
     RETURNING id, owner_id, provider
 )

@@ -1,17 +1,13 @@
 -- Group commit's creation on PostgreSQL: one multi-row statement inserting
 -- a batch of one owner's jobs under their idempotency keys (ON CONFLICT DO
--- NOTHING; for an owner without a budget) and, for each job inserted, its
+-- NOTHING; for an owner without a budget; each row only while the API
+-- token of its kept check still grants the owner) and, for each job inserted, its
 -- first, queued attempt: onejob's statement, with its rows made here by
 -- generate_series instead of bound as arrays. Run by one client, as
 -- onejob's one batching connection runs it; each transaction is :rows jobs.
--- Variables: owner (the user's id), digest (sha-256 of its API token).
+-- Variables: owner (the user's id), digest (sha-256 of its API token),
+-- role (the owner's).
 \set rows 32
-SELECT users.id, users.name, users.role FROM api_tokens
-  INNER JOIN users ON api_tokens.user_id = users.id
-  WHERE api_tokens.token_sha256 = :digest
-    AND (api_tokens.expires_at IS NULL OR api_tokens.expires_at > bench_now_ms())
-    AND users.disabled_at IS NULL
-  LIMIT 1;
 SELECT bench_now_ms() AS now \gset
 WITH input AS (
   SELECT bench_uuid7() AS id, bench_uuid7() AS idempotency_key, 'summarize' AS task,
@@ -29,6 +25,10 @@ job AS (
            fingerprint, status, 0, :now, :now
     FROM input
     WHERE NOT EXISTS (SELECT 1 FROM budgets WHERE budgets.owner_id = :owner)
+    AND EXISTS (SELECT 1 FROM api_tokens JOIN users ON users.id = api_tokens.user_id
+                 WHERE api_tokens.token_sha256 = :digest AND users.id = :owner
+                   AND users.role = :role AND users.disabled_at IS NULL
+                   AND (api_tokens.expires_at IS NULL OR api_tokens.expires_at > :now))
     ON CONFLICT (owner_id, idempotency_key) DO NOTHING
     RETURNING id, owner_id, provider
 )

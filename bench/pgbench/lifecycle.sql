@@ -1,18 +1,13 @@
 -- The bare lifecycle of one job, as onejob runs it when its worker has a
--- free slot: the job is created with its first attempt already claimed and
--- confirmed for sending (one statement), the provider answers at once, and
+-- free slot, on a kept token check: the job is created with its first
+-- attempt already claimed and confirmed for sending (one statement, which
+-- checks the token too), the provider answers at once, and
 -- the compare-and-swap makes the answer the job's result (one transaction:
 -- lock the job, read the attempt under the lock, the versioned update, the
 -- attempt's guarded transition, the call's usage-ledger row and the look
 -- at the owner's budget row; the owner has no webhook endpoint, which the
 -- compare-and-swap's statement finds out itself).
--- Variables: owner, digest.
-SELECT users.id, users.name, users.role FROM api_tokens
-  INNER JOIN users ON api_tokens.user_id = users.id
-  WHERE api_tokens.token_sha256 = :digest
-    AND (api_tokens.expires_at IS NULL OR api_tokens.expires_at > bench_now_ms())
-    AND users.disabled_at IS NULL
-  LIMIT 1;
+-- Variables: owner, digest, role.
 SELECT bench_uuid7() AS job_id, bench_uuid7() AS attempt_id, bench_uuid7() AS idem_key,
        bench_now_ms() AS now, bench_now_ms() + 5000 AS soft_timeout,
        md5(random()::text) || md5(random()::text) AS fingerprint \gset
@@ -22,6 +17,10 @@ WITH job AS (
     SELECT :job_id, :owner, :idem_key, 'summarize', 'sim', NULL, '{"text":"pgbench"}', '{}',
            :fingerprint, 'running', 0, :now, :now
     WHERE NOT EXISTS (SELECT 1 FROM budgets WHERE budgets.owner_id = :owner)
+    AND EXISTS (SELECT 1 FROM api_tokens JOIN users ON users.id = api_tokens.user_id
+                 WHERE api_tokens.token_sha256 = :digest AND users.id = :owner
+                   AND users.role = :role AND users.disabled_at IS NULL
+                   AND (api_tokens.expires_at IS NULL OR api_tokens.expires_at > :now))
     ON CONFLICT (owner_id, idempotency_key) DO NOTHING
     RETURNING id, owner_id, provider
 )

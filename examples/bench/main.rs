@@ -470,9 +470,13 @@ impl Bench {
         let database = format!("onejob_bench_{name}_pgbench");
         let url = self.pg.fresh_database(&database);
         let deployment = Deployment::prepare(self.dir(), &database, &url, &config(0, 8, SIMULATED));
-        let owner = owner_id(&url);
+        let (owner, role) = owner_id_and_role(&url);
         let digest = onejob::store::users::token_digest(&deployment.token);
-        let defines = [("owner", owner.as_str()), ("digest", digest.as_str())];
+        let defines = [
+            ("owner", owner.as_str()),
+            ("digest", digest.as_str()),
+            ("role", role.as_str()),
+        ];
         let run =
             |seconds| ceiling::pgbench(&url, self.dir(), name, script, clients, seconds, &defines);
         // The same warm-up and statistics as the product's run.
@@ -1565,10 +1569,15 @@ const BENCH_USER: &str = "bench";
 
 /// The bench user's id, on PostgreSQL.
 fn owner_id(url: &str) -> String {
+    owner_id_and_role(url).0
+}
+
+/// The bench user's id and role, on PostgreSQL.
+fn owner_id_and_role(url: &str) -> (String, String) {
     users::table
         .filter(users::name.eq(BENCH_USER))
-        .select(users::id)
-        .first(&mut ceiling::pg(url))
+        .select((users::id, users::role))
+        .first::<(String, String)>(&mut ceiling::pg(url))
         .expect("the benchmark's user")
 }
 
