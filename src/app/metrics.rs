@@ -222,8 +222,8 @@ impl Metrics {
         registry.register(
             "onejob_token_checks_kept",
             "Job-creating requests whose bearer token was checked from this process's kept \
-             grants, without a read of their own; the creating transaction confirms that no \
-             token or user changed since (SQLite)",
+             grants, without a read of their own; the write that stores the job confirms that \
+             the token still grants what it did",
             self.token_checks_kept.clone(),
         );
         registry.register(
