@@ -243,8 +243,7 @@ mod postgres_only {
     use super::jobs_under;
     use crate::support::db::new_job;
     use crate::support::harness::{
-        postgres_available, spawn_app, summarize, test_config, PreparedApp, TestBackend,
-        DEFAULT_TEST_PROVIDERS,
+        postgres_available, spawn_app, spawn_recorded, summarize, TestBackend,
     };
     use crate::support::statement_log::StatementLog;
 
@@ -353,14 +352,7 @@ mod postgres_only {
             return;
         }
         let log = StatementLog::new();
-        let app = Arc::new(
-            PreparedApp::new(TestBackend::Postgres, test_config(DEFAULT_TEST_PROVIDERS))
-                .await
-                .recording(&log)
-                .await
-                .start()
-                .await,
-        );
+        let app = Arc::new(spawn_recorded(TestBackend::Postgres, &log).await);
         let token = app.alice.token.clone();
         let post = |key: &'static str| {
             let (app, token) = (app.clone(), token.clone());

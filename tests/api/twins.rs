@@ -12,7 +12,7 @@ use reqwest::StatusCode;
 use serde_json::Value;
 
 use crate::support::harness::{
-    postgres_available, spawn_app, spawn_app_with, summarize, test_config, PreparedApp, TestApp,
+    postgres_available, spawn_app, spawn_app_with, spawn_recorded, summarize, test_config, TestApp,
     TestBackend, DEFAULT_TEST_PROVIDERS,
 };
 use crate::support::statement_log::{Sent, StatementLog};
@@ -170,14 +170,7 @@ async fn a_replay_on_postgresql_is_two_statements_and_no_transaction() {
         return;
     }
     let log = StatementLog::new();
-    let app = Arc::new(
-        PreparedApp::new(TestBackend::Postgres, test_config(DEFAULT_TEST_PROVIDERS))
-            .await
-            .recording(&log)
-            .await
-            .start()
-            .await,
-    );
+    let app = Arc::new(spawn_recorded(TestBackend::Postgres, &log).await);
     let id = app
         .create_job(&app.alice.token, "replayed", &summarize("same"))
         .await;

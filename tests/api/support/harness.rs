@@ -356,6 +356,19 @@ pub async fn spawn_app_with(backend: TestBackend, config: Config) -> TestApp {
     PreparedApp::new(backend, config).await.start().await
 }
 
+/// [`spawn_app`], every statement its store sends recorded into `log`.
+pub async fn spawn_recorded(
+    backend: TestBackend,
+    log: &super::statement_log::StatementLog,
+) -> TestApp {
+    PreparedApp::new(backend, test_config(DEFAULT_TEST_PROVIDERS))
+        .await
+        .recording(log)
+        .await
+        .start()
+        .await
+}
+
 /// A database with users, before the server starts: a test can arrange rows
 /// (as another process would have) and then start the app on them.
 pub struct PreparedApp {
