@@ -286,8 +286,10 @@ fn insert_job_and_attempt(
         ),
         None => (AttemptState::Queued, None, None, None, None, None),
     };
-    let statement = format!(
-        "WITH job AS (
+    // Built once: the text is the same on every call.
+    static STATEMENT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!(
+            "WITH job AS (
            INSERT INTO jobs (id, owner_id, idempotency_key, task, provider, requested_provider,
                              input, params, fingerprint, status, version, created_at, updated_at,
                              trace_context)
@@ -304,10 +306,11 @@ fn insert_job_and_attempt(
                 {now_ms} + $17, $12, $18, $19, $18
          FROM job
          RETURNING {ATTEMPT_COLUMNS}",
-        now_ms = PG_NOW_MS,
-        grant_holds = super::users::grant_holds_sql("$2", "$21", "$22", "$12"),
-    );
-    let inserted: Vec<Attempt> = diesel::sql_query(statement)
+            now_ms = PG_NOW_MS,
+            grant_holds = super::users::grant_holds_sql("$2", "$21", "$22", "$12"),
+        )
+    });
+    let inserted: Vec<Attempt> = diesel::sql_query(STATEMENT.as_str())
         .bind::<Text, _>(job.id.as_str())
         .bind::<Text, _>(job.owner_id.as_str())
         .bind::<Text, _>(&job.idempotency_key)
@@ -690,10 +693,12 @@ fn sqlite_attempts_statement(rows: usize) -> String {
 }
 
 /// The statement of [`insert_jobs_and_attempts`]: `$1` the owner, `$2`…
-/// `$16` the rows' columns as arrays, `$17` the time of creation, `$18` the rows' trace contexts.
-pub fn multi_row_creation_statement() -> String {
-    format!(
-        "WITH input AS (
+/// `$16` the rows' columns as arrays, `$17` the time of creation, `$18` the rows' trace contexts,
+/// `$19` and `$20` the digest and role of each row's kept token check. Built once.
+pub fn multi_row_creation_statement() -> &'static str {
+    static STATEMENT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!(
+            "WITH input AS (
            SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
                                 $7::text[], $8::text[], $9::text[], $10::text[], $11::text[],
                                 $12::text[], $13::text[], $14::bigint[], $15::bigint[],
@@ -723,10 +728,16 @@ pub fn multi_row_creation_statement() -> String {
                 input.started_at + input.soft_timeout_ms, input.started_at
          FROM job JOIN input ON input.id = job.id
          RETURNING {ATTEMPT_COLUMNS}",
-        now_ms = PG_NOW_MS,
-        grant_holds =
-            super::users::grant_holds_sql("$1", "input.grant_digest", "input.grant_role", "$17"),
-    )
+            now_ms = PG_NOW_MS,
+            grant_holds = super::users::grant_holds_sql(
+                "$1",
+                "input.grant_digest",
+                "input.grant_role",
+                "$17"
+            ),
+        )
+    });
+    STATEMENT.as_str()
 }
 
 /// The job an owner's key made, if any.

@@ -258,6 +258,25 @@ impl TokenGrant {
     }
 }
 
+/// The statement of [`grant_for_digest`], with its backend's counter
+/// expression and placeholders.
+macro_rules! grant_for_digest_sql {
+    ($counter:literal, $digest:literal, $now:literal) => {
+        concat!(
+            "SELECT users.id, users.name, users.role, api_tokens.expires_at, ",
+            $counter,
+            " AS counter \
+               FROM api_tokens JOIN users ON users.id = api_tokens.user_id \
+              WHERE api_tokens.token_sha256 = ",
+            $digest,
+            " AND users.disabled_at IS NULL \
+                AND (api_tokens.expires_at IS NULL OR api_tokens.expires_at > ",
+            $now,
+            ") LIMIT 1"
+        )
+    };
+}
+
 /// The grant of the token whose SHA-256 is `digest`, if the token is live
 /// and its user not disabled. One statement, so the user and the counter
 /// are one snapshot.
@@ -265,32 +284,19 @@ pub fn grant_for_digest(conn: &mut DbConnection, digest: &str) -> StoreResult<Op
     use super::prepared::KeepPrepared;
     use diesel::sql_types::{BigInt, Text};
     let now = Timestamp::now();
-    let grants = match conn {
-        DbConnection::Sqlite(lite) => diesel::sql_query(
-            "SELECT users.id, users.name, users.role, api_tokens.expires_at, \
-                    (SELECT counter FROM credential_changes WHERE id = 1) AS counter \
-               FROM api_tokens JOIN users ON users.id = api_tokens.user_id \
-              WHERE api_tokens.token_sha256 = ? AND users.disabled_at IS NULL \
-                AND (api_tokens.expires_at IS NULL OR api_tokens.expires_at > ?) \
-              LIMIT 1",
-        )
-        .bind::<Text, _>(digest)
-        .bind::<BigInt, _>(now)
-        .keep_prepared()
-        .load::<TokenGrant>(lite)?,
-        DbConnection::Postgresql(pg) => diesel::sql_query(
-            "SELECT users.id, users.name, users.role, api_tokens.expires_at, \
-                    NULL::bigint AS counter \
-               FROM api_tokens JOIN users ON users.id = api_tokens.user_id \
-              WHERE api_tokens.token_sha256 = $1 AND users.disabled_at IS NULL \
-                AND (api_tokens.expires_at IS NULL OR api_tokens.expires_at > $2) \
-              LIMIT 1",
-        )
-        .bind::<Text, _>(digest)
-        .bind::<BigInt, _>(now)
-        .keep_prepared()
-        .load::<TokenGrant>(pg)?,
+    let statement = match conn {
+        DbConnection::Sqlite(_) => grant_for_digest_sql!(
+            "(SELECT counter FROM credential_changes WHERE id = 1)",
+            "?",
+            "?"
+        ),
+        DbConnection::Postgresql(_) => grant_for_digest_sql!("NULL::bigint", "$1", "$2"),
     };
+    let grants = per_backend!(conn, |c| diesel::sql_query(statement)
+        .bind::<Text, _>(digest)
+        .bind::<BigInt, _>(now)
+        .keep_prepared()
+        .load::<TokenGrant>(c))?;
     Ok(grants.into_iter().next())
 }
 
@@ -305,9 +311,10 @@ pub struct GrantToCheck {
     pub role: Role,
 }
 
-/// [`GrantToCheck`] as SQL: true while the token whose digest is
-/// `$digest` is live and grants `$owner` in role `$role`, at `$now`
-/// (PostgreSQL placeholders, given as their numbers).
+/// [`GrantToCheck`] as SQL (`guards::kept_grant_holds`): true while the
+/// token whose digest is `digest` is live and grants `owner` in role
+/// `role` at `now`, each given as a placeholder or a column. The text
+/// names them in the order digest, owner, role, now.
 pub fn grant_holds_sql(owner: &str, digest: &str, role: &str, now: &str) -> String {
     format!(
         "EXISTS (SELECT 1 FROM api_tokens JOIN users ON users.id = api_tokens.user_id \
@@ -318,28 +325,35 @@ pub fn grant_holds_sql(owner: &str, digest: &str, role: &str, now: &str) -> Stri
 }
 
 /// Whether `grant` still holds for `owner` now ([`GrantToCheck`]), read
-/// in the transaction that acts on it.
+/// in the transaction that acts on it: the creating statements' own
+/// check ([`grant_holds_sql`]), run alone.
 pub fn grant_holds(
     conn: &mut DbConnection,
     owner: &UserId,
     grant: &GrantToCheck,
 ) -> StoreResult<bool> {
-    let now = Timestamp::now();
-    let holds = per_backend!(conn, |c| api_tokens::table
-        .inner_join(users::table)
-        .filter(api_tokens::token_sha256.eq(&grant.digest))
-        .filter(users::id.eq(owner))
-        .filter(users::role.eq(grant.role))
-        .filter(users::disabled_at.is_null())
-        .filter(
-            api_tokens::expires_at
-                .is_null()
-                .or(api_tokens::expires_at.gt(now)),
-        )
-        .select(users::id)
-        .first::<String>(c)
-        .optional())?;
-    Ok(holds.is_some())
+    use super::prepared::KeepPrepared;
+    use diesel::sql_types::{BigInt, Bool, Text};
+    #[derive(QueryableByName)]
+    struct Holds {
+        #[diesel(sql_type = Bool)]
+        holds: bool,
+    }
+    // Bound in the order the text names them (SQLite's `?` are positional).
+    let statement = match conn {
+        DbConnection::Sqlite(_) => grant_holds_sql("?", "?", "?", "?"),
+        DbConnection::Postgresql(_) => grant_holds_sql("$2", "$1", "$3", "$4"),
+    };
+    let holds: Vec<Holds> = per_backend!(conn, |c| diesel::sql_query(format!(
+        "SELECT {statement} AS holds"
+    ))
+    .bind::<Text, _>(&grant.digest)
+    .bind::<Text, _>(owner.as_str())
+    .bind::<Text, _>(grant.role.as_str())
+    .bind::<BigInt, _>(Timestamp::now())
+    .keep_prepared()
+    .load(c))?;
+    Ok(holds.first().is_some_and(|row| row.holds))
 }
 
 /// Whether the credential counter still reads `counter` (SQLite): no token

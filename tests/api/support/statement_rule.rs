@@ -784,7 +784,7 @@ mod tests {
     #[test]
     fn group_commits_multi_row_creation_names_its_owner() {
         assert_eq!(
-            judge(&onejob::store::jobs::multi_row_creation_statement()),
+            judge(onejob::store::jobs::multi_row_creation_statement()),
             Verdict::Routed
         );
     }
