@@ -540,6 +540,16 @@ impl Bench {
             );
         }
         ceiling::analyze(url);
+        // An admin, to read each server's count of its claims.
+        let admin = deployment.cli(&[
+            "users",
+            "add",
+            &format!("bench-admin-{tag}"),
+            "--role",
+            "admin",
+        ]);
+        let admin = admin.lines().last().unwrap_or_default().trim().to_owned();
+        let claims_before = self.claims(&servers, &admin).await;
         let since = chrono::Utc::now().timestamp_millis();
         let started = Instant::now();
         let meter = CpuMeter::start(servers::pids(&servers));
@@ -558,6 +568,13 @@ impl Bench {
         self.cpu.borrow_mut().insert(
             format!("{tag} database"),
             spent.database_per_job(succeeded as usize),
+        );
+        let (claims, claimed) = self.claims(&servers, &admin).await;
+        let (claims, claimed) = (claims - claims_before.0, claimed - claims_before.1);
+        println!(
+            "  queued attempts claimed: {claimed:.0} of {succeeded} in {claims:.0} claims, \
+             {:.1} a claim (onejob_claims_total, onejob_claimed_attempts_total)",
+            claimed / claims.max(1.0)
         );
         let rate = succeeded as f64 / elapsed.as_secs_f64();
         println!(
@@ -884,6 +901,34 @@ impl Bench {
     /// The server's commits that carried batched writes and the writes
     /// they carried, from its metrics (read with an admin's token).
     async fn group_commits(&self, base: &str, admin: &str) -> Option<(f64, f64)> {
+        self.metric_pair(
+            base,
+            admin,
+            ("onejob_group_commits", "onejob_group_commit_rows"),
+        )
+        .await
+    }
+
+    /// The claims the servers made that took attempts, and the attempts
+    /// they took, all servers together.
+    async fn claims(&self, servers: &[servers::Server], admin: &str) -> (f64, f64) {
+        let mut sum = (0.0, 0.0);
+        for server in servers {
+            let names = ("onejob_claims_total", "onejob_claimed_attempts_total");
+            if let Some((claims, claimed)) = self.metric_pair(&server.base, admin, names).await {
+                sum = (sum.0 + claims, sum.1 + claimed);
+            }
+        }
+        sum
+    }
+
+    /// Two values of the server's metrics (read with an admin's token).
+    async fn metric_pair(
+        &self,
+        base: &str,
+        admin: &str,
+        names: (&str, &str),
+    ) -> Option<(f64, f64)> {
         let text = self
             .client
             .get(format!("{base}/metrics"))
@@ -899,10 +944,7 @@ impl Bench {
                 .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
                 .and_then(|value| value.trim().parse::<f64>().ok())
         };
-        Some((
-            value("onejob_group_commits")?,
-            value("onejob_group_commit_rows")?,
-        ))
+        Some((value(names.0)?, value(names.1)?))
     }
 
     /// 256 requests at once under one key vs 256 under their own keys.

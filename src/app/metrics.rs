@@ -99,6 +99,10 @@ pub struct Metrics {
     pub races: Counter,
     pub provider_call_seconds: HistogramFamily<ProviderLabel>,
     pub claim_lag_seconds: Histogram,
+    /// Claims that took at least one attempt, and the attempts they took:
+    /// their quotient is the mean batch a claiming transaction carried.
+    pub claims: Counter,
+    pub claimed_attempts: Counter,
     pub pool_wait_seconds: Histogram,
     pub http_request_seconds: HistogramFamily<HttpLabels>,
     pub pruned_rows: Family<TableLabel, Counter>,
@@ -148,6 +152,8 @@ impl Metrics {
             races: Counter::default(),
             provider_call_seconds: Family::new_with_constructor(seconds_histogram),
             claim_lag_seconds: seconds_histogram(),
+            claims: Counter::default(),
+            claimed_attempts: Counter::default(),
             pool_wait_seconds: seconds_histogram(),
             http_request_seconds: Family::new_with_constructor(seconds_histogram),
             pruned_rows: Family::default(),
@@ -249,6 +255,16 @@ impl Metrics {
             "onejob_claim_lag_seconds",
             "From an attempt being queued to it being sent",
             self.claim_lag_seconds.clone(),
+        );
+        registry.register(
+            "onejob_claims",
+            "Claiming transactions that took at least one queued attempt",
+            self.claims.clone(),
+        );
+        registry.register(
+            "onejob_claimed_attempts",
+            "Queued attempts taken by claims (divided by onejob_claims_total: the mean batch)",
+            self.claimed_attempts.clone(),
         );
         registry.register(
             "onejob_pool_wait_seconds",

@@ -157,6 +157,9 @@ fn check_worker(file: &ConfigFile) -> Checked {
     if worker.poll_interval_ms == 0 {
         return invalid("worker.poll_interval_ms", "must be greater than 0");
     }
+    if worker.claim_gather_ms > 1_000 {
+        return invalid("worker.claim_gather_ms", "must be at most 1000");
+    }
     Ok(())
 }
 

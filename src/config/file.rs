@@ -145,6 +145,10 @@ pub struct WorkerSettings {
     /// How long a claim on a running attempt lasts without renewal. A process that
     /// dies leaves its running attempts `unknown` once this passes.
     pub lease_ms: u64,
+    /// While attempts are known to be queued, how long a claim waits for a
+    /// quarter of the slots (at most 16) to free, so that one claiming
+    /// transaction takes several attempts instead of one per freed slot.
+    pub claim_gather_ms: u64,
 }
 
 impl Default for WorkerSettings {
@@ -153,6 +157,7 @@ impl Default for WorkerSettings {
             concurrency: 4,
             poll_interval_ms: 250,
             lease_ms: 30_000,
+            claim_gather_ms: 2,
         }
     }
 }

@@ -220,6 +220,12 @@ impl Worker {
     /// its free slots go to jobs created meanwhile (`StartOffer`).
     async fn claim_loop(self, slots: Arc<Semaphore>, offer: Arc<StartOffer>) {
         let poll = Duration::from_millis(self.app.config().worker.poll_interval_ms);
+        // A quarter of the slots, so that a batch gathers while the other
+        // attempts are still under way.
+        let batch_size = CLAIM_BATCH.min(self.app.config().worker.concurrency.div_ceil(4));
+        // While attempts are queued, slots free one at a time: a claim per
+        // freed slot would cost a claiming transaction per attempt.
+        let gather_for = Duration::from_millis(self.app.config().worker.claim_gather_ms);
         // Attempts may be queued from before this process started.
         let mut drained = false;
         // Providers whose due attempts the last claim left queued.
@@ -236,12 +242,11 @@ impl Worker {
                 _ = self.shutdown.cancelled() => break,
             };
             let mut free = vec![first];
-            while free.len() < CLAIM_BATCH {
-                match slots.clone().try_acquire_owned() {
-                    Ok(slot) => free.push(slot),
-                    Err(_) => break,
-                }
-            }
+            // Attempts are queued (the last claim took all it asked):
+            // gather a batch's worth of slots, for a little while.
+            let gather = (!drained).then(|| Instant::now() + gather_for);
+            self.gather_slots(&slots, &mut free, gather, batch_size)
+                .await;
             let asked = free.len();
             claimed_at = Timestamp::now();
             let claimed = self.app.claim_batch(&self.lease_owner, asked).await;
@@ -252,6 +257,13 @@ impl Worker {
                     offer.set_held(&claimed.held);
                     held = claimed.held;
                     drained = !full;
+                    if !claimed.admitted.is_empty() {
+                        let metrics = self.app.metrics();
+                        metrics.claims.inc();
+                        metrics
+                            .claimed_attempts
+                            .inc_by(claimed.admitted.len() as u64);
+                    }
                     for admitted in claimed.admitted {
                         let slot = free.pop().expect("no more claims than free slots");
                         self.run_in_slot(admitted, slot);
@@ -271,6 +283,36 @@ impl Worker {
             }
         }
         offer.withdraw();
+    }
+
+    /// Adds free slots to `free`, up to `batch_size`: those free now and,
+    /// until `gather` (when given), those that free meanwhile.
+    async fn gather_slots(
+        &self,
+        slots: &Arc<Semaphore>,
+        free: &mut Vec<tokio::sync::OwnedSemaphorePermit>,
+        gather: Option<Instant>,
+        batch_size: usize,
+    ) {
+        while free.len() < batch_size {
+            if let Ok(slot) = slots.clone().try_acquire_owned() {
+                free.push(slot);
+                continue;
+            }
+            let Some(until) = gather else { break };
+            tokio::select! {
+                slot = slots.clone().acquire_owned() => free.push(slot.expect("the slots are never closed")),
+                _ = tokio::time::sleep_until(until) => break,
+                _ = self.shutdown.cancelled() => break,
+            }
+        }
+        // Whatever else is free now rides along, up to a full batch.
+        while free.len() < CLAIM_BATCH {
+            match slots.clone().try_acquire_owned() {
+                Ok(slot) => free.push(slot),
+                Err(_) => break,
+            }
+        }
     }
 
     /// Offers the claimer's free slots to job creation in this process (see

@@ -1,7 +1,8 @@
 //! A job created while this process's worker has a free slot starts in its
 //! creating transaction (`app::work::StartOffer`): the attempt comes back
 //! already running, confirmed for sending, and is sent once. Without a free
-//! slot the attempt is queued and the claimer takes it, in order, as before.
+//! slot the attempt is queued and the claimer takes it, in order, as before;
+//! while attempts are queued, a claim gathers freed slots into one batch.
 
 use onejob::domain::AttemptState;
 use reqwest::StatusCode;
@@ -117,7 +118,91 @@ async fn a_replay_starts_nothing_and_gives_its_slot_back(backend: TestBackend) {
     );
 }
 
+/// The claims this process made that took attempts, and the attempts they
+/// took.
+fn claims(app: &TestApp) -> (u64, u64) {
+    let metrics = app.app.metrics();
+    (metrics.claims.get(), metrics.claimed_attempts.get())
+}
+
+/// Eight slots (a batch of two), all held by jobs started at creation; four
+/// more jobs queue. The first slot to free after an empty queue is claimed
+/// at once (one attempt). That claim took all it asked for, so attempts are
+/// queued: the next claim waits (`claim_gather_ms`) for a second slot, and
+/// the two slots freed 100 ms apart go in one claim of two attempts, not
+/// two claims. Every job is sent once and succeeds.
+async fn under_a_backlog_a_claim_gathers_the_slots_that_free(backend: TestBackend) {
+    let fake = FakeProvider::start(Shape::OpenAi).await;
+    let mut config = one_fake_config(&fake);
+    config.worker.concurrency = 8;
+    config.worker.poll_interval_ms = 60_000;
+    config.worker.claim_gather_ms = 1_000;
+    let app = spawn_app_with(backend, config).await;
+    let deadline = std::time::Instant::now() + WAIT;
+    while !app.app.starts_at_creation_now() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the worker never went idle"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    fake.set_default(Behaviour::Hold);
+    let mut started = Vec::new();
+    for n in 0..8 {
+        let job = created(&app, &format!("started-{n}")).await;
+        assert_eq!(job["attempts"][0]["state"], "running", "{job:#}");
+        let attempt = job["attempts"][0]["id"].as_str().unwrap().to_owned();
+        fake.wait_held(&attempt).await;
+        started.push((job["id"].as_str().unwrap().to_owned(), attempt));
+    }
+    let mut queued = Vec::new();
+    for n in 0..4 {
+        let job = created(&app, &format!("queued-{n}")).await;
+        assert_eq!(job["attempts"][0]["state"], "queued", "{job:#}");
+        queued.push((
+            job["id"].as_str().unwrap().to_owned(),
+            job["attempts"][0]["id"].as_str().unwrap().to_owned(),
+        ));
+    }
+    assert_eq!(claims(&app), (0, 0));
+
+    // After an empty queue: claimed as the slot frees, alone.
+    fake.release(&started[0].1, answer("0"));
+    fake.wait_held(&queued[0].1).await;
+    assert_eq!(
+        claims(&app),
+        (1, 1),
+        "the first claim takes the one free slot"
+    );
+
+    // Under the backlog: two slots freed 100 ms apart, one claim.
+    fake.release(&started[1].1, answer("1"));
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert_eq!(fake.requests_for(&queued[1].1), 0, "still gathering");
+    fake.release(&started[2].1, answer("2"));
+    fake.wait_held(&queued[1].1).await;
+    fake.wait_held(&queued[2].1).await;
+    assert_eq!(
+        claims(&app),
+        (2, 3),
+        "the two freed slots went in one claim"
+    );
+
+    fake.set_default(answer("rest"));
+    for (_, attempt) in started.iter().skip(3).chain(&queued[..3]) {
+        fake.release(attempt, answer("rest"));
+    }
+    for (job, _) in started.iter().chain(&queued) {
+        app.wait_for_status(job, "succeeded", WAIT).await;
+    }
+    for (_, attempt) in started.iter().chain(&queued) {
+        assert_eq!(fake.requests_for(attempt), 1, "sent once: {attempt}");
+    }
+    assert_eq!(fake.total_requests(), 12);
+}
+
 on_both_backends!(
     a_job_created_with_a_free_slot_starts_in_its_creating_transaction,
     a_replay_starts_nothing_and_gives_its_slot_back,
+    under_a_backlog_a_claim_gathers_the_slots_that_free,
 );
