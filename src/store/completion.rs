@@ -52,13 +52,29 @@ pub struct Recorded {
 
 /// Applies a successful answer with the compare-and-swap (docs/design.md,
 /// "First result wins"), and counts its call in the usage ledger at
-/// `charge`, whether it won or lost.
+/// `charge`, whether it won or lost. On PostgreSQL a plain win (a running
+/// attempt's, for an owner with no budget and no endpoint for
+/// `job.succeeded`) is one statement (`plain_win`); the rest, and SQLite's,
+/// one transaction.
 pub fn settle_answer(
     conn: &mut DbConnection,
     key: &AttemptKey,
     payload: &Value,
     charge: &Charge,
 ) -> StoreResult<Recorded> {
+    if let DbConnection::Postgresql(pg) = conn {
+        let text = canonical_json(payload);
+        if let Some(won) =
+            super::plain_win::settle_plain_win(pg, key, &text, charge, Timestamp::now())?
+        {
+            return Ok(Recorded {
+                applied: Applied::Won,
+                job_id: won.job.id.clone(),
+                entry: won.entry,
+                finished: Some(won.job),
+            });
+        }
+    }
     write_transaction(conn, |conn| {
         let attempt = lock_attempt_and_job(conn, key)?.ok_or(StoreError::NotFound)?;
         let answer = Answer {

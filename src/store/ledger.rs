@@ -73,10 +73,20 @@ fn tokens(count: u64) -> i64 {
     i64::try_from(count).unwrap_or(i64::MAX)
 }
 
+/// Bytes a token is taken to hold when the provider did not say.
+const BYTES_PER_TOKEN: usize = 3;
+
 /// Tokens a text of `bytes` bytes is estimated to take when the provider
 /// did not say: one per three bytes, as the context check counts them.
 pub fn estimated_tokens(bytes: usize) -> u64 {
-    bytes.div_ceil(3) as u64
+    bytes.div_ceil(BYTES_PER_TOKEN) as u64
+}
+
+/// [`estimated_tokens`] in SQL, of `bytes`, an SQL expression counting
+/// bytes (`octet_length(…)`), for a statement that estimates what it
+/// alone reads.
+pub(super) fn estimated_tokens_sql(bytes: &str) -> String {
+    format!("((({bytes}) + {n} - 1) / {n})", n = BYTES_PER_TOKEN)
 }
 
 /// Records the call of `attempt` (as it was before this outcome) that

@@ -15,6 +15,7 @@ pub mod jobs;
 pub mod ledger;
 pub mod migrations;
 pub mod operator;
+pub mod plain_win;
 pub mod prepared;
 pub mod qualifications;
 pub mod queue;

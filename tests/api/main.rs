@@ -54,6 +54,7 @@ mod multi_process;
 mod openai_compat;
 mod pages;
 mod partition;
+mod plain_win;
 mod properties;
 mod qualification;
 mod rate_limits;

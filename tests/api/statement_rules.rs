@@ -674,6 +674,7 @@ const WRITERS: &[(&str, Option<&str>)] = &[
     ("ledger.rs::add_tallies", Some("insert into usage_tallies (")),
     ("ledger.rs::record_call", Some("insert into usage_ledger (")),
     ("operator.rs::record_audit", Some("insert into audit_log (")),
+    ("plain_win.rs::STATEMENT", Some("with j as ( select jobs.id from jobs where jobs.owner_id = $4")),
     ("queue.rs::claim_of_owner", Some("version_read = (select jobs.version from jobs where jobs.id = attempts.job_id and jobs.owner_id = $")),
     ("queue.rs::insert_started_attempt", Some("timeout_at, sent_at) values")),
     ("queue.rs::renew_lease", Some("update attempts set lease_expires_at = $1 where")),
