@@ -9,7 +9,7 @@ use serde_json::Value;
 use super::connection::{db_clock, write_transaction};
 use super::ended::{job_ended, JobEnd};
 use super::ledger::{record_call, Charge, LedgerEntry};
-use super::prepared::KeepPrepared;
+use super::prepared::{KeepPrepared, KeepPreparedAs};
 use super::reads::{attempts_of, get_job};
 use super::rows::AttemptKey;
 use super::rows::{Attempt, Job, RaceEntry};
@@ -460,6 +460,9 @@ const JOB_COLUMNS: [&str; 19] = [
     "trace_context",
 ];
 
+/// Names [`SETTLE_IN_ONE_STATEMENT`] in a connection's statement cache.
+struct SettleInOneStatement;
+
 /// [`settle_success_in_one_statement`]'s text, written once.
 static SETTLE_IN_ONE_STATEMENT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     let job_columns = JOB_COLUMNS
@@ -517,7 +520,7 @@ fn settle_success_in_one_statement(
         .bind::<BigInt, _>(version_read)
         .bind::<Array<Text>, _>(from_states)
         .bind::<Text, _>(crate::domain::webhook::EventKind::JobSucceeded.as_str())
-        .keep_prepared()
+        .keep_prepared_as::<SettleInOneStatement>()
         .load(conn)?;
     let mut rows = settled.into_iter();
     match (rows.next(), rows.next()) {

@@ -3,7 +3,7 @@
 use diesel::prelude::*;
 
 use super::connection::{per_backend, write_transaction, Placement, PG_NOW_MS, SQLITE_NOW_MS};
-use super::prepared::KeepPrepared;
+use super::prepared::{KeepPrepared, KeepPreparedAs};
 use super::queue::{self, StartNow};
 use super::reads::attempts_of;
 use super::rows::{Attempt, Job};
@@ -287,6 +287,7 @@ fn insert_job_and_attempt(
         None => (AttemptState::Queued, None, None, None, None, None),
     };
     // Built once: the text is the same on every call.
+    struct CreationStatement;
     static STATEMENT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
         format!(
             "WITH job AS (
@@ -333,7 +334,7 @@ fn insert_job_and_attempt(
         .bind::<Nullable<Text>, _>(job.trace_context.as_deref())
         .bind::<Nullable<Text>, _>(kept.map(|grant| grant.digest.as_str()))
         .bind::<Nullable<Text>, _>(kept.map(|grant| grant.role.as_str()))
-        .keep_prepared()
+        .keep_prepared_as::<CreationStatement>()
         .load(conn)?;
     Ok(inserted.into_iter().next())
 }
@@ -534,8 +535,13 @@ fn insert_jobs_and_attempts(
         )
         .bind::<Array<Nullable<Text>>, _>(kept(&|grant| grant.digest.clone()))
         .bind::<Array<Nullable<Text>>, _>(kept(&|grant| grant.role.as_str().to_owned()))
+        .keep_prepared_as::<MultiRowCreation>()
         .load(conn)?)
 }
+
+/// Names [`multi_row_creation_statement`] in a connection's statement
+/// cache: its text is one whatever the number of rows (they are arrays).
+struct MultiRowCreation;
 
 /// SQLite: the creations of one owner as two multi-row inserts (the jobs,
 /// then the attempts of those inserted), in the caller's transaction. Most

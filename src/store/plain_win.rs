@@ -13,7 +13,7 @@ use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Bool, Nullable, Text};
 
 use super::ledger::{estimated_tokens, estimated_tokens_sql, Charge, LedgerEntry};
-use super::prepared::KeepPrepared;
+use super::prepared::KeepPreparedAs;
 use super::rows::{AttemptKey, Job};
 use super::StoreResult;
 use crate::domain::ledger::{is_late, AnswerKind};
@@ -97,6 +97,9 @@ impl Won {
         }
     }
 }
+
+/// Names [`STATEMENT`] in a connection's statement cache.
+struct PlainWinStatement;
 
 /// The statement, written once. Its steps, in order:
 /// - `j` locks the attempt's job, only if the job is still at the version
@@ -234,7 +237,7 @@ pub fn settle_plain_win(
         .bind::<Nullable<BigInt>, _>(known.price_effective_from)
         .bind::<Nullable<Text>, _>(&known.currency)
         .bind::<Bool, _>(late)
-        .keep_prepared()
+        .keep_prepared_as::<PlainWinStatement>()
         .get_result(conn)
         .optional()?;
     let Some(won) = won else {

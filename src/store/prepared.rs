@@ -67,3 +67,50 @@ impl<Q: Query> Query for Prepared<Q> {
 }
 
 impl<Q, Conn> RunQueryDsl<Conn> for Prepared<Q> {}
+
+/// A statement diesel's cache keeps under `Id`, a type naming it, instead
+/// of under its text: a run neither writes the text out nor hashes it
+/// (for a statement of a few kilobytes, run once a request or more, a
+/// measurable share of its cost).
+#[derive(Debug, Clone, Copy)]
+pub struct PreparedAs<Q, Id>(Q, std::marker::PhantomData<Id>);
+
+/// Wraps a statement of one fixed text so that a connection prepares it
+/// once and finds it again by `Id`.
+pub trait KeepPreparedAs: Sized {
+    /// Only for a statement whose text and bind types never change: `Id`
+    /// must be a type of its own, private to the one statement it names
+    /// (declared beside the text, built once). Two texts under one `Id`
+    /// would run the first one's.
+    fn keep_prepared_as<Id: 'static>(self) -> PreparedAs<Self, Id> {
+        PreparedAs(self, std::marker::PhantomData)
+    }
+}
+
+impl<Q> KeepPreparedAs for Q {}
+
+impl<Q, Id, DB> QueryFragment<DB> for PreparedAs<Q, Id>
+where
+    DB: Backend,
+    Q: QueryFragment<DB>,
+{
+    fn walk_ast<'b>(&'b self, pass: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        self.0.walk_ast(pass)
+    }
+
+    fn is_safe_to_cache_prepared(&self, _backend: &DB) -> QueryResult<bool> {
+        Ok(true)
+    }
+}
+
+/// The statement's id is `Id`'s: the cache's key.
+impl<Q, Id: 'static> QueryId for PreparedAs<Q, Id> {
+    type QueryId = Id;
+    const HAS_STATIC_QUERY_ID: bool = true;
+}
+
+impl<Q: Query, Id> Query for PreparedAs<Q, Id> {
+    type SqlType = Q::SqlType;
+}
+
+impl<Q, Id, Conn> RunQueryDsl<Conn> for PreparedAs<Q, Id> {}

@@ -993,8 +993,9 @@ async fn a_waiter_reads_no_more_than_its_answer_needs(backend: TestBackend) {
             "FROM `jobs`",
             "FROM `attempts`",
         ),
+        // A plain win: one statement (`store::plain_win`).
         TestBackend::Postgres => (
-            "WITH cas AS",
+            "WITH j AS",
             "UPDATE attempts",
             "FROM \"jobs\"",
             "FROM \"attempts\"",
