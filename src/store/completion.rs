@@ -9,7 +9,7 @@ use serde_json::Value;
 use super::connection::{db_clock, write_transaction};
 use super::ended::{job_ended, JobEnd};
 use super::ledger::{record_call, Charge, LedgerEntry};
-use super::prepared::{KeepPrepared, KeepPreparedAs};
+use super::prepared::KeepPrepared;
 use super::reads::{attempts_of, get_job};
 use super::rows::AttemptKey;
 use super::rows::{Attempt, Job, RaceEntry};

@@ -3,7 +3,7 @@
 use diesel::prelude::*;
 
 use super::connection::{per_backend, write_transaction, Placement, PG_NOW_MS, SQLITE_NOW_MS};
-use super::prepared::{KeepPrepared, KeepPreparedAs};
+use super::prepared::KeepPrepared;
 use super::queue::{self, StartNow};
 use super::reads::attempts_of;
 use super::rows::{Attempt, Job};

@@ -13,89 +13,24 @@ use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Bool, Nullable, Text};
 
 use super::ledger::{estimated_tokens, estimated_tokens_sql, Charge, LedgerEntry};
-use super::prepared::KeepPreparedAs;
+use super::prepared::KeepPrepared;
 use super::rows::{AttemptKey, Job};
 use super::StoreResult;
 use crate::domain::ledger::{is_late, AnswerKind};
 use crate::domain::webhook::EventKind;
-use crate::domain::{
-    AttemptEvent, AttemptId, AttemptState, JobId, JobStatus, JsonText, RaceResult, ReasonKind,
-    Timestamp, UserId,
-};
+use crate::domain::{AttemptEvent, AttemptState, JobStatus, RaceResult, Timestamp};
 
 /// What the statement returns when the answer won: the job as the update
 /// left it, the attempt's provider and the prompt tokens its ledger row
 /// took (`NULL`: the call was in the ledger already).
 #[derive(QueryableByName)]
 struct Won {
-    #[diesel(sql_type = Text)]
-    id: JobId,
-    #[diesel(sql_type = Text)]
-    owner_id: UserId,
-    #[diesel(sql_type = Text)]
-    idempotency_key: String,
-    #[diesel(sql_type = Text)]
-    task: String,
-    #[diesel(sql_type = Text)]
-    provider: String,
-    #[diesel(sql_type = Nullable<Text>)]
-    requested_provider: Option<String>,
-    #[diesel(sql_type = Text)]
-    input: JsonText,
-    #[diesel(sql_type = Text)]
-    params: JsonText,
-    #[diesel(sql_type = Text)]
-    fingerprint: String,
-    #[diesel(sql_type = Text)]
-    status: JobStatus,
-    #[diesel(sql_type = BigInt)]
-    version: i64,
-    #[diesel(sql_type = Nullable<Text>)]
-    result: Option<JsonText>,
-    #[diesel(sql_type = Nullable<Text>)]
-    completed_by: Option<AttemptId>,
-    #[diesel(sql_type = Nullable<Text>)]
-    failure_reason: Option<String>,
-    #[diesel(sql_type = BigInt)]
-    created_at: Timestamp,
-    #[diesel(sql_type = BigInt)]
-    updated_at: Timestamp,
-    #[diesel(sql_type = Nullable<Text>)]
-    failure_kind: Option<ReasonKind>,
-    #[diesel(sql_type = Nullable<Text>)]
-    failure_detail: Option<String>,
-    #[diesel(sql_type = Nullable<Text>)]
-    trace_context: Option<String>,
+    #[diesel(embed)]
+    job: Job,
     #[diesel(sql_type = Text)]
     attempt_provider: String,
     #[diesel(sql_type = Nullable<BigInt>)]
     ledger_prompt_tokens: Option<i64>,
-}
-
-impl Won {
-    fn into_job(self) -> Job {
-        Job {
-            id: self.id,
-            owner_id: self.owner_id,
-            idempotency_key: self.idempotency_key,
-            task: self.task,
-            provider: self.provider,
-            requested_provider: self.requested_provider,
-            input: self.input,
-            params: self.params,
-            fingerprint: self.fingerprint,
-            status: self.status,
-            version: self.version,
-            result: self.result,
-            completed_by: self.completed_by,
-            failure_reason: self.failure_reason,
-            created_at: self.created_at,
-            updated_at: self.updated_at,
-            failure_kind: self.failure_kind,
-            failure_detail: self.failure_detail,
-            trace_context: self.trace_context,
-        }
-    }
 }
 
 /// Names [`STATEMENT`] in a connection's statement cache.
@@ -243,10 +178,12 @@ pub fn settle_plain_win(
     let Some(won) = won else {
         return Ok(None);
     };
-    let provider = won.attempt_provider.clone();
-    let prompt_tokens = won.ledger_prompt_tokens;
-    let job = won.into_job();
-    let entry = prompt_tokens.map(|prompt_tokens| LedgerEntry {
+    let Won {
+        job,
+        attempt_provider: provider,
+        ledger_prompt_tokens,
+    } = won;
+    let entry = ledger_prompt_tokens.map(|prompt_tokens| LedgerEntry {
         attempt_id: key.id.clone(),
         owner_id: key.owner_id.clone(),
         job_id: job.id.clone(),

@@ -27,21 +27,57 @@ use diesel::backend::Backend;
 use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
 use diesel::{QueryResult, RunQueryDsl};
 
-/// A statement diesel's cache keeps, keyed by its text.
+/// How a kept statement is found in a connection's cache: by its text, or
+/// by a type naming it.
+pub trait CacheKey {
+    type Id: 'static;
+    const BY_TYPE: bool;
+}
+
+/// Found by its text (diesel hashes it on every run).
 #[derive(Debug, Clone, Copy)]
-pub struct Prepared<Q>(Q);
+pub struct ByText;
+
+impl CacheKey for ByText {
+    type Id = ();
+    const BY_TYPE: bool = false;
+}
+
+/// Found by `Id`, a type naming one statement: a run neither writes the
+/// text out nor hashes it (for a statement of a few kilobytes, run once a
+/// request or more, a measurable share of its cost).
+#[derive(Debug, Clone, Copy)]
+pub struct ByType<Id>(std::marker::PhantomData<Id>);
+
+impl<Id: 'static> CacheKey for ByType<Id> {
+    type Id = Id;
+    const BY_TYPE: bool = true;
+}
+
+/// A statement diesel's cache keeps, found as `K` says.
+#[derive(Debug, Clone, Copy)]
+pub struct Prepared<Q, K = ByText>(Q, std::marker::PhantomData<K>);
 
 /// Wraps a statement so that a connection prepares it once.
 pub trait KeepPrepared: Sized {
     /// Only for statements whose values are all binds (see the module).
     fn keep_prepared(self) -> Prepared<Self> {
-        Prepared(self)
+        Prepared(self, std::marker::PhantomData)
+    }
+
+    /// [`KeepPrepared::keep_prepared`], found by `Id` instead of its text.
+    /// Only for a statement whose text and bind types never change: `Id`
+    /// must be a type of its own, private to the one statement it names
+    /// (declared beside the text, built once). Two texts under one `Id`
+    /// would run the first one's.
+    fn keep_prepared_as<Id: 'static>(self) -> Prepared<Self, ByType<Id>> {
+        Prepared(self, std::marker::PhantomData)
     }
 }
 
 impl<Q> KeepPrepared for Q {}
 
-impl<Q, DB> QueryFragment<DB> for Prepared<Q>
+impl<Q, K, DB> QueryFragment<DB> for Prepared<Q, K>
 where
     DB: Backend,
     Q: QueryFragment<DB>,
@@ -50,67 +86,22 @@ where
         self.0.walk_ast(pass)
     }
 
-    /// The text is the cache's key, so the same text is the same statement.
+    /// The key (its text, or its `Id`) is the cache's, so the same key is
+    /// the same statement.
     fn is_safe_to_cache_prepared(&self, _backend: &DB) -> QueryResult<bool> {
         Ok(true)
     }
 }
 
-/// No static id: the cache keys the statement by its text.
-impl<Q> QueryId for Prepared<Q> {
-    type QueryId = ();
-    const HAS_STATIC_QUERY_ID: bool = false;
+/// By text: no static id, so the cache keys the statement by its text; by
+/// type: `Id`'s.
+impl<Q, K: CacheKey> QueryId for Prepared<Q, K> {
+    type QueryId = K::Id;
+    const HAS_STATIC_QUERY_ID: bool = K::BY_TYPE;
 }
 
-impl<Q: Query> Query for Prepared<Q> {
+impl<Q: Query, K> Query for Prepared<Q, K> {
     type SqlType = Q::SqlType;
 }
 
-impl<Q, Conn> RunQueryDsl<Conn> for Prepared<Q> {}
-
-/// A statement diesel's cache keeps under `Id`, a type naming it, instead
-/// of under its text: a run neither writes the text out nor hashes it
-/// (for a statement of a few kilobytes, run once a request or more, a
-/// measurable share of its cost).
-#[derive(Debug, Clone, Copy)]
-pub struct PreparedAs<Q, Id>(Q, std::marker::PhantomData<Id>);
-
-/// Wraps a statement of one fixed text so that a connection prepares it
-/// once and finds it again by `Id`.
-pub trait KeepPreparedAs: Sized {
-    /// Only for a statement whose text and bind types never change: `Id`
-    /// must be a type of its own, private to the one statement it names
-    /// (declared beside the text, built once). Two texts under one `Id`
-    /// would run the first one's.
-    fn keep_prepared_as<Id: 'static>(self) -> PreparedAs<Self, Id> {
-        PreparedAs(self, std::marker::PhantomData)
-    }
-}
-
-impl<Q> KeepPreparedAs for Q {}
-
-impl<Q, Id, DB> QueryFragment<DB> for PreparedAs<Q, Id>
-where
-    DB: Backend,
-    Q: QueryFragment<DB>,
-{
-    fn walk_ast<'b>(&'b self, pass: AstPass<'_, 'b, DB>) -> QueryResult<()> {
-        self.0.walk_ast(pass)
-    }
-
-    fn is_safe_to_cache_prepared(&self, _backend: &DB) -> QueryResult<bool> {
-        Ok(true)
-    }
-}
-
-/// The statement's id is `Id`'s: the cache's key.
-impl<Q, Id: 'static> QueryId for PreparedAs<Q, Id> {
-    type QueryId = Id;
-    const HAS_STATIC_QUERY_ID: bool = true;
-}
-
-impl<Q: Query, Id> Query for PreparedAs<Q, Id> {
-    type SqlType = Q::SqlType;
-}
-
-impl<Q, Id, Conn> RunQueryDsl<Conn> for PreparedAs<Q, Id> {}
+impl<Q, K, Conn> RunQueryDsl<Conn> for Prepared<Q, K> {}

@@ -10,7 +10,7 @@ use crate::domain::{
 };
 
 /// A job: one user intent. Its intent columns never change.
-#[derive(Debug, Clone, PartialEq, Queryable, Selectable, Insertable)]
+#[derive(Debug, Clone, PartialEq, Queryable, QueryableByName, Selectable, Insertable)]
 #[diesel(table_name = jobs)]
 pub struct Job {
     pub id: JobId,

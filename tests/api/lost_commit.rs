@@ -42,7 +42,9 @@ use crate::webhooks::WEBHOOK_KEY;
 
 /// Text each trapped write's statement has (see the proxy's `normalized`).
 const CLAIM: &str = "version_read = (select jobs.version from jobs where jobs.id = attempts.job_id";
-const COMPARE_AND_SWAP: &str = "with cas as (";
+/// Both forms of the compare-and-swap: a plain win's one statement
+/// (autocommitted) and the transaction's.
+const COMPARE_AND_SWAP: &str = "update jobs set result = $1, completed_by = $2";
 const OUTBOX_EVENT: &str = "insert into webhook_events (";
 const DELIVERY_DONE: &str = "update webhook_events set state = $1, delivered_at = $2";
 const RESERVATION: &str = "insert into budget_reservations (";

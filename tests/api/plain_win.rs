@@ -20,7 +20,7 @@ use reqwest::StatusCode;
 
 use crate::support::db::new_job;
 use crate::support::harness::{
-    postgres_available, spawn_recorded, summarize, test_config, PreparedApp, TestBackend,
+    postgres_available, spawn_recorded, summarize, test_config, PreparedApp, TestApp, TestBackend,
     DEFAULT_TEST_PROVIDERS,
 };
 use crate::support::statement_log::StatementLog;
@@ -218,6 +218,17 @@ async fn the_one_statement_changes_nothing_unless_the_win_is_plain() {
     .await;
 }
 
+/// A job of alice's under `key`, created through the server, once it has
+/// succeeded.
+async fn succeeded(app: &TestApp, key: &str) -> serde_json::Value {
+    let response = app.post_job(&app.alice.token, key, &summarize(key)).await;
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let job: serde_json::Value = response.json().await.unwrap();
+    let id = job["id"].as_str().unwrap();
+    app.wait_for_status(id, "succeeded", crate::support::fake_provider::WAIT)
+        .await
+}
+
 /// Through the server: a job's answer is settled by one statement that
 /// runs in no transaction, and nothing locks the job first. With a budget
 /// set for the owner, that statement changes nothing and the answer takes
@@ -249,18 +260,7 @@ async fn a_plain_win_is_one_statement_and_a_budgeted_one_a_transaction() {
         (one, inserts, locks)
     };
 
-    let response = app
-        .post_job(&app.alice.token, "plain", &summarize("plain"))
-        .await;
-    assert_eq!(response.status(), StatusCode::CREATED);
-    let job: serde_json::Value = response.json().await.unwrap();
-    let job = app
-        .wait_for_status(
-            job["id"].as_str().unwrap(),
-            "succeeded",
-            crate::support::fake_provider::WAIT,
-        )
-        .await;
+    let job = succeeded(&app, "plain").await;
     let (one, inserts, locks) = settled_by(&log, &job);
     assert_eq!(one.len(), 1, "{one:#?}");
     assert_eq!(one[0].transaction, None, "autocommitted: {one:#?}");
@@ -278,18 +278,7 @@ async fn a_plain_win_is_one_statement_and_a_budgeted_one_a_transaction() {
     })
     .await;
     log.take_sent();
-    let response = app
-        .post_job(&app.alice.token, "budgeted", &summarize("budgeted"))
-        .await;
-    assert_eq!(response.status(), StatusCode::CREATED);
-    let job: serde_json::Value = response.json().await.unwrap();
-    let job = app
-        .wait_for_status(
-            job["id"].as_str().unwrap(),
-            "succeeded",
-            crate::support::fake_provider::WAIT,
-        )
-        .await;
+    let job = succeeded(&app, "budgeted").await;
     let (one, inserts, locks) = settled_by(&log, &job);
     assert_eq!(one.len(), 1, "tried first, changing nothing: {one:#?}");
     assert_eq!(inserts.len(), 1, "{inserts:#?}");

@@ -29,7 +29,12 @@ async fn one_slot_app(backend: TestBackend) -> (FakeProvider, TestApp) {
     // claim takes the slot at a moment the test does not choose.
     config.worker.poll_interval_ms = 60_000;
     let app = spawn_app_with(backend, config).await;
-    // The claimer's first claim, at start, has found the queue empty.
+    until_idle(&app).await;
+    (fake, app)
+}
+
+/// Until the claimer's first claim, at start, has found the queue empty.
+async fn until_idle(app: &TestApp) {
     let deadline = std::time::Instant::now() + WAIT;
     while !app.app.starts_at_creation_now() {
         assert!(
@@ -38,7 +43,6 @@ async fn one_slot_app(backend: TestBackend) -> (FakeProvider, TestApp) {
         );
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
-    (fake, app)
 }
 
 /// One slot. The first job takes it at creation: its answer says `running`,
@@ -138,14 +142,7 @@ async fn under_a_backlog_a_claim_gathers_the_slots_that_free(backend: TestBacken
     config.worker.poll_interval_ms = 60_000;
     config.worker.claim_gather_ms = 1_000;
     let app = spawn_app_with(backend, config).await;
-    let deadline = std::time::Instant::now() + WAIT;
-    while !app.app.starts_at_creation_now() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the worker never went idle"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+    until_idle(&app).await;
     fake.set_default(Behaviour::Hold);
     let mut started = Vec::new();
     for n in 0..8 {
