@@ -42,7 +42,8 @@ struct PlainWinStatement;
 ///   row and no endpoint for `job.succeeded` (a locked row's conditions are
 ///   checked again on its newest version);
 /// - `att` moves the attempt from `running` to `succeeded`, `won`, only if
-///   `j` locked the job (the attempt's newest version is checked too);
+///   `j` locked the job (the attempt's newest version is checked too; the
+///   state on the row its key finds, `transitions::state_on_row_sql`);
 /// - `cas` is the versioned update of the job, only if `att` moved;
 /// - `ledger` counts the call, only if `cas` changed the job; a prompt of
 ///   unreported size (`$7` NULL) is estimated from the job's input.
@@ -61,7 +62,7 @@ static STATEMENT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
          ), att AS (
            UPDATE attempts SET state = '{succeeded_attempt}', finished_at = $3,
                                lease_expires_at = NULL, outcome = '{won}'
-           WHERE id = $2 AND owner_id = $4 AND state = '{running}'
+           WHERE id = $2 AND owner_id = $4 AND {running}
              AND job_id = (SELECT id FROM j)
            RETURNING provider
          ), cas AS (
@@ -90,7 +91,7 @@ static STATEMENT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
         subscribed = super::webhooks::any_endpoint_subscribed_sql("$4", "$5"),
         estimate = estimated_tokens_sql("octet_length(cas.input)"),
         succeeded_attempt = AttemptEvent::ProviderSucceeded.target().as_str(),
-        running = AttemptState::Running.as_str(),
+        running = super::transitions::state_on_row_sql(&[AttemptState::Running]),
         won = RaceResult::Won.as_str(),
         succeeded = JobStatus::Succeeded.as_str(),
         won_call = AnswerKind::Won.as_str(),

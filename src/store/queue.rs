@@ -18,7 +18,8 @@ use super::rows::{Attempt, Job};
 use super::rows::{AttemptKey, JobKey};
 use super::schema::{attempts, jobs};
 use super::transitions::{
-    lock_attempt_and_job, lock_job, refresh_job_status, transition, transition_guarded, Guard,
+    lock_attempt_and_job, lock_job, refresh_job_status, state_on_row, transition,
+    transition_guarded, Guard,
 };
 use super::{DbConnection, StoreError, StoreResult};
 use std::collections::{BTreeMap, HashMap};
@@ -260,7 +261,7 @@ fn claim_of_owner(
             attempts::table
                 .filter(attempts::owner_id.eq(owner_id))
                 .filter(attempts::id.eq_any(ids))
-                .filter(attempts::state.eq_any(AttemptEvent::Claimed.from_states())),
+                .filter(state_on_row(AttemptEvent::Claimed.from_states())),
         )
         .set((
             attempts::state.eq(AttemptEvent::Claimed.target()),
@@ -473,7 +474,7 @@ pub fn renew_lease(
                 attempts::table
                     .filter(attempts::id.eq(attempt_id))
                     .filter(attempts::owner_id.eq(owner_id))
-                    .filter(attempts::state.eq(AttemptState::Running))
+                    .filter(state_on_row(&[AttemptState::Running]))
                     .filter(attempts::lease_owner.eq(lease_owner)),
             )
             .set(attempts::lease_expires_at.eq(Some(until)))
@@ -676,7 +677,7 @@ fn expire_one(
         let still_expired = attempts::table
             .filter(attempts::id.eq(attempt_id))
             .filter(attempts::owner_id.eq(&key.owner_id))
-            .filter(attempts::state.eq(AttemptState::Running))
+            .filter(state_on_row(&[AttemptState::Running]))
             .filter(attempts::lease_expires_at.lt(now))
             .select(Attempt::as_select())
             .first(conn)
