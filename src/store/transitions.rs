@@ -85,7 +85,7 @@ pub fn lock_attempt_and_job(
 /// included (a backlog's thousands, for one row), where the primary key
 /// finds the row at once. `… IS TRUE` is not a condition an index can
 /// serve; `state` is never NULL, so it means the same.
-pub(crate) fn state_on_row_sql(states: &[AttemptState]) -> String {
+pub fn state_on_row_sql(states: &[AttemptState]) -> String {
     let list = states
         .iter()
         .map(|state| format!("'{}'", state.as_str()))

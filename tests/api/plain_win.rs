@@ -297,3 +297,69 @@ async fn a_plain_win_is_one_statement_and_a_budgeted_one_a_transaction() {
         "its reservation released: {budget:?}"
     );
 }
+
+/// A statement that finds one attempt by its key and checks its state
+/// (the plain win's, a transition's, the claim's, a lease renewal's) is
+/// planned on the primary key whatever the statistics say: with 2,005
+/// finished attempts analysed, then three of them running (as a busy
+/// table is analysed when its work has finished), PostgreSQL plans
+/// `state = 'running' AND id = …` on `attempts_state_order` (walking every
+/// running entry for one row), and the check as onejob writes it
+/// (`transitions::state_on_row_sql`) on `attempts_pkey`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_state_check_by_key_is_planned_on_the_primary_key_whatever_the_statistics() {
+    use onejob::domain::AttemptState;
+    use onejob::store::transitions::state_on_row_sql;
+
+    if !postgres_available() {
+        return;
+    }
+    let app = PreparedApp::new(TestBackend::Postgres, test_config(DEFAULT_TEST_PROVIDERS)).await;
+    let owner = app.alice.id.clone();
+    let plans = app
+        .with_conn(move |conn| {
+            let fingerprint = "0".repeat(64);
+            conn.batch_execute(&format!(
+                "INSERT INTO jobs (id, owner_id, idempotency_key, task, provider, input, params, \
+                   fingerprint, status, version, created_at, updated_at) \
+                 SELECT 'j' || n, '{owner}', 'k' || n, 'summarize', 'sim-fast', '{{}}', '{{}}', \
+                   '{fingerprint}', 'failed', 0, n, n \
+                 FROM generate_series(1, 2005) AS n; \
+                 INSERT INTO attempts (id, job_id, owner_id, number, provider, state, created_at) \
+                 SELECT 'a' || n, 'j' || n, '{owner}', 1, 'sim-fast', 'failed', n \
+                 FROM generate_series(1, 2005) AS n; \
+                 ANALYZE attempts; \
+                 UPDATE jobs SET status = 'running' WHERE id IN ('j2001', 'j2002', 'j2003'); \
+                 UPDATE attempts SET state = 'running' WHERE id IN ('a2001', 'a2002', 'a2003');"
+            ))
+            .unwrap();
+            let mut plan = |check: &str| -> String {
+                #[derive(diesel::QueryableByName)]
+                struct Line {
+                    #[diesel(sql_type = diesel::sql_types::Text, column_name = "QUERY PLAN")]
+                    line: String,
+                }
+                let lines: Vec<Line> = diesel::sql_query(format!(
+                    "EXPLAIN UPDATE attempts SET outcome = 'won' \
+                     WHERE id = 'a2003' AND owner_id = '{owner}' AND {check}"
+                ))
+                .load(conn)
+                .unwrap();
+                lines
+                    .into_iter()
+                    .map(|l| l.line)
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            };
+            let naive = plan("state = 'running'");
+            (naive, plan(&state_on_row_sql(&[AttemptState::Running])))
+        })
+        .await;
+    let (naive, onejob) = plans;
+    assert!(
+        naive.contains("attempts_state_order"),
+        "the statistics no longer mislead the planner, so this test shows nothing: {naive}"
+    );
+    assert!(onejob.contains("attempts_pkey"), "{onejob}");
+    assert!(!onejob.contains("attempts_state_order"), "{onejob}");
+}
