@@ -213,7 +213,10 @@ impl Worker {
     /// there are free slots (at most [`CLAIM_BATCH`]), and runs each in a
     /// task of its own holding its slot: at most `concurrency` attempts are
     /// in flight, and a busy queue costs one claiming transaction per batch
-    /// rather than per attempt. Once a claim finds fewer attempts than it
+    /// rather than per attempt. While the last claim took all it asked for,
+    /// a claim first waits up to `worker.claim_gather_ms` for a quarter of
+    /// the slots to free (under a backlog they free one at a time). Once a
+    /// claim finds fewer attempts than it
     /// asked for, the queue is drained: the claimer then waits to be told
     /// an attempt was queued (or for the poll interval, for other
     /// processes' queues) instead of claiming again as each slot frees, and
