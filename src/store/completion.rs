@@ -62,8 +62,8 @@ pub fn settle_answer(
     payload: &Value,
     charge: &Charge,
 ) -> StoreResult<Recorded> {
+    let text = canonical_json(payload);
     if let DbConnection::Postgresql(pg) = conn {
-        let text = canonical_json(payload);
         if let Some(won) =
             super::plain_win::settle_plain_win(pg, key, &text, charge, Timestamp::now())?
         {
@@ -78,7 +78,7 @@ pub fn settle_answer(
     write_transaction(conn, |conn| {
         let attempt = lock_attempt_and_job(conn, key)?.ok_or(StoreError::NotFound)?;
         let answer = Answer {
-            text: canonical_json(payload),
+            text,
             attempt,
             charge,
             now: Timestamp::now(),

@@ -69,7 +69,8 @@ impl LedgerEntry {
     }
 }
 
-fn tokens(count: u64) -> i64 {
+/// A token count as the ledger stores it.
+pub(super) fn tokens(count: u64) -> i64 {
     i64::try_from(count).unwrap_or(i64::MAX)
 }
 

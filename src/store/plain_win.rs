@@ -12,7 +12,7 @@
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Bool, Nullable, Text};
 
-use super::ledger::{estimated_tokens, estimated_tokens_sql, Charge, LedgerEntry};
+use super::ledger::{estimated_tokens, estimated_tokens_sql, tokens, Charge, LedgerEntry};
 use super::prepared::KeepPrepared;
 use super::rows::{AttemptKey, Job};
 use super::StoreResult;
@@ -113,12 +113,11 @@ struct KnownCharge {
 }
 
 fn known_charge(charge: &Charge, answer_bytes: usize) -> Option<KnownCharge> {
-    let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
     match (&charge.usage, &charge.price) {
         (Some(usage), price) => Some(KnownCharge {
-            prompt_tokens: Some(count(usage.prompt_tokens)),
-            completion_tokens: count(usage.completion_tokens),
-            cached_tokens: count(usage.cached_tokens),
+            prompt_tokens: Some(tokens(usage.prompt_tokens)),
+            completion_tokens: tokens(usage.completion_tokens),
+            cached_tokens: tokens(usage.cached_tokens),
             usage: usage.source,
             cost_micros: price.as_ref().map(|p| p.cost_micros(usage)),
             price_effective_from: price.as_ref().map(|p| p.effective_from),
@@ -126,7 +125,7 @@ fn known_charge(charge: &Charge, answer_bytes: usize) -> Option<KnownCharge> {
         }),
         (None, None) => Some(KnownCharge {
             prompt_tokens: None,
-            completion_tokens: count(estimated_tokens(answer_bytes)),
+            completion_tokens: tokens(estimated_tokens(answer_bytes)),
             cached_tokens: 0,
             usage: crate::domain::UsageSource::Estimated,
             cost_micros: None,
