@@ -196,22 +196,31 @@ fn refuse_a_new_sqlite_file(command: &Command, url: &DatabaseUrl) -> CliResult {
 /// Runs one command. The configuration (and the environment variables it
 /// names, as far as the command needs them) is read here, once; then the
 /// logger is installed with `log_filter`, and only a server exports traces.
-pub async fn execute(cli: Cli, log_filter: Option<&str>) -> CliResult {
+/// Runs the command: loads the configuration, then starts the async
+/// runtime it sizes (`server.async_threads`) and runs the command on it.
+pub fn execute(cli: Cli, log_filter: Option<&str>) -> CliResult {
     let config = Config::load_with(
         cli.config.as_deref(),
         &Environment::Process,
         &cli.command.secrets_needed(),
     )?;
-    let traced = match cli.command {
-        Command::Serve { .. } => config.telemetry.clone(),
-        _ => crate::config::TelemetryConfig::default(),
-    };
-    let export = crate::telemetry::init(log_filter, &traced);
-    let result = run(cli, config).await;
-    if let Some(export) = export {
-        export.shutdown(std::time::Duration::from_secs(5));
-    }
-    result
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(config.server.async_threads())
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    runtime.block_on(async {
+        let traced = match cli.command {
+            Command::Serve { .. } => config.telemetry.clone(),
+            _ => crate::config::TelemetryConfig::default(),
+        };
+        let export = crate::telemetry::init(log_filter, &traced);
+        let result = run(cli, config).await;
+        if let Some(export) = export {
+            export.shutdown(std::time::Duration::from_secs(5));
+        }
+        result
+    })
 }
 
 async fn run(cli: Cli, config: Config) -> CliResult {
@@ -439,6 +448,7 @@ async fn serve(
         database = %url.described(),
         backend = store.backend().as_str(),
         role = role.as_str(),
+        async_threads = tokio::runtime::Handle::current().metrics().num_workers(),
         "onejob is serving"
     );
     let metrics_listener = match &config.server.metrics_bind {

@@ -5,13 +5,12 @@ use clap::Parser;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[tokio::main]
-async fn main() {
+fn main() {
     // The log filter is the one environment variable read outside the
     // command line's own parsing and the configuration's loading.
     let log_filter = std::env::var("RUST_LOG").ok();
     let cli = onejob::cli::Cli::parse();
-    if let Err(error) = onejob::cli::execute(cli, log_filter.as_deref()).await {
+    if let Err(error) = onejob::cli::execute(cli, log_filter.as_deref()) {
         eprintln!("error: {error}");
         std::process::exit(1);
     }

@@ -98,6 +98,15 @@ fn check_server(file: &ConfigFile) -> Checked {
     if server.session_hours == 0 {
         return invalid("server.session_hours", "must be at least 1");
     }
+    if server.async_threads > super::file::MAX_ASYNC_THREADS {
+        return invalid(
+            "server.async_threads",
+            &format!(
+                "must be at most {} (0: a quarter of the CPU cores)",
+                super::file::MAX_ASYNC_THREADS
+            ),
+        );
+    }
     let longest_timeout = file
         .providers
         .iter()

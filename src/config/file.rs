@@ -48,6 +48,11 @@ pub struct ServerSettings {
     pub body_timeout_ms: u64,
     /// HTTP worker threads; 0 means one per CPU core.
     pub http_workers: usize,
+    /// Threads of the runtime that carries provider calls, streams,
+    /// webhooks and timers (HTTP has its own workers, the database a
+    /// blocking pool); 0 means a quarter of the CPU cores, at least one.
+    /// See [`ServerSettings::async_threads`].
+    pub async_threads: usize,
     /// How long a graceful shutdown waits for in-flight requests and calls.
     /// 0 (the default) means: the longest provider soft timeout plus 2 s,
     /// and at least 10 s. A value shorter than some provider's `timeout_ms`
@@ -97,7 +102,24 @@ pub struct ServerSettings {
     pub allow_insecure_http: bool,
 }
 
+/// The most threads `server.async_threads` may ask for.
+pub const MAX_ASYNC_THREADS: usize = 256;
+
 impl ServerSettings {
+    /// The async runtime's threads: as configured, else a quarter of the
+    /// CPU cores, at least one. Each hand-off between two of its threads
+    /// is a wake-up of a sleeping one; at one request at a time, one
+    /// thread answered the `/v1` door with a fifth less CPU per call than
+    /// two on a 2-core machine (docs/benchmarks.md), and the runtime's
+    /// work (provider calls, timers) is light beside HTTP's and the
+    /// database's, which run on threads of their own.
+    pub fn async_threads(&self) -> usize {
+        match self.async_threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| (n.get() / 4).max(1)),
+            configured => configured,
+        }
+    }
+
     /// Whether cookies carry `Secure`.
     pub fn secure_cookies(&self) -> bool {
         self.secure_cookies.unwrap_or_else(|| {
@@ -117,6 +139,7 @@ impl Default for ServerSettings {
             max_json_depth: crate::domain::json_depth::DEFAULT_MAX_NESTING,
             body_timeout_ms: 10_000,
             http_workers: 0,
+            async_threads: 0,
             shutdown_grace_ms: 0,
             session_hours: 12,
             password_hashing_concurrency: 0,

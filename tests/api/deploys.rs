@@ -768,9 +768,76 @@ async fn metrics_bind_serves_only_the_metrics_without_a_token(backend: TestBacke
     );
 }
 
+/// `[server] async_threads` sizes the runtime the process runs on: with
+/// one thread (the default on a 2-core machine) a job is still created,
+/// sent and answered; the runtime reports the threads asked for; a count
+/// past the ceiling is refused before anything starts.
+async fn the_async_runtime_has_the_threads_the_configuration_asks_for(backend: TestBackend) {
+    let Setup {
+        db,
+        token,
+        dir,
+        fake,
+        config,
+        ..
+    } = set_up(backend, "async_threads = 1").await;
+    fake.set_default(Behaviour::Answer(json!({"summary": "one thread"})));
+    let mut one = ServerProcess::spawn(dir.path(), "one-thread", &config, db.url.as_str());
+    one.wait_ready().await;
+    assert!(one.stderr().contains("async_threads=1"), "{}", one.stderr());
+    let created = post(&one.base, &token, "one-thread", &summarize("x"))
+        .await
+        .unwrap();
+    assert_eq!(created.status(), StatusCode::CREATED);
+    let job: Value = created.json().await.unwrap();
+    let url = format!("{}/api/v1/jobs/{}", one.base, job["id"].as_str().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let job: Value = reqwest::Client::new()
+            .get(&url)
+            .bearer_auth(&token)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if job["status"] == "succeeded" {
+            assert_eq!(job["result"]["summary"], "one thread");
+            break;
+        }
+        assert!(Instant::now() < deadline, "not answered: {job}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    one.terminate();
+    assert!(one.wait_exit(Duration::from_secs(20)).await.success());
+
+    let three = write_config(dir.path(), &fake, "async_threads = 3");
+    let mut server = ServerProcess::spawn(dir.path(), "three-threads", &three, db.url.as_str());
+    server.wait_ready().await;
+    assert!(
+        server.stderr().contains("async_threads=3"),
+        "{}",
+        server.stderr()
+    );
+    server.terminate();
+    assert!(server.wait_exit(Duration::from_secs(20)).await.success());
+
+    let too_many = write_config(dir.path(), &fake, "async_threads = 257");
+    let mut refused = ServerProcess::spawn(dir.path(), "too-many", &too_many, db.url.as_str());
+    assert!(!refused.wait_exit(Duration::from_secs(20)).await.success());
+    assert!(
+        refused.stderr().contains("server.async_threads")
+            && refused.stderr().contains("must be at most 256"),
+        "{}",
+        refused.stderr()
+    );
+}
+
 on_both_backends!(
     an_http_only_and_a_worker_only_process_split_the_work,
     a_sigterm_mid_call_lets_the_answer_land_inside_the_grace,
     an_attempt_waiting_out_a_pause_at_sigterm_is_sent_once_after_the_restart,
     metrics_bind_serves_only_the_metrics_without_a_token,
+    the_async_runtime_has_the_threads_the_configuration_asks_for,
 );
