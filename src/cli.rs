@@ -194,10 +194,10 @@ fn refuse_a_new_sqlite_file(command: &Command, url: &DatabaseUrl) -> CliResult {
 }
 
 /// Runs one command. The configuration (and the environment variables it
-/// names, as far as the command needs them) is read here, once; then the
-/// logger is installed with `log_filter`, and only a server exports traces.
-/// Runs the command: loads the configuration, then starts the async
-/// runtime it sizes (`server.async_threads`) and runs the command on it.
+/// names, as far as the command needs them) is read here, once, before the
+/// async runtime starts: it sizes the runtime (`server.async_threads`).
+/// Then the logger is installed with `log_filter` (only a server exports
+/// traces) and the command runs on the runtime.
 pub fn execute(cli: Cli, log_filter: Option<&str>) -> CliResult {
     let config = Config::load_with(
         cli.config.as_deref(),

@@ -109,10 +109,10 @@ impl ServerSettings {
     /// The async runtime's threads: as configured, else a quarter of the
     /// CPU cores, at least one. Each hand-off between two of its threads
     /// is a wake-up of a sleeping one; at one request at a time, one
-    /// thread answered the `/v1` door with a fifth less CPU per call than
-    /// two on a 2-core machine (docs/benchmarks.md), and the runtime's
-    /// work (provider calls, timers) is light beside HTTP's and the
-    /// database's, which run on threads of their own.
+    /// thread answered the `/v1` door on SQLite with 12–21 % less CPU per
+    /// call than two on a 2-core machine (docs/benchmarks.md), and the
+    /// runtime's work (provider calls, timers) is light beside HTTP's and
+    /// the database's, which run on threads of their own.
     pub fn async_threads(&self) -> usize {
         match self.async_threads {
             0 => std::thread::available_parallelism().map_or(1, |n| (n.get() / 4).max(1)),
