@@ -94,11 +94,54 @@ pub fn state_on_row_sql(states: &[AttemptState]) -> String {
     format!("(attempts.state IN ({list})) IS TRUE")
 }
 
-/// [`state_on_row_sql`] as a filter of a statement on `attempts`.
+/// [`state_on_row_sql`] as a filter of a statement on `attempts`: typed,
+/// with the states bound, so the statement is built like any other (no
+/// text formatted for it on each run).
 pub(crate) fn state_on_row(
     states: &[AttemptState],
-) -> diesel::expression::SqlLiteral<diesel::sql_types::Bool> {
-    diesel::dsl::sql::<diesel::sql_types::Bool>(&state_on_row_sql(states))
+) -> IsTrue<diesel::dsl::EqAny<attempts::state, &[AttemptState]>> {
+    IsTrue(attempts::state.eq_any(states))
+}
+
+/// `(E) IS TRUE`, for [`state_on_row`].
+#[derive(Debug, Clone, Copy, diesel::query_builder::QueryId, diesel::expression::ValidGrouping)]
+pub(crate) struct IsTrue<E>(E);
+
+impl<E> diesel::Expression for IsTrue<E>
+where
+    E: diesel::Expression<SqlType = diesel::sql_types::Bool>,
+{
+    type SqlType = diesel::sql_types::Bool;
+}
+
+impl<E, QS> diesel::AppearsOnTable<QS> for IsTrue<E>
+where
+    E: diesel::AppearsOnTable<QS>,
+    Self: diesel::Expression,
+{
+}
+
+impl<E, QS> diesel::SelectableExpression<QS> for IsTrue<E>
+where
+    E: diesel::SelectableExpression<QS>,
+    Self: diesel::AppearsOnTable<QS>,
+{
+}
+
+impl<E, DB> diesel::query_builder::QueryFragment<DB> for IsTrue<E>
+where
+    E: diesel::query_builder::QueryFragment<DB>,
+    DB: diesel::backend::Backend,
+{
+    fn walk_ast<'b>(
+        &'b self,
+        mut out: diesel::query_builder::AstPass<'_, 'b, DB>,
+    ) -> QueryResult<()> {
+        out.push_sql("(");
+        self.0.walk_ast(out.reborrow())?;
+        out.push_sql(") IS TRUE");
+        Ok(())
+    }
 }
 
 /// The key of an attempt known by its id alone (see [`find_attempt`]).

@@ -216,11 +216,11 @@ impl Worker {
     /// rather than per attempt. While the last claim took all it asked for,
     /// a claim first waits up to `worker.claim_gather_ms` for a quarter of
     /// the slots to free (under a backlog they free one at a time). Once a
-    /// claim finds fewer attempts than it
-    /// asked for, the queue is drained: the claimer then waits to be told
-    /// an attempt was queued (or for the poll interval, for other
-    /// processes' queues) instead of claiming again as each slot frees, and
-    /// its free slots go to jobs created meanwhile (`StartOffer`).
+    /// claim finds fewer attempts than it asked for, the queue is drained:
+    /// the claimer then waits to be told an attempt was queued (or for the
+    /// poll interval, for other processes' queues) instead of claiming
+    /// again as each slot frees, and its free slots go to jobs created
+    /// meanwhile (`StartOffer`).
     async fn claim_loop(self, slots: Arc<Semaphore>, offer: Arc<StartOffer>) {
         let poll = Duration::from_millis(self.app.config().worker.poll_interval_ms);
         // A quarter of the slots, so that a batch gathers while the other
