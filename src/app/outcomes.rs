@@ -95,7 +95,7 @@ impl App {
     fn log_applied(&self, attempt_id: &AttemptId, applied: Applied) -> Applied {
         match &applied {
             Applied::Won => {
-                tracing::info!(%attempt_id, "attempt won: its answer is the job's result")
+                tracing::debug!(%attempt_id, "attempt won: its answer is the job's result")
             }
             Applied::Lost { winner } => {
                 tracing::warn!(%attempt_id, ?winner, "answer lost the race; discarded and written to the race log")

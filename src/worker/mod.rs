@@ -501,7 +501,7 @@ impl Worker {
             slot.sending();
             slot.settle_tokens(dispatch.estimated_tokens());
         }
-        tracing::info!("attempt sent");
+        tracing::debug!("attempt sent");
         self.observe_waits(&claim);
         if dispatch.call.wants_stream() {
             return self.send_streaming(claim, dispatch, slot, traced).await;
