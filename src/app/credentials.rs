@@ -22,9 +22,15 @@
 //! refusal) reads the token again before it answers. So a revocation stops
 //! a token at once, across processes, as the per-request read did; only
 //! the read is saved.
+//!
+//! Requests that read one token at once share the read ([`GrantReads`]):
+//! the twins of a storm under one key, each answered from its leader's
+//! job, confirm their token with one read, not one each.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+
+use tokio::sync::watch;
 
 use super::{App, AppError, AppResult, User};
 use crate::domain::Timestamp;
@@ -131,6 +137,75 @@ impl KeptGrants {
     }
 }
 
+/// A grant read that requests share: `None` until it is read.
+type SharedRead = watch::Receiver<Option<Option<TokenGrant>>>;
+
+/// Reads of a token's grant that requests share, by token digest. A
+/// request that needs a read joins the one for its token that has not
+/// begun, or starts one. A read takes no one more once it begins, on its
+/// blocking thread with its connection in hand ([`GrantReads::begin`]), so
+/// every request it answers asked before it began: none of them misses a
+/// revocation committed before it asked. An entry lives only while its
+/// read waits to begin.
+#[derive(Default)]
+pub(crate) struct GrantReads(Mutex<HashMap<String, SharedRead>>);
+
+/// The request that starts a shared read: it sends what it read to the
+/// requests that joined, and on drop (read or not) closes its read to
+/// newcomers, so that none waits on a read that will never come.
+struct Starter<'a> {
+    reads: &'a GrantReads,
+    digest: &'a str,
+    sender: watch::Sender<Option<Option<TokenGrant>>>,
+}
+
+impl Drop for Starter<'_> {
+    fn drop(&mut self) {
+        self.reads.close(self.digest, &self.sender.subscribe());
+    }
+}
+
+impl GrantReads {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, SharedRead>> {
+        // Every change is one insert or removal: a panic leaves it whole.
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The read of `digest` waiting to begin, joined; or, when there is
+    /// none, one started, with its [`Starter`].
+    fn join_or_start<'a>(&'a self, digest: &'a str) -> Result<SharedRead, Starter<'a>> {
+        let mut reads = self.lock();
+        if let Some(waiting) = reads.get(digest) {
+            return Ok(waiting.clone());
+        }
+        let (sender, receiver) = watch::channel(None);
+        reads.insert(digest.to_owned(), receiver);
+        Err(Starter {
+            reads: self,
+            digest,
+            sender,
+        })
+    }
+
+    /// The read of `digest` begins: later requests start another.
+    fn begin(&self, digest: &str) {
+        self.lock().remove(digest);
+    }
+
+    /// Closes `read` to newcomers, if it is still the one waiting.
+    fn close(&self, digest: &str, read: &SharedRead) {
+        let mut reads = self.lock();
+        if reads
+            .get(digest)
+            .is_some_and(|waiting| waiting.same_channel(read))
+        {
+            reads.remove(digest);
+        }
+    }
+}
+
 impl App {
     /// The user a bearer token belongs to, for a request that creates a
     /// job, and how it was checked: from the kept grants when there is
@@ -156,13 +231,51 @@ impl App {
         Ok(grant.map(|grant| (grant.user(), Credential::Checked)))
     }
 
-    /// Reads the grant of the token `digest` names, and keeps it (or
-    /// forgets the one kept, when the token is no longer good).
+    /// Reads the grant of the token `digest` names, sharing the read with
+    /// the requests that ask for it before it begins ([`GrantReads`]), and
+    /// keeps it (or forgets the one kept, when the token is no longer
+    /// good). Where the shared read fails, each request reads alone.
     async fn read_grant(&self, digest: String) -> AppResult<Option<TokenGrant>> {
+        let mut joined = match self.inner.grant_reads.join_or_start(&digest) {
+            Ok(joined) => joined,
+            Err(starter) => return self.start_grant_read(starter).await,
+        };
+        let shared = joined
+            .wait_for(Option::is_some)
+            .await
+            .map(|read| read.clone().flatten());
+        match shared {
+            Ok(grant) => Ok(grant),
+            Err(_) => self.read_grant_alone(digest, |_| ()).await,
+        }
+    }
+
+    /// The read a [`Starter`] started, sent to the requests that joined it.
+    async fn start_grant_read(&self, starter: Starter<'_>) -> AppResult<Option<TokenGrant>> {
+        let app = self.clone();
+        let grant = self
+            .read_grant_alone(starter.digest.to_owned(), move |digest| {
+                app.inner.grant_reads.begin(digest)
+            })
+            .await?;
+        starter.sender.send_replace(Some(grant.clone()));
+        Ok(grant)
+    }
+
+    /// One read of a grant, kept; `begin` runs on the reading thread, with
+    /// its connection in hand, just before the read.
+    async fn read_grant_alone(
+        &self,
+        digest: String,
+        begin: impl FnOnce(&str) + Send + 'static,
+    ) -> AppResult<Option<TokenGrant>> {
         let read = digest.clone();
         let grant = self
             .store()
-            .run(move |conn| users::grant_for_digest(conn, &read))
+            .run(move |conn| {
+                begin(&read);
+                users::grant_for_digest(conn, &read)
+            })
             .await?;
         self.inner.kept_grants.keep(digest, grant.clone());
         Ok(grant)

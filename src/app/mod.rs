@@ -120,6 +120,7 @@ struct Inner {
     creations: singleflight::Singleflight,
     /// The bearer tokens' grants this process has read (`credentials`).
     kept_grants: credentials::KeptGrants,
+    grant_reads: credentials::GrantReads,
     tallies: ledger::Tallies,
     /// The streams running in this process, by job.
     streams: streams::StreamHub,
@@ -157,6 +158,7 @@ impl App {
                 start_offer: Default::default(),
                 creations: Default::default(),
                 kept_grants: Default::default(),
+                grant_reads: Default::default(),
                 tallies: Default::default(),
                 streams: Default::default(),
             }),

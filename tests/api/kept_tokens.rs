@@ -5,6 +5,8 @@
 //! PostgreSQL the storing statement finds the token still good. Revocation
 //! still stops a token at once, across processes.
 
+use std::time::Duration;
+
 use diesel::prelude::*;
 use onejob::store::schema::jobs;
 use onejob::store::{DbConnection, StoreError};
@@ -12,8 +14,12 @@ use reqwest::StatusCode;
 use serde_json::json;
 
 use crate::support::db::new_job;
-use crate::support::harness::{onejob_users, spawn_app, summarize, TestApp, TestBackend};
+use crate::support::harness::{
+    onejob_users, spawn_app, spawn_recorded, summarize, test_config, TestApp, TestBackend,
+    DEFAULT_TEST_PROVIDERS,
+};
 use crate::support::metrics::{metric_sum, metrics};
+use crate::support::statement_log::StatementLog;
 
 async fn kept_checks(app: &TestApp) -> f64 {
     metric_sum(&metrics(app).await, "onejob_token_checks_kept_total", &[])
@@ -203,7 +209,57 @@ async fn a_creation_kept_at_an_old_counter_stores_nothing_and_the_current_one_is
     assert_eq!(jobs_under(&app, "kept-current").await, 1);
 }
 
-on_both_backends!(a_kept_token_is_refused_at_once_when_another_process_revokes_it);
+/// Checks of one token at once share one read (`app::credentials`,
+/// `GrantReads`), as the twins of a storm under one key confirm their
+/// token: with every connection of the pool taken, sixteen checks of a
+/// token this process has not read yet wait on one read, and once the
+/// connections are free, one statement reads the token for all sixteen,
+/// each given its user. A read that failed to share would show as more
+/// statements; one begun before a check asked would leave that check to
+/// a read of its own.
+async fn checks_of_one_token_at_once_share_one_read(backend: TestBackend) {
+    let log = StatementLog::new();
+    let app = spawn_recorded(backend, &log).await;
+    let issued = onejob_users(&app, &["token", "alice", "--days", "1"]).stdout;
+    let token = String::from_utf8(issued).unwrap().trim().to_owned();
+    let pool_size = test_config(DEFAULT_TEST_PROVIDERS).database.pool_size;
+    let store = app.store.clone();
+    let held = tokio::task::spawn_blocking(move || {
+        (0..pool_size)
+            .map(|_| store.conn().unwrap())
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    log.take();
+    let checks: Vec<_> = (0..16)
+        .map(|_| {
+            let (app, token) = (app.app.clone(), token.clone());
+            tokio::spawn(async move { app.user_for_creating_token(&token).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        checks.iter().all(|check| !check.is_finished()),
+        "no check is answered while every connection is taken"
+    );
+    drop(held);
+    for check in checks {
+        let (user, _) = check.await.unwrap().unwrap().expect("alice's token");
+        assert_eq!(user.id, app.alice.id);
+    }
+    let token_reads = log
+        .take()
+        .into_iter()
+        .filter(|sql| sql.starts_with("SELECT users.id") && sql.contains("api_tokens"))
+        .count();
+    assert_eq!(token_reads, 1, "sixteen checks, one read");
+}
+
+on_both_backends!(
+    a_kept_token_is_refused_at_once_when_another_process_revokes_it,
+    checks_of_one_token_at_once_share_one_read,
+);
 
 /// SQLite only: nothing moves a counter on PostgreSQL.
 mod sqlite_only {
