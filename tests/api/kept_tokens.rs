@@ -25,6 +25,15 @@ async fn kept_checks(app: &TestApp) -> f64 {
     metric_sum(&metrics(app).await, "onejob_token_checks_kept_total", &[])
 }
 
+/// The reads of a token's grant among the statements `log` recorded
+/// since it was last taken.
+fn token_reads(log: &StatementLog) -> usize {
+    log.take()
+        .into_iter()
+        .filter(|sql| sql.starts_with("SELECT users.id") && sql.contains("api_tokens"))
+        .count()
+}
+
 async fn jobs_under(app: &TestApp, key: &'static str) -> i64 {
     app.with_conn(move |conn| {
         jobs::table
@@ -248,12 +257,7 @@ async fn checks_of_one_token_at_once_share_one_read(backend: TestBackend) {
         let (user, _) = check.await.unwrap().unwrap().expect("alice's token");
         assert_eq!(user.id, app.alice.id);
     }
-    let token_reads = log
-        .take()
-        .into_iter()
-        .filter(|sql| sql.starts_with("SELECT users.id") && sql.contains("api_tokens"))
-        .count();
-    assert_eq!(token_reads, 1, "sixteen checks, one read");
+    assert_eq!(token_reads(&log), 1, "sixteen checks, one read");
 }
 
 on_both_backends!(
@@ -296,7 +300,7 @@ mod postgres_only {
     use onejob::store::{DbConnection, StoreError, StoreResult};
     use reqwest::StatusCode;
 
-    use super::jobs_under;
+    use super::{jobs_under, token_reads};
     use crate::support::db::new_job;
     use crate::support::harness::{
         postgres_available, spawn_app, spawn_recorded, summarize, TestBackend,
@@ -429,12 +433,7 @@ mod postgres_only {
         );
 
         assert_eq!(post("kept").await, StatusCode::OK);
-        let token_reads = log
-            .take()
-            .into_iter()
-            .filter(|sql| sql.starts_with("SELECT users.id") && sql.contains("api_tokens"))
-            .count();
-        assert_eq!(token_reads, 1, "a replay reads the token again");
+        assert_eq!(token_reads(&log), 1, "a replay reads the token again");
 
         let digest = token_digest(&token);
         app.with_conn(move |conn| {
