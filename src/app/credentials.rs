@@ -25,7 +25,8 @@
 //!
 //! Requests that read one token at once share the read ([`GrantReads`]):
 //! the twins of a storm under one key, each answered from its leader's
-//! job, confirm their token with one read, not one each.
+//! job, confirm their token with the reads that begin while they wait,
+//! not one read each.
 
 use std::collections::HashMap;
 use std::sync::Mutex;

@@ -120,6 +120,7 @@ struct Inner {
     creations: singleflight::Singleflight,
     /// The bearer tokens' grants this process has read (`credentials`).
     kept_grants: credentials::KeptGrants,
+    /// The reads of tokens' grants waiting to begin, shared.
     grant_reads: credentials::GrantReads,
     tallies: ledger::Tallies,
     /// The streams running in this process, by job.
