@@ -86,6 +86,11 @@ struct Args {
     /// that answers at once) or `dead` (to one that never answers).
     #[arg(long, default_value = "off", value_parser = ["off", "live", "dead"])]
     otlp: String,
+    /// The backends the `overhead` and `ttft` steps measure (`sqlite`
+    /// alone where no PostgreSQL server can be had).
+    #[arg(long, value_delimiter = ',', default_value = "sqlite,postgres",
+          value_parser = ["sqlite", "postgres"])]
+    backends: Vec<String>,
 }
 
 /// What a ratio must come to, if anything.
@@ -1204,7 +1209,8 @@ impl Bench {
         println!("  trace export: {}", self.args.otlp);
         let duration = Duration::from_secs((self.args.seconds / 2).max(2));
         let chat = |n: u64| json!({"model": "bench-chat", "messages": [{"role": "user", "content": format!("hello {n}")}]});
-        for backend in ["sqlite", "postgres"] {
+        for backend in self.args.backends.clone() {
+            let backend = backend.as_str();
             let (deployment, servers) = self
                 .chat_deployment("overhead", backend, &upstream, &telemetry)
                 .await;
@@ -1358,7 +1364,8 @@ impl Bench {
             json!({"model": "bench-chat", "stream": true,
                    "messages": [{"role": "user", "content": format!("tell {n}")}]})
         };
-        for backend in ["sqlite", "postgres"] {
+        for backend in self.args.backends.clone() {
+            let backend = backend.as_str();
             let (deployment, servers) = self.chat_deployment("ttft", backend, &upstream, "").await;
             let base = servers[0].base.clone();
             for concurrency in [1usize, 32] {
