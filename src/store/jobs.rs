@@ -658,44 +658,65 @@ fn numbered_rows(rows: usize, per_row: usize, row: impl Fn(&[String]) -> String)
         .join(", ")
 }
 
+/// The texts of one multi-row insert, one per chunk length (1, 2, 4 …
+/// [`MAX_ROWS_PER_STATEMENT`] rows), each written out on its first use:
+/// written out per batch, they were a percent of a creation's CPU.
+type ChunkTexts = [std::sync::OnceLock<String>; CHUNK_LENGTHS];
+const CHUNK_LENGTHS: usize = MAX_ROWS_PER_STATEMENT.ilog2() as usize + 1;
+
+/// The text for `rows` rows, a length [`power_of_two_chunks`] gives.
+fn chunk_text(texts: &'static ChunkTexts, rows: usize, write: fn(usize) -> String) -> &'static str {
+    assert!(
+        rows.is_power_of_two() && rows <= MAX_ROWS_PER_STATEMENT,
+        "a chunk of {rows} rows"
+    );
+    texts[rows.ilog2() as usize].get_or_init(|| write(rows))
+}
+
 /// The jobs' insert of [`insert_jobs_and_attempts_sqlite`], `rows` rows.
 /// SQLite needs the `WHERE` to read `ON CONFLICT` as the upsert's.
-fn sqlite_jobs_statement(rows: usize) -> String {
-    let values = numbered_rows(rows, 10, |m| {
+fn sqlite_jobs_statement(rows: usize) -> &'static str {
+    static TEXTS: ChunkTexts = [const { std::sync::OnceLock::new() }; CHUNK_LENGTHS];
+    chunk_text(&TEXTS, rows, |rows| {
+        let values = numbered_rows(rows, 10, |m| {
+            format!(
+                "({}, ?1, {}, {}, {}, {}, {}, {}, {}, {}, 0, ?2, ?2, {})",
+                m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7], m[8], m[9]
+            )
+        });
         format!(
-            "({}, ?1, {}, {}, {}, {}, {}, {}, {}, {}, 0, ?2, ?2, {})",
-            m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7], m[8], m[9]
-        )
-    });
-    format!(
-        "INSERT INTO jobs (id, owner_id, idempotency_key, task, provider, requested_provider,
+            "INSERT INTO jobs (id, owner_id, idempotency_key, task, provider, requested_provider,
                            input, params, fingerprint, status, version, created_at, updated_at,
                            trace_context)
          SELECT * FROM (VALUES {values})
          WHERE NOT EXISTS (SELECT 1 FROM budgets WHERE budgets.owner_id = ?1)
          ON CONFLICT (owner_id, idempotency_key) DO NOTHING
          RETURNING id"
-    )
+        )
+    })
 }
 
 /// The attempts' insert of [`insert_jobs_and_attempts_sqlite`], `rows`
 /// rows: queued, or started as [`queue::insert_started_attempt`] starts
 /// one (its lease on the database's clock).
-fn sqlite_attempts_statement(rows: usize) -> String {
-    let clock = SQLITE_NOW_MS;
-    let values = numbered_rows(rows, 9, |m| {
+fn sqlite_attempts_statement(rows: usize) -> &'static str {
+    static TEXTS: ChunkTexts = [const { std::sync::OnceLock::new() }; CHUNK_LENGTHS];
+    chunk_text(&TEXTS, rows, |rows| {
+        let clock = SQLITE_NOW_MS;
+        let values = numbered_rows(rows, 9, |m| {
+            format!(
+                "({}, {}, ?1, 1, {}, {}, {}, {}, {clock} + {}, ?2, {}, {}, {})",
+                m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7], m[8], m[7]
+            )
+        });
         format!(
-            "({}, {}, ?1, 1, {}, {}, {}, {}, {clock} + {}, ?2, {}, {}, {})",
-            m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7], m[8], m[7]
-        )
-    });
-    format!(
-        "INSERT INTO attempts (id, job_id, owner_id, number, provider, state, version_read,
+            "INSERT INTO attempts (id, job_id, owner_id, number, provider, state, version_read,
                                lease_owner, lease_expires_at, created_at, started_at, timeout_at,
                                sent_at)
          VALUES {values}
          RETURNING {ATTEMPT_COLUMNS}"
-    )
+        )
+    })
 }
 
 /// The statement of [`insert_jobs_and_attempts`]: `$1` the owner, `$2`…
