@@ -26,7 +26,10 @@
 //! Requests that read one token at once share the read ([`GrantReads`]):
 //! the twins of a storm under one key, each answered from its leader's
 //! job, confirm their token with the reads that begin while they wait,
-//! not one read each.
+//! not one read each. A shared read the database was too busy for
+//! answers each request that joined it with the same retryable refusal
+//! (503), as a creation's twins share their leader's: none adds a wait
+//! of its own to a database already behind.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -138,8 +141,17 @@ impl KeptGrants {
     }
 }
 
+/// What a shared read hands to the requests that joined it.
+#[derive(Debug, Clone)]
+enum ReadOutcome {
+    /// The token's grant, or `None` when it grants nothing.
+    Read(Option<TokenGrant>),
+    /// The database was busy: the reader's retryable refusal.
+    Unavailable(String),
+}
+
 /// A grant read that requests share: `None` until it is read.
-type SharedRead = watch::Receiver<Option<Option<TokenGrant>>>;
+type SharedRead = watch::Receiver<Option<ReadOutcome>>;
 
 /// Reads of a token's grant that requests share, by token digest. A
 /// request that needs a read joins the one for its token that has not
@@ -157,7 +169,7 @@ pub(crate) struct GrantReads(Mutex<HashMap<String, SharedRead>>);
 struct Starter<'a> {
     reads: &'a GrantReads,
     digest: &'a str,
-    sender: watch::Sender<Option<Option<TokenGrant>>>,
+    sender: watch::Sender<Option<ReadOutcome>>,
 }
 
 impl Drop for Starter<'_> {
@@ -235,7 +247,9 @@ impl App {
     /// Reads the grant of the token `digest` names, sharing the read with
     /// the requests that ask for it before it begins ([`GrantReads`]), and
     /// keeps it (or forgets the one kept, when the token is no longer
-    /// good). Where the shared read fails, each request reads alone.
+    /// good). Where the shared read found the database busy, each request
+    /// that joined it is refused as its reader was; where it failed
+    /// otherwise, each reads alone.
     async fn read_grant(&self, digest: String) -> AppResult<Option<TokenGrant>> {
         let mut joined = match self.inner.grant_reads.join_or_start(&digest) {
             Ok(joined) => joined,
@@ -244,23 +258,32 @@ impl App {
         let shared = joined
             .wait_for(Option::is_some)
             .await
-            .map(|read| read.clone().flatten());
+            .map(|read| read.clone());
         match shared {
-            Ok(grant) => Ok(grant),
-            Err(_) => self.read_grant_alone(digest, |_| ()).await,
+            Ok(Some(ReadOutcome::Read(grant))) => Ok(grant),
+            Ok(Some(ReadOutcome::Unavailable(detail))) => Err(AppError::Unavailable(detail)),
+            Ok(None) | Err(_) => self.read_grant_alone(digest, |_| ()).await,
         }
     }
 
-    /// The read a [`Starter`] started, sent to the requests that joined it.
+    /// The read a [`Starter`] started, sent to the requests that joined it:
+    /// the grant, or the database's busy refusal. Any other failure is not
+    /// sent; the starter's drop then leaves each joined request to read
+    /// alone.
     async fn start_grant_read(&self, starter: Starter<'_>) -> AppResult<Option<TokenGrant>> {
         let app = self.clone();
-        let grant = self
+        let read = self
             .read_grant_alone(starter.digest.to_owned(), move |digest| {
                 app.inner.grant_reads.begin(digest)
             })
-            .await?;
-        starter.sender.send_replace(Some(grant.clone()));
-        Ok(grant)
+            .await;
+        let shared = match &read {
+            Ok(grant) => ReadOutcome::Read(grant.clone()),
+            Err(AppError::Unavailable(detail)) => ReadOutcome::Unavailable(detail.clone()),
+            Err(_) => return read,
+        };
+        starter.sender.send_replace(Some(shared));
+        read
     }
 
     /// One read of a grant, kept; `begin` runs on the reading thread, with

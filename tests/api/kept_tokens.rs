@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use diesel::prelude::*;
+use onejob::app::AppError;
 use onejob::store::schema::jobs;
 use onejob::store::{DbConnection, StoreError};
 use reqwest::StatusCode;
@@ -15,8 +16,8 @@ use serde_json::json;
 
 use crate::support::db::new_job;
 use crate::support::harness::{
-    onejob_users, spawn_app, spawn_recorded, summarize, test_config, TestApp, TestBackend,
-    DEFAULT_TEST_PROVIDERS,
+    onejob_users, spawn_app, spawn_recorded, summarize, test_config, PreparedApp, TestApp,
+    TestBackend, DEFAULT_TEST_PROVIDERS,
 };
 use crate::support::metrics::{metric_sum, metrics};
 use crate::support::statement_log::StatementLog;
@@ -260,9 +261,59 @@ async fn checks_of_one_token_at_once_share_one_read(backend: TestBackend) {
     assert_eq!(token_reads(&log), 1, "sixteen checks, one read");
 }
 
+/// A shared read that found no connection free (every one held past the
+/// pool's wait) answers every check that joined it with the same
+/// retryable refusal: none of them reads again alone, even once
+/// connections are free again.
+async fn a_shared_read_the_database_was_too_busy_for_refuses_every_check_that_joined_it(
+    backend: TestBackend,
+) {
+    let log = StatementLog::new();
+    let mut config = test_config(DEFAULT_TEST_PROVIDERS);
+    config.database.pool_timeout_ms = 400;
+    let pool_size = config.database.pool_size;
+    let app = PreparedApp::new(backend, config)
+        .await
+        .recording(&log)
+        .await
+        .start()
+        .await;
+    let issued = onejob_users(&app, &["token", "alice", "--days", "1"]).stdout;
+    let token = String::from_utf8(issued).unwrap().trim().to_owned();
+    let store = app.store.clone();
+    let held = tokio::task::spawn_blocking(move || {
+        (0..pool_size)
+            .map(|_| store.conn().unwrap())
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    log.take();
+    let mut checks = tokio::task::JoinSet::new();
+    for _ in 0..16 {
+        let (app, token) = (app.app.clone(), token.clone());
+        checks.spawn(async move { app.user_for_creating_token(&token).await });
+    }
+    let first = checks.join_next().await.unwrap().unwrap();
+    assert!(
+        matches!(first, Err(AppError::Unavailable(_))),
+        "the read found no connection: {first:?}"
+    );
+    drop(held);
+    while let Some(check) = checks.join_next().await {
+        let check = check.unwrap();
+        assert!(
+            matches!(check, Err(AppError::Unavailable(_))),
+            "a check that joined the busy read is refused as it was: {check:?}"
+        );
+    }
+    assert_eq!(token_reads(&log), 0, "no check read again alone");
+}
+
 on_both_backends!(
     a_kept_token_is_refused_at_once_when_another_process_revokes_it,
     checks_of_one_token_at_once_share_one_read,
+    a_shared_read_the_database_was_too_busy_for_refuses_every_check_that_joined_it,
 );
 
 /// SQLite only: nothing moves a counter on PostgreSQL.
