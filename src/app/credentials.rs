@@ -34,8 +34,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use tokio::sync::watch;
-
+use super::flights::{Flight, Flights, Joined};
 use super::{App, AppError, AppResult, User};
 use crate::domain::Timestamp;
 use crate::store::users::{self, GrantToCheck, TokenGrant};
@@ -150,74 +149,15 @@ enum ReadOutcome {
     Unavailable(String),
 }
 
-/// A grant read that requests share: `None` until it is read.
-type SharedRead = watch::Receiver<Option<ReadOutcome>>;
-
-/// Reads of a token's grant that requests share, by token digest. A
-/// request that needs a read joins the one for its token that has not
-/// begun, or starts one. A read takes no one more once it begins, on its
-/// blocking thread with its connection in hand ([`GrantReads::begin`]), so
-/// every request it answers asked before it began: none of them misses a
-/// revocation committed before it asked. An entry lives only while its
-/// read waits to begin.
+/// Reads of a token's grant that requests share, by token digest
+/// ([`Flights`]). A request that needs a read joins the one for its token
+/// that has not begun, or starts one. A read takes no one more once it
+/// begins: it closes itself on its blocking thread, with its connection in
+/// hand, just before its statement. So every request it answers asked
+/// before it began, and none of them misses a revocation committed before
+/// it asked. A read is open to newcomers only while it waits to begin.
 #[derive(Default)]
-pub(crate) struct GrantReads(Mutex<HashMap<String, SharedRead>>);
-
-/// The request that starts a shared read: it sends what it read to the
-/// requests that joined, and on drop (read or not) closes its read to
-/// newcomers, so that none waits on a read that will never come.
-struct Starter<'a> {
-    reads: &'a GrantReads,
-    digest: &'a str,
-    sender: watch::Sender<Option<ReadOutcome>>,
-}
-
-impl Drop for Starter<'_> {
-    fn drop(&mut self) {
-        self.reads.close(self.digest, &self.sender.subscribe());
-    }
-}
-
-impl GrantReads {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, SharedRead>> {
-        // Every change is one insert or removal: a panic leaves it whole.
-        self.0
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// The read of `digest` waiting to begin, joined; or, when there is
-    /// none, one started, with its [`Starter`].
-    fn join_or_start<'a>(&'a self, digest: &'a str) -> Result<SharedRead, Starter<'a>> {
-        let mut reads = self.lock();
-        if let Some(waiting) = reads.get(digest) {
-            return Ok(waiting.clone());
-        }
-        let (sender, receiver) = watch::channel(None);
-        reads.insert(digest.to_owned(), receiver);
-        Err(Starter {
-            reads: self,
-            digest,
-            sender,
-        })
-    }
-
-    /// The read of `digest` begins: later requests start another.
-    fn begin(&self, digest: &str) {
-        self.lock().remove(digest);
-    }
-
-    /// Closes `read` to newcomers, if it is still the one waiting.
-    fn close(&self, digest: &str, read: &SharedRead) {
-        let mut reads = self.lock();
-        if reads
-            .get(digest)
-            .is_some_and(|waiting| waiting.same_channel(read))
-        {
-            reads.remove(digest);
-        }
-    }
-}
+pub(crate) struct GrantReads(Flights<String, ReadOutcome>);
 
 impl App {
     /// The user a bearer token belongs to, for a request that creates a
@@ -251,30 +191,28 @@ impl App {
     /// that joined it is refused as its reader was; where it failed
     /// otherwise, each reads alone.
     async fn read_grant(&self, digest: String) -> AppResult<Option<TokenGrant>> {
-        let mut joined = match self.inner.grant_reads.join_or_start(&digest) {
-            Ok(joined) => joined,
-            Err(starter) => return self.start_grant_read(starter).await,
+        let waiter = match self.inner.grant_reads.0.join(digest.clone()) {
+            Joined::Waiting(waiter) => waiter,
+            Joined::Started(read) => return self.start_grant_read(read).await,
         };
-        let shared = joined
-            .wait_for(Option::is_some)
-            .await
-            .map(|read| read.clone());
-        match shared {
-            Ok(Some(ReadOutcome::Read(grant))) => Ok(grant),
-            Ok(Some(ReadOutcome::Unavailable(detail))) => Err(AppError::Unavailable(detail)),
-            Ok(None) | Err(_) => self.read_grant_alone(digest, |_| ()).await,
+        match waiter.wait().await {
+            Some(ReadOutcome::Read(grant)) => Ok(grant),
+            Some(ReadOutcome::Unavailable(detail)) => Err(AppError::Unavailable(detail)),
+            None => self.read_grant_alone(digest, |_| ()).await,
         }
     }
 
-    /// The read a [`Starter`] started, sent to the requests that joined it:
+    /// The read this request started, sent to the requests that joined it:
     /// the grant, or the database's busy refusal. Any other failure is not
-    /// sent; the starter's drop then leaves each joined request to read
-    /// alone.
-    async fn start_grant_read(&self, starter: Starter<'_>) -> AppResult<Option<TokenGrant>> {
-        let app = self.clone();
+    /// sent; the read's drop then leaves each joined request to read alone.
+    async fn start_grant_read(
+        &self,
+        flight: Flight<'_, String, ReadOutcome>,
+    ) -> AppResult<Option<TokenGrant>> {
+        let (app, ticket) = (self.clone(), flight.ticket());
         let read = self
-            .read_grant_alone(starter.digest.to_owned(), move |digest| {
-                app.inner.grant_reads.begin(digest)
+            .read_grant_alone(flight.key().clone(), move |digest| {
+                app.inner.grant_reads.0.close(digest, &ticket)
             })
             .await;
         let shared = match &read {
@@ -282,7 +220,7 @@ impl App {
             Err(AppError::Unavailable(detail)) => ReadOutcome::Unavailable(detail.clone()),
             Err(_) => return read,
         };
-        starter.sender.send_replace(Some(shared));
+        flight.share(|| shared);
         read
     }
 
@@ -291,7 +229,7 @@ impl App {
     async fn read_grant_alone(
         &self,
         digest: String,
-        begin: impl FnOnce(&str) + Send + 'static,
+        begin: impl FnOnce(&String) + Send + 'static,
     ) -> AppResult<Option<TokenGrant>> {
         let read = digest.clone();
         let grant = self

@@ -8,6 +8,7 @@
 //! |---|---|
 //! | create a job under an idempotency key | [`intake`] |
 //! | let a duplicate in flight wait for its twin's creation | `singleflight` |
+//! | share one call among the requests that ask for it at once (a creation's twins, a token's read) | `flights` |
 //! | start a new attempt (behind the failover gate) | [`retry`] |
 //! | the failover gate: which providers a job may go to | [`gate`] |
 //! | cancel a job (no new attempts; a late answer is race-logged) | [`cancel`] |
@@ -41,6 +42,7 @@ pub mod charts;
 pub mod credentials;
 pub mod dispatch;
 pub mod error;
+mod flights;
 pub mod gate;
 pub mod intake;
 pub mod ledger;

@@ -3,7 +3,8 @@
 //! job, instead of taking a connection to ask the database the same
 //! question. One call per key is in flight (its leader); the duplicates
 //! (twins) that arrive meanwhile are its followers and share its result,
-//! as in Go's `golang.org/x/sync/singleflight`.
+//! as in Go's `golang.org/x/sync/singleflight`. The sharing is
+//! [`super::flights`]'s; what is shared, and when, is this module's.
 //!
 //! The leader goes on as usual; each follower waits for what it shares:
 //! - the leader found or created the key's job: the follower answers from
@@ -22,11 +23,9 @@
 //! still settles twins that reach different processes, or that arrive
 //! after their leader has finished.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
-use tokio::sync::watch;
-
+use super::flights::{Flight, Flights, Joined, Waiter};
 use super::{Attempt, Job};
 use crate::domain::UserId;
 
@@ -42,13 +41,12 @@ pub(crate) enum Shared {
     Unavailable(String),
 }
 
-type InFlight = Arc<watch::Sender<Option<Arc<Shared>>>>;
+/// An owner's idempotency key.
+type OwnersKey = (UserId, String);
 
 /// The keys this process is creating jobs for right now.
 #[derive(Default)]
-pub(crate) struct Singleflight {
-    flights: Mutex<HashMap<(UserId, String), InFlight>>,
-}
+pub(crate) struct Singleflight(Flights<OwnersKey, Arc<Shared>>);
 
 /// What a request under a key does.
 pub(crate) enum Call<'a> {
@@ -59,87 +57,52 @@ pub(crate) enum Call<'a> {
 }
 
 /// A twin waiting on its leader.
-pub(crate) struct Follower(watch::Receiver<Option<Arc<Shared>>>);
+pub(crate) struct Follower(Waiter<Arc<Shared>>);
 
 impl Singleflight {
     /// Leads the call under `owner`'s `key`, or follows the one in flight.
     pub fn join(&self, owner: &UserId, key: &str) -> Call<'_> {
-        let mut flights = self.flights.lock().unwrap_or_else(PoisonError::into_inner);
-        let id = (owner.clone(), key.to_owned());
-        if let Some(flight) = flights.get(&id) {
-            return Call::Follower(Follower(flight.subscribe()));
+        match self.0.join((owner.clone(), key.to_owned())) {
+            Joined::Started(flight) => Call::Leader(Leader(flight)),
+            Joined::Waiting(waiter) => Call::Follower(Follower(waiter)),
         }
-        let flight: InFlight = Arc::new(watch::channel(None).0);
-        flights.insert(id.clone(), flight.clone());
-        Call::Leader(Leader {
-            flights: self,
-            id,
-            flight,
-        })
     }
 
     /// Keys in flight, and the followers waiting on them.
     pub fn counts(&self) -> (usize, usize) {
-        let flights = self.flights.lock().unwrap_or_else(PoisonError::into_inner);
-        let followers = flights.values().map(|f| f.receiver_count()).sum();
-        (flights.len(), followers)
+        self.0.counts()
     }
 }
 
 /// The request that creates; its followers are released when it is
-/// dropped, with its job if it shared one.
-pub(crate) struct Leader<'a> {
-    flights: &'a Singleflight,
-    id: (UserId, String),
-    flight: InFlight,
-}
+/// dropped, with its job if it shared one. Only this leader's call is
+/// under its key until then: a new one leads only after.
+pub(crate) struct Leader<'a>(Flight<'a, OwnersKey, Arc<Shared>>);
 
 impl Leader<'_> {
-    /// Hands the key's committed job to every follower.
+    /// Hands the key's committed job to every follower (nothing is cloned
+    /// while none waits).
     pub fn share(&self, job: &Job, attempts: &[Attempt]) {
-        self.end(|| Shared::Job {
-            job: Box::new(job.clone()),
-            attempts: attempts.to_vec(),
+        self.0.share(|| {
+            Arc::new(Shared::Job {
+                job: Box::new(job.clone()),
+                attempts: attempts.to_vec(),
+            })
         });
     }
 
     /// Hands the database's busy refusal to every follower.
     pub fn share_unavailable(&self, detail: &str) {
-        self.end(|| Shared::Unavailable(detail.to_owned()));
-    }
-
-    /// Nothing is handed on (nor the job cloned) while no follower waits,
-    /// the common case: a twin that joins after this and before the
-    /// leader is dropped then joins again and asks the database itself.
-    fn end(&self, shared: impl FnOnce() -> Shared) {
-        if self.flight.receiver_count() > 0 {
-            self.flight.send_replace(Some(Arc::new(shared())));
-        }
-    }
-}
-
-impl Drop for Leader<'_> {
-    fn drop(&mut self) {
-        // Only this leader's call is under its key: a new one leads only
-        // after this removal. Dropping the last sender closes the channel,
-        // which releases followers still waiting when nothing was shared.
-        self.flights
-            .flights
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&self.id);
+        self.0
+            .share(|| Arc::new(Shared::Unavailable(detail.to_owned())));
     }
 }
 
 impl Follower {
     /// What the leader shared, or `None` when it ended with nothing to
     /// share (the follower then joins again).
-    pub async fn wait(mut self) -> Option<Arc<Shared>> {
-        self.0
-            .wait_for(Option::is_some)
-            .await
-            .ok()
-            .and_then(|shared| shared.clone())
+    pub async fn wait(self) -> Option<Arc<Shared>> {
+        self.0.wait().await
     }
 }
 
@@ -176,22 +139,5 @@ mod tests {
                 Some(Shared::Unavailable(detail)) if detail == "busy"
             ));
         }
-    }
-
-    #[tokio::test]
-    async fn a_leader_dropped_without_sharing_releases_its_followers_empty_handed() {
-        let flights = Singleflight::default();
-        let Call::Leader(leader) = flights.join(&owner(), "k") else {
-            panic!("the first request under a key leads");
-        };
-        let Call::Follower(flight) = flights.join(&owner(), "k") else {
-            panic!("a twin in flight follows");
-        };
-        let waiting = tokio::spawn(flight.wait());
-        tokio::task::yield_now().await;
-        drop(leader);
-        assert!(waiting.await.unwrap().is_none());
-        assert_eq!(flights.counts(), (0, 0));
-        assert!(matches!(flights.join(&owner(), "k"), Call::Leader(_)));
     }
 }

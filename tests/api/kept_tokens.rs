@@ -35,6 +35,22 @@ fn token_reads(log: &StatementLog) -> usize {
         .count()
 }
 
+/// A new token of alice's, not yet read by the app, and every one of the
+/// app's `pool_size` pooled connections, held until dropped.
+async fn new_token_and_every_connection(app: &TestApp, pool_size: u32) -> (String, Vec<impl Drop>) {
+    let issued = onejob_users(app, &["token", "alice", "--days", "1"]).stdout;
+    let token = String::from_utf8(issued).unwrap().trim().to_owned();
+    let store = app.store.clone();
+    let held = tokio::task::spawn_blocking(move || {
+        (0..pool_size)
+            .map(|_| store.conn().unwrap())
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    (token, held)
+}
+
 async fn jobs_under(app: &TestApp, key: &'static str) -> i64 {
     app.with_conn(move |conn| {
         jobs::table
@@ -230,17 +246,8 @@ async fn a_creation_kept_at_an_old_counter_stores_nothing_and_the_current_one_is
 async fn checks_of_one_token_at_once_share_one_read(backend: TestBackend) {
     let log = StatementLog::new();
     let app = spawn_recorded(backend, &log).await;
-    let issued = onejob_users(&app, &["token", "alice", "--days", "1"]).stdout;
-    let token = String::from_utf8(issued).unwrap().trim().to_owned();
     let pool_size = test_config(DEFAULT_TEST_PROVIDERS).database.pool_size;
-    let store = app.store.clone();
-    let held = tokio::task::spawn_blocking(move || {
-        (0..pool_size)
-            .map(|_| store.conn().unwrap())
-            .collect::<Vec<_>>()
-    })
-    .await
-    .unwrap();
+    let (token, held) = new_token_and_every_connection(&app, pool_size).await;
     log.take();
     let checks: Vec<_> = (0..16)
         .map(|_| {
@@ -278,16 +285,7 @@ async fn a_shared_read_the_database_was_too_busy_for_refuses_every_check_that_jo
         .await
         .start()
         .await;
-    let issued = onejob_users(&app, &["token", "alice", "--days", "1"]).stdout;
-    let token = String::from_utf8(issued).unwrap().trim().to_owned();
-    let store = app.store.clone();
-    let held = tokio::task::spawn_blocking(move || {
-        (0..pool_size)
-            .map(|_| store.conn().unwrap())
-            .collect::<Vec<_>>()
-    })
-    .await
-    .unwrap();
+    let (token, held) = new_token_and_every_connection(&app, pool_size).await;
     log.take();
     let mut checks = tokio::task::JoinSet::new();
     for _ in 0..16 {
