@@ -7,7 +7,7 @@
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use super::jcs::{canonicalize, CanonicalError};
+use super::jcs::{canonicalize, write_string, CanonicalError};
 
 /// What a client asked for: the fields that make two requests "the same".
 /// `input` and `params` are JSON text as sent.
@@ -75,15 +75,23 @@ impl Fingerprint {
             field: "params",
             error,
         })?;
-        let provider = intent
-            .provider
-            .map_or(Value::Null, |p| Value::String(p.to_owned()));
-        let document = format!(
-            r#"{{"input":{input},"params":{params},"provider":{provider},"task":{task}}}"#,
-            task = Value::String(intent.task.to_owned()),
-        );
-        let canonical = canonicalize(&document).expect("built from canonical parts");
-        Ok(Self(sha256_hex(canonical.as_bytes())))
+        // Canonical parts, members in order: the document is canonical as
+        // written, without a second pass over the input and the params.
+        let mut document = String::with_capacity(input.len() + params.len() + 64);
+        document.push_str(r#"{"input":"#);
+        document.push_str(&input);
+        document.push_str(r#","params":"#);
+        document.push_str(&params);
+        document.push_str(r#","provider":"#);
+        match intent.provider {
+            Some(provider) => write_string(provider, &mut document),
+            None => document.push_str("null"),
+        }
+        document.push_str(r#","task":"#);
+        write_string(intent.task, &mut document);
+        document.push('}');
+        debug_assert_eq!(canonicalize(&document).as_deref(), Ok(document.as_str()));
+        Ok(Self(sha256_hex(document.as_bytes())))
     }
 
     /// Wraps a fingerprint read back from storage.
@@ -141,6 +149,45 @@ fn write_canonical(value: &Value, out: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fingerprint_is_the_hash_of_the_whole_intent_canonicalized() {
+        let whole = |intent: &JobIntent<'_>| {
+            let provider = intent
+                .provider
+                .map_or(Value::Null, |p| Value::String(p.to_owned()));
+            let task = Value::String(intent.task.to_owned());
+            let document = format!(
+                r#"{{"input":{},"params":{},"provider":{provider},"task":{task}}}"#,
+                intent.input, intent.params
+            );
+            sha256_hex(canonicalize(&document).unwrap().as_bytes())
+        };
+        let odd = "q\"uote \\ tab\t nl\n bell\u{7} del\u{7f} é 😀 </";
+        for (task, provider, input, params) in [
+            ("summarize", None, r#"{"text":"hi"}"#, "{}"),
+            (
+                "chat",
+                Some("openai-east"),
+                r#"{ "b": 1.0, "a": [1e2, -0.0] }"#,
+                r#"{"t":0.50}"#,
+            ),
+            (
+                odd,
+                Some(odd),
+                r#"{"\u00e9":"\ud83d\ude00","a\u0000":null}"#,
+                "[]",
+            ),
+        ] {
+            let intent = JobIntent {
+                task,
+                input,
+                params,
+                provider,
+            };
+            assert_eq!(Fingerprint::of(&intent).unwrap().as_str(), whole(&intent));
+        }
+    }
 
     #[test]
     fn the_same_body_through_a_door_is_the_same_request_however_its_input_was_derived() {

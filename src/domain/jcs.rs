@@ -350,7 +350,7 @@ fn utf16_order(a: &str, b: &str) -> Ordering {
 }
 
 /// A string as ECMAScript's `JSON.stringify` writes it.
-fn write_string(s: &str, out: &mut String) {
+pub(super) fn write_string(s: &str, out: &mut String) {
     out.push('"');
     for c in s.chars() {
         match c {
