@@ -142,7 +142,7 @@ impl KeptGrants {
 
 /// What a shared read hands to the requests that joined it.
 #[derive(Debug, Clone)]
-enum ReadOutcome {
+pub(crate) enum ReadOutcome {
     /// The token's grant, or `None` when it grants nothing.
     Read(Option<TokenGrant>),
     /// The database was busy: the reader's retryable refusal.
@@ -156,8 +156,7 @@ enum ReadOutcome {
 /// hand, just before its statement. So every request it answers asked
 /// before it began, and none of them misses a revocation committed before
 /// it asked. A read is open to newcomers only while it waits to begin.
-#[derive(Default)]
-pub(crate) struct GrantReads(Flights<String, ReadOutcome>);
+pub(crate) type GrantReads = Flights<String, ReadOutcome>;
 
 impl App {
     /// The user a bearer token belongs to, for a request that creates a
@@ -191,7 +190,7 @@ impl App {
     /// that joined it is refused as its reader was; where it failed
     /// otherwise, each reads alone.
     async fn read_grant(&self, digest: String) -> AppResult<Option<TokenGrant>> {
-        let waiter = match self.inner.grant_reads.0.join(digest.clone()) {
+        let waiter = match self.inner.grant_reads.join(digest.clone()) {
             Joined::Waiting(waiter) => waiter,
             Joined::Started(read) => return self.start_grant_read(read).await,
         };
@@ -212,7 +211,7 @@ impl App {
         let (app, ticket) = (self.clone(), flight.ticket());
         let read = self
             .read_grant_alone(flight.key().clone(), move |digest| {
-                app.inner.grant_reads.0.close(digest, &ticket)
+                app.inner.grant_reads.close(digest, &ticket)
             })
             .await;
         let shared = match &read {

@@ -72,10 +72,16 @@ impl<K: Eq + Hash + Clone, V> Flights<K, V> {
     /// Closes the call `ticket` names to newcomers, if it is still the one
     /// open under `key`.
     pub fn close(&self, key: &K, ticket: &Ticket<V>) {
+        self.close_channel(key, ticket.0.as_ptr());
+    }
+
+    /// Unlists the call open under `key` if its channel is `channel`.
+    fn close_channel(&self, key: &K, channel: *const Channel<V>) {
         let mut open = self.lock();
-        let same =
-            |channel: &Arc<Channel<V>>| std::ptr::eq(Arc::as_ptr(channel), ticket.0.as_ptr());
-        if open.get(key).is_some_and(same) {
+        if open
+            .get(key)
+            .is_some_and(|open| std::ptr::eq(Arc::as_ptr(open), channel))
+        {
             open.remove(key);
         }
     }
@@ -120,7 +126,8 @@ impl<K: Eq + Hash + Clone, V> Drop for Flight<'_, K, V> {
     fn drop(&mut self) {
         // Once no longer listed, no one joins; the channel's last sender
         // goes with this flight, which releases whoever still waits.
-        self.flights.close(&self.key, &self.ticket());
+        self.flights
+            .close_channel(&self.key, Arc::as_ptr(&self.channel));
     }
 }
 

@@ -56,15 +56,17 @@ pub(crate) enum Call<'a> {
     Follower(Follower),
 }
 
-/// A twin waiting on its leader.
-pub(crate) struct Follower(Waiter<Arc<Shared>>);
+/// A twin waiting on its leader: `wait` gives what the leader shared, or
+/// `None` when it ended with nothing to share (the follower then joins
+/// again).
+pub(crate) type Follower = Waiter<Arc<Shared>>;
 
 impl Singleflight {
     /// Leads the call under `owner`'s `key`, or follows the one in flight.
     pub fn join(&self, owner: &UserId, key: &str) -> Call<'_> {
         match self.0.join((owner.clone(), key.to_owned())) {
             Joined::Started(flight) => Call::Leader(Leader(flight)),
-            Joined::Waiting(waiter) => Call::Follower(Follower(waiter)),
+            Joined::Waiting(waiter) => Call::Follower(waiter),
         }
     }
 
@@ -95,14 +97,6 @@ impl Leader<'_> {
     pub fn share_unavailable(&self, detail: &str) {
         self.0
             .share(|| Arc::new(Shared::Unavailable(detail.to_owned())));
-    }
-}
-
-impl Follower {
-    /// What the leader shared, or `None` when it ended with nothing to
-    /// share (the follower then joins again).
-    pub async fn wait(self) -> Option<Arc<Shared>> {
-        self.0.wait().await
     }
 }
 
