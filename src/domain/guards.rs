@@ -134,7 +134,9 @@ pub fn may_fail_job(
 /// index): an attempt in one of these states counts against its job's one
 /// live attempt.
 ///
-/// SQL: `… WHERE state IN ('queued','running','unknown')`.
+/// SQL: `… WHERE state IN ('queued','running','unknown')` (on SQLite the
+/// same states as `state = 'queued' OR …`, which it checks without building
+/// a table of the list for each statement).
 pub fn holds_the_live_slot(state: AttemptState) -> bool {
     state.is_live()
 }

@@ -54,12 +54,12 @@ const SECOND_LIVE_ATTEMPT: Refusal = Refusal {
 const UNKNOWN_ATTEMPT_STATE: Refusal = Refusal {
     kind: DatabaseErrorKind::CheckViolation,
     postgres_constraint: "attempts_state_check",
-    sqlite_message: "CHECK constraint failed: state IN",
+    sqlite_message: "CHECK constraint failed: state = 'queued' OR",
 };
 const UNKNOWN_JOB_STATUS: Refusal = Refusal {
     kind: DatabaseErrorKind::CheckViolation,
     postgres_constraint: "jobs_status_check",
-    sqlite_message: "CHECK constraint failed: status IN",
+    sqlite_message: "CHECK constraint failed: status = 'pending' OR",
 };
 const SUCCEEDED_WITHOUT_WINNER: Refusal = Refusal {
     kind: DatabaseErrorKind::CheckViolation,
@@ -358,3 +358,65 @@ on_both_backends!(
     raw_sql_cannot_insert_a_second_live_attempt_for_one_job,
     raw_sql_cannot_store_an_unknown_state_or_status,
 );
+
+/// SQLite checks a list of more than two values (`state IN ('a', 'b', 'c')`)
+/// by building a table of the values for every statement that checks it:
+/// the constraints and the partial index on the tables a job writes spell
+/// their lists out (`state = 'a' OR …`), so no statement that writes them
+/// opens such a table. The statements write each constrained column.
+#[tokio::test]
+async fn sqlite_checks_the_job_tables_constraints_without_a_table_per_statement() {
+    #[derive(diesel::QueryableByName)]
+    struct Step {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        opcode: String,
+    }
+    let statements = [
+        insert_job("j", &onejob::domain::UserId::new(), "k"),
+        "UPDATE jobs SET status = 'failed' WHERE id = 'j'".to_owned(),
+        insert_attempt("a", "j", &onejob::domain::UserId::new(), 1, "running"),
+        "UPDATE attempts SET state = 'succeeded', outcome = 'won' WHERE id = 'a'".to_owned(),
+        "INSERT INTO usage_ledger (attempt_id, owner_id, job_id, task, provider, model, kind, \
+         late, prompt_tokens, completion_tokens, cached_tokens, usage_source, recorded_at) \
+         VALUES ('a', 'o', 'j', 't', 'p', 'm', 'won', 0, 1, 1, 0, 'reported', 0)"
+            .to_owned(),
+        "INSERT INTO usage_tallies (owner_id, day, task, provider, job_id, kind, count) \
+         VALUES ('o', 0, 't', 'p', 'j', 'joined', 1)"
+            .to_owned(),
+        "INSERT INTO webhook_events (id, owner_id, endpoint_id, job_id, kind, subject, \
+         webhook_id, body, next_attempt_at, window_start_at, created_at) \
+         VALUES ('e', 'o', 'w', 'j', 'job.failed', 's', 'msg_1', '{}', 0, 0, 0)"
+            .to_owned(),
+        "UPDATE webhook_events SET state = 'dead' WHERE id = 'e'".to_owned(),
+        "INSERT INTO webhook_deliveries (id, owner_id, event_id, endpoint_id, number, outcome, \
+         latency_ms, at) VALUES ('d', 'o', 'e', 'w', 1, 'failed', 0, 0)"
+            .to_owned(),
+    ];
+    let prepared = PreparedApp::new(TestBackend::Sqlite, test_config(DEFAULT_TEST_PROVIDERS)).await;
+    let built: Vec<(String, usize)> = prepared
+        .with_conn(move |conn| {
+            let DbConnection::Sqlite(sqlite) = conn else {
+                unreachable!("a SQLite test database")
+            };
+            statements
+                .into_iter()
+                .map(|statement| {
+                    let steps: Vec<Step> = diesel::RunQueryDsl::load(
+                        diesel::sql_query(format!("EXPLAIN {statement}")),
+                        sqlite,
+                    )
+                    .unwrap();
+                    assert!(!steps.is_empty(), "{statement}: no program");
+                    let tables = steps.iter().filter(|s| s.opcode == "OpenEphemeral").count();
+                    (statement, tables)
+                })
+                .collect()
+        })
+        .await;
+    for (statement, tables) in built {
+        assert_eq!(
+            tables, 0,
+            "{statement}: builds {tables} table(s) of a list's values"
+        );
+    }
+}

@@ -1,0 +1,2 @@
+-- Nothing was changed on PostgreSQL.
+SELECT 1;
