@@ -15,6 +15,13 @@ use crate::domain::TraceContext;
 /// The root span builder onejob's `TracingLogger` uses.
 pub struct HttpSpan;
 
+/// The route pattern a request matched (`None`: no route), found once as
+/// its span opens and kept in its extensions for what else names the
+/// route (the metrics): actix finds it by matching the path against the
+/// routes again each time it is asked.
+#[derive(Debug, Clone)]
+pub struct MatchedRoute(pub Option<String>);
+
 /// The client's trace context, if its headers hold a valid one.
 fn client_context(request: &ServiceRequest) -> Option<TraceContext> {
     let header = |name: &str| {
@@ -29,8 +36,8 @@ fn client_context(request: &ServiceRequest) -> Option<TraceContext> {
 impl RootSpanBuilder for HttpSpan {
     fn on_request_start(request: &ServiceRequest) -> Span {
         let method = request.method().as_str();
-        let route = request.match_pattern();
-        let route = route.as_deref().unwrap_or("default");
+        let matched = request.match_pattern();
+        let route = matched.as_deref().unwrap_or("default");
         let request_id = request
             .extensions()
             .get::<RequestId>()
@@ -51,6 +58,7 @@ impl RootSpanBuilder for HttpSpan {
             span.record("otel.name", format!("{method} {route}"));
             super::trace::set_parent(&span, client_context(request).as_ref());
         }
+        request.extensions_mut().insert(MatchedRoute(matched));
         span
     }
 

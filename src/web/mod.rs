@@ -28,6 +28,7 @@ use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::middleware::{from_fn, Next};
 use actix_web::{guard, web, HttpMessage};
 
+use crate::telemetry::http_span::MatchedRoute;
 use error::{ApiError, ProblemType};
 
 /// A route for GET that also answers HEAD (actix's GET routes do not).
@@ -386,9 +387,10 @@ pub async fn record_http(
     let method = req.method().as_str().to_owned();
     let response = next.call(req).await?;
     if let Some(app) = app {
-        let route = response
-            .request()
-            .match_pattern()
+        let request = response.request();
+        let matched = request.extensions().get::<MatchedRoute>().cloned();
+        let route = matched
+            .map_or_else(|| request.match_pattern(), |matched| matched.0)
             .unwrap_or_else(|| "unmatched".to_owned());
         app.metrics().observe_http(
             &method,
