@@ -384,17 +384,22 @@ pub async fn record_http(
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
     let started = std::time::Instant::now();
     let app = req.app_data::<web::Data<crate::app::App>>().cloned();
-    let method = req.method().as_str().to_owned();
+    let method = req.method().clone();
     let response = next.call(req).await?;
     if let Some(app) = app {
         let request = response.request();
-        let matched = request.extensions().get::<MatchedRoute>().cloned();
-        let route = matched
-            .map_or_else(|| request.match_pattern(), |matched| matched.0)
-            .unwrap_or_else(|| "unmatched".to_owned());
+        let extensions = request.extensions();
+        let matched_again;
+        let route = match extensions.get::<MatchedRoute>() {
+            Some(MatchedRoute(route)) => route.as_deref(),
+            None => {
+                matched_again = request.match_pattern();
+                matched_again.as_deref()
+            }
+        };
         app.metrics().observe_http(
-            &method,
-            &route,
+            method.as_str(),
+            route.unwrap_or("unmatched"),
             response.status().as_u16(),
             started.elapsed(),
         );
