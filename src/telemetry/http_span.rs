@@ -19,7 +19,7 @@ pub struct HttpSpan;
 /// its span opens and kept in its extensions for what else names the
 /// route (the metrics): actix finds it by matching the path against the
 /// routes again each time it is asked.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct MatchedRoute(pub Option<String>);
 
 /// The client's trace context, if its headers hold a valid one.
