@@ -306,6 +306,15 @@ struct Settlement {
     subscribed: Option<bool>,
 }
 
+/// Names [`settle_success`]'s transition of the attempt (SQLite) in a
+/// connection's statement cache: its text is one (the event's starting
+/// states are a fixed list), so a run neither writes it out nor hashes it.
+struct SettleAttemptSqlite;
+
+/// Names [`cas_job_result`]'s statement in a connection's statement cache
+/// (one text: every value is a bind).
+struct CasJobResultSqlite;
+
 /// The single conditional statement that decides the winner.
 /// The compare-and-swap and the attempt's transition with its place in the
 /// race, under the job's lock.
@@ -351,7 +360,7 @@ fn settle_success(
         attempts::outcome.eq(result),
     ))
     .returning(attempts::id)
-    .keep_prepared()
+    .keep_prepared_as::<SettleAttemptSqlite>()
     .load::<AttemptId>(conn)?;
     Ok(Settlement {
         finished,
@@ -572,7 +581,7 @@ fn cas_job_result(
         jobs::updated_at.eq(now),
     ))
     .returning(Job::as_returning())
-    .keep_prepared()
+    .keep_prepared_as::<CasJobResultSqlite>()
     .get_result(conn)
     .optional()
 }

@@ -784,13 +784,16 @@ pub fn find_by_key(
 /// `ON CONFLICT … DO NOTHING` does not compile through the multi-backend
 /// connection, so the same statement runs on the concrete one.
 fn insert_job_unless_key_exists(conn: &mut DbConnection, row: &Job) -> QueryResult<usize> {
+    /// Names the statement in a connection's statement cache: [`Job`]
+    /// inserts every column (`None` as NULL), so its text is one.
+    struct JobUnlessKeyExists;
     let target = (jobs::owner_id, jobs::idempotency_key);
     let inserted: Vec<String> = per_backend!(conn, |c| diesel::insert_into(jobs::table)
         .values(row)
         .on_conflict(target)
         .do_nothing()
         .returning(jobs::id)
-        .keep_prepared()
+        .keep_prepared_as::<JobUnlessKeyExists>()
         .load(c))?;
     Ok(inserted.len())
 }

@@ -37,9 +37,10 @@ impl Charge {
     }
 }
 
-/// A ledger row.
+/// A ledger row. Inserted with every column, `None` as NULL (the nullable
+/// columns have no other default), so that the insert has one text.
 #[derive(Debug, Clone, PartialEq, Eq, Queryable, Selectable, Insertable)]
-#[diesel(table_name = usage_ledger)]
+#[diesel(table_name = usage_ledger, treat_none_as_default_value = false)]
 pub struct LedgerEntry {
     pub attempt_id: AttemptId,
     pub owner_id: UserId,
@@ -89,6 +90,9 @@ pub fn estimated_tokens(bytes: usize) -> u64 {
 pub(super) fn estimated_tokens_sql(bytes: &str) -> String {
     format!("((({bytes}) + {n} - 1) / {n})", n = BYTES_PER_TOKEN)
 }
+
+/// Names [`record_call`]'s insert in a connection's statement cache.
+struct RecordCall;
 
 /// Records the call of `attempt` (as it was before this outcome) that
 /// answered as `kind`, with `answer_bytes` of answer, for a job of `task`
@@ -159,7 +163,7 @@ pub(super) fn record_call(
         .on_conflict(key)
         .do_nothing()
         .returning(usage_ledger::attempt_id)
-        .keep_prepared()
+        .keep_prepared_as::<RecordCall>()
         .load(c))?;
     if inserted.is_empty() {
         return Ok(None);

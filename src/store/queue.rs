@@ -435,9 +435,12 @@ pub fn insert_started_attempt(
         attempts::timeout_at.eq(now + start.soft_timeout_ms),
         attempts::sent_at.eq(now),
     ));
+    /// Names the insert in a connection's statement cache: every value is
+    /// a bind, and the lease's clock is the backend's own (one text each).
+    struct StartedAttempt;
     Ok(per_backend!(conn, |c| insert
         .returning(Attempt::as_returning())
-        .keep_prepared()
+        .keep_prepared_as::<StartedAttempt>()
         .get_result(c)?))
 }
 

@@ -10,8 +10,12 @@ use crate::domain::{
 };
 
 /// A job: one user intent. Its intent columns never change.
+///
+/// Inserted with every column, `None` as NULL (none of its nullable columns
+/// has another default): the insert's text is then the same for every job,
+/// and a connection keeps it prepared by type (`keep_prepared_as`).
 #[derive(Debug, Clone, PartialEq, Queryable, QueryableByName, Selectable, Insertable)]
-#[diesel(table_name = jobs)]
+#[diesel(table_name = jobs, treat_none_as_default_value = false)]
 pub struct Job {
     pub id: JobId,
     pub owner_id: UserId,

@@ -336,12 +336,21 @@ impl Worker {
     /// Runs a claimed (or started) attempt in a task of its own, holding
     /// its slot until the attempt is done.
     fn run_in_slot(&self, admitted: Admitted, slot: tokio::sync::OwnedSemaphorePermit) {
-        let worker = self.clone();
-        // Boxed: the attempt's future is kilobytes, and a task's future is
-        // copied whole each time the task changes stage (spawned, done).
+        let claim = &admitted.claim;
+        let span = tracing::info_span!(
+            "run_attempt",
+            job_id = %claim.job.id,
+            attempt_id = %claim.attempt.id,
+            provider = %claim.attempt.provider,
+        );
+        // Boxed before the task is made, and only there: the attempt's
+        // future is kilobytes, and a task's future is copied whole each time
+        // the task changes stage (spawned, done), as is a future each time
+        // it is wrapped (a span, a box) after its first poll began.
+        let attempt = Box::pin(self.clone().run_attempt(admitted)).instrument(span);
         self.tracker.spawn_on(
             async move {
-                Box::pin(worker.run_attempt(admitted)).await;
+                attempt.await;
                 drop(slot);
             },
             &self.runtime,
@@ -434,8 +443,9 @@ impl Worker {
         }
     }
 
-    #[tracing::instrument(skip_all, fields(job_id = %admitted.claim.job.id, attempt_id = %admitted.claim.attempt.id, provider = %admitted.claim.attempt.provider))]
-    async fn run_attempt(&self, admitted: Admitted) {
+    /// One claimed attempt, in the span [`Worker::run_in_slot`] opens. It
+    /// owns its worker, so that its future is whole before it is boxed.
+    async fn run_attempt(self, admitted: Admitted) {
         let Admitted {
             claim,
             slot,

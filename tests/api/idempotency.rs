@@ -177,6 +177,36 @@ async fn key_order_and_whitespace_changes_are_not_a_conflict(backend: TestBacken
 }
 
 /// POSTs a raw body under a key as alice.
+/// Jobs that name a provider and jobs that do not, made in turn by one
+/// process: the job's insert is kept prepared by its type, so its text must
+/// be one whatever a job leaves empty (every column, `None` as NULL). Each
+/// job stores what it was sent.
+async fn jobs_naming_a_provider_or_not_in_turn_each_store_what_they_sent(backend: TestBackend) {
+    use diesel::prelude::*;
+    use onejob::store::schema::jobs;
+    let app = spawn_app(backend).await;
+    for n in 0..4 {
+        let named = n % 2 == 1;
+        let mut body = summarize(&format!("turn {n}"));
+        if named {
+            body["provider"] = "sim-fast".into();
+        }
+        let job_id = app
+            .create_job(&app.alice.token, &format!("turn-{n}"), &body)
+            .await;
+        let stored: Option<String> = app
+            .with_conn(move |conn| {
+                jobs::table
+                    .filter(jobs::id.eq(job_id))
+                    .select(jobs::requested_provider)
+                    .first(conn)
+                    .unwrap()
+            })
+            .await;
+        assert_eq!(stored, named.then(|| "sim-fast".to_owned()), "job {n}");
+    }
+}
+
 async fn post_raw(app: &TestApp, key: &str, body: &str) -> reqwest::Response {
     app.client
         .post(app.url("/api/v1/jobs"))
@@ -488,6 +518,7 @@ async fn job_list_is_the_callers_own_newest_first_and_paginated(backend: TestBac
 }
 
 on_both_backends!(
+    jobs_naming_a_provider_or_not_in_turn_each_store_what_they_sent,
     one_and_one_point_zero_are_one_payload,
     numbers_that_differ_are_different_payloads_and_none_is_rounded,
     strings_in_other_unicode_forms_are_different_payloads,

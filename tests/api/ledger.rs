@@ -263,6 +263,51 @@ async fn usage_and_cost_are_recorded_for_winning_losing_and_late_answers(backend
 
 /// While an attempt's outcome is unknown, its usage is unknown: no ledger
 /// row, shown as `unknown` (never 0), and the job's cost marked incomplete.
+/// Priced and unpriced calls recorded in turn by one process: the ledger's
+/// insert is kept prepared by its type, so its text must be one whatever a
+/// row leaves empty. Each row keeps its own cost, or its lack of one.
+async fn priced_and_unpriced_calls_in_turn_each_keep_their_cost(backend: TestBackend) {
+    let fast = FakeProvider::start(Shape::OpenAi).await;
+    let free = FakeProvider::start(Shape::OpenAi).await;
+    let toml = [
+        held_provider("fast", &fast.base_url),
+        held_provider("free", &free.base_url),
+        strict_task_toml("summarize", &["fast"], "Summarize: {{ text }}"),
+        strict_task_toml("gratis", &["free"], "Summarize: {{ text }}"),
+        // The currency and `fast`'s price; `free` has none.
+        PRICES[..PRICES.find("\n[[ledger.prices]]").unwrap()].to_owned(),
+        PRICES[PRICES
+            .find("\n[[ledger.prices]]\nprovider = \"fast\"")
+            .unwrap()..]
+            .to_owned(),
+    ]
+    .concat();
+    let app = spawn_app_with(backend, config_of(&toml)).await;
+    for n in 0..4 {
+        let priced = n % 2 == 1;
+        let (provider, task) = match priced {
+            true => (&fast, "summarize"),
+            false => (&free, "gratis"),
+        };
+        provider.push(Behaviour::AnswerWithUsage {
+            value: json!({"summary": "ok"}),
+            usage: openai_usage(1000, 200, 0),
+        });
+        let body = json!({"task": task, "input": {"text": format!("turn {n}")}});
+        let job_id = app
+            .create_job(&app.alice.token, &format!("turn-{n}"), &body)
+            .await;
+        app.wait_for_status(&job_id, "succeeded", WAIT).await;
+        let rows = ledger_rows(&app, &job_id).await;
+        assert_eq!(rows.len(), 1, "job {n}: {rows:?}");
+        let row = &rows[0];
+        assert_eq!(row.cost_micros, priced.then_some(1800), "job {n}");
+        assert_eq!(row.currency.as_deref(), priced.then_some("EUR"), "job {n}");
+        assert_eq!(row.price_effective_from.is_some(), priced, "job {n}");
+        assert_eq!((row.prompt_tokens, row.completion_tokens), (1000, 200));
+    }
+}
+
 async fn an_unknown_attempt_shows_unknown_usage(backend: TestBackend) {
     let slow = FakeProvider::start(Shape::OpenAi).await;
     let toml = [
@@ -530,6 +575,7 @@ async fn a_chat_completion_past_the_budget_is_refused_in_openais_shape(backend: 
 
 on_both_backends!(
     a_chat_completion_past_the_budget_is_refused_in_openais_shape,
+    priced_and_unpriced_calls_in_turn_each_keep_their_cost,
     usage_and_cost_are_recorded_for_winning_losing_and_late_answers,
     an_unknown_attempt_shows_unknown_usage,
     a_price_change_leaves_past_costs_alone,
