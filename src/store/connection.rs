@@ -390,7 +390,9 @@ where
         .is_some();
     match conn {
         // Inside a transaction already: a savepoint (the write lock, on
-        // SQLite, is held by the outer transaction).
+        // SQLite, is held by the outer transaction), unless its writes run
+        // bare ([`without_savepoints`]).
+        _ if nested && BareNested::active() => BareNested::run(conn, f),
         _ if nested => savepoint(conn, f),
         DbConnection::Postgresql(_) => conn.transaction(f),
         DbConnection::Sqlite(_) if InWriteTransaction::already() => {
@@ -465,6 +467,60 @@ thread_local! {
     /// Whether this thread is inside a SQLite write transaction of
     /// [`write_transaction`]'s own beginning.
     static IN_WRITE_TRANSACTION: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+thread_local! {
+    /// While [`without_savepoints`] runs on this thread: whether a write it
+    /// ran bare has failed (`None`: not running).
+    static BARE_NESTED: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` with every write nested in this thread's open transaction run
+/// in that transaction itself, with no savepoint of its own: a savepoint is
+/// two statements, and on SQLite it copies each page it changes aside
+/// before changing it, to undo it on failure. Returns what `f` returned and
+/// whether any of those writes failed: then the transaction holds what the
+/// failed writes did before they failed, and the caller must roll it back
+/// whole (whatever the failed writes' callers made of their errors).
+pub(super) fn without_savepoints<T>(f: impl FnOnce() -> T) -> (T, bool) {
+    struct Restore(Option<bool>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            BARE_NESTED.with(|bare| bare.set(self.0));
+        }
+    }
+    let _restore = Restore(BARE_NESTED.with(|bare| bare.replace(Some(false))));
+    let value = f();
+    let failed = BARE_NESTED.with(|bare| bare.get() == Some(true));
+    (value, failed)
+}
+
+/// A nested write run bare, while [`without_savepoints`] runs.
+struct BareNested;
+
+impl BareNested {
+    fn active() -> bool {
+        BARE_NESTED.with(|bare| bare.get().is_some())
+    }
+
+    /// Runs `f` in the open transaction; once a write has failed, runs
+    /// nothing more: the transaction will be rolled back whole, and SQLite
+    /// may have ended it already (a full disk) without the driver knowing,
+    /// so that a statement now would commit by itself.
+    fn run<T, E, F>(conn: &mut DbConnection, f: F) -> Result<T, E>
+    where
+        F: FnOnce(&mut DbConnection) -> Result<T, E>,
+        E: From<diesel::result::Error>,
+    {
+        if BARE_NESTED.with(|bare| bare.get() == Some(true)) {
+            return Err(diesel::result::Error::BrokenTransactionManager.into());
+        }
+        let outcome = f(conn);
+        if outcome.is_err() {
+            BARE_NESTED.with(|bare| bare.set(Some(true)));
+        }
+        outcome
+    }
 }
 
 /// Marks this thread inside [`write_transaction`] until dropped.

@@ -6,8 +6,8 @@
 //! queue here instead: the first to arrive leads, and its one transaction
 //! takes every write waiting behind it, until the batch holds
 //! [`BatchLimits::max_rows`] or has been open [`BatchLimits::max_wait`].
-//! Each compare-and-swap runs in its own savepoint; each owner's creations
-//! in one, as multi-row inserts ([`jobs::create_many_of_one_owner`]). One
+//! Each compare-and-swap runs in that transaction, and so do each owner's
+//! creations, as multi-row inserts ([`jobs::create_many_of_one_owner`]). One
 //! commit, one flush, for all of them; each request is answered only after
 //! that commit. Within a batch the compare-and-swaps run first, then the
 //! creations: none of them is answered before the commit, so any order
@@ -15,9 +15,13 @@
 //!
 //! Nothing about idempotency or the compare-and-swap changes: the unique
 //! key and the versioned update still decide, and a creation the
-//! multi-row insert left out is made or found alone. One write's failure
-//! (a budget refusal, a constraint) rolls back only its savepoint. If the
-//! commit itself fails,
+//! multi-row insert left out is made or found alone. The writes run with no
+//! savepoint each (one costs two statements, and a copy of every page it
+//! changes): if one fails (a budget refusal, a constraint), the whole
+//! transaction is rolled back and the batch runs again, each write in a
+//! savepoint of its own, so that the failure undoes only its own write. A
+//! batch with a failure costs twice its work; one without, no savepoint at
+//! all. If the commit itself fails,
 //! nothing of the batch was stored, and each write runs again in a
 //! transaction of its own. So it goes when SQLite ends the batch's
 //! transaction by itself (a statement that found the disk full rolls it
@@ -36,7 +40,7 @@ use std::time::{Duration, Instant};
 use diesel::r2d2::PooledConnection;
 use tokio::sync::oneshot;
 
-use super::connection::write_transaction;
+use super::connection::{without_savepoints, write_transaction};
 use super::connection::{DbConnectionManager, Placement};
 use super::jobs::{self, CreateOutcome, NewJob};
 use super::{Attempt, DbConnection, Store, StoreError, StoreResult};
@@ -66,7 +70,8 @@ trait Write: Send {
     fn refuse(self: Box<Self>, detail: &str);
 }
 
-/// A write transaction's body, which may run twice (again alone).
+/// A write transaction's body, which may run again: in a savepoint, if a
+/// write of its batch failed, and alone, if the batch did not commit.
 type Work<T> = Box<dyn Fn(&mut DbConnection) -> StoreResult<T> + Send>;
 
 /// Run on the committing thread with a write's outcome once it is durable,
@@ -84,7 +89,8 @@ struct Queued<T> {
 
 impl<T: Send + 'static> Write for Queued<T> {
     fn run(&mut self, conn: &mut DbConnection) {
-        // Its own savepoint in the batch (its own transaction alone).
+        // In the batch's transaction (bare, or in a savepoint of its own),
+        // or in its own transaction alone.
         self.outcome = Some(write_transaction(conn, |conn| (self.work)(conn)));
     }
 
@@ -120,7 +126,7 @@ enum Waiting {
 }
 
 impl Waiting {
-    /// Runs it: in a savepoint of the batch's transaction, or alone.
+    /// Runs it: in the batch's transaction, or alone.
     fn run(&mut self, conn: &mut DbConnection) {
         match self {
             Self::Creation(creation) => {
@@ -231,9 +237,10 @@ impl GroupCommit {
         answer.await.map_err(|_| StoreError::Cancelled)?
     }
 
-    /// Queues `work` (SQLite only), which runs in a savepoint of a batch's
-    /// transaction, and waits for the commit that holds it. `work` may run
-    /// twice: the second time alone, if the batch's commit failed.
+    /// Queues `work` (SQLite only), which runs in a batch's transaction,
+    /// and waits for the commit that holds it. `work` may run more than
+    /// once: again in a savepoint, if a write of its batch failed, and
+    /// alone, if the batch's commit failed.
     /// `then` runs with its outcome on the committing thread, once durable.
     pub async fn write<T: Send + 'static>(
         &self,
@@ -346,18 +353,26 @@ impl GroupCommit {
         }
     }
 
-    /// One transaction for `batch` and whoever queues while it is open.
+    /// One transaction for `batch` and whoever queues while it is open. Its
+    /// writes run in the transaction itself, with no savepoint each
+    /// ([`without_savepoints`]); if one fails, nothing of the batch is kept
+    /// and the batch runs again, each write in a savepoint of its own
+    /// ([`GroupCommit::commit_in_savepoints`]).
     fn commit(&self, conn: &mut DbConnection, batch: Vec<Waiting>) {
         let mut done: Vec<Waiting> = Vec::with_capacity(batch.len());
         let mut pending = batch;
+        let mut spoiled = false;
         let committed = write_transaction(conn, |conn| {
             // From the lock's taking: how long newcomers may still join.
             let opened = Instant::now();
             let mut next = std::mem::take(&mut pending);
             loop {
-                // Savepoints (the transaction is open): a refusal or an
-                // error undoes one write, or one owner's multi-row insert.
-                done.extend(run_grouped(conn, next).into_iter().flatten());
+                let (ran, failed) = without_savepoints(|| run_grouped(conn, next));
+                done.extend(ran.into_iter().flatten());
+                if failed {
+                    spoiled = true;
+                    return Err(StoreError::Cancelled);
+                }
                 let room = self.limits.max_rows.saturating_sub(done.len());
                 if room == 0 || opened.elapsed() >= self.limits.max_wait {
                     return Ok::<_, StoreError>(());
@@ -368,6 +383,38 @@ impl GroupCommit {
                 }
             }
         });
+        match committed {
+            // Rolled back as asked: nothing of it was stored.
+            Err(StoreError::Cancelled) if spoiled => {
+                self.commit_in_savepoints(conn, done);
+            }
+            committed => self.settle(conn, committed, done, pending),
+        }
+    }
+
+    /// A batch one of whose writes failed, again: one transaction, each
+    /// write in a savepoint, so that a refusal or an error undoes only its
+    /// own write (or one owner's multi-row insert).
+    fn commit_in_savepoints(&self, conn: &mut DbConnection, batch: Vec<Waiting>) {
+        let mut done: Vec<Waiting> = Vec::with_capacity(batch.len());
+        let mut pending = batch;
+        let committed = write_transaction(conn, |conn| {
+            let next = std::mem::take(&mut pending);
+            done.extend(run_grouped(conn, next).into_iter().flatten());
+            Ok::<_, StoreError>(())
+        });
+        self.settle(conn, committed, done, pending);
+    }
+
+    /// Answers a batch's writes once its commit is known: each with its
+    /// outcome if it committed; else each run again alone.
+    fn settle(
+        &self,
+        conn: &mut DbConnection,
+        committed: StoreResult<()>,
+        done: Vec<Waiting>,
+        pending: Vec<Waiting>,
+    ) {
         match committed {
             Ok(()) => {
                 self.count(done.len());

@@ -1,6 +1,7 @@
 //! Group commit (docs/design.md, "Group commit"): creations waiting for
-//! SQLite's write lock share one transaction, each in its own savepoint;
-//! on PostgreSQL they share one multi-row statement. Each request is
+//! SQLite's write lock share one transaction (a savepoint each only when one
+//! of them failed, and the batch runs again); on PostgreSQL they share one
+//! multi-row statement. Each request is
 //! answered only after the commit that holds its row.
 //!
 //! A batch is made by holding the database's write lock from a connection
@@ -207,6 +208,131 @@ async fn a_batch_with_a_replay_and_a_reused_key_answers_each_and_stores_the_righ
         TestBackend::Sqlite => assert_eq!(commits, 1, "one commit carried every request"),
         TestBackend::Postgres => assert!(commits <= 2, "{commits} statements"),
     }
+}
+
+/// Creations sent while the write lock is held, each queued before the
+/// next is sent, then let through together: one batch, in that order.
+/// Their answers, in order.
+async fn as_one_batch(app: &Arc<TestApp>, requests: Vec<(String, String)>) -> Vec<StatusCode> {
+    let mut queued = app
+        .store
+        .batched_writes_queued()
+        .expect("creations are batched");
+    let lock = WriteLock::take(&app.store);
+    let mut sent = Vec::new();
+    for (token, key) in requests {
+        let app_ = app.clone();
+        let body = summarize(&format!("{key} text"));
+        sent.push(tokio::spawn(async move {
+            app_.post_job(&token, &key, &body).await.status()
+        }));
+        queued += 1;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while app.store.batched_writes_queued() != Some(queued) {
+            assert!(Instant::now() < deadline, "the requests never queued");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    lock.release();
+    let mut answers = Vec::new();
+    for request in sent {
+        answers.push(request.await.unwrap());
+    }
+    answers
+}
+
+/// SQLite: a batch whose writes all succeed runs them with no savepoint. In
+/// one where a write fails (a creation past its owner's budget), nothing
+/// more runs, the transaction is rolled back whole, and the batch runs
+/// again, a savepoint each: the refused request gets its 429 and leaves
+/// nothing behind, the others are made, once, by the one commit.
+#[tokio::test]
+async fn a_batch_runs_without_savepoints_until_a_write_fails_then_again_with_them() {
+    let mut config = test_config(DEFAULT_TEST_PROVIDERS);
+    config.worker.concurrency = 0;
+    // The leader may take the first comers before the lock is freed and the
+    // rest once its transaction is open: the batch stays open for them.
+    config.database.group_commit_ms = 2_000;
+    let log = StatementLog::new();
+    let prepared = PreparedApp::new(TestBackend::Sqlite, config)
+        .await
+        .recording(&log)
+        .await;
+    let app = Arc::new(prepared.start().await);
+    let alice = app.alice.id.clone();
+    app.with_conn(move |conn| {
+        onejob::store::budgets::set_limits(
+            conn,
+            &alice,
+            onejob::domain::ledger::BudgetLimits {
+                spend_micros: None,
+                tokens: Some(1),
+            },
+            onejob::domain::ledger::Reservation::default(),
+            Timestamp::now(),
+        )
+        .unwrap()
+    })
+    .await;
+    let bob = |key: &str| (app.bob.token.clone(), key.to_owned());
+    let savepoints = |statements: &[String]| {
+        statements
+            .iter()
+            .filter(|sql| sql.to_uppercase().starts_with("SAVEPOINT"))
+            .count()
+    };
+
+    log.take();
+    let answers = as_one_batch(&app, vec![bob("b-1"), bob("b-2"), bob("b-3")]).await;
+    assert_eq!(answers, [StatusCode::CREATED; 3]);
+    let statements = sent_on_one_connection(log.take_sent());
+    assert_eq!(savepoints(&statements), 0, "{statements:#?}");
+    assert!(
+        !statements.iter().any(|sql| sql == "ROLLBACK"),
+        "{statements:#?}"
+    );
+
+    let (commits_before, _) = app.store.group_commit_counts();
+    let refused = (app.alice.token.clone(), "a-1".to_owned());
+    let answers = as_one_batch(&app, vec![bob("b-4"), refused, bob("b-5")]).await;
+    assert_eq!(
+        answers,
+        [
+            StatusCode::CREATED,
+            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::CREATED
+        ]
+    );
+    let statements = sent_on_one_connection(log.take_sent());
+    let rollback = statements.iter().position(|sql| sql == "ROLLBACK");
+    let first_savepoint = statements
+        .iter()
+        .position(|sql| sql.to_uppercase().starts_with("SAVEPOINT"));
+    assert!(
+        matches!((rollback, first_savepoint), (Some(r), Some(s)) if r < s),
+        "rolled back, then again in savepoints: {statements:#?}"
+    );
+    // The leader took b-4 while the lock was held, the others once its
+    // transaction opened: b-5 ran before alice's refusal (bob's creations
+    // together) or, if after it, not at all before the rollback.
+    let refused_at = statements.iter().position(|sql| sql.contains("\"a-1\""));
+    let after_refusal = &statements[refused_at.unwrap()..rollback.unwrap()];
+    assert!(
+        !after_refusal.iter().any(|sql| sql.contains("\"b-5\"")),
+        "nothing ran after the failed write: {statements:#?}"
+    );
+    let (commits, _) = app.store.group_commit_counts();
+    assert_eq!(commits - commits_before, 1, "one commit stored the batch");
+
+    let (bobs, bob_attempts) = stored_jobs(&app, &app.bob.id).await;
+    assert_eq!(bobs.len(), 5, "{bobs:?}");
+    assert_eq!(bob_attempts.len(), 5);
+    assert!(bob_attempts.values().all(|n| *n == 1), "{bob_attempts:?}");
+    let (alices, _) = stored_jobs(&app, &app.alice.id).await;
+    assert!(
+        alices.is_empty(),
+        "the refused creation left nothing: {alices:?}"
+    );
 }
 
 /// The two group-commit gauges of a server's `/metrics`.
