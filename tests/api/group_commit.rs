@@ -141,16 +141,7 @@ async fn a_batch_with_a_replay_and_a_reused_key_answers_each_and_stores_the_righ
     send("made-before".into(), "made before");
     send("reused".into(), "another payload");
     let everyone = requests.len();
-    let queued = queued_before + everyone as u64;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while app.store.batched_writes_queued() != Some(queued) {
-        assert!(
-            Instant::now() < deadline,
-            "the requests never queued: {:?} of {queued}",
-            app.store.batched_writes_queued()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_until_queued(&app, queued_before + everyone as u64).await;
     // The last comer is in the queue, and the leader waits for the lock.
     tokio::time::sleep(Duration::from_millis(100)).await;
     for (_, request) in &requests {
@@ -210,6 +201,20 @@ async fn a_batch_with_a_replay_and_a_reused_key_answers_each_and_stores_the_righ
     }
 }
 
+/// Waits until the app's batched writes queued since its start reach
+/// `queued` (at most 10 s).
+async fn wait_until_queued(app: &TestApp, queued: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app.store.batched_writes_queued() != Some(queued) {
+        assert!(
+            Instant::now() < deadline,
+            "the requests never queued: {:?} of {queued}",
+            app.store.batched_writes_queued()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// Creations sent while the write lock is held, each queued before the
 /// next is sent, then let through together: one batch, in that order.
 /// Their answers, in order.
@@ -227,11 +232,7 @@ async fn as_one_batch(app: &Arc<TestApp>, requests: Vec<(String, String)>) -> Ve
             app_.post_job(&token, &key, &body).await.status()
         }));
         queued += 1;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while app.store.batched_writes_queued() != Some(queued) {
-            assert!(Instant::now() < deadline, "the requests never queued");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        wait_until_queued(app, queued).await;
     }
     lock.release();
     let mut answers = Vec::new();

@@ -42,6 +42,16 @@ input = 1.0
 output = 4.0
 "#;
 
+/// [`PRICES`]' currency with `provider`'s price alone.
+fn price_of(provider: &str) -> String {
+    let header = &PRICES[..PRICES.find("\n[[ledger.prices]]").unwrap()];
+    let entry = PRICES
+        .split("\n[[ledger.prices]]")
+        .find(|entry| entry.starts_with(&format!("\nprovider = \"{provider}\"")))
+        .unwrap();
+    format!("{header}\n[[ledger.prices]]{entry}")
+}
+
 fn openai_usage(prompt: u64, completion: u64, cached: u64) -> Value {
     json!({
         "prompt_tokens": prompt,
@@ -274,12 +284,8 @@ async fn priced_and_unpriced_calls_in_turn_each_keep_their_cost(backend: TestBac
         held_provider("free", &free.base_url),
         strict_task_toml("summarize", &["fast"], "Summarize: {{ text }}"),
         strict_task_toml("gratis", &["free"], "Summarize: {{ text }}"),
-        // The currency and `fast`'s price; `free` has none.
-        PRICES[..PRICES.find("\n[[ledger.prices]]").unwrap()].to_owned(),
-        PRICES[PRICES
-            .find("\n[[ledger.prices]]\nprovider = \"fast\"")
-            .unwrap()..]
-            .to_owned(),
+        // `free` has no price.
+        price_of("fast"),
     ]
     .concat();
     let app = spawn_app_with(backend, config_of(&toml)).await;
@@ -313,10 +319,7 @@ async fn an_unknown_attempt_shows_unknown_usage(backend: TestBackend) {
     let toml = [
         held_provider("slow", &slow.base_url),
         strict_task_toml("summarize", &["slow"], "Summarize: {{ text }}"),
-        PRICES[..PRICES
-            .find("\n[[ledger.prices]]\nprovider = \"fast\"")
-            .unwrap()]
-            .to_owned(),
+        price_of("slow"),
     ]
     .concat();
     let app = spawn_app_with(backend, config_of(&toml)).await;
