@@ -1,6 +1,7 @@
 //! The ceilings onejob is measured against, in the same run: pgbench running
-//! onejob's own statements on onejob's own schema, and a raw single-connection
-//! SQLite loop of the creation transaction.
+//! onejob's own statements on onejob's own schema, a raw single-connection
+//! SQLite loop of the creation transaction, and the durable floor of one
+//! `/v1` answer on each backend (its two commits, raw, one at a time).
 
 use std::path::Path;
 use std::process::Command;
@@ -9,9 +10,25 @@ use std::time::{Duration, Instant};
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 
+use crate::load::Run;
+
 pub const FUNCTIONS: &str = include_str!("../../bench/pgbench/functions.sql");
 pub const CREATE: &str = include_str!("../../bench/pgbench/create.sql");
-pub const LIFECYCLE: &str = include_str!("../../bench/pgbench/lifecycle.sql");
+/// A job made with its attempt running: the first part of the next two.
+const RUNNING_JOB: &str = include_str!("../../bench/pgbench/running_job.sql");
+const LIFECYCLE_CAS: &str = include_str!("../../bench/pgbench/lifecycle.sql");
+const ANSWER: &str = include_str!("../../bench/pgbench/answer.sql");
+
+/// The bare lifecycle: the running job, then the compare-and-swap transaction.
+pub fn lifecycle_script() -> String {
+    format!("{RUNNING_JOB}{LIFECYCLE_CAS}")
+}
+
+/// The durable floor of one `/v1` answer: the running job, then the answer
+/// in one statement.
+pub fn answer_script() -> String {
+    format!("{RUNNING_JOB}{ANSWER}")
+}
 /// Group commit's multi-row creation, [`CREATE_BATCH_ROWS`] jobs a statement.
 pub const CREATE_BATCHED: &str = include_str!("../../bench/pgbench/create_batched.sql");
 pub const CREATE_BATCH_ROWS: usize = 32;
@@ -150,38 +167,100 @@ pub fn wal_syncs(database_url: &str) -> Option<i64> {
         .map(|s| s.wal_sync)
 }
 
-/// Creations per second of a raw loop on one SQLite connection: the same two
-/// inserts, `per_commit` creations to a `BEGIN IMMEDIATE` transaction
-/// (1: one transaction, one `fsync`, per job), `journal_mode=WAL`,
-/// `synchronous=FULL`, on a database with onejob's schema.
-pub fn sqlite_raw_loop(path: &Path, owner: &str, duration: Duration, per_commit: usize) -> f64 {
+/// One raw SQLite connection on a database with onejob's schema, set as
+/// onejob sets its own: `journal_mode=WAL`, `synchronous=FULL`.
+fn raw_sqlite(path: &Path) -> SqliteConnection {
     let mut conn = SqliteConnection::establish(&path.display().to_string()).unwrap();
     conn.batch_execute(
         "PRAGMA busy_timeout = 5000; PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; \
          PRAGMA foreign_keys = ON;",
     )
     .unwrap();
+    conn
+}
+
+/// A job and its first attempt, `state` (`queued`, or `running` as sent),
+/// as raw SQL.
+fn raw_creation(job: &uuid::Uuid, attempt: &uuid::Uuid, owner: &str, state: &str) -> String {
+    let now = chrono::Utc::now().timestamp_millis();
+    let fingerprint = format!("{}{}", job.simple(), attempt.simple());
+    let (job_status, version_read) = match state {
+        "running" => ("running", "0"),
+        _ => ("pending", "NULL"),
+    };
+    format!(
+        "INSERT INTO jobs (id, owner_id, idempotency_key, task, provider, requested_provider,
+             input, params, fingerprint, status, version, created_at, updated_at)
+           VALUES ('{job}', '{owner}', 'raw-{job}', 'summarize', 'sim', NULL,
+             '{{\"text\":\"raw\"}}', '{{}}', '{fingerprint}', '{job_status}', 0, {now}, {now})
+           ON CONFLICT (owner_id, idempotency_key) DO NOTHING;
+         INSERT INTO attempts (id, job_id, owner_id, number, provider, state, version_read,
+             created_at)
+           VALUES ('{attempt}', '{job}', '{owner}', 1, 'sim', '{state}', {version_read}, {now});"
+    )
+}
+
+/// Creations per second of a raw loop on one SQLite connection: the same two
+/// inserts, `per_commit` creations to a `BEGIN IMMEDIATE` transaction
+/// (1: one transaction, one `fsync`, per job), on a database with onejob's
+/// schema ([`raw_sqlite`]).
+pub fn sqlite_raw_loop(path: &Path, owner: &str, duration: Duration, per_commit: usize) -> f64 {
+    let mut conn = raw_sqlite(path);
     let started = Instant::now();
     let mut done = 0u64;
     while started.elapsed() < duration {
         let mut batch = String::from("BEGIN IMMEDIATE;");
         for _ in 0..per_commit.max(1) {
             let (job, attempt) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
-            let now = chrono::Utc::now().timestamp_millis();
-            let fingerprint = format!("{}{}", job.simple(), attempt.simple());
-            batch.push_str(&format!(
-                "INSERT INTO jobs (id, owner_id, idempotency_key, task, provider, requested_provider,
-                     input, params, fingerprint, status, version, created_at, updated_at)
-                   VALUES ('{job}', '{owner}', 'raw-{job}', 'summarize', 'sim', NULL,
-                     '{{\"text\":\"raw\"}}', '{{}}', '{fingerprint}', 'pending', 0, {now}, {now})
-                   ON CONFLICT (owner_id, idempotency_key) DO NOTHING;
-                 INSERT INTO attempts (id, job_id, owner_id, number, provider, state, created_at)
-                   VALUES ('{attempt}', '{job}', '{owner}', 1, 'sim', 'queued', {now});"
-            ));
+            batch.push_str(&raw_creation(&job, &attempt, owner, "queued"));
         }
         batch.push_str("COMMIT;");
         conn.batch_execute(&batch).expect("the raw SQLite loop");
         done += per_commit.max(1) as u64;
     }
     done as f64 / started.elapsed().as_secs_f64()
+}
+
+/// The durable floor of one `/v1` answer on SQLite: the two commits every
+/// call waits for, raw, one job at a time on one connection. First the job
+/// with its attempt running (durable before the provider is called), then
+/// the answer: the job's result, the attempt's end and the call's row in
+/// the usage ledger. Each job's time is the two together. With
+/// `synchronous` other than `FULL`, the same without waiting for the disk.
+pub fn sqlite_answer_floor(path: &Path, owner: &str, duration: Duration, synchronous: &str) -> Run {
+    let mut conn = raw_sqlite(path);
+    conn.batch_execute(&format!("PRAGMA synchronous = {synchronous};"))
+        .unwrap();
+    let mut run = Run::default();
+    let started = Instant::now();
+    while started.elapsed() < duration {
+        let (job, attempt) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
+        let sent = Instant::now();
+        let created = format!(
+            "BEGIN IMMEDIATE; {} COMMIT;",
+            raw_creation(&job, &attempt, owner, "running")
+        );
+        conn.batch_execute(&created).expect("the raw creation");
+        let now = chrono::Utc::now().timestamp_millis();
+        conn.batch_execute(&format!(
+            "BEGIN IMMEDIATE;
+             UPDATE attempts SET state = 'succeeded', outcome = 'won', finished_at = {now},
+                 lease_expires_at = NULL
+               WHERE id = '{attempt}' AND owner_id = '{owner}' AND state = 'running';
+             UPDATE jobs SET result = '{{\"summary\":\"ok\"}}', completed_by = '{attempt}',
+                 status = 'succeeded', version = version + 1, updated_at = {now}
+               WHERE id = '{job}' AND owner_id = '{owner}' AND version = 0
+                 AND completed_by IS NULL;
+             INSERT INTO usage_ledger (attempt_id, owner_id, job_id, task, provider, model, kind,
+                 late, prompt_tokens, completion_tokens, cached_tokens, usage_source,
+                 cost_micros, price_effective_from, currency, recorded_at)
+               VALUES ('{attempt}', '{owner}', '{job}', 'summarize', 'sim', 'simulated', 'won',
+                 0, 12, 3, 0, 'estimated', NULL, NULL, NULL, {now});
+             COMMIT;"
+        ))
+        .expect("the raw answer");
+        run.latencies.push(sent.elapsed());
+    }
+    run.elapsed = started.elapsed();
+    run
 }

@@ -607,8 +607,11 @@ impl Bench {
             .expect("no budget to set");
         self.empty_lifecycle = Some(rate);
         self.drop_database("onejob_bench_lifecycle");
-        let (rounds, database, since) =
-            self.pgbench_of("lifecycle", ceiling::LIFECYCLE, self.args.concurrency);
+        let (rounds, database, since) = self.pgbench_of(
+            "lifecycle",
+            &ceiling::lifecycle_script(),
+            self.args.concurrency,
+        );
         let url = self.pg.database_url(&database);
         // Jobs pgbench's measured run created and finished, per second of
         // the run (counted in the database, not taken from pgbench's tps).
@@ -1308,6 +1311,9 @@ impl Bench {
                     load::us(overhead),
                     load::us(through.p99().saturating_sub(direct.p99()))
                 );
+                if concurrency == 1 {
+                    self.above_the_floor(backend, overhead, duration);
+                }
             }
             drop(servers);
             if backend == "postgres" {
@@ -1318,6 +1324,59 @@ impl Bench {
             let exports = exports.load(std::sync::atomic::Ordering::Relaxed);
             println!("  the collector took {exports} exports");
         }
+    }
+
+    /// The `/v1` overhead at concurrency 1 beside its durable floor: the two
+    /// commits each call must wait for (the job with its attempt running,
+    /// before the provider is called; the answer, before the caller hears
+    /// it), made raw and one at a time on a fresh database of the same
+    /// backend. What the overhead has above that floor is onejob's own.
+    fn above_the_floor(&mut self, backend: &str, overhead: Duration, duration: Duration) {
+        let floor = match backend {
+            "sqlite" => {
+                let path = self.dir().join("floor.db");
+                let prepared = Deployment::prepare(
+                    self.dir(),
+                    "floor",
+                    &path.display().to_string(),
+                    &config(0, 8, SIMULATED),
+                );
+                let owner = sqlite_owner(&path);
+                drop(prepared);
+                let unsynced = ceiling::sqlite_answer_floor(&path, &owner, duration, "OFF");
+                let floor = ceiling::sqlite_answer_floor(&path, &owner, duration, "FULL");
+                println!(
+                    "    durable floor (raw SQLite, the two commits of a call, one call at a \
+                     time): p50 {}, p99 {}; the same without waiting for the disk: p50 {}",
+                    load::us(floor.p50()),
+                    load::us(floor.p99()),
+                    load::us(unsynced.p50()),
+                );
+                floor.p50()
+            }
+            _ => {
+                let (tps, database, _) = self.pgbench_of("answer", &ceiling::answer_script(), 1);
+                self.drop_database(&database);
+                let mean = Duration::from_secs_f64(1.0 / tps.max(1e-9));
+                println!(
+                    "    durable floor (pgbench, one client, the two statements of a call): \
+                     {} a call on average",
+                    load::us(mean)
+                );
+                mean
+            }
+        };
+        println!(
+            "    above the floor: {}",
+            load::us(overhead.saturating_sub(floor))
+        );
+        self.push(Ratio {
+            name: format!("overhead {backend} c=1 vs its durable floor"),
+            product: format!("p50 overhead {}", load::us(overhead)),
+            ceiling: format!("the two commits alone {}", load::us(floor)),
+            ratio: overhead.as_secs_f64() / floor.as_secs_f64().max(1e-9),
+            goal: Goal::None,
+        });
     }
 
     /// One `onejob serve` process on a fresh `backend` database, with the
