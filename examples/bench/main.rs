@@ -825,15 +825,7 @@ impl Bench {
             goal: Goal::None,
         });
         drop(servers);
-        let raw_path = self.dir().join("raw.db");
-        let raw = Deployment::prepare(
-            self.dir(),
-            "raw",
-            &raw_path.display().to_string(),
-            &config(0, 8, SIMULATED),
-        );
-        let owner = sqlite_owner(&raw_path);
-        drop(raw);
+        let (raw_path, owner) = self.raw_sqlite_database("raw");
         let ceiling = ceiling::sqlite_raw_loop(&raw_path, &owner, self.seconds(), 1);
         println!("  raw SQLite loop: {ceiling:.0} creations/s");
         let batch = self.args.concurrency;
@@ -1326,6 +1318,21 @@ impl Bench {
         }
     }
 
+    /// A fresh SQLite database `name.db` for a raw loop: migrated, with its
+    /// user made, by onejob itself. Its path and the user's id.
+    fn raw_sqlite_database(&self, name: &str) -> (std::path::PathBuf, String) {
+        let path = self.dir().join(format!("{name}.db"));
+        let prepared = Deployment::prepare(
+            self.dir(),
+            name,
+            &path.display().to_string(),
+            &config(0, 8, SIMULATED),
+        );
+        let owner = sqlite_owner(&path);
+        drop(prepared);
+        (path, owner)
+    }
+
     /// The `/v1` overhead at concurrency 1 beside its durable floor: the two
     /// commits each call must wait for (the job with its attempt running,
     /// before the provider is called; the answer, before the caller hears
@@ -1334,15 +1341,7 @@ impl Bench {
     fn above_the_floor(&mut self, backend: &str, overhead: Duration, duration: Duration) {
         let floor = match backend {
             "sqlite" => {
-                let path = self.dir().join("floor.db");
-                let prepared = Deployment::prepare(
-                    self.dir(),
-                    "floor",
-                    &path.display().to_string(),
-                    &config(0, 8, SIMULATED),
-                );
-                let owner = sqlite_owner(&path);
-                drop(prepared);
+                let (path, owner) = self.raw_sqlite_database("floor");
                 let unsynced = ceiling::sqlite_answer_floor(&path, &owner, duration, "OFF");
                 let floor = ceiling::sqlite_answer_floor(&path, &owner, duration, "FULL");
                 println!(
