@@ -179,14 +179,27 @@ fn raw_sqlite(path: &Path) -> SqliteConnection {
     conn
 }
 
-/// A job and its first attempt, `state` (`queued`, or `running` as sent),
-/// as raw SQL.
-fn raw_creation(job: &uuid::Uuid, attempt: &uuid::Uuid, owner: &str, state: &str) -> String {
+/// How a raw creation leaves its first attempt.
+#[derive(Clone, Copy)]
+enum FirstAttempt {
+    /// Waiting for the worker.
+    Queued,
+    /// Claimed and confirmed for sending, as when the worker has a slot.
+    Running,
+}
+
+/// A job and its first attempt as raw SQL.
+fn raw_creation(
+    job: &uuid::Uuid,
+    attempt: &uuid::Uuid,
+    owner: &str,
+    first: FirstAttempt,
+) -> String {
     let now = chrono::Utc::now().timestamp_millis();
     let fingerprint = format!("{}{}", job.simple(), attempt.simple());
-    let (job_status, version_read) = match state {
-        "running" => ("running", "0"),
-        _ => ("pending", "NULL"),
+    let (job_status, state, version_read) = match first {
+        FirstAttempt::Running => ("running", "running", "0"),
+        FirstAttempt::Queued => ("pending", "queued", "NULL"),
     };
     format!(
         "INSERT INTO jobs (id, owner_id, idempotency_key, task, provider, requested_provider,
@@ -212,7 +225,7 @@ pub fn sqlite_raw_loop(path: &Path, owner: &str, duration: Duration, per_commit:
         let mut batch = String::from("BEGIN IMMEDIATE;");
         for _ in 0..per_commit.max(1) {
             let (job, attempt) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
-            batch.push_str(&raw_creation(&job, &attempt, owner, "queued"));
+            batch.push_str(&raw_creation(&job, &attempt, owner, FirstAttempt::Queued));
         }
         batch.push_str("COMMIT;");
         conn.batch_execute(&batch).expect("the raw SQLite loop");
@@ -232,13 +245,14 @@ pub fn sqlite_answer_floor(path: &Path, owner: &str, duration: Duration, synchro
     conn.batch_execute(&format!("PRAGMA synchronous = {synchronous};"))
         .unwrap();
     let mut run = Run::default();
+    let answered_before = succeeded_jobs(&mut conn);
     let started = Instant::now();
     while started.elapsed() < duration {
         let (job, attempt) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
         let sent = Instant::now();
         let created = format!(
             "BEGIN IMMEDIATE; {} COMMIT;",
-            raw_creation(&job, &attempt, owner, "running")
+            raw_creation(&job, &attempt, owner, FirstAttempt::Running)
         );
         conn.batch_execute(&created).expect("the raw creation");
         let now = chrono::Utc::now().timestamp_millis();
@@ -262,5 +276,20 @@ pub fn sqlite_answer_floor(path: &Path, owner: &str, duration: Duration, synchro
         run.latencies.push(sent.elapsed());
     }
     run.elapsed = started.elapsed();
+    // Every answer took: the floor is of writes that happened.
+    assert_eq!(
+        succeeded_jobs(&mut conn) - answered_before,
+        run.latencies.len() as i64,
+        "every raw answer made its job succeed"
+    );
     run
+}
+
+/// How many jobs have succeeded.
+fn succeeded_jobs(conn: &mut SqliteConnection) -> i64 {
+    diesel::dsl::sql::<diesel::sql_types::BigInt>(
+        "SELECT count(*) FROM jobs WHERE status = 'succeeded'",
+    )
+    .get_result(conn)
+    .unwrap()
 }

@@ -1354,7 +1354,19 @@ impl Bench {
                 floor.p50()
             }
             _ => {
-                let (tps, database, _) = self.pgbench_of("answer", &ceiling::answer_script(), 1);
+                let (tps, database, since) =
+                    self.pgbench_of("answer", &ceiling::answer_script(), 1);
+                // Every answer took: the floor is of writes that happened.
+                let all_answered: bool = diesel::dsl::sql::<diesel::sql_types::Bool>(&format!(
+                    "SELECT count(*) > 0 AND bool_and(status = 'succeeded') FROM jobs \
+                     WHERE created_at >= {since}"
+                ))
+                .get_result(&mut ceiling::pg(&self.pg.database_url(&database)))
+                .unwrap();
+                assert!(
+                    all_answered,
+                    "pgbench made jobs, and each answer made its job succeed"
+                );
                 self.drop_database(&database);
                 let mean = Duration::from_secs_f64(1.0 / tps.max(1e-9));
                 println!(
