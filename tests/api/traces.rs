@@ -347,7 +347,11 @@ pub async fn failover_with_a_lost_race(backend: TestBackend) -> FailoverTrace {
                 .iter()
                 .any(|s| s.attr("onejob.cas.verdict") == Some(&Attr::Text("lost".into())))
                 && job_trace.iter().any(|s| s.name == "webhook delivery")
-                && spans.iter().any(|s| s.trace_id == retry_trace)
+                // The replay's own span, not only its children: a span is
+                // exported when it ends, and the request's ends last.
+                && spans
+                    .iter()
+                    .any(|s| s.trace_id == retry_trace && s.name == "POST /api/v1/jobs")
         })
         .await;
     FailoverTrace {
