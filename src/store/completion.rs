@@ -359,9 +359,8 @@ fn settle_success(
         attempts::lease_expires_at.eq(None::<i64>),
         attempts::outcome.eq(result),
     ))
-    .returning(attempts::id)
     .keep_prepared_as::<SettleAttemptSqlite>()
-    .load::<AttemptId>(conn)?;
+    .run_on_sqlite(conn)?;
     Ok(Settlement {
         finished,
         subscribed: None,
@@ -557,6 +556,10 @@ fn settle_success_in_one_statement(
     }
 }
 
+/// SQLite's compare-and-swap. It keeps its `RETURNING` (see
+/// `store::prepared`): a waiter answers from the row it returns, and
+/// setting `completed_by`, a foreign key, makes SQLite keep a statement
+/// journal for it all the same.
 fn cas_job_result(
     conn: &mut diesel::SqliteConnection,
     job_id: &JobId,

@@ -788,14 +788,20 @@ fn insert_job_unless_key_exists(conn: &mut DbConnection, row: &Job) -> QueryResu
     /// inserts every column (`None` as NULL), so its text is one.
     struct JobUnlessKeyExists;
     let target = (jobs::owner_id, jobs::idempotency_key);
-    let inserted: Vec<String> = per_backend!(conn, |c| diesel::insert_into(jobs::table)
+    let insert = diesel::insert_into(jobs::table)
         .values(row)
         .on_conflict(target)
-        .do_nothing()
-        .returning(jobs::id)
-        .keep_prepared_as::<JobUnlessKeyExists>()
-        .load(c))?;
-    Ok(inserted.len())
+        .do_nothing();
+    match conn {
+        DbConnection::Postgresql(c) => Ok(insert
+            .returning(jobs::id)
+            .keep_prepared_as::<JobUnlessKeyExists>()
+            .load::<String>(c)?
+            .len()),
+        DbConnection::Sqlite(c) => insert
+            .keep_prepared_as::<JobUnlessKeyExists>()
+            .run_on_sqlite(c),
+    }
 }
 
 /// The owner's jobs, newest first (ids are time-ordered), `limit` at a time,

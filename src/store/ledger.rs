@@ -158,17 +158,19 @@ pub(super) fn record_call(
         recorded_at: now,
     };
     let key = (usage_ledger::attempt_id, usage_ledger::owner_id);
-    let inserted: Vec<String> = per_backend!(conn, |c| diesel::insert_into(usage_ledger::table)
+    let insert = diesel::insert_into(usage_ledger::table)
         .values(&entry)
         .on_conflict(key)
-        .do_nothing()
-        .returning(usage_ledger::attempt_id)
-        .keep_prepared_as::<RecordCall>()
-        .load(c))?;
-    if inserted.is_empty() {
-        return Ok(None);
-    }
-    Ok(Some(entry))
+        .do_nothing();
+    let inserted = match conn {
+        DbConnection::Postgresql(c) => insert
+            .returning(usage_ledger::attempt_id)
+            .keep_prepared_as::<RecordCall>()
+            .load::<String>(c)?
+            .len(),
+        DbConnection::Sqlite(c) => insert.keep_prepared_as::<RecordCall>().run_on_sqlite(c)?,
+    };
+    Ok((inserted > 0).then_some(entry))
 }
 
 /// The ledger rows of one job's attempts.

@@ -16,15 +16,21 @@
 //! every value as a bind, never written into its text, so that its texts
 //! are a small fixed set.
 //!
-//! Run a wrapped statement with `load` or `get_result` (give it a
-//! `RETURNING` if it has nothing to return): diesel's `execute` hands the
-//! statement on by reference, and a reference asks the statement's own
-//! parts whether it may be cached, not this wrapper. Name the columns it
-//! returns (no `RETURNING *`): PostgreSQL refuses to run a kept statement
-//! whose result gained a column (a migration while this process runs).
+//! Run a wrapped statement with `load` or `get_result`: diesel's `execute`
+//! hands the statement on by reference, and a reference asks the
+//! statement's own parts whether it may be cached, not this wrapper. Name
+//! the columns it returns (no `RETURNING *`): PostgreSQL refuses to run a
+//! kept statement whose result gained a column (a migration while this
+//! process runs). On SQLite, a statement with nothing to return runs with
+//! [`Prepared::run_on_sqlite`] instead, without a `RETURNING`: SQLite
+//! gathers a `RETURNING` clause's rows in a table of their own, and a write
+//! with one keeps a statement journal (a copy of each page it changes),
+//! which a single-row write without one does not need.
 
 use diesel::backend::Backend;
 use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
+use diesel::sql_types::BigInt;
+use diesel::sqlite::{Sqlite, SqliteConnection};
 use diesel::{QueryResult, RunQueryDsl};
 
 /// How a kept statement is found in a connection's cache: by its text, or
@@ -105,3 +111,58 @@ impl<Q: Query, K> Query for Prepared<Q, K> {
 }
 
 impl<Q, K, Conn> RunQueryDsl<Conn> for Prepared<Q, K> {}
+
+/// A kept statement that returns no rows, run through `load` so that the
+/// connection's cache is asked about this wrapper (see the module).
+struct NoRows<Q, K>(Prepared<Q, K>);
+
+impl<Q, K, DB> QueryFragment<DB> for NoRows<Q, K>
+where
+    DB: Backend,
+    Q: QueryFragment<DB>,
+{
+    fn walk_ast<'b>(&'b self, pass: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        self.0.walk_ast(pass)
+    }
+
+    fn is_safe_to_cache_prepared(&self, backend: &DB) -> QueryResult<bool> {
+        self.0.is_safe_to_cache_prepared(backend)
+    }
+}
+
+impl<Q, K: CacheKey> QueryId for NoRows<Q, K> {
+    type QueryId = K::Id;
+    const HAS_STATIC_QUERY_ID: bool = K::BY_TYPE;
+}
+
+/// Its rows' type, for `load`: it has none.
+impl<Q, K> Query for NoRows<Q, K> {
+    type SqlType = diesel::sql_types::Integer;
+}
+
+impl<Q, K, Conn> RunQueryDsl<Conn> for NoRows<Q, K> {}
+
+/// Names the statement that reads SQLite's count of the rows the last
+/// write changed.
+struct ChangesOfLastWrite;
+
+impl<Q, K> Prepared<Q, K>
+where
+    Q: QueryFragment<Sqlite>,
+    K: CacheKey,
+{
+    /// Runs a kept write that has no `RETURNING` on SQLite, and returns
+    /// how many rows it inserted, updated or deleted (`changes()`, which a
+    /// conflict that did nothing leaves at 0).
+    pub fn run_on_sqlite(self, conn: &mut SqliteConnection) -> QueryResult<usize> {
+        let none: Vec<i32> = NoRows(self).load(conn)?;
+        debug_assert!(
+            none.is_empty(),
+            "a statement run for its count returned rows"
+        );
+        let changed: i64 = diesel::select(diesel::dsl::sql::<BigInt>("changes()"))
+            .keep_prepared_as::<ChangesOfLastWrite>()
+            .get_result(conn)?;
+        Ok(usize::try_from(changed).unwrap_or(0))
+    }
+}

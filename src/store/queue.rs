@@ -420,8 +420,9 @@ pub fn insert_started_attempt(
     now: Timestamp,
 ) -> StoreResult<Attempt> {
     let lease_until = db_now_plus(conn, start.lease_ms);
+    let id = AttemptId::new();
     let insert = diesel::insert_into(attempts::table).values((
-        attempts::id.eq(AttemptId::new()),
+        attempts::id.eq(&id),
         attempts::job_id.eq(&job.id),
         attempts::owner_id.eq(&job.owner_id),
         attempts::number.eq(1),
@@ -438,10 +439,24 @@ pub fn insert_started_attempt(
     /// Names the insert in a connection's statement cache: every value is
     /// a bind, and the lease's clock is the backend's own (one text each).
     struct StartedAttempt;
-    Ok(per_backend!(conn, |c| insert
-        .returning(Attempt::as_returning())
-        .keep_prepared_as::<StartedAttempt>()
-        .get_result(c)?))
+    Ok(match conn {
+        DbConnection::Postgresql(c) => insert
+            .returning(Attempt::as_returning())
+            .keep_prepared_as::<StartedAttempt>()
+            .get_result(c)?,
+        // Read back by its key in the same transaction: cheaper on SQLite
+        // than a `RETURNING` (see `store::prepared`).
+        DbConnection::Sqlite(c) => {
+            insert
+                .keep_prepared_as::<StartedAttempt>()
+                .run_on_sqlite(c)?;
+            attempts::table
+                .filter(attempts::id.eq(&id))
+                .filter(attempts::owner_id.eq(&job.owner_id))
+                .select(Attempt::as_select())
+                .first(c)?
+        }
+    })
 }
 
 /// An attempt's job: the same id and the same owner, so that the join stays
