@@ -112,11 +112,11 @@ impl<Q: Query, K> Query for Prepared<Q, K> {
 
 impl<Q, K, Conn> RunQueryDsl<Conn> for Prepared<Q, K> {}
 
-/// A kept statement that returns no rows, run through `load` so that the
-/// connection's cache is asked about this wrapper (see the module).
-struct NoRows<Q, K>(Prepared<Q, K>);
+/// A write with nothing to return, given a row type so that it can be kept
+/// and run through `load` (see the module); it returns no rows.
+struct NoRows<Q>(Q);
 
-impl<Q, K, DB> QueryFragment<DB> for NoRows<Q, K>
+impl<Q, DB> QueryFragment<DB> for NoRows<Q>
 where
     DB: Backend,
     Q: QueryFragment<DB>,
@@ -124,23 +124,11 @@ where
     fn walk_ast<'b>(&'b self, pass: AstPass<'_, 'b, DB>) -> QueryResult<()> {
         self.0.walk_ast(pass)
     }
-
-    fn is_safe_to_cache_prepared(&self, backend: &DB) -> QueryResult<bool> {
-        self.0.is_safe_to_cache_prepared(backend)
-    }
 }
 
-impl<Q, K: CacheKey> QueryId for NoRows<Q, K> {
-    type QueryId = K::Id;
-    const HAS_STATIC_QUERY_ID: bool = K::BY_TYPE;
-}
-
-/// Its rows' type, for `load`: it has none.
-impl<Q, K> Query for NoRows<Q, K> {
+impl<Q> Query for NoRows<Q> {
     type SqlType = diesel::sql_types::Integer;
 }
-
-impl<Q, K, Conn> RunQueryDsl<Conn> for NoRows<Q, K> {}
 
 /// Names the statement that reads SQLite's count of the rows the last
 /// write changed.
@@ -155,7 +143,8 @@ where
     /// how many rows it inserted, updated or deleted (`changes()`, which a
     /// conflict that did nothing leaves at 0).
     pub fn run_on_sqlite(self, conn: &mut SqliteConnection) -> QueryResult<usize> {
-        let none: Vec<i32> = NoRows(self).load(conn)?;
+        let none: Vec<i32> =
+            Prepared::<_, K>(NoRows(self.0), std::marker::PhantomData).load(conn)?;
         debug_assert!(
             none.is_empty(),
             "a statement run for its count returned rows"
