@@ -800,7 +800,7 @@ fn insert_job_unless_key_exists(conn: &mut DbConnection, row: &Job) -> QueryResu
             .len()),
         DbConnection::Sqlite(c) => insert
             .keep_prepared_as::<JobUnlessKeyExists>()
-            .run_on_sqlite(c),
+            .count_on_sqlite(c),
     }
 }
 

@@ -168,7 +168,7 @@ pub(super) fn record_call(
             .keep_prepared_as::<RecordCall>()
             .load::<String>(c)?
             .len(),
-        DbConnection::Sqlite(c) => insert.keep_prepared_as::<RecordCall>().run_on_sqlite(c)?,
+        DbConnection::Sqlite(c) => insert.keep_prepared_as::<RecordCall>().count_on_sqlite(c)?,
     };
     Ok((inserted > 0).then_some(entry))
 }

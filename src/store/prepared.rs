@@ -22,7 +22,7 @@
 //! the columns it returns (no `RETURNING *`): PostgreSQL refuses to run a
 //! kept statement whose result gained a column (a migration while this
 //! process runs). On SQLite, a statement with nothing to return runs with
-//! [`Prepared::run_on_sqlite`] instead, without a `RETURNING`: SQLite
+//! [`Prepared::run_on_sqlite`] (or [`Prepared::count_on_sqlite`]) instead, without a `RETURNING`: SQLite
 //! gathers a `RETURNING` clause's rows in a table of their own, and a write
 //! with one keeps a statement journal (a copy of each page it changes),
 //! which a single-row write without one does not need.
@@ -139,16 +139,22 @@ where
     Q: QueryFragment<Sqlite>,
     K: CacheKey,
 {
-    /// Runs a kept write that has no `RETURNING` on SQLite, and returns
-    /// how many rows it inserted, updated or deleted (`changes()`, which a
-    /// conflict that did nothing leaves at 0).
-    pub fn run_on_sqlite(self, conn: &mut SqliteConnection) -> QueryResult<usize> {
+    /// Runs a kept write that has no `RETURNING` on SQLite.
+    pub fn run_on_sqlite(self, conn: &mut SqliteConnection) -> QueryResult<()> {
         let none: Vec<i32> =
             Prepared::<_, K>(NoRows(self.0), std::marker::PhantomData).load(conn)?;
         debug_assert!(
             none.is_empty(),
-            "a statement run for its count returned rows"
+            "a write run without RETURNING returned rows"
         );
+        Ok(())
+    }
+
+    /// [`Prepared::run_on_sqlite`], returning how many rows the write
+    /// inserted, updated or deleted (`changes()`, which a conflict that
+    /// did nothing leaves at 0).
+    pub fn count_on_sqlite(self, conn: &mut SqliteConnection) -> QueryResult<usize> {
+        self.run_on_sqlite(conn)?;
         let changed: i64 = diesel::select(diesel::dsl::sql::<BigInt>("changes()"))
             .keep_prepared_as::<ChangesOfLastWrite>()
             .get_result(conn)?;

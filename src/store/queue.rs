@@ -13,7 +13,7 @@ use diesel::sql_types::{BigInt, Nullable};
 
 use super::connection::{db_clock, db_now_ms, per_backend, write_transaction};
 use super::prepared::KeepPrepared;
-use super::reads::get_job;
+use super::reads::{find_owned_attempt, get_job};
 use super::rows::{Attempt, Job};
 use super::rows::{AttemptKey, JobKey};
 use super::schema::{attempts, jobs};
@@ -439,24 +439,20 @@ pub fn insert_started_attempt(
     /// Names the insert in a connection's statement cache: every value is
     /// a bind, and the lease's clock is the backend's own (one text each).
     struct StartedAttempt;
-    Ok(match conn {
-        DbConnection::Postgresql(c) => insert
+    match conn {
+        DbConnection::Postgresql(c) => Ok(insert
             .returning(Attempt::as_returning())
             .keep_prepared_as::<StartedAttempt>()
-            .get_result(c)?,
+            .get_result(c)?),
         // Read back by its key in the same transaction: cheaper on SQLite
         // than a `RETURNING` (see `store::prepared`).
         DbConnection::Sqlite(c) => {
             insert
                 .keep_prepared_as::<StartedAttempt>()
                 .run_on_sqlite(c)?;
-            attempts::table
-                .filter(attempts::id.eq(&id))
-                .filter(attempts::owner_id.eq(&job.owner_id))
-                .select(Attempt::as_select())
-                .first(c)?
+            find_owned_attempt(conn, &id, &job.owner_id)?.ok_or(StoreError::NotFound)
         }
-    })
+    }
 }
 
 /// An attempt's job: the same id and the same owner, so that the join stays
