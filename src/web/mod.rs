@@ -112,10 +112,14 @@ pub fn routes(cfg: &mut web::ServiceConfig, body_limit: usize) {
 /// starts with `/api/v1` or `/v1`, so the order changes no answer.
 fn api_routes(cfg: &mut web::ServiceConfig) {
     cfg.service(resource("/api/v1/openapi.json", READ).route(read().to(openapi::openapi_json)))
-        // Signed per attempt, not by a bearer token.
+        // Signed per attempt, not by a bearer token. A scope, so that every
+        // other request passes it by a comparison of its static prefix: a
+        // path with a parameter is matched by a regular expression, which
+        // each request would otherwise run here on its way to its route.
         .service(
-            resource("/api/v1/callbacks/attempts/{id}", "POST")
-                .route(web::post().to(api_callbacks::receive)),
+            web::scope("/api/v1/callbacks/attempts")
+                .service(resource("/{id}", "POST").route(web::post().to(api_callbacks::receive)))
+                .default_service(web::to(not_found)),
         )
         .service(
             web::scope("/api/v1")

@@ -214,6 +214,19 @@ async fn a_signed_callback_goes_through_the_cas(backend: TestBackend) {
         race.payload_sha256,
         sha256_hex(canonical_json(&json!({"summary": "a second opinion"})).as_bytes())
     );
+    // The metrics name the callback's route by its pattern, never its path.
+    let metrics = app
+        .get(&app.ada.token, "/metrics")
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(
+            "onejob_http_request_seconds_count{method=\"POST\",route=\"/api/v1/callbacks/attempts/{id}\",status=\"200\"} 4"
+        ),
+        "{metrics}"
+    );
 }
 
 /// Item: signed callbacks expire and repeat harmlessly. A captured callback
@@ -497,6 +510,32 @@ async fn a_callback_for_an_attempt_that_does_not_exist_is_404(backend: TestBacke
     // Not an id at all.
     let response = post_callback(&app, "not-an-id", body, signed("not-an-id", body)).await;
     assert_problem(response, StatusCode::NOT_FOUND, "not-found").await;
+    // A path under the callbacks that names no attempt, and none at all.
+    let nested = format!("{never_issued}/more");
+    let response = post_callback(&app, &nested, body, signed(&nested, body)).await;
+    assert_problem(response, StatusCode::NOT_FOUND, "not-found").await;
+    let response = app
+        .client
+        .post(app.url("/api/v1/callbacks/attempts"))
+        .body(body.to_owned())
+        .send()
+        .await
+        .unwrap();
+    assert_problem(response, StatusCode::NOT_FOUND, "not-found").await;
+    // The callback's path answers POST only.
+    let response = app
+        .client
+        .get(app.url(&format!("/api/v1/callbacks/attempts/{never_issued}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.headers()["allow"], "POST");
+    assert_problem(
+        response,
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method-not-allowed",
+    )
+    .await;
     assert_eq!(stored(&app, &job_id).await, before);
     let attempts: i64 = app
         .with_conn(|conn| attempts::table.count().get_result(conn).unwrap())
