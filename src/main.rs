@@ -2,6 +2,8 @@ use clap::Parser;
 
 /// Many small allocations per request, on several threads at once: glibc's
 /// allocator spent a fifth of the server's CPU on them (docs/benchmarks.md).
+/// Built with mimalloc's `override` (Cargo.toml), it serves SQLite's own
+/// allocations (a page split's scratch space, a record's buffer) as well.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
