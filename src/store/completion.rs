@@ -16,7 +16,7 @@ use super::rows::{Attempt, Job, RaceEntry};
 use super::schema::{attempts, jobs, race_log};
 use super::transitions::{
     fail_job, insert_queued_attempt, insert_waiting_attempt, lock_attempt_and_job,
-    refresh_job_status, transition,
+    refresh_job_status, state_on_row, transition,
 };
 use super::{DbConnection, StoreError, StoreResult};
 use crate::domain::ledger::AnswerKind;
@@ -351,7 +351,7 @@ fn settle_success(
         attempts::table
             .filter(attempts::id.eq(&attempt.id))
             .filter(attempts::owner_id.eq(&attempt.owner_id))
-            .filter(attempts::state.eq_any(AttemptEvent::ProviderSucceeded.from_states())),
+            .filter(state_on_row(AttemptEvent::ProviderSucceeded.from_states())),
     )
     .set((
         attempts::state.eq(AttemptEvent::ProviderSucceeded.target()),

@@ -96,11 +96,61 @@ pub fn state_on_row_sql(states: &[AttemptState]) -> String {
 
 /// [`state_on_row_sql`] as a filter of a statement on `attempts`: typed,
 /// with the states bound, so the statement is built like any other (no
-/// text formatted for it on each run).
-pub(crate) fn state_on_row(
-    states: &[AttemptState],
-) -> IsTrue<diesel::dsl::EqAny<attempts::state, &[AttemptState]>> {
-    IsTrue(attempts::state.eq_any(states))
+/// text formatted for it on each run). The list is written as equalities
+/// ([`StateIsOneOf`]), which mean the same.
+pub(crate) fn state_on_row(states: &[AttemptState]) -> IsTrue<StateIsOneOf<'_>> {
+    IsTrue(StateIsOneOf(states))
+}
+
+/// `attempts.state = ? OR attempts.state = ? …`, one bound state each: what
+/// `attempts.state IN (?, ? …)` means, written so that SQLite checks it on
+/// the row. For an `IN` list of more than two bound values SQLite builds a
+/// temporary table of the values on every run of the statement (opened,
+/// its pages zeroed, filled, dropped); the answer's transition of its
+/// attempt ran one on every call. An empty list is false.
+#[derive(Debug, Clone, Copy, diesel::expression::ValidGrouping)]
+pub(crate) struct StateIsOneOf<'a>(&'a [AttemptState]);
+
+/// Its text varies with the number of states: no static id.
+impl diesel::query_builder::QueryId for StateIsOneOf<'_> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl diesel::Expression for StateIsOneOf<'_> {
+    type SqlType = diesel::sql_types::Bool;
+}
+
+impl diesel::AppearsOnTable<attempts::table> for StateIsOneOf<'_> {}
+
+impl diesel::SelectableExpression<attempts::table> for StateIsOneOf<'_> {}
+
+impl<DB> diesel::query_builder::QueryFragment<DB> for StateIsOneOf<'_>
+where
+    DB: diesel::backend::Backend,
+    attempts::state: diesel::query_builder::QueryFragment<DB>,
+    AttemptState: diesel::serialize::ToSql<diesel::sql_types::Text, DB>,
+{
+    fn walk_ast<'b>(
+        &'b self,
+        mut out: diesel::query_builder::AstPass<'_, 'b, DB>,
+    ) -> QueryResult<()> {
+        if self.0.is_empty() {
+            out.push_sql("1 = 0");
+            return Ok(());
+        }
+        out.push_sql("(");
+        for (i, state) in self.0.iter().enumerate() {
+            if i > 0 {
+                out.push_sql(" OR ");
+            }
+            attempts::state.walk_ast(out.reborrow())?;
+            out.push_sql(" = ");
+            out.push_bind_param::<diesel::sql_types::Text, _>(state)?;
+        }
+        out.push_sql(")");
+        Ok(())
+    }
 }
 
 /// `(E) IS TRUE`, for [`state_on_row`].
@@ -374,4 +424,59 @@ pub fn fail_job(
         job_ended(conn, &job.key(), JobEnd::Failed, now)?;
     }
     Ok(updated == 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use diesel::prelude::*;
+
+    use super::state_on_row;
+    use crate::domain::{AttemptEvent, AttemptState};
+    use crate::store::schema::attempts;
+    use crate::store::DbConnectionManager;
+    use crate::store::{migrations, DatabaseSettings, DatabaseUrl, DbConnection};
+
+    #[derive(QueryableByName)]
+    struct Step {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        opcode: String,
+    }
+
+    /// A guarded transition from three states (an answer's, a failure's)
+    /// checks them on the row SQLite found by its key, each state compared
+    /// with a bound value: no temporary table of the states.
+    #[test]
+    fn a_transitions_states_are_checked_on_the_row_without_a_table_of_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = DatabaseUrl::parse(dir.path().join("states.db").to_str().unwrap()).unwrap();
+        let mut conn = DbConnectionManager::new(url, &DatabaseSettings::default())
+            .establish()
+            .unwrap();
+        migrations::run_pending(&mut conn).unwrap();
+        let DbConnection::Sqlite(sqlite) = &mut conn else {
+            unreachable!("a file path is a SQLite database")
+        };
+        let states = AttemptEvent::ProviderSucceeded.from_states();
+        assert_eq!(states.len(), 3, "a list SQLite would build a table for");
+        let update = diesel::update(
+            attempts::table
+                .filter(attempts::id.eq("a"))
+                .filter(attempts::owner_id.eq("o"))
+                .filter(state_on_row(states)),
+        )
+        .set(attempts::state.eq(AttemptState::Succeeded));
+        let text = diesel::debug_query::<diesel::sqlite::Sqlite, _>(&update).to_string();
+        let sql = text.split(" -- binds:").next().unwrap();
+        assert!(
+            sql.contains(
+                "`attempts`.`state` = ? OR `attempts`.`state` = ? OR `attempts`.`state` = ?"
+            ),
+            "{sql}"
+        );
+        let steps: Vec<Step> = diesel::sql_query(format!("EXPLAIN {sql}"))
+            .load(sqlite)
+            .unwrap();
+        let opcodes: Vec<&str> = steps.iter().map(|s| s.opcode.as_str()).collect();
+        assert!(!opcodes.contains(&"OpenEphemeral"), "{opcodes:?}");
+    }
 }
