@@ -25,6 +25,7 @@ use crate::support::fake_provider::{
 use crate::support::harness::{
     assert_problem, spawn_app_with, summarize, TestApp, TestBackend, CALLBACK_KEY,
 };
+use crate::support::metrics::{answered, metrics};
 
 fn callback_config(fake: &FakeProvider) -> Config {
     let toml = [
@@ -215,17 +216,16 @@ async fn a_signed_callback_goes_through_the_cas(backend: TestBackend) {
         sha256_hex(canonical_json(&json!({"summary": "a second opinion"})).as_bytes())
     );
     // The metrics name the callback's route by its pattern, never its path.
-    let metrics = app
-        .get(&app.ada.token, "/metrics")
-        .await
-        .text()
-        .await
-        .unwrap();
-    assert!(
-        metrics.contains(
-            "onejob_http_request_seconds_count{method=\"POST\",route=\"/api/v1/callbacks/attempts/{id}\",status=\"200\"} 4"
+    let exposition = metrics(&app).await;
+    assert_eq!(
+        answered(
+            &exposition,
+            "POST",
+            "/api/v1/callbacks/attempts/{id}",
+            "200"
         ),
-        "{metrics}"
+        4,
+        "{exposition}"
     );
 }
 
