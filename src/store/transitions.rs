@@ -443,8 +443,8 @@ mod tests {
     }
 
     /// A guarded transition from three states (an answer's, a failure's)
-    /// checks them on the row SQLite found by its key, each state compared
-    /// with a bound value: no temporary table of the states.
+    /// compares the row's state with each bound value in turn: SQLite
+    /// builds no temporary table of the states.
     #[test]
     fn a_transitions_states_are_checked_on_the_row_without_a_table_of_them() {
         let dir = tempfile::tempdir().unwrap();
