@@ -39,8 +39,12 @@ const FILL_WITHIN: Duration = Duration::from_secs(15);
 const FULL_FOR: Duration = Duration::from_millis(1_500);
 /// The most serving again may take once space is back.
 const SERVE_AGAIN_WITHIN: Duration = Duration::from_secs(10);
-/// The most every acknowledged job may take to finish afterwards.
-const SETTLE_WITHIN: Duration = Duration::from_secs(20);
+/// The most every acknowledged job may take to finish afterwards. The
+/// read-back returns as soon as all have; the bound is for a CI machine
+/// running other suites beside this one, where the PostgreSQL run's
+/// backlog of some 2,500 jobs once took longer than 20 s (all 2,518
+/// stored, none lost; alone, the same run finishes in under 20 s).
+const SETTLE_WITHIN: Duration = Duration::from_secs(60);
 
 /// The server's configuration: one fake provider for a strict
 /// `summarize`; a lease longer than the disk stays full, so calls out
