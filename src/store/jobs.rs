@@ -8,7 +8,7 @@ use super::queue::{self, StartNow};
 use super::reads::attempts_of;
 use super::rows::{Attempt, Job};
 use super::schema::jobs;
-use super::transitions::insert_queued_attempt;
+use super::transitions::{insert_queued_attempt, queued_attempt};
 use super::{DbConnection, StoreError, StoreResult};
 use crate::domain::ledger::Reservation;
 use crate::domain::{
@@ -589,18 +589,22 @@ fn insert_jobs_and_attempts_sqlite(
         .collect();
     let mut attempts = Vec::with_capacity(made.len());
     for made in power_of_two_chunks(made.len()).map(|(from, to)| &made[from..to]) {
-        let mut insert = diesel::sql_query(sqlite_attempts_statement(made.len()))
+        // A started attempt's lease runs on the database's clock, which
+        // only the row can tell; a queued one is all known here.
+        let queued = made.iter().all(|(new, _)| new.start.is_none());
+        let ids: Vec<AttemptId> = made.iter().map(|_| AttemptId::new()).collect();
+        let mut insert = diesel::sql_query(sqlite_attempts_statement(made.len(), !queued))
             .into_boxed::<diesel::sqlite::Sqlite>()
             .bind::<Text, _>(owner.as_str())
             .bind::<BigInt, _>(now);
-        for (new, job) in made {
+        for ((new, job), id) in made.iter().zip(&ids) {
             let start = new.start.as_ref();
             let state = match start {
                 Some(_) => AttemptState::Running,
                 None => AttemptState::Queued,
             };
             insert = insert
-                .bind::<Text, _>(AttemptId::new().as_str().to_owned())
+                .bind::<Text, _>(id.as_str())
                 .bind::<Text, _>(job.id.as_str())
                 .bind::<Text, _>(job.provider.as_str())
                 .bind::<Text, _>(state.as_str())
@@ -610,8 +614,15 @@ fn insert_jobs_and_attempts_sqlite(
                 .bind::<Nullable<BigInt>, _>(start.map(|_| now))
                 .bind::<Nullable<BigInt>, _>(start.map(|s| now + s.soft_timeout_ms));
         }
-        let chunk: Vec<Attempt> = insert.keep_prepared().load(conn)?;
-        attempts.extend(chunk);
+        if queued {
+            insert.keep_prepared().run_on_sqlite(conn)?;
+            attempts.extend(made.iter().zip(ids).map(|((_, job), id)| {
+                queued_attempt(id, &job.id, owner, 1, &job.provider, now, None)
+            }));
+        } else {
+            let chunk: Vec<Attempt> = insert.keep_prepared().load(conn)?;
+            attempts.extend(chunk);
+        }
     }
     Ok(attempts)
 }
@@ -626,7 +637,8 @@ struct InsertedId {
 /// a statement with more than 32,766 bound values, and a batch can be as
 /// large as `database.group_commit_rows` allows: 64 rows of ten values
 /// stay far under it, and a connection keeps at most seven texts of each
-/// insert prepared (1, 2, 4 … 64 rows).
+/// insert prepared (1, 2, 4 … 64 rows; the attempts' twice over, with and
+/// without their rows returned).
 pub const MAX_ROWS_PER_STATEMENT: usize = 64;
 
 /// `0..n` cut into runs whose lengths are powers of two, longest first,
@@ -698,10 +710,19 @@ fn sqlite_jobs_statement(rows: usize) -> &'static str {
 
 /// The attempts' insert of [`insert_jobs_and_attempts_sqlite`], `rows`
 /// rows: queued, or started as [`queue::insert_started_attempt`] starts
-/// one (its lease on the database's clock).
-fn sqlite_attempts_statement(rows: usize) -> &'static str {
-    static TEXTS: ChunkTexts = [const { std::sync::OnceLock::new() }; CHUNK_LENGTHS];
-    chunk_text(&TEXTS, rows, |rows| {
+/// one (its lease on the database's clock). With `returning`, it returns
+/// the rows; without, it returns nothing and SQLite keeps no table of
+/// them (see `store::prepared`).
+fn sqlite_attempts_statement(rows: usize, returning: bool) -> &'static str {
+    static RETURNING: ChunkTexts = [const { std::sync::OnceLock::new() }; CHUNK_LENGTHS];
+    static SILENT: ChunkTexts = [const { std::sync::OnceLock::new() }; CHUNK_LENGTHS];
+    if !returning {
+        return chunk_text(&SILENT, rows, |rows| {
+            let text = sqlite_attempts_statement(rows, true);
+            text[..text.rfind("RETURNING").expect("written with one")].to_owned()
+        });
+    }
+    chunk_text(&RETURNING, rows, |rows| {
         let clock = SQLITE_NOW_MS;
         let values = numbered_rows(rows, 9, |m| {
             format!(

@@ -123,9 +123,11 @@ impl Job {
     }
 }
 
-/// An attempt: one try at a job against one provider.
+/// An attempt: one try at a job against one provider. Inserted with every
+/// column (`None` as NULL, which is each optional column's default), so
+/// that its insert has one text and stays prepared.
 #[derive(Debug, Clone, PartialEq, Queryable, QueryableByName, Selectable, Insertable)]
-#[diesel(table_name = attempts)]
+#[diesel(table_name = attempts, treat_none_as_default_value = false)]
 pub struct Attempt {
     pub id: AttemptId,
     pub job_id: JobId,

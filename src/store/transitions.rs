@@ -6,7 +6,6 @@
 
 use diesel::prelude::*;
 
-use super::connection::per_backend;
 use super::ended::{job_ended, JobEnd};
 use super::prepared::KeepPrepared;
 use super::reads::find_owned_attempt;
@@ -349,19 +348,19 @@ pub fn insert_queued_attempt(
     insert_waiting_attempt(conn, job_id, owner_id, number, provider, now, None)
 }
 
-/// [`insert_queued_attempt`], for a retry that may not be sent before
-/// `not_before` (the database's clock).
-pub fn insert_waiting_attempt(
-    conn: &mut DbConnection,
+/// A queued attempt's row as its insert writes it: nothing of a claim, a
+/// send or an end yet.
+pub(crate) fn queued_attempt(
+    id: AttemptId,
     job_id: &JobId,
     owner_id: &UserId,
     number: i32,
     provider: &str,
     now: Timestamp,
     not_before: Option<Timestamp>,
-) -> QueryResult<Attempt> {
-    let row = Attempt {
-        id: AttemptId::new(),
+) -> Attempt {
+    Attempt {
+        id,
         job_id: job_id.clone(),
         owner_id: owner_id.clone(),
         number,
@@ -380,13 +379,45 @@ pub fn insert_waiting_attempt(
         not_before,
         error_kind: None,
         error_detail: None,
-    };
-    // `DEFAULT` for what is unset on PostgreSQL: kept prepared all the same.
-    let _: Vec<String> = per_backend!(conn, |c| diesel::insert_into(attempts::table)
-        .values(&row)
-        .returning(attempts::id)
-        .keep_prepared()
-        .load(c))?;
+    }
+}
+
+/// [`insert_queued_attempt`], for a retry that may not be sent before
+/// `not_before` (the database's clock).
+pub fn insert_waiting_attempt(
+    conn: &mut DbConnection,
+    job_id: &JobId,
+    owner_id: &UserId,
+    number: i32,
+    provider: &str,
+    now: Timestamp,
+    not_before: Option<Timestamp>,
+) -> QueryResult<Attempt> {
+    let row = queued_attempt(
+        AttemptId::new(),
+        job_id,
+        owner_id,
+        number,
+        provider,
+        now,
+        not_before,
+    );
+    /// Names the insert in a connection's statement cache: [`Attempt`]
+    /// inserts every column, each value a bind, so its text is one.
+    struct QueuedAttempt;
+    let insert = diesel::insert_into(attempts::table).values(&row);
+    match conn {
+        DbConnection::Postgresql(c) => {
+            let _: Vec<String> = insert
+                .returning(attempts::id)
+                .keep_prepared_as::<QueuedAttempt>()
+                .load(c)?;
+        }
+        // No `RETURNING`: the row is known (see `store::prepared`).
+        DbConnection::Sqlite(c) => insert
+            .keep_prepared_as::<QueuedAttempt>()
+            .run_on_sqlite(c)?,
+    }
     Ok(row)
 }
 

@@ -687,11 +687,17 @@ async fn one_owners_batch_stores_what_each_creation_alone_would(backend: TestBac
         let owner = owner.clone();
         move |key: &str, started: bool| batch_creation(&owner, key, started)
     };
-    let (outcomes, statements, rows) = prepared
+    let (alone, outcomes, statements, rows) = prepared
         .with_conn(move |conn| {
-            for (key, started) in [("alone-started", true), ("alone-queued", false)] {
-                create_job_with_attempts(conn, &new_job(key, started)).unwrap();
-            }
+            let alone: Vec<(&str, Vec<Attempt>)> =
+                [("alone-started", true), ("alone-queued", false)]
+                    .into_iter()
+                    .map(|(key, started)| {
+                        let (_, attempts) =
+                            create_job_with_attempts(conn, &new_job(key, started)).unwrap();
+                        (key, attempts)
+                    })
+                    .collect();
             let mut news: Vec<NewJob> = (0..4)
                 .map(|i| new_job(&format!("started-{i}"), true))
                 .chain((0..3).map(|i| new_job(&format!("queued-{i}"), false)))
@@ -720,11 +726,19 @@ async fn one_owners_batch_stores_what_each_creation_alone_would(backend: TestBac
                     (job.idempotency_key.clone(), (job, attempt))
                 })
                 .collect();
-            (outcomes, statements, rows)
+            (alone, outcomes, statements, rows)
         })
         .await;
 
     assert_eq!(rows.len(), 9, "two alone, seven in the batch: {rows:?}");
+    // Alone too, each creation answers with the attempt as stored.
+    for (key, attempts) in &alone {
+        assert_eq!(
+            attempts.as_slice(),
+            std::slice::from_ref(&rows[*key].1),
+            "{key}"
+        );
+    }
     let keys = ["started-0", "started-1", "started-2", "started-3"]
         .into_iter()
         .chain(["queued-0", "queued-1", "queued-2", "started-1"]);
