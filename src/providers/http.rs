@@ -28,6 +28,9 @@ pub struct HttpClient {
     kind: ProviderKind,
     client: reqwest::Client,
     endpoint: String,
+    /// Where a call goes, for an answer and for a stream.
+    answer_url: CallUrl,
+    stream_url: CallUrl,
     model: String,
     api_key: Option<Secret>,
     /// `azure_openai`: an Entra ID token, sent as a bearer instead of a key.
@@ -38,6 +41,30 @@ pub struct HttpClient {
     count_timeout: Duration,
     codec: Codec,
     max_response_bytes: usize,
+}
+
+/// A call's URL, parsed once: given text, reqwest parses it again on every
+/// request.
+#[derive(Debug)]
+struct CallUrl {
+    text: String,
+    /// `None` where the text is no URL: reqwest then refuses the request
+    /// with its own error.
+    parsed: Option<reqwest::Url>,
+}
+
+impl CallUrl {
+    fn new(text: String) -> Self {
+        let parsed = reqwest::Url::parse(&text).ok();
+        Self { text, parsed }
+    }
+
+    fn post(&self, client: &reqwest::Client) -> reqwest::RequestBuilder {
+        match &self.parsed {
+            Some(url) => client.post(url.clone()),
+            None => client.post(self.text.as_str()),
+        }
+    }
 }
 
 impl HttpClient {
@@ -77,6 +104,8 @@ impl HttpClient {
         Self {
             kind: config.kind,
             client,
+            answer_url: CallUrl::new(Self::call_url(config.kind, &endpoint, false)),
+            stream_url: CallUrl::new(Self::call_url(config.kind, &endpoint, true)),
             endpoint,
             model: config.model.clone().unwrap_or_default(),
             api_key: config.api_key.clone(),
@@ -94,17 +123,23 @@ impl HttpClient {
         call.wants_stream() && self.kind.is_http()
     }
 
-    /// Where the call goes: Gemini names the method (and a stream's
-    /// framing) in the URL.
-    fn url(&self, streamed: bool) -> String {
-        match (self.kind, streamed) {
-            (ProviderKind::Gemini, true) => {
-                format!("{}:streamGenerateContent?alt=sse", self.endpoint)
-            }
-            (ProviderKind::Gemini, false) => format!("{}:generateContent", self.endpoint),
-            (ProviderKind::Bedrock, true) => format!("{}/converse-stream", self.endpoint),
-            (ProviderKind::Bedrock, false) => format!("{}/converse", self.endpoint),
-            _ => self.endpoint.clone(),
+    /// Where a call goes: Gemini names the method (and a stream's
+    /// framing) in the URL, Bedrock the operation.
+    fn call_url(kind: ProviderKind, endpoint: &str, streamed: bool) -> String {
+        match (kind, streamed) {
+            (ProviderKind::Gemini, true) => format!("{endpoint}:streamGenerateContent?alt=sse"),
+            (ProviderKind::Gemini, false) => format!("{endpoint}:generateContent"),
+            (ProviderKind::Bedrock, true) => format!("{endpoint}/converse-stream"),
+            (ProviderKind::Bedrock, false) => format!("{endpoint}/converse"),
+            _ => endpoint.to_owned(),
+        }
+    }
+
+    fn url(&self, streamed: bool) -> &CallUrl {
+        if streamed {
+            &self.stream_url
+        } else {
+            &self.answer_url
         }
     }
 
@@ -292,15 +327,14 @@ impl HttpClient {
             reqwest::header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
-        if let Err(why) = self.sign(&url, &encoded.body, &mut headers) {
+        if let Err(why) = self.sign(&url.text, &encoded.body, &mut headers) {
             return Outcome::Failed(Reason::new(format!(
                 "the request could not be signed: {why}"
             )))
             .into();
         }
-        let sent = self
-            .client
-            .post(url)
+        let sent = url
+            .post(&self.client)
             .headers(headers)
             .body(encoded.body)
             .send()
