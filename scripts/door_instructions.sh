@@ -5,14 +5,18 @@
 # are compared. One `onejob serve` runs under valgrind against a local
 # OpenAI-compatible upstream; counting is on only while N sequential
 # requests (each under its own key, each answered 200) are served, after a
-# warm-up.
+# warm-up. With DOOR=jobs it counts `POST /api/v1/jobs` creations instead
+# (each answered 201, no worker running: the job's creation alone, one
+# commit each), beside the benchmark's CPU per creation.
 #
-# Usage: scripts/door_instructions.sh path/to/onejob sqlite|postgres [N]
+# Usage: [DOOR=chat|jobs] scripts/door_instructions.sh path/to/onejob sqlite|postgres [N]
 # (DOOR_INSTRUCTIONS_KEEP=dir keeps the callgrind files there, for
 # callgrind_annotate)
 # (PostgreSQL at $ONEJOB_TEST_POSTGRES, default postgres://postgres@127.0.0.1:5432)
 set -euo pipefail
 onejob=$1; backend=$2; n=${3:-200}
+door=${DOOR:-chat}
+case "$door" in chat|jobs) ;; *) echo "DOOR is chat or jobs, not $door" >&2; exit 2 ;; esac
 pg=${ONEJOB_TEST_POSTGRES:-postgres://postgres@127.0.0.1:5432}
 work=$(mktemp -d)
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -48,14 +52,18 @@ ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Upstream).serve_forever()
 PY
 cat > "$work/client.py" <<'PY'
 import http.client, json, sys
-port, token, n, tag = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+port, token, n, tag, door = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+path, expected = ("/api/v1/jobs", 201) if door == "jobs" else ("/v1/chat/completions", 200)
 for i in range(n):
-    body = json.dumps({"model": "chat", "messages": [{"role": "user", "content": f"hello {i}"}]})
-    conn.request("POST", "/v1/chat/completions", body, {"Authorization": "Bearer " + token,
+    if door == "jobs":
+        body = json.dumps({"task": "summarize", "input": {"text": f"hello {i}"}})
+    else:
+        body = json.dumps({"model": "chat", "messages": [{"role": "user", "content": f"hello {i}"}]})
+    conn.request("POST", path, body, {"Authorization": "Bearer " + token,
                  "Idempotency-Key": f"{tag}-{i}", "Content-Type": "application/json"})
     response = conn.getresponse(); response.read()
-    if response.status != 200:
+    if response.status != expected:
         sys.exit(f"request {i} answered {response.status}")
 PY
 cat > "$work/onejob.toml" <<TOML
@@ -71,7 +79,17 @@ timeout_ms = 30000
 name = "chat"
 kind = "chat"
 providers = ["up"]
+
+[[tasks]]
+name = "summarize"
+providers = ["up"]
+input_fields = ["text"]
+template = "Summarize: {{ text }}"
 TOML
+if [ "$door" = jobs ]; then
+  # No worker: each job stays queued, so only its creation is counted.
+  printf '\n[worker]\nconcurrency = 0\n' >> "$work/onejob.toml"
+fi
 python3 "$work/upstream.py" "$up" & pids+=($!)
 if [ "$backend" = sqlite ]; then
   url="$work/onejob.db"
@@ -89,9 +107,9 @@ RUST_LOG=warn valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file=
   >"$work/server.log" 2>&1 & pids+=($!)
 server=$!
 for _ in $(seq 1 300); do curl -fsS "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break; sleep 0.5; done
-python3 "$work/client.py" "$port" "$token" 30 warm-up
+python3 "$work/client.py" "$port" "$token" 30 warm-up "$door"
 callgrind_control -i on "$server" >/dev/null 2>&1
-python3 "$work/client.py" "$port" "$token" "$n" counted
+python3 "$work/client.py" "$port" "$token" "$n" counted "$door"
 callgrind_control -i off "$server" >/dev/null 2>&1
 callgrind_control -d "$server" >/dev/null 2>&1
 sleep 1
@@ -99,4 +117,4 @@ if [ -n "${DOOR_INSTRUCTIONS_KEEP:-}" ]; then
   mkdir -p "$DOOR_INSTRUCTIONS_KEEP" && cp "$work"/callgrind.out* "$DOOR_INSTRUCTIONS_KEEP"/
 fi
 total=$(cat "$work"/callgrind.out* | awk '/^(summary|totals):/ {s += $2} END {print s}')
-echo "door instructions: $backend, $n requests: $total instructions, $((total / n)) per request"
+echo "door instructions: $door on $backend, $n requests: $total instructions, $((total / n)) per request"
