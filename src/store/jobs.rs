@@ -8,7 +8,7 @@ use super::queue::{self, StartNow};
 use super::reads::attempts_of;
 use super::rows::{Attempt, Job};
 use super::schema::jobs;
-use super::transitions::{insert_queued_attempt, queued_attempt};
+use super::transitions::{insert_queued_attempt, QueuedAttempt};
 use super::{DbConnection, StoreError, StoreResult};
 use crate::domain::ledger::Reservation;
 use crate::domain::{
@@ -587,6 +587,18 @@ fn insert_jobs_and_attempts_sqlite(
         .filter(|(_, job)| inserted.contains(job.id.as_str()))
         .map(|(new, job)| (*new, job))
         .collect();
+    insert_first_attempts_sqlite(conn, owner, &made, now)
+}
+
+/// The first attempts of the jobs a batch made (`made`), in chunks as
+/// [`insert_jobs_and_attempts_sqlite`] inserts their jobs.
+fn insert_first_attempts_sqlite(
+    conn: &mut diesel::SqliteConnection,
+    owner: &UserId,
+    made: &[(&NewJob, &Job)],
+    now: Timestamp,
+) -> StoreResult<Vec<Attempt>> {
+    use diesel::sql_types::{BigInt, Nullable, Text};
     let mut attempts = Vec::with_capacity(made.len());
     for made in power_of_two_chunks(made.len()).map(|(from, to)| &made[from..to]) {
         // A started attempt's lease runs on the database's clock, which
@@ -617,7 +629,15 @@ fn insert_jobs_and_attempts_sqlite(
         if queued {
             insert.keep_prepared().run_on_sqlite(conn)?;
             attempts.extend(made.iter().zip(ids).map(|((_, job), id)| {
-                queued_attempt(id, &job.id, owner, 1, &job.provider, now, None)
+                QueuedAttempt {
+                    job_id: &job.id,
+                    owner_id: owner,
+                    number: 1,
+                    provider: &job.provider,
+                    now,
+                    not_before: None,
+                }
+                .row(id)
             }));
         } else {
             let chunk: Vec<Attempt> = insert.keep_prepared().load(conn)?;

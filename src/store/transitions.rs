@@ -348,37 +348,41 @@ pub fn insert_queued_attempt(
     insert_waiting_attempt(conn, job_id, owner_id, number, provider, now, None)
 }
 
-/// A queued attempt's row as its insert writes it: nothing of a claim, a
-/// send or an end yet.
-pub(crate) fn queued_attempt(
-    id: AttemptId,
-    job_id: &JobId,
-    owner_id: &UserId,
-    number: i32,
-    provider: &str,
-    now: Timestamp,
-    not_before: Option<Timestamp>,
-) -> Attempt {
-    Attempt {
-        id,
-        job_id: job_id.clone(),
-        owner_id: owner_id.clone(),
-        number,
-        provider: provider.to_owned(),
-        state: AttemptState::Queued,
-        outcome: None,
-        version_read: None,
-        lease_owner: None,
-        lease_expires_at: None,
-        created_at: now,
-        started_at: None,
-        timeout_at: None,
-        finished_at: None,
-        error: None,
-        sent_at: None,
-        not_before,
-        error_kind: None,
-        error_detail: None,
+/// A queued attempt of a job, before it has an id.
+pub(crate) struct QueuedAttempt<'a> {
+    pub job_id: &'a JobId,
+    pub owner_id: &'a UserId,
+    pub number: i32,
+    pub provider: &'a str,
+    pub now: Timestamp,
+    pub not_before: Option<Timestamp>,
+}
+
+impl QueuedAttempt<'_> {
+    /// Its row as its insert writes it: nothing of a claim, a send or an
+    /// end yet.
+    pub(crate) fn row(&self, id: AttemptId) -> Attempt {
+        Attempt {
+            id,
+            job_id: self.job_id.clone(),
+            owner_id: self.owner_id.clone(),
+            number: self.number,
+            provider: self.provider.to_owned(),
+            state: AttemptState::Queued,
+            outcome: None,
+            version_read: None,
+            lease_owner: None,
+            lease_expires_at: None,
+            created_at: self.now,
+            started_at: None,
+            timeout_at: None,
+            finished_at: None,
+            error: None,
+            sent_at: None,
+            not_before: self.not_before,
+            error_kind: None,
+            error_detail: None,
+        }
     }
 }
 
@@ -393,29 +397,29 @@ pub fn insert_waiting_attempt(
     now: Timestamp,
     not_before: Option<Timestamp>,
 ) -> QueryResult<Attempt> {
-    let row = queued_attempt(
-        AttemptId::new(),
+    let row = QueuedAttempt {
         job_id,
         owner_id,
         number,
         provider,
         now,
         not_before,
-    );
+    }
+    .row(AttemptId::new());
     /// Names the insert in a connection's statement cache: [`Attempt`]
     /// inserts every column, each value a bind, so its text is one.
-    struct QueuedAttempt;
+    struct QueuedAttemptInsert;
     let insert = diesel::insert_into(attempts::table).values(&row);
     match conn {
         DbConnection::Postgresql(c) => {
             let _: Vec<String> = insert
                 .returning(attempts::id)
-                .keep_prepared_as::<QueuedAttempt>()
+                .keep_prepared_as::<QueuedAttemptInsert>()
                 .load(c)?;
         }
         // No `RETURNING`: the row is known (see `store::prepared`).
         DbConnection::Sqlite(c) => insert
-            .keep_prepared_as::<QueuedAttempt>()
+            .keep_prepared_as::<QueuedAttemptInsert>()
             .run_on_sqlite(c)?,
     }
     Ok(row)
