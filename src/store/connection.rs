@@ -565,6 +565,39 @@ pub fn is_unique_violation(error: &diesel::result::Error) -> bool {
     )
 }
 
+/// For unit tests: a SQLite database file of their own, opened as the
+/// process opens one, and what SQLite's `EXPLAIN` says a statement runs.
+#[cfg(test)]
+pub(crate) mod test_sqlite {
+    use diesel::query_dsl::LoadQuery;
+    use diesel::sqlite::SqliteConnection;
+
+    use super::{DatabaseSettings, DatabaseUrl, DbConnection, DbConnectionManager};
+
+    /// `name` in `dir`, connected with the default settings.
+    pub(crate) fn connection(dir: &std::path::Path, name: &str) -> DbConnection {
+        let url = DatabaseUrl::parse(dir.join(name).to_str().unwrap()).unwrap();
+        DbConnectionManager::new(url, &DatabaseSettings::default())
+            .establish()
+            .unwrap()
+    }
+
+    #[derive(diesel::QueryableByName)]
+    pub(crate) struct Step {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        opcode: String,
+    }
+
+    /// The opcodes of `explain`, an `EXPLAIN …` query.
+    pub(crate) fn opcodes<Q>(conn: &mut SqliteConnection, explain: Q) -> Vec<String>
+    where
+        Q: for<'a> LoadQuery<'a, SqliteConnection, Step>,
+    {
+        let steps: Vec<Step> = explain.load(conn).unwrap();
+        steps.into_iter().map(|step| step.opcode).collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -599,26 +632,17 @@ mod tests {
     /// (diesel binds each `.first()`'s limit, so each ran re-parsed).
     #[test]
     fn a_bound_limit_does_not_expire_sqlite_statements() {
-        #[derive(QueryableByName)]
-        struct Step {
-            #[diesel(sql_type = diesel::sql_types::Text)]
-            opcode: String,
-        }
         let dir = tempfile::tempdir().unwrap();
-        let url = DatabaseUrl::parse(dir.path().join("plan.db").to_str().unwrap()).unwrap();
-        let mut conn = DbConnectionManager::new(url, &DatabaseSettings::default())
-            .establish()
-            .unwrap();
+        let mut conn = test_sqlite::connection(dir.path(), "plan.db");
         let DbConnection::Sqlite(sqlite) = &mut conn else {
             unreachable!("a file path is a SQLite database")
         };
-        let steps: Vec<Step> = diesel::sql_query("EXPLAIN SELECT 1 LIMIT ?")
-            .bind::<diesel::sql_types::BigInt, _>(1)
-            .load(sqlite)
-            .unwrap();
-        let opcodes: Vec<&str> = steps.iter().map(|step| step.opcode.as_str()).collect();
+        let opcodes = test_sqlite::opcodes(
+            sqlite,
+            diesel::sql_query("EXPLAIN SELECT 1 LIMIT ?").bind::<diesel::sql_types::BigInt, _>(1),
+        );
         assert!(
-            opcodes.contains(&"Variable"),
+            opcodes.iter().any(|opcode| opcode == "Variable"),
             "the limit was planned as a constant: {opcodes:?}"
         );
     }
@@ -633,10 +657,7 @@ mod tests {
     fn a_write_inside_a_transaction_sqlite_ended_is_refused() {
         use crate::store::StoreError;
         let dir = tempfile::tempdir().unwrap();
-        let url = DatabaseUrl::parse(dir.path().join("lost.db").to_str().unwrap()).unwrap();
-        let mut conn = DbConnectionManager::new(url, &DatabaseSettings::default())
-            .establish()
-            .unwrap();
+        let mut conn = test_sqlite::connection(dir.path(), "lost.db");
         let (sender, answer) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let mut inner = None;

@@ -467,15 +467,9 @@ mod tests {
 
     use super::state_on_row;
     use crate::domain::{AttemptEvent, AttemptState};
+    use crate::store::connection::test_sqlite;
     use crate::store::schema::attempts;
-    use crate::store::DbConnectionManager;
-    use crate::store::{migrations, DatabaseSettings, DatabaseUrl, DbConnection};
-
-    #[derive(QueryableByName)]
-    struct Step {
-        #[diesel(sql_type = diesel::sql_types::Text)]
-        opcode: String,
-    }
+    use crate::store::{migrations, DbConnection};
 
     /// A guarded transition from three states (an answer's, a failure's)
     /// compares the row's state with each bound value in turn: SQLite
@@ -483,10 +477,7 @@ mod tests {
     #[test]
     fn a_transitions_states_are_checked_on_the_row_without_a_table_of_them() {
         let dir = tempfile::tempdir().unwrap();
-        let url = DatabaseUrl::parse(dir.path().join("states.db").to_str().unwrap()).unwrap();
-        let mut conn = DbConnectionManager::new(url, &DatabaseSettings::default())
-            .establish()
-            .unwrap();
+        let mut conn = test_sqlite::connection(dir.path(), "states.db");
         migrations::run_pending(&mut conn).unwrap();
         let DbConnection::Sqlite(sqlite) = &mut conn else {
             unreachable!("a file path is a SQLite database")
@@ -508,10 +499,10 @@ mod tests {
             ),
             "{sql}"
         );
-        let steps: Vec<Step> = diesel::sql_query(format!("EXPLAIN {sql}"))
-            .load(sqlite)
-            .unwrap();
-        let opcodes: Vec<&str> = steps.iter().map(|s| s.opcode.as_str()).collect();
-        assert!(!opcodes.contains(&"OpenEphemeral"), "{opcodes:?}");
+        let opcodes = test_sqlite::opcodes(sqlite, diesel::sql_query(format!("EXPLAIN {sql}")));
+        assert!(
+            !opcodes.iter().any(|opcode| opcode == "OpenEphemeral"),
+            "{opcodes:?}"
+        );
     }
 }
