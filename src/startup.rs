@@ -152,10 +152,7 @@ impl Application {
         let state = Data::new(app.clone());
         let mut server = HttpServer::new(move || {
             HttpApp::new()
-                .wrap(from_fn(web::security_headers))
-                .wrap(from_fn(web::record_http))
-                .wrap(from_fn(web::echo_request_id))
-                .wrap(from_fn(web::body::body_deadline))
+                .wrap(from_fn(web::around_each_request))
                 .wrap(TracingLogger::<HttpSpan>::new())
                 .app_data(state.clone())
                 .configure(routes)

@@ -104,9 +104,15 @@ impl Fingerprint {
     }
 }
 
-/// Lowercase hex SHA-256 of some bytes.
+/// Lowercase hex SHA-256 of some bytes (a bearer token's digest, a
+/// payload's fingerprint: once or twice a request).
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
+    let mut text = [0u8; 64];
+    // `hex::encode` collects its text a `char` at a time; this writes bytes.
+    hex::encode_to_slice(Sha256::digest(bytes), &mut text).expect("64 digits for 32 bytes");
+    std::str::from_utf8(&text)
+        .expect("hex digits are ASCII")
+        .to_owned()
 }
 
 /// The canonical text of a JSON value: object keys sorted, no whitespace.

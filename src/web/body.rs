@@ -7,10 +7,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use actix_web::body::MessageBody;
-use actix_web::dev::{Payload, ServiceRequest, ServiceResponse};
+use actix_web::dev::{Payload, ServiceRequest};
 use actix_web::error::PayloadError;
-use actix_web::middleware::Next;
 use actix_web::{web, HttpMessage, HttpRequest};
 use futures_util::{Stream, StreamExt};
 use serde::de::DeserializeOwned;
@@ -75,30 +73,21 @@ impl Stream for DeadlinePayload {
     }
 }
 
-/// Gives every request body `server.body_timeout_ms` to arrive once the
-/// headers have (actix's own header timeout covers the headers): a body
-/// that trickles in, or never comes after its `Content-Length`, ends the
-/// request with 408 and its connection is closed, instead of holding a
-/// connection and a handler for as long as the client likes.
-pub async fn body_deadline(
-    mut req: ServiceRequest,
-    next: Next<impl MessageBody>,
-) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
-    let timeout = req
-        .app_data::<web::Data<crate::app::App>>()
-        .map(|app| Duration::from_millis(app.config().server.body_timeout_ms));
-    if let Some(timeout) = timeout {
-        let inner = req.take_payload();
-        let limited = DeadlinePayload {
-            inner,
-            deadline: Box::pin(tokio::time::sleep(timeout)),
-            timed_out: false,
-        };
-        let stream: Pin<Box<dyn Stream<Item = Result<web::Bytes, PayloadError>>>> =
-            Box::pin(limited);
-        req.set_payload(Payload::from(stream));
-    }
-    next.call(req).await
+/// Gives a request's body `timeout` to arrive once the headers have
+/// (actix's own header timeout covers the headers): a body that trickles
+/// in, or never comes after its `Content-Length`, ends the request with 408
+/// and its connection is closed, instead of holding a connection and a
+/// handler for as long as the client likes. Every request of the main
+/// server gets `server.body_timeout_ms` ([`super::around_each_request`]).
+pub fn body_deadline(req: &mut ServiceRequest, timeout: Duration) {
+    let inner = req.take_payload();
+    let limited = DeadlinePayload {
+        inner,
+        deadline: Box::pin(tokio::time::sleep(timeout)),
+        timed_out: false,
+    };
+    let stream: Pin<Box<dyn Stream<Item = Result<web::Bytes, PayloadError>>>> = Box::pin(limited);
+    req.set_payload(Payload::from(stream));
 }
 
 /// What an empty body means: a refusal, or this value.

@@ -304,17 +304,24 @@ async fn not_found(req: actix_web::HttpRequest) -> actix_web::HttpResponse {
 pub const CONTENT_SECURITY_POLICY: &str =
     "default-src 'self'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'";
 
-/// Security headers on every response; `no-store` on everything not marked
-/// cacheable (pages and API answers are per user); `Vary: HX-Request` on
-/// pages, which are a whole page or an htmx fragment by that header;
-/// [`X_ACCEL_BUFFERING`] on event streams.
+/// Security headers on every response of the metrics listener
+/// ([`add_security_headers`]); the main server's come from
+/// [`around_each_request`].
 pub async fn security_headers(
     req: ServiceRequest,
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
-    use actix_web::http::header;
     let mut response = next.call(req).await?;
-    let headers = response.headers_mut();
+    add_security_headers(response.headers_mut());
+    Ok(response)
+}
+
+/// Security headers on every response; `no-store` on everything not marked
+/// cacheable (pages and API answers are per user); `Vary: HX-Request` on
+/// pages, which are a whole page or an htmx fragment by that header;
+/// [`X_ACCEL_BUFFERING`] on event streams.
+fn add_security_headers(headers: &mut actix_web::http::header::HeaderMap) {
+    use actix_web::http::header;
     headers.insert(
         header::CONTENT_SECURITY_POLICY,
         HeaderValue::from_static(CONTENT_SECURITY_POLICY),
@@ -346,7 +353,6 @@ pub async fn security_headers(
             HeaderValue::from_static("no"),
         );
     }
-    Ok(response)
 }
 
 /// Sent with every event stream: a proxy that honours it (nginx does)
@@ -380,48 +386,37 @@ pub fn client_address(
         .unwrap_or(peer)
 }
 
-/// Times every request into `onejob_http_request_seconds`, labelled by the
-/// route's pattern (never the raw path) and the status.
-pub async fn record_http(
-    req: ServiceRequest,
+/// What every request of the main server passes through, in one layer
+/// (each layer of its own cost a boxed future and a move of the request and
+/// of the response, on every request):
+/// - its body must arrive within `server.body_timeout_ms`
+///   ([`body::body_deadline`]);
+/// - it is timed into `onejob_http_request_seconds`, labelled by the
+///   route's pattern (never the raw path) and the status;
+/// - its response gets the security headers ([`add_security_headers`]) and
+///   echoes, as `X-Request-Id`, the request id that `tracing-actix-web`
+///   gave the request's span, so that a client report can be matched to
+///   the server's logs.
+pub async fn around_each_request(
+    mut req: ServiceRequest,
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
     let started = std::time::Instant::now();
     let app = req.app_data::<web::Data<crate::app::App>>().cloned();
-    let method = req.method().clone();
-    let response = next.call(req).await?;
-    if let Some(app) = app {
-        let request = response.request();
-        let extensions = request.extensions();
-        let matched_again;
-        let route = match extensions.get::<MatchedRoute>() {
-            Some(MatchedRoute(route)) => route.as_deref(),
-            None => {
-                matched_again = request.match_pattern();
-                matched_again.as_deref()
-            }
-        };
-        app.metrics().observe_http(
-            method.as_str(),
-            route.unwrap_or("unmatched"),
-            response.status().as_u16(),
-            started.elapsed(),
-        );
+    if let Some(app) = &app {
+        let timeout = std::time::Duration::from_millis(app.config().server.body_timeout_ms);
+        body::body_deadline(&mut req, timeout);
     }
-    Ok(response)
-}
-
-/// Echoes the request id that `tracing-actix-web` gave the request's span as
-/// `X-Request-Id`, so a client report can be matched to the server's logs.
-pub async fn echo_request_id(
-    req: ServiceRequest,
-    next: Next<impl MessageBody>,
-) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
     let request_id = req
         .extensions()
         .get::<tracing_actix_web::RequestId>()
         .copied();
+    let method = req.method().clone();
     let mut response = next.call(req).await?;
+    add_security_headers(response.headers_mut());
+    if let Some(app) = app {
+        record_http(&app, &method, &response, started);
+    }
     if let Some(id) = request_id {
         if let Ok(value) = HeaderValue::from_str(&id.to_string()) {
             response
@@ -430,4 +425,30 @@ pub async fn echo_request_id(
         }
     }
     Ok(response)
+}
+
+/// Times a request into `onejob_http_request_seconds`, labelled by the
+/// route's pattern (kept by its span, [`MatchedRoute`]) and the status.
+fn record_http<B>(
+    app: &crate::app::App,
+    method: &actix_web::http::Method,
+    response: &ServiceResponse<B>,
+    started: std::time::Instant,
+) {
+    let request = response.request();
+    let extensions = request.extensions();
+    let matched_again;
+    let route = match extensions.get::<MatchedRoute>() {
+        Some(MatchedRoute(route)) => route.as_deref(),
+        None => {
+            matched_again = request.match_pattern();
+            matched_again.as_deref()
+        }
+    };
+    app.metrics().observe_http(
+        method.as_str(),
+        route.unwrap_or("unmatched"),
+        response.status().as_u16(),
+        started.elapsed(),
+    );
 }
