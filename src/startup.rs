@@ -151,6 +151,8 @@ impl Application {
         let port = listener.local_addr()?.port();
         let state = Data::new(app.clone());
         let mut server = HttpServer::new(move || {
+            // Run by each HTTP worker as it starts, on its own thread.
+            crate::store::mailbox::Mailbox::open_on_this_thread();
             HttpApp::new()
                 .wrap(from_fn(web::around_each_request))
                 .wrap(TracingLogger::<HttpSpan>::new())

@@ -43,6 +43,7 @@ use tokio::sync::oneshot;
 use super::connection::{without_savepoints, write_transaction};
 use super::connection::{DbConnectionManager, Placement};
 use super::jobs::{self, CreateOutcome, NewJob};
+use super::mailbox::{Mailbox, Replies};
 use super::{Attempt, DbConnection, Store, StoreError, StoreResult};
 use crate::domain::UserId;
 
@@ -66,7 +67,7 @@ pub struct BatchLimits {
 /// A write of another kind, run in the batch as the creations are.
 trait Write: Send {
     fn run(&mut self, conn: &mut DbConnection);
-    fn answer(self: Box<Self>);
+    fn answer(self: Box<Self>, replies: &mut Replies);
     fn refuse(self: Box<Self>, detail: &str);
 }
 
@@ -85,6 +86,8 @@ struct Queued<T> {
     then: Option<ThenCommitted<T>>,
     outcome: Option<StoreResult<T>>,
     reply: oneshot::Sender<StoreResult<T>>,
+    /// Where its answer goes, if its waiter's thread has one.
+    mailbox: Option<Arc<Mailbox>>,
 }
 
 impl<T: Send + 'static> Write for Queued<T> {
@@ -94,12 +97,12 @@ impl<T: Send + 'static> Write for Queued<T> {
         self.outcome = Some(write_transaction(conn, |conn| (self.work)(conn)));
     }
 
-    fn answer(self: Box<Self>) {
+    fn answer(self: Box<Self>, replies: &mut Replies) {
         let mut outcome = self.outcome.unwrap_or(Err(StoreError::Cancelled));
         if let (Ok(value), Some(then)) = (&mut outcome, self.then) {
             then(value);
         }
-        let _ = self.reply.send(outcome);
+        replies.send(self.mailbox, self.reply, outcome);
     }
 
     fn refuse(self: Box<Self>, detail: &str) {
@@ -118,6 +121,8 @@ struct Creation {
     after_commit: Option<AfterCommit>,
     outcome: Option<StoreResult<Created>>,
     reply: oneshot::Sender<StoreResult<Created>>,
+    /// Where its answer goes, if its waiter's thread has one.
+    mailbox: Option<Arc<Mailbox>>,
 }
 
 enum Waiting {
@@ -142,17 +147,18 @@ impl Waiting {
     }
 
     /// Once its outcome is durable: hands a creation on, then answers the
-    /// request (which may have gone away: the answer is then dropped).
-    fn answer(self) {
+    /// request (which may have gone away: the answer is then dropped),
+    /// through `replies`.
+    fn answer(self, replies: &mut Replies) {
         match self {
             Self::Creation(creation) => {
                 let outcome = creation.outcome.unwrap_or(Err(StoreError::Cancelled));
                 if let (Ok(created), Some(after_commit)) = (&outcome, creation.after_commit) {
                     after_commit(created);
                 }
-                let _ = creation.reply.send(outcome);
+                replies.send(creation.mailbox, creation.reply, outcome);
             }
-            Self::Write(write) => write.answer(),
+            Self::Write(write) => write.answer(replies),
         }
     }
 
@@ -232,6 +238,7 @@ impl GroupCommit {
                 after_commit,
                 outcome: None,
                 reply,
+                mailbox: Mailbox::of_this_thread(),
             })),
         );
         answer.await.map_err(|_| StoreError::Cancelled)?
@@ -256,6 +263,7 @@ impl GroupCommit {
                 then,
                 outcome: None,
                 reply,
+                mailbox: Mailbox::of_this_thread(),
             })),
         );
         answer.await.map_err(|_| StoreError::Cancelled)?
@@ -418,8 +426,10 @@ impl GroupCommit {
         match committed {
             Ok(()) => {
                 self.count(done.len());
+                // Posted together, one wake-up a waiting thread.
+                let mut replies = Replies::default();
                 for waiting in done {
-                    waiting.answer();
+                    waiting.answer(&mut replies);
                 }
             }
             Err(error) => {
@@ -429,7 +439,7 @@ impl GroupCommit {
                 for mut waiting in done.into_iter().chain(pending) {
                     waiting.run(conn);
                     self.count(1);
-                    waiting.answer();
+                    waiting.answer(&mut Replies::default());
                 }
             }
         }
@@ -445,6 +455,7 @@ impl GroupCommit {
         let mut lost = false;
         for group in run_grouped(conn, batch) {
             self.count(group.len());
+            let mut replies = Replies::default();
             for mut waiting in group {
                 if let Waiting::Creation(creation) = &mut waiting {
                     let outcome = creation
@@ -454,7 +465,7 @@ impl GroupCommit {
                     lost |= matches!(outcome, Err(StoreError::ConnectionLost(_)));
                     creation.outcome = Some(store.confirm_if_lost(conn, &creation.job, outcome));
                 }
-                waiting.answer();
+                waiting.answer(&mut replies);
             }
         }
         lost

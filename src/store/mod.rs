@@ -13,6 +13,7 @@ pub mod ended;
 pub mod group_commit;
 pub mod jobs;
 pub mod ledger;
+pub mod mailbox;
 pub mod migrations;
 pub mod operator;
 pub mod plain_win;
