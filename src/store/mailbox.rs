@@ -5,11 +5,11 @@
 //! to a task of an HTTP worker (a single-threaded runtime) wakes that
 //! runtime from outside: a write to its event descriptor, and a thread
 //! woken, for every request, though a batch's requests share two or three
-//! workers. So each HTTP worker opens a [`Mailbox`] as it starts, a request
-//! waiting on that worker's thread names it, and the leader posts each mailbox its batch's answers at
-//! once: one wake-up a thread. A task of the mailbox's own, on that
-//! runtime, hands them over, and waking a task from its own runtime's
-//! thread costs no system call.
+//! workers. So each HTTP worker opens a [`Mailbox`] as it starts, a
+//! request waiting on that worker's thread names it, and the leader posts
+//! each mailbox its batch's answers at once: one wake-up a thread. A task
+//! of the mailbox's own, on that runtime, hands them over, and waking a
+//! task from its own runtime's thread costs no system call.
 //!
 //! A mailbox closes when its task is dropped (its runtime is shutting
 //! down): what it still holds, and anything posted to it later, is handed
