@@ -109,6 +109,7 @@ async fn a_batch_with_a_replay_and_a_reused_key_answers_each_and_stores_the_righ
     // rest once its transaction is open: a slow machine must not close the
     // batch between the two (the default keeps it open 5 ms).
     config.database.group_commit_ms = 2_000;
+    wait_for_the_lock_however_slowly(&mut config);
     let app = Arc::new(spawn_app_with(backend, config).await);
     let token = app.alice.token.clone();
     let replayed = app
@@ -201,6 +202,17 @@ async fn a_batch_with_a_replay_and_a_reused_key_answers_each_and_stores_the_righ
     }
 }
 
+/// The leader's wait for the lock a test holds ([`WriteLock`]) lasts as
+/// long as that test's requests take to queue, on however loaded a
+/// machine: a wait that ran out would run each write alone, not as the
+/// one batch the test looks at.
+fn wait_for_the_lock_however_slowly(config: &mut onejob::config::Config) {
+    config.database.sqlite_busy_timeout_ms = 60_000;
+    config.database.postgres_lock_timeout_ms = 60_000;
+    // A lease must outlast two such waits (`config::checks`).
+    config.worker.lease_ms = 4 * 60_000;
+}
+
 /// Waits until the app's batched writes queued since its start reach
 /// `queued` (at most 10 s).
 async fn wait_until_queued(app: &TestApp, queued: u64) {
@@ -254,6 +266,7 @@ async fn a_batch_runs_without_savepoints_until_a_write_fails_then_again_with_the
     // The leader may take the first comers before the lock is freed and the
     // rest once its transaction is open: the batch stays open for them.
     config.database.group_commit_ms = 2_000;
+    wait_for_the_lock_however_slowly(&mut config);
     let log = StatementLog::new();
     let prepared = PreparedApp::new(TestBackend::Sqlite, config)
         .await
