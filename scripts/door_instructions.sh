@@ -7,15 +7,19 @@
 # requests (each under its own key, each answered 200) are served, after a
 # warm-up. With DOOR=jobs it counts `POST /api/v1/jobs` creations instead
 # (each answered 201, no worker running: the job's creation alone, one
-# commit each), beside the benchmark's CPU per creation.
+# commit each), beside the benchmark's CPU per creation. With CLIENTS=C the
+# N requests are sent by C clients at once, each on its own connection, so
+# that creations queue and are committed in batches, as the benchmark's 32
+# creators are.
 #
-# Usage: [DOOR=chat|jobs] scripts/door_instructions.sh path/to/onejob sqlite|postgres [N]
+# Usage: [DOOR=chat|jobs] [CLIENTS=C] scripts/door_instructions.sh path/to/onejob sqlite|postgres [N]
 # (DOOR_INSTRUCTIONS_KEEP=dir keeps the callgrind files there, for
 # callgrind_annotate)
 # (PostgreSQL at $ONEJOB_TEST_POSTGRES, default postgres://postgres@127.0.0.1:5432)
 set -euo pipefail
 onejob=$1; backend=$2; n=${3:-200}
 door=${DOOR:-chat}
+clients=${CLIENTS:-1}
 case "$door" in chat|jobs) ;; *) echo "DOOR is chat or jobs, not $door" >&2; exit 2 ;; esac
 pg=${ONEJOB_TEST_POSTGRES:-postgres://postgres@127.0.0.1:5432}
 work=$(mktemp -d)
@@ -51,20 +55,29 @@ class Upstream(BaseHTTPRequestHandler):
 ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Upstream).serve_forever()
 PY
 cat > "$work/client.py" <<'PY'
-import http.client, json, sys
+import http.client, json, sys, threading
 port, token, n, tag, door = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
-conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+clients = int(sys.argv[6])
 path, expected = ("/api/v1/jobs", 201) if door == "jobs" else ("/v1/chat/completions", 200)
-for i in range(n):
-    if door == "jobs":
-        body = json.dumps({"task": "summarize", "input": {"text": f"hello {i}"}})
-    else:
-        body = json.dumps({"model": "chat", "messages": [{"role": "user", "content": f"hello {i}"}]})
-    conn.request("POST", path, body, {"Authorization": "Bearer " + token,
-                 "Idempotency-Key": f"{tag}-{i}", "Content-Type": "application/json"})
-    response = conn.getresponse(); response.read()
-    if response.status != expected:
-        sys.exit(f"request {i} answered {response.status}")
+failures = []
+def send(first):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    for i in range(first, n, clients):
+        if door == "jobs":
+            body = json.dumps({"task": "summarize", "input": {"text": f"hello {i}"}})
+        else:
+            body = json.dumps({"model": "chat", "messages": [{"role": "user", "content": f"hello {i}"}]})
+        conn.request("POST", path, body, {"Authorization": "Bearer " + token,
+                     "Idempotency-Key": f"{tag}-{i}", "Content-Type": "application/json"})
+        response = conn.getresponse(); response.read()
+        if response.status != expected:
+            failures.append(f"request {i} answered {response.status}")
+            return
+threads = [threading.Thread(target=send, args=(c,)) for c in range(clients)]
+for thread in threads: thread.start()
+for thread in threads: thread.join()
+if failures:
+    sys.exit(failures[0])
 PY
 cat > "$work/onejob.toml" <<TOML
 [[providers]]
@@ -107,14 +120,19 @@ RUST_LOG=warn valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file=
   >"$work/server.log" 2>&1 & pids+=($!)
 server=$!
 for _ in $(seq 1 300); do curl -fsS "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break; sleep 0.5; done
-python3 "$work/client.py" "$port" "$token" 30 warm-up "$door"
+python3 "$work/client.py" "$port" "$token" 30 warm-up "$door" 1
+commits() { curl -fsS -H "Authorization: Bearer $token" "http://127.0.0.1:$port/metrics" |
+  awk '$1 == "onejob_group_commits" {print $2}'; }
+commits_before=$(commits)
 callgrind_control -i on "$server" >/dev/null 2>&1
-python3 "$work/client.py" "$port" "$token" "$n" counted "$door"
+python3 "$work/client.py" "$port" "$token" "$n" counted "$door" "$clients"
 callgrind_control -i off "$server" >/dev/null 2>&1
 callgrind_control -d "$server" >/dev/null 2>&1
+commits_after=$(commits)
 sleep 1
 if [ -n "${DOOR_INSTRUCTIONS_KEEP:-}" ]; then
   mkdir -p "$DOOR_INSTRUCTIONS_KEEP" && cp "$work"/callgrind.out* "$DOOR_INSTRUCTIONS_KEEP"/
 fi
 total=$(cat "$work"/callgrind.out* | awk '/^(summary|totals):/ {s += $2} END {print s}')
-echo "door instructions: $door on $backend, $n requests: $total instructions, $((total / n)) per request"
+echo "door instructions: $door on $backend, $n requests by $clients clients: $total instructions, $((total / n)) per request"
+echo "group commits while counted: $(python3 -c "print(int(float('$commits_after') - float('$commits_before')))") for $n requests"

@@ -557,7 +557,7 @@ fn insert_jobs_and_attempts_sqlite(
     now: Timestamp,
 ) -> StoreResult<Vec<Attempt>> {
     use diesel::sql_types::{BigInt, Nullable, Text};
-    let mut inserted: std::collections::HashSet<String> = std::collections::HashSet::new();
+    let mut made: Vec<(&NewJob, &Job)> = Vec::with_capacity(news.len());
     for (news, rows) in
         power_of_two_chunks(news.len()).map(|(from, to)| (&news[from..to], &rows[from..to]))
     {
@@ -578,15 +578,17 @@ fn insert_jobs_and_attempts_sqlite(
                 .bind::<Text, _>(job.status.as_str())
                 .bind::<Nullable<Text>, _>(job.trace_context.as_deref());
         }
-        let ids: Vec<InsertedId> = insert.keep_prepared().load(conn)?;
-        inserted.extend(ids.into_iter().map(|row| row.id));
+        let count = insert.keep_prepared().count_on_sqlite(conn)?;
+        let chunk = news.iter().copied().zip(rows);
+        match count {
+            0 => {}
+            all if all == rows.len() => made.extend(chunk),
+            _ => {
+                let stored = stored_job_ids(conn, rows)?;
+                made.extend(chunk.filter(|(_, job)| stored.contains(&job.id.as_str())));
+            }
+        }
     }
-    let made: Vec<(&NewJob, &Job)> = news
-        .iter()
-        .zip(rows)
-        .filter(|(_, job)| inserted.contains(job.id.as_str()))
-        .map(|(new, job)| (*new, job))
-        .collect();
     insert_first_attempts_sqlite(conn, owner, &made, now)
 }
 
@@ -645,12 +647,6 @@ fn insert_first_attempts_sqlite(
         }
     }
     Ok(attempts)
-}
-
-#[derive(QueryableByName)]
-struct InsertedId {
-    #[diesel(sql_type = diesel::sql_types::Text)]
-    id: String,
 }
 
 /// The most rows one of SQLite's multi-row inserts carries. SQLite refuses
@@ -722,10 +718,29 @@ fn sqlite_jobs_statement(rows: usize) -> &'static str {
                            trace_context)
          SELECT * FROM (VALUES {values})
          WHERE NOT EXISTS (SELECT 1 FROM budgets WHERE budgets.owner_id = ?1)
-         ON CONFLICT (owner_id, idempotency_key) DO NOTHING
-         RETURNING id"
+         ON CONFLICT (owner_id, idempotency_key) DO NOTHING"
         )
     })
+}
+
+/// Which of `rows` the jobs' insert stored, read back when it stored some
+/// but not all (a key came twice or had made a job before): the ids are
+/// fresh, so a row found by its id is one this batch stored. The insert
+/// itself returns nothing, which spares SQLite a table of the rows it
+/// wrote (see `store::prepared`).
+fn stored_job_ids<'a>(
+    conn: &mut diesel::SqliteConnection,
+    rows: &'a [Job],
+) -> QueryResult<std::collections::HashSet<&'a str>> {
+    let ids: Vec<&str> = rows.iter().map(|job| job.id.as_str()).collect();
+    let stored: Vec<String> = jobs::table
+        .filter(jobs::id.eq_any(&ids))
+        .select(jobs::id)
+        .load(conn)?;
+    Ok(ids
+        .into_iter()
+        .filter(|id| stored.iter().any(|s| s == id))
+        .collect())
 }
 
 /// The attempts' insert of [`insert_jobs_and_attempts_sqlite`], `rows`

@@ -899,10 +899,11 @@ async fn a_batch_of_thousands_is_stored_whole_in_a_few_statements(backend: TestB
     }
     assert_eq!(stored.len(), CREATIONS, "one job a key");
     assert!(stored.iter().all(|(_, attempts)| *attempts == 1));
-    // SQLite: the jobs' and the attempts' inserts for each chunk of up to 64
-    // rows, and the savepoint around them; PostgreSQL: one statement.
+    // SQLite: for each chunk of up to 64 rows the jobs' insert, its count of
+    // the rows it stored and the attempts' insert, and the savepoint around
+    // them; PostgreSQL: one statement.
     let most = match backend {
-        TestBackend::Sqlite => 2 * CREATIONS.div_ceil(MAX_ROWS_PER_STATEMENT) + 4,
+        TestBackend::Sqlite => 3 * CREATIONS.div_ceil(MAX_ROWS_PER_STATEMENT) + 4,
         TestBackend::Postgres => 4,
     };
     assert!(
@@ -910,6 +911,61 @@ async fn a_batch_of_thousands_is_stored_whole_in_a_few_statements(backend: TestB
         "{} statements for {CREATIONS} creations, at most {most} expected",
         statements.len()
     );
+}
+
+/// A batch whose chunk holds a key that made a job before and new keys:
+/// the chunk's insert stores some of its rows but not all, and each
+/// creation hears what became of its own (on SQLite, read back by id, since
+/// the insert returns nothing): the old key its old job, each new key a
+/// job of its own with its first attempt.
+async fn a_batch_beside_an_old_key_tells_each_creation_what_it_made(backend: TestBackend) {
+    use onejob::store::jobs::create_job_with_attempts;
+
+    let (prepared, _log) = recording_app(backend).await;
+    let owner = prepared.alice.id.clone();
+    let (old, outcomes, stored) = prepared
+        .with_conn(move |conn| {
+            let old = match create_job_with_attempts(conn, &batch_creation(&owner, "old", false)) {
+                Ok((CreateOutcome::Created(job), _)) => job,
+                other => panic!("the old key's job: {other:?}"),
+            };
+            // Four rows: one chunk of four, the old key among the new.
+            let news: Vec<_> = ["new-0", "old", "new-1", "new-2"]
+                .into_iter()
+                .map(|key| batch_creation(&owner, key, false))
+                .collect();
+            let news: Vec<_> = news.iter().collect();
+            let outcomes = as_the_leader_runs(conn, &owner, &news);
+            let stored: Vec<(String, i64)> = jobs::table
+                .inner_join(attempts::table.on(attempts::job_id.eq(jobs::id)))
+                .filter(jobs::owner_id.eq(&owner))
+                .group_by(jobs::idempotency_key)
+                .select((jobs::idempotency_key, diesel::dsl::count(attempts::id)))
+                .load(conn)
+                .unwrap();
+            (old, outcomes, stored)
+        })
+        .await;
+
+    let keys = ["new-0", "old", "new-1", "new-2"];
+    for (key, outcome) in keys.into_iter().zip(&outcomes) {
+        match outcome {
+            Ok((CreateOutcome::Existing(job), _)) if key == "old" => assert_eq!(job, &old),
+            Ok((CreateOutcome::Created(job), attempts)) if key != "old" => {
+                assert_eq!(job.idempotency_key, key);
+                assert_eq!(attempts.len(), 1, "{key}");
+                assert_eq!(attempts[0].job_id, job.id, "{key}");
+            }
+            other => panic!("{key}: {other:?}"),
+        }
+    }
+    let mut stored = stored;
+    stored.sort();
+    let expected: Vec<(String, i64)> = ["new-0", "new-1", "new-2", "old"]
+        .into_iter()
+        .map(|key| (key.to_owned(), 1))
+        .collect();
+    assert_eq!(stored, expected, "one job and one attempt a key");
 }
 
 /// A leader that gets no pooled connection in time refuses its batch (a
@@ -980,6 +1036,7 @@ on_both_backends!(
     a_leader_without_a_connection_refuses_its_batch_and_the_next_comer_leads,
     one_owners_batch_stores_what_each_creation_alone_would,
     a_batch_of_thousands_is_stored_whole_in_a_few_statements,
+    a_batch_beside_an_old_key_tells_each_creation_what_it_made,
     a_batch_with_a_replay_and_a_reused_key_answers_each_and_stores_the_right_rows,
     a_kill_9_mid_batch_loses_no_acknowledged_job,
 );
