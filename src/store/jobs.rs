@@ -2,13 +2,14 @@
 
 use diesel::prelude::*;
 
-use super::connection::{per_backend, write_transaction, Placement, PG_NOW_MS, SQLITE_NOW_MS};
+use super::connection::{per_backend, write_transaction, Placement, PG_NOW_MS};
 use super::prepared::KeepPrepared;
 use super::queue::{self, StartNow};
 use super::reads::attempts_of;
 use super::rows::{Attempt, Job};
 use super::schema::jobs;
-use super::transitions::{insert_queued_attempt, QueuedAttempt};
+pub use super::sqlite_batch::MAX_ROWS_PER_STATEMENT;
+use super::transitions::insert_queued_attempt;
 use super::{DbConnection, StoreError, StoreResult};
 use crate::domain::ledger::Reservation;
 use crate::domain::{
@@ -257,7 +258,7 @@ fn new_job_row(new: &NewJob, now: Timestamp) -> Job {
 /// The attempt's columns a creating statement returns, named: a prepared
 /// statement that returned `*` would fail once a migration added a column
 /// while it was kept ("cached plan must not change result type").
-const ATTEMPT_COLUMNS: &str = "id, job_id, owner_id, number, provider, state, outcome, \
+pub(super) const ATTEMPT_COLUMNS: &str = "id, job_id, owner_id, number, provider, state, outcome, \
      version_read, lease_owner, lease_expires_at, created_at, started_at, timeout_at, \
      finished_at, error, sent_at, not_before, error_kind, error_detail";
 
@@ -442,7 +443,7 @@ fn create_distinct_of_one_owner(
         // Two statements, undone together if the second fails.
         DbConnection::Sqlite(_) => write_transaction(conn, |conn| match conn {
             DbConnection::Sqlite(lite) => {
-                insert_jobs_and_attempts_sqlite(lite, owner, news, &rows, now)
+                super::sqlite_batch::insert_jobs_and_attempts(lite, owner, news, &rows, now)
             }
             DbConnection::Postgresql(_) => Ok(Vec::new()),
         }),
@@ -542,238 +543,6 @@ fn insert_jobs_and_attempts(
 /// Names [`multi_row_creation_statement`] in a connection's statement
 /// cache: its text is one whatever the number of rows (they are arrays).
 struct MultiRowCreation;
-
-/// SQLite: the creations of one owner as two multi-row inserts (the jobs,
-/// then the attempts of those inserted), in the caller's transaction. Most
-/// of a lone creation's cost on SQLite is per statement, not per row: a
-/// batch of 32 runs 2 to 4 statements instead of 160 (a savepoint, two
-/// inserts, the budget's read and the release, each). Rows go in chunks of
-/// a power of two, so that a connection keeps at most a few texts prepared.
-fn insert_jobs_and_attempts_sqlite(
-    conn: &mut diesel::SqliteConnection,
-    owner: &UserId,
-    news: &[&NewJob],
-    rows: &[Job],
-    now: Timestamp,
-) -> StoreResult<Vec<Attempt>> {
-    use diesel::sql_types::{BigInt, Nullable, Text};
-    let mut made: Vec<(&NewJob, &Job)> = Vec::with_capacity(news.len());
-    for (news, rows) in
-        power_of_two_chunks(news.len()).map(|(from, to)| (&news[from..to], &rows[from..to]))
-    {
-        let mut insert = diesel::sql_query(sqlite_jobs_statement(rows.len()))
-            .into_boxed::<diesel::sqlite::Sqlite>()
-            .bind::<Text, _>(owner.as_str())
-            .bind::<BigInt, _>(now);
-        for (new, job) in news.iter().zip(rows) {
-            insert = insert
-                .bind::<Text, _>(job.id.as_str())
-                .bind::<Text, _>(new.key.as_str())
-                .bind::<Text, _>(job.task.as_str())
-                .bind::<Text, _>(job.provider.as_str())
-                .bind::<Nullable<Text>, _>(job.requested_provider.as_deref())
-                .bind::<Text, _>(job.input.as_str())
-                .bind::<Text, _>(job.params.as_str())
-                .bind::<Text, _>(job.fingerprint.as_str())
-                .bind::<Text, _>(job.status.as_str())
-                .bind::<Nullable<Text>, _>(job.trace_context.as_deref());
-        }
-        let count = insert.keep_prepared().count_on_sqlite(conn)?;
-        let chunk = news.iter().copied().zip(rows);
-        match count {
-            0 => {}
-            all if all == rows.len() => made.extend(chunk),
-            _ => {
-                let stored = stored_job_ids(conn, rows)?;
-                made.extend(chunk.filter(|(_, job)| stored.contains(&job.id.as_str())));
-            }
-        }
-    }
-    insert_first_attempts_sqlite(conn, owner, &made, now)
-}
-
-/// The first attempts of the jobs a batch made (`made`), in chunks as
-/// [`insert_jobs_and_attempts_sqlite`] inserts their jobs.
-fn insert_first_attempts_sqlite(
-    conn: &mut diesel::SqliteConnection,
-    owner: &UserId,
-    made: &[(&NewJob, &Job)],
-    now: Timestamp,
-) -> StoreResult<Vec<Attempt>> {
-    use diesel::sql_types::{BigInt, Nullable, Text};
-    let mut attempts = Vec::with_capacity(made.len());
-    for made in power_of_two_chunks(made.len()).map(|(from, to)| &made[from..to]) {
-        // A started attempt's lease runs on the database's clock, which
-        // only the row can tell; a queued one is all known here.
-        let queued = made.iter().all(|(new, _)| new.start.is_none());
-        let ids: Vec<AttemptId> = made.iter().map(|_| AttemptId::new()).collect();
-        let mut insert = diesel::sql_query(sqlite_attempts_statement(made.len(), !queued))
-            .into_boxed::<diesel::sqlite::Sqlite>()
-            .bind::<Text, _>(owner.as_str())
-            .bind::<BigInt, _>(now);
-        for ((new, job), id) in made.iter().zip(&ids) {
-            let start = new.start.as_ref();
-            let state = match start {
-                Some(_) => AttemptState::Running,
-                None => AttemptState::Queued,
-            };
-            insert = insert
-                .bind::<Text, _>(id.as_str())
-                .bind::<Text, _>(job.id.as_str())
-                .bind::<Text, _>(job.provider.as_str())
-                .bind::<Text, _>(state.as_str())
-                .bind::<Nullable<BigInt>, _>(start.map(|_| job.version))
-                .bind::<Nullable<Text>, _>(start.map(|s| s.lease_owner.as_str()))
-                .bind::<Nullable<BigInt>, _>(start.map(|s| s.lease_ms))
-                .bind::<Nullable<BigInt>, _>(start.map(|_| now))
-                .bind::<Nullable<BigInt>, _>(start.map(|s| now + s.soft_timeout_ms));
-        }
-        if queued {
-            insert.keep_prepared().run_on_sqlite(conn)?;
-            attempts.extend(made.iter().zip(ids).map(|((_, job), id)| {
-                QueuedAttempt {
-                    job_id: &job.id,
-                    owner_id: owner,
-                    number: 1,
-                    provider: &job.provider,
-                    now,
-                    not_before: None,
-                }
-                .row(id)
-            }));
-        } else {
-            let chunk: Vec<Attempt> = insert.keep_prepared().load(conn)?;
-            attempts.extend(chunk);
-        }
-    }
-    Ok(attempts)
-}
-
-/// The most rows one of SQLite's multi-row inserts carries. SQLite refuses
-/// a statement with more than 32,766 bound values, and a batch can be as
-/// large as `database.group_commit_rows` allows: 64 rows of ten values
-/// stay far under it, and a connection keeps at most seven texts of each
-/// insert prepared (1, 2, 4 … 64 rows; the attempts' twice over, with and
-/// without their rows returned).
-pub const MAX_ROWS_PER_STATEMENT: usize = 64;
-
-/// `0..n` cut into runs whose lengths are powers of two, longest first,
-/// none longer than [`MAX_ROWS_PER_STATEMENT`].
-fn power_of_two_chunks(n: usize) -> impl Iterator<Item = (usize, usize)> {
-    let mut from = 0;
-    std::iter::from_fn(move || {
-        let left = n - from;
-        (left > 0).then(|| {
-            let len = (1 << left.ilog2()).min(MAX_ROWS_PER_STATEMENT);
-            from += len;
-            (from - len, from)
-        })
-    })
-}
-
-/// `rows` rows of `?N` placeholders, `per_row` each, numbered after the
-/// statement's two shared ones (`?1` the owner, `?2` the time); `row`
-/// writes one row from its placeholders.
-fn numbered_rows(rows: usize, per_row: usize, row: impl Fn(&[String]) -> String) -> String {
-    (0..rows)
-        .map(|r| {
-            let marks: Vec<String> = (0..per_row)
-                .map(|c| format!("?{}", 3 + r * per_row + c))
-                .collect();
-            row(&marks)
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// The texts of one multi-row insert, one per chunk length (1, 2, 4 …
-/// [`MAX_ROWS_PER_STATEMENT`] rows), each written out on its first use:
-/// written out per batch, they were a percent of a creation's CPU.
-type ChunkTexts = [std::sync::OnceLock<String>; CHUNK_LENGTHS];
-const CHUNK_LENGTHS: usize = MAX_ROWS_PER_STATEMENT.ilog2() as usize + 1;
-
-/// The text for `rows` rows, a length [`power_of_two_chunks`] gives.
-fn chunk_text(texts: &'static ChunkTexts, rows: usize, write: fn(usize) -> String) -> &'static str {
-    assert!(
-        rows.is_power_of_two() && rows <= MAX_ROWS_PER_STATEMENT,
-        "a chunk of {rows} rows"
-    );
-    texts[rows.ilog2() as usize].get_or_init(|| write(rows))
-}
-
-/// The jobs' insert of [`insert_jobs_and_attempts_sqlite`], `rows` rows.
-/// SQLite needs the `WHERE` to read `ON CONFLICT` as the upsert's.
-fn sqlite_jobs_statement(rows: usize) -> &'static str {
-    static TEXTS: ChunkTexts = [const { std::sync::OnceLock::new() }; CHUNK_LENGTHS];
-    chunk_text(&TEXTS, rows, |rows| {
-        let values = numbered_rows(rows, 10, |m| {
-            format!(
-                "({}, ?1, {}, {}, {}, {}, {}, {}, {}, {}, 0, ?2, ?2, {})",
-                m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7], m[8], m[9]
-            )
-        });
-        format!(
-            "INSERT INTO jobs (id, owner_id, idempotency_key, task, provider, requested_provider,
-                           input, params, fingerprint, status, version, created_at, updated_at,
-                           trace_context)
-         SELECT * FROM (VALUES {values})
-         WHERE NOT EXISTS (SELECT 1 FROM budgets WHERE budgets.owner_id = ?1)
-         ON CONFLICT (owner_id, idempotency_key) DO NOTHING"
-        )
-    })
-}
-
-/// Which of `rows` the jobs' insert stored, read back when it stored some
-/// but not all (a key came twice or had made a job before): the ids are
-/// fresh, so a row found by its id is one this batch stored. The insert
-/// itself returns nothing, which spares SQLite a table of the rows it
-/// wrote (see `store::prepared`).
-fn stored_job_ids<'a>(
-    conn: &mut diesel::SqliteConnection,
-    rows: &'a [Job],
-) -> QueryResult<std::collections::HashSet<&'a str>> {
-    let ids: Vec<&str> = rows.iter().map(|job| job.id.as_str()).collect();
-    let stored: Vec<String> = jobs::table
-        .filter(jobs::id.eq_any(&ids))
-        .select(jobs::id)
-        .load(conn)?;
-    Ok(ids
-        .into_iter()
-        .filter(|id| stored.iter().any(|s| s == id))
-        .collect())
-}
-
-/// The attempts' insert of [`insert_jobs_and_attempts_sqlite`], `rows`
-/// rows: queued, or started as [`queue::insert_started_attempt`] starts
-/// one (its lease on the database's clock). With `returning`, it returns
-/// the rows; without, it returns nothing and SQLite keeps no table of
-/// them (see `store::prepared`).
-fn sqlite_attempts_statement(rows: usize, returning: bool) -> &'static str {
-    static RETURNING: ChunkTexts = [const { std::sync::OnceLock::new() }; CHUNK_LENGTHS];
-    static SILENT: ChunkTexts = [const { std::sync::OnceLock::new() }; CHUNK_LENGTHS];
-    if !returning {
-        return chunk_text(&SILENT, rows, |rows| {
-            let text = sqlite_attempts_statement(rows, true);
-            text[..text.rfind("RETURNING").expect("written with one")].to_owned()
-        });
-    }
-    chunk_text(&RETURNING, rows, |rows| {
-        let clock = SQLITE_NOW_MS;
-        let values = numbered_rows(rows, 9, |m| {
-            format!(
-                "({}, {}, ?1, 1, {}, {}, {}, {}, {clock} + {}, ?2, {}, {}, {})",
-                m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7], m[8], m[7]
-            )
-        });
-        format!(
-            "INSERT INTO attempts (id, job_id, owner_id, number, provider, state, version_read,
-                               lease_owner, lease_expires_at, created_at, started_at, timeout_at,
-                               sent_at)
-         VALUES {values}
-         RETURNING {ATTEMPT_COLUMNS}"
-        )
-    })
-}
 
 /// The statement of [`insert_jobs_and_attempts`]: `$1` the owner, `$2`…
 /// `$16` the rows' columns as arrays, `$17` the time of creation, `$18` the rows' trace contexts,
@@ -948,31 +717,4 @@ pub fn providers_of(
         }
     }
     Ok(providers)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{power_of_two_chunks, MAX_ROWS_PER_STATEMENT};
-
-    fn lengths(n: usize) -> Vec<usize> {
-        power_of_two_chunks(n).map(|(from, to)| to - from).collect()
-    }
-
-    #[test]
-    fn chunks_are_powers_of_two_longest_first_and_cover_every_row() {
-        assert_eq!(lengths(0), Vec::<usize>::new());
-        assert_eq!(lengths(1), [1]);
-        assert_eq!(lengths(7), [4, 2, 1]);
-        assert_eq!(lengths(64), [64]);
-        let chunks: Vec<(usize, usize)> = power_of_two_chunks(45).collect();
-        assert_eq!(chunks, [(0, 32), (32, 40), (40, 44), (44, 45)]);
-    }
-
-    #[test]
-    fn no_chunk_is_longer_than_one_statement_carries() {
-        assert_eq!(lengths(200), [64, 64, 64, 8]);
-        let big = lengths(5_000);
-        assert!(big.iter().all(|&len| len <= MAX_ROWS_PER_STATEMENT));
-        assert_eq!(big.iter().sum::<usize>(), 5_000);
-    }
 }

@@ -27,6 +27,7 @@ pub mod rows;
 pub mod schema;
 pub mod sessions;
 pub mod sql_types;
+pub mod sqlite_batch;
 pub mod stream_chunks;
 pub mod transitions;
 pub mod users;

@@ -669,8 +669,6 @@ const WRITERS: &[(&str, Option<&str>)] = &[
     ("jobs.rs::insert_job_and_attempt", Some("with job as ( insert into jobs (")),
     ("jobs.rs::insert_job_unless_key_exists", Some("fingerprint, status, version, result, completed_by, failure_reason, created_at, updated_at, failure_kind, failure_detail, trace_context) values")),
     ("jobs.rs::multi_row_creation_statement", Some("with input as ( select * from unnest(")),
-    ("jobs.rs::sqlite_attempts_statement", None),
-    ("jobs.rs::sqlite_jobs_statement", None),
     ("ledger.rs::add_tallies", Some("insert into usage_tallies (")),
     ("ledger.rs::record_call", Some("insert into usage_ledger (")),
     ("operator.rs::record_audit", Some("insert into audit_log (")),
@@ -683,6 +681,8 @@ const WRITERS: &[(&str, Option<&str>)] = &[
     ("retention.rs::prune_finished_jobs", None),
     ("retention.rs::prune_log", Some("delete from race_log where owner_id = $1 and id = any($2)")),
     ("retention.rs::prune_owners_jobs", Some("with doomed as ( select j.id, j.owner_id from jobs j where j.owner_id = $1")),
+    // The multi-row inserts of a batch's jobs and attempts.
+    ("sqlite_batch.rs::walk_ast", None),
     ("stream_chunks.rs::append", Some("insert into stream_chunks (")),
     ("stream_chunks.rs::clear", Some("delete from stream_chunks where")),
     ("transitions.rs::fail_job", Some("update jobs set status = $1, failure_kind = $2, failure_reason = $3, failure_detail = $4")),
