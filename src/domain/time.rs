@@ -96,7 +96,7 @@ impl Timestamp {
             text[at] = mark;
         }
         text[23] = b'Z';
-        text.iter().map(|&byte| byte as char).collect()
+        std::str::from_utf8(&text).expect("ASCII digits and marks").to_owned()
     }
 }
 

@@ -105,14 +105,17 @@ pub async fn create_job(
     )
     .await?;
     let mut replayed = false;
-    let (job, attempts, applied) = wait_if_preferred(&app, &req, async {
+    // Boxed: the creation's future is over 4 KB, and held inline it was
+    // stored twice over in `wait_if_preferred`'s (its argument, and the
+    // same future once awaited), each copy moved on every request.
+    let create = Box::pin(async {
         let created = app
             .create_job(&caller.0, &caller.1, key, body.into())
             .await?;
         replayed = created.replayed;
         Ok((created.job, created.attempts))
-    })
-    .await?;
+    });
+    let (job, attempts, applied) = wait_if_preferred(&app, &req, create).await?;
     let mut response = if replayed {
         HttpResponse::Ok()
     } else {
