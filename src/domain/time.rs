@@ -96,7 +96,9 @@ impl Timestamp {
             text[at] = mark;
         }
         text[23] = b'Z';
-        std::str::from_utf8(&text).expect("ASCII digits and marks").to_owned()
+        std::str::from_utf8(&text)
+            .expect("ASCII digits and marks")
+            .to_owned()
     }
 }
 

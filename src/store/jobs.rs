@@ -6,7 +6,7 @@ use super::connection::{per_backend, write_transaction, Placement, PG_NOW_MS};
 use super::prepared::KeepPrepared;
 use super::queue::{self, StartNow};
 use super::reads::attempts_of;
-use super::rows::{Attempt, Job};
+use super::rows::{Attempt, Job, ATTEMPT_COLUMNS};
 use super::schema::jobs;
 pub use super::sqlite_batch::MAX_ROWS_PER_STATEMENT;
 use super::transitions::insert_queued_attempt;
@@ -255,13 +255,6 @@ fn new_job_row(new: &NewJob, now: Timestamp) -> Job {
     }
 }
 
-/// The attempt's columns a creating statement returns, named: a prepared
-/// statement that returned `*` would fail once a migration added a column
-/// while it was kept ("cached plan must not change result type").
-pub(super) const ATTEMPT_COLUMNS: &str = "id, job_id, owner_id, number, provider, state, outcome, \
-     version_read, lease_owner, lease_expires_at, created_at, started_at, timeout_at, \
-     finished_at, error, sent_at, not_before, error_kind, error_detail";
-
 /// PostgreSQL: the job and its first attempt in one statement (a
 /// data-modifying `WITH`), atomic by itself, so one round trip instead of
 /// four (`BEGIN`, two inserts, `COMMIT`). The attempt is inserted only if
@@ -443,7 +436,12 @@ fn create_distinct_of_one_owner(
         // Two statements, undone together if the second fails.
         DbConnection::Sqlite(_) => write_transaction(conn, |conn| match conn {
             DbConnection::Sqlite(lite) => {
-                super::sqlite_batch::insert_jobs_and_attempts(lite, owner, news, &rows, now)
+                let batch: Vec<_> = news
+                    .iter()
+                    .zip(&rows)
+                    .map(|(new, job)| (job, new.start.as_ref()))
+                    .collect();
+                super::sqlite_batch::insert_jobs_and_attempts(lite, owner, &batch, now)
             }
             DbConnection::Postgresql(_) => Ok(Vec::new()),
         }),

@@ -9,6 +9,13 @@ use crate::domain::{
     UserId,
 };
 
+/// The attempt's columns a creating statement returns, named: a prepared
+/// statement that returned `*` would fail once a migration added a column
+/// while it was kept ("cached plan must not change result type").
+pub(super) const ATTEMPT_COLUMNS: &str = "id, job_id, owner_id, number, provider, state, outcome, \
+     version_read, lease_owner, lease_expires_at, created_at, started_at, timeout_at, \
+     finished_at, error, sent_at, not_before, error_kind, error_detail";
+
 /// A job: one user intent. Its intent columns never change.
 ///
 /// Inserted with every column, `None` as NULL (none of its nullable columns

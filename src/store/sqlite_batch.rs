@@ -15,9 +15,9 @@ use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel::sqlite::{Sqlite, SqliteConnection};
 
 use super::connection::SQLITE_NOW_MS;
-use super::jobs::{NewJob, ATTEMPT_COLUMNS};
 use super::prepared::KeepPrepared;
-use super::rows::{Attempt, Job};
+use super::queue::StartNow;
+use super::rows::{Attempt, Job, ATTEMPT_COLUMNS};
 use super::schema::jobs;
 use super::transitions::QueuedAttempt;
 use super::StoreResult;
@@ -31,34 +31,36 @@ use crate::domain::{AttemptId, AttemptState, Timestamp, UserId};
 /// without their rows returned).
 pub const MAX_ROWS_PER_STATEMENT: usize = 64;
 
-/// Inserts `news` (whose rows are `rows`) and the first attempt of each job
-/// stored; returns those attempts. A creation whose key had made a job, or
-/// that the owner's budget keeps from this statement, stores nothing here,
-/// and its caller makes or finds it alone.
+/// One creation of a batch: its job's row (its key among the columns), and
+/// how its first attempt starts (`None`: queued).
+pub(super) type Creation<'a> = (&'a Job, Option<&'a StartNow>);
+
+/// Inserts `batch`'s jobs and the first attempt of each job stored; returns
+/// those attempts. A creation whose key had made a job, or that the owner's
+/// budget keeps from this statement, stores nothing here, and its caller
+/// makes or finds it alone.
 pub(super) fn insert_jobs_and_attempts(
     conn: &mut SqliteConnection,
     owner: &UserId,
-    news: &[&NewJob],
-    rows: &[Job],
+    batch: &[Creation<'_>],
     now: Timestamp,
 ) -> StoreResult<Vec<Attempt>> {
-    let mut made: Vec<(&NewJob, &Job)> = Vec::with_capacity(news.len());
-    for (from, to) in power_of_two_chunks(news.len()) {
-        let (news, rows) = (&news[from..to], &rows[from..to]);
-        let chunk = JobsChunk {
-            owner,
-            now,
-            news,
-            rows,
-        };
-        let count = chunk.keep_prepared().count_on_sqlite(conn)?;
-        let both = news.iter().copied().zip(rows);
+    let mut made: Vec<Creation<'_>> = Vec::with_capacity(batch.len());
+    for (from, to) in power_of_two_chunks(batch.len()) {
+        let chunk = &batch[from..to];
+        let count = JobsChunk { owner, now, chunk }
+            .keep_prepared()
+            .count_on_sqlite(conn)?;
         match count {
             0 => {}
-            all if all == rows.len() => made.extend(both),
+            all if all == chunk.len() => made.extend_from_slice(chunk),
             _ => {
-                let stored = stored_job_ids(conn, rows)?;
-                made.extend(both.filter(|(_, job)| stored.contains(&job.id.as_str())));
+                let stored = stored_job_ids(conn, chunk)?;
+                made.extend(
+                    chunk
+                        .iter()
+                        .filter(|(job, _)| stored.contains(job.id.as_str())),
+                );
             }
         }
     }
@@ -70,19 +72,16 @@ pub(super) fn insert_jobs_and_attempts(
 /// fresh, so a row found by its id is one this batch stored. The insert
 /// itself returns nothing, which spares SQLite a table of the rows it
 /// wrote (see `store::prepared`).
-fn stored_job_ids<'a>(
+fn stored_job_ids(
     conn: &mut SqliteConnection,
-    rows: &'a [Job],
-) -> QueryResult<std::collections::HashSet<&'a str>> {
-    let ids: Vec<&str> = rows.iter().map(|job| job.id.as_str()).collect();
+    chunk: &[Creation<'_>],
+) -> QueryResult<std::collections::HashSet<String>> {
+    let ids: Vec<&str> = chunk.iter().map(|(job, _)| job.id.as_str()).collect();
     let stored: Vec<String> = jobs::table
         .filter(jobs::id.eq_any(&ids))
         .select(jobs::id)
         .load(conn)?;
-    Ok(ids
-        .into_iter()
-        .filter(|id| stored.iter().any(|s| s == id))
-        .collect())
+    Ok(stored.into_iter().collect())
 }
 
 /// The first attempts of the jobs a batch made (`made`), in chunks as
@@ -90,7 +89,7 @@ fn stored_job_ids<'a>(
 fn insert_first_attempts(
     conn: &mut SqliteConnection,
     owner: &UserId,
-    made: &[(&NewJob, &Job)],
+    made: &[Creation<'_>],
     now: Timestamp,
 ) -> StoreResult<Vec<Attempt>> {
     let mut attempts = Vec::with_capacity(made.len());
@@ -103,7 +102,7 @@ fn insert_first_attempts(
         }
         let ids: Vec<AttemptId> = chunk.rows.iter().map(|row| row.id.clone()).collect();
         chunk.keep_prepared().run_on_sqlite(conn)?;
-        attempts.extend(made[from..to].iter().zip(ids).map(|((_, job), id)| {
+        attempts.extend(made[from..to].iter().zip(ids).map(|((job, _), id)| {
             QueuedAttempt {
                 job_id: &job.id,
                 owner_id: owner,
@@ -122,24 +121,27 @@ fn insert_first_attempts(
 struct JobsChunk<'a> {
     owner: &'a UserId,
     now: Timestamp,
-    news: &'a [&'a NewJob],
-    rows: &'a [Job],
+    chunk: &'a [Creation<'a>],
 }
 
 impl QueryFragment<Sqlite> for JobsChunk<'_> {
     /// SQLite needs the `WHERE` to read `ON CONFLICT` as the upsert's.
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Sqlite>) -> QueryResult<()> {
-        debug_assert!(is_chunk_length(self.rows.len()), "{} rows", self.rows.len());
+        debug_assert!(
+            is_chunk_length(self.chunk.len()),
+            "{} rows",
+            self.chunk.len()
+        );
         out.push_sql(
             "INSERT INTO jobs (id, owner_id, idempotency_key, task, provider, \
              requested_provider, input, params, fingerprint, status, version, created_at, \
              updated_at, trace_context) SELECT * FROM (VALUES ",
         );
-        for (i, (new, job)) in self.news.iter().zip(self.rows).enumerate() {
+        for (i, (job, _)) in self.chunk.iter().enumerate() {
             let mut row = Values::open(&mut out, i);
             row.bind::<Text, str>(job.id.as_str())?
                 .bind::<Text, str>(self.owner.as_str())?
-                .bind::<Text, str>(new.key.as_str())?
+                .bind::<Text, str>(&job.idempotency_key)?
                 .bind::<Text, str>(&job.task)?
                 .bind::<Text, str>(&job.provider)?
                 .bind::<Nullable<Text>, _>(&job.requested_provider)?
@@ -187,11 +189,10 @@ struct FirstAttempt<'a> {
 }
 
 impl<'a> AttemptsChunk<'a> {
-    fn of(owner: &'a UserId, made: &[(&'a NewJob, &'a Job)], now: Timestamp) -> Self {
+    fn of(owner: &'a UserId, made: &[Creation<'a>], now: Timestamp) -> Self {
         let rows: Vec<FirstAttempt<'a>> = made
             .iter()
-            .map(|(new, job)| {
-                let start = new.start.as_ref();
+            .map(|&(job, start)| {
                 let state = match start {
                     Some(_) => AttemptState::Running,
                     None => AttemptState::Queued,
@@ -209,7 +210,7 @@ impl<'a> AttemptsChunk<'a> {
                 }
             })
             .collect();
-        let returning = made.iter().any(|(new, _)| new.start.is_some());
+        let returning = made.iter().any(|(_, start)| start.is_some());
         AttemptsChunk {
             owner,
             now,

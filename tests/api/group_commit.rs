@@ -662,6 +662,18 @@ fn batch_creation(owner: &UserId, key: &str, started: bool) -> onejob::store::jo
     }
 }
 
+/// Each of `owner`'s keys with the count of its job's attempts, sorted by key.
+fn attempts_by_key(conn: &mut DbConnection, owner: &UserId) -> Vec<(String, i64)> {
+    jobs::table
+        .inner_join(attempts::table.on(attempts::job_id.eq(jobs::id)))
+        .filter(jobs::owner_id.eq(owner))
+        .group_by(jobs::idempotency_key)
+        .select((jobs::idempotency_key, diesel::dsl::count(attempts::id)))
+        .order(jobs::idempotency_key)
+        .load(conn)
+        .unwrap()
+}
+
 /// One owner's creations as the batch's leader runs them: in its
 /// transaction on SQLite, a statement committing by itself on PostgreSQL.
 fn as_the_leader_runs(
@@ -876,13 +888,7 @@ async fn a_batch_of_thousands_is_stored_whole_in_a_few_statements(backend: TestB
             log.take();
             let outcomes = as_the_leader_runs(conn, &owner, &news);
             let statements = sent_on_one_connection(log.take_sent());
-            let stored: Vec<(String, i64)> = jobs::table
-                .inner_join(attempts::table.on(attempts::job_id.eq(jobs::id)))
-                .filter(jobs::owner_id.eq(&owner))
-                .group_by(jobs::idempotency_key)
-                .select((jobs::idempotency_key, diesel::dsl::count(attempts::id)))
-                .load(conn)
-                .unwrap();
+            let stored = attempts_by_key(conn, &owner);
             (outcomes, statements, stored)
         })
         .await;
@@ -936,13 +942,7 @@ async fn a_batch_beside_an_old_key_tells_each_creation_what_it_made(backend: Tes
                 .collect();
             let news: Vec<_> = news.iter().collect();
             let outcomes = as_the_leader_runs(conn, &owner, &news);
-            let stored: Vec<(String, i64)> = jobs::table
-                .inner_join(attempts::table.on(attempts::job_id.eq(jobs::id)))
-                .filter(jobs::owner_id.eq(&owner))
-                .group_by(jobs::idempotency_key)
-                .select((jobs::idempotency_key, diesel::dsl::count(attempts::id)))
-                .load(conn)
-                .unwrap();
+            let stored = attempts_by_key(conn, &owner);
             (old, outcomes, stored)
         })
         .await;
@@ -959,8 +959,6 @@ async fn a_batch_beside_an_old_key_tells_each_creation_what_it_made(backend: Tes
             other => panic!("{key}: {other:?}"),
         }
     }
-    let mut stored = stored;
-    stored.sort();
     let expected: Vec<(String, i64)> = ["new-0", "new-1", "new-2", "old"]
         .into_iter()
         .map(|key| (key.to_owned(), 1))
