@@ -25,8 +25,8 @@ use crate::domain::{AttemptId, AttemptState, Timestamp, UserId};
 
 /// The most rows one of SQLite's multi-row inserts carries. SQLite refuses
 /// a statement with more than 32,766 bound values, and a batch can be as
-/// large as `database.group_commit_rows` allows: 64 rows of fourteen
-/// values stay far under it, and a connection keeps at most seven texts of each
+/// large as `database.group_commit_rows` allows: 64 rows of fourteen values
+/// stay far under it, and a connection keeps at most seven texts of each
 /// insert prepared (1, 2, 4 … 64 rows; the attempts' twice over, with and
 /// without their rows returned).
 pub const MAX_ROWS_PER_STATEMENT: usize = 64;
@@ -162,11 +162,10 @@ impl QueryFragment<Sqlite> for JobsChunk<'_> {
     }
 }
 
-/// One chunk of a batch's first attempts, each row's values bound in
-/// turn. Queued attempts are all
-/// known here and return nothing; a started one's lease runs on the
-/// database's clock, which only the row can tell, so a chunk with one
-/// returns its rows.
+/// One chunk of a batch's first attempts, each row's values bound in turn.
+/// Queued attempts are all known here and return nothing; a started one's
+/// lease runs on the database's clock, which only the row can tell, so a
+/// chunk with one returns its rows.
 struct AttemptsChunk<'a> {
     owner: &'a UserId,
     now: Timestamp,
