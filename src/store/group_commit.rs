@@ -38,12 +38,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use diesel::r2d2::PooledConnection;
-use tokio::sync::oneshot;
 
 use super::connection::{without_savepoints, write_transaction};
 use super::connection::{DbConnectionManager, Placement};
 use super::jobs::{self, CreateOutcome, NewJob};
-use super::mailbox::{Mailbox, Replies};
+use super::mailbox::{Replies, Reply};
 use super::{Attempt, DbConnection, Store, StoreError, StoreResult};
 use crate::domain::UserId;
 
@@ -85,9 +84,7 @@ struct Queued<T> {
     work: Work<T>,
     then: Option<ThenCommitted<T>>,
     outcome: Option<StoreResult<T>>,
-    reply: oneshot::Sender<StoreResult<T>>,
-    /// Where its answer goes, if its waiter's thread has one.
-    mailbox: Option<Arc<Mailbox>>,
+    reply: Reply<StoreResult<T>>,
 }
 
 impl<T: Send + 'static> Write for Queued<T> {
@@ -102,11 +99,12 @@ impl<T: Send + 'static> Write for Queued<T> {
         if let (Ok(value), Some(then)) = (&mut outcome, self.then) {
             then(value);
         }
-        replies.send(self.mailbox, self.reply, outcome);
+        replies.send(self.reply, outcome);
     }
 
     fn refuse(self: Box<Self>, detail: &str) {
-        let _ = self.reply.send(Err(StoreError::Busy(detail.to_owned())));
+        self.reply
+            .send_now(Err(StoreError::Busy(detail.to_owned())));
     }
 }
 
@@ -120,9 +118,7 @@ struct Creation {
     placement: Placement,
     after_commit: Option<AfterCommit>,
     outcome: Option<StoreResult<Created>>,
-    reply: oneshot::Sender<StoreResult<Created>>,
-    /// Where its answer goes, if its waiter's thread has one.
-    mailbox: Option<Arc<Mailbox>>,
+    reply: Reply<StoreResult<Created>>,
 }
 
 enum Waiting {
@@ -156,7 +152,7 @@ impl Waiting {
                 if let (Ok(created), Some(after_commit)) = (&outcome, creation.after_commit) {
                     after_commit(created);
                 }
-                replies.send(creation.mailbox, creation.reply, outcome);
+                replies.send(creation.reply, outcome);
             }
             Self::Write(write) => write.answer(replies),
         }
@@ -166,9 +162,9 @@ impl Waiting {
     fn refuse(self, detail: &str) {
         match self {
             Self::Creation(creation) => {
-                let _ = creation
+                creation
                     .reply
-                    .send(Err(StoreError::Busy(detail.to_owned())));
+                    .send_now(Err(StoreError::Busy(detail.to_owned())));
             }
             Self::Write(write) => write.refuse(detail),
         }
@@ -228,7 +224,7 @@ impl GroupCommit {
         kept_counter: Option<i64>,
         after_commit: Option<AfterCommit>,
     ) -> StoreResult<Created> {
-        let (reply, answer) = oneshot::channel();
+        let (reply, answer) = Reply::channel();
         self.queue(
             store,
             Waiting::Creation(Box::new(Creation {
@@ -238,7 +234,6 @@ impl GroupCommit {
                 after_commit,
                 outcome: None,
                 reply,
-                mailbox: Mailbox::of_this_thread(),
             })),
         );
         answer.await.map_err(|_| StoreError::Cancelled)?
@@ -255,7 +250,7 @@ impl GroupCommit {
         work: impl Fn(&mut DbConnection) -> StoreResult<T> + Send + 'static,
         then: Option<ThenCommitted<T>>,
     ) -> StoreResult<T> {
-        let (reply, answer) = oneshot::channel();
+        let (reply, answer) = Reply::channel();
         self.queue(
             store,
             Waiting::Write(Box::new(Queued {
@@ -263,7 +258,6 @@ impl GroupCommit {
                 then,
                 outcome: None,
                 reply,
-                mailbox: Mailbox::of_this_thread(),
             })),
         );
         answer.await.map_err(|_| StoreError::Cancelled)?

@@ -128,6 +128,29 @@ impl Drop for HandOver {
     }
 }
 
+/// Where one waiter's answer goes: its channel, and the mailbox of the
+/// thread it waits on (if that thread has one), taken together when the
+/// waiter queues so that the two cannot part.
+pub struct Reply<T> {
+    sender: tokio::sync::oneshot::Sender<T>,
+    mailbox: Option<Arc<Mailbox>>,
+}
+
+impl<T: Send + 'static> Reply<T> {
+    /// A reply to a waiter on this thread, and the receiver it waits on.
+    pub fn channel() -> (Self, tokio::sync::oneshot::Receiver<T>) {
+        let (sender, receiver) = tokio::sync::oneshot::channel();
+        let mailbox = Mailbox::of_this_thread();
+        (Reply { sender, mailbox }, receiver)
+    }
+
+    /// Sends `value` at once, past the mailbox (a refusal before anything
+    /// ran). The waiter may have gone away: the answer is then dropped.
+    pub fn send_now(self, value: T) {
+        let _ = self.sender.send(value);
+    }
+}
+
 /// Answers gathered while a batch is answered: each one whose waiter named
 /// a mailbox is posted there with the others for the same mailbox when
 /// this is dropped; the rest are sent at once.
@@ -135,20 +158,16 @@ impl Drop for HandOver {
 pub struct Replies(Vec<(Arc<Mailbox>, Vec<Delivery>)>);
 
 impl Replies {
-    /// Sends `value` on `reply`: through `mailbox`, or at once.
-    pub fn send<T: Send + 'static>(
-        &mut self,
-        mailbox: Option<Arc<Mailbox>>,
-        reply: tokio::sync::oneshot::Sender<T>,
-        value: T,
-    ) {
+    /// Sends `value` on `reply`: through its mailbox, or at once.
+    pub fn send<T: Send + 'static>(&mut self, reply: Reply<T>, value: T) {
+        let Reply { sender, mailbox } = reply;
         let Some(mailbox) = mailbox else {
             // The waiter may have gone away: the answer is then dropped.
-            let _ = reply.send(value);
+            let _ = sender.send(value);
             return;
         };
         let delivery: Delivery = Box::new(move || {
-            let _ = reply.send(value);
+            let _ = sender.send(value);
         });
         match self.0.iter_mut().find(|(to, _)| Arc::ptr_eq(to, &mailbox)) {
             Some((_, deliveries)) => deliveries.push(delivery),
@@ -186,12 +205,13 @@ mod tests {
             let again = Mailbox::of_this_thread().unwrap();
             assert!(Arc::ptr_eq(&mailbox, &again), "one mailbox a thread");
             let (senders, receivers): (Vec<_>, Vec<_>) =
-                (0..5).map(|_| oneshot::channel::<usize>()).unzip();
+                (0..5).map(|_| Reply::<usize>::channel()).unzip();
             // The leader's side: another thread, answers together.
             std::thread::spawn(move || {
                 let mut replies = Replies::default();
                 for (n, reply) in senders.into_iter().enumerate() {
-                    replies.send(Some(mailbox.clone()), reply, n);
+                    assert!(Arc::ptr_eq(reply.mailbox.as_ref().unwrap(), &mailbox));
+                    replies.send(reply, n);
                 }
             })
             .join()
@@ -216,8 +236,12 @@ mod tests {
             "a closed one is not named"
         );
         // Posted after it closed: handed over at once, not left in it.
-        let (reply, answer) = oneshot::channel::<&str>();
-        Replies::default().send(Some(old.clone()), reply, "late");
+        let (sender, answer) = oneshot::channel::<&str>();
+        let reply = Reply {
+            sender,
+            mailbox: Some(old.clone()),
+        };
+        Replies::default().send(reply, "late");
         assert_eq!(answer.blocking_recv().unwrap(), "late");
         let second = current_thread_runtime();
         let new = second.block_on(async {

@@ -95,7 +95,7 @@ fn insert_first_attempts(
     let mut attempts = Vec::with_capacity(made.len());
     for (from, to) in power_of_two_chunks(made.len()) {
         let chunk = AttemptsChunk::of(owner, &made[from..to], now);
-        if chunk.returning {
+        if chunk.returns_rows() {
             let rows: Vec<Attempt> = chunk.keep_prepared().load(conn)?;
             attempts.extend(rows);
             continue;
@@ -170,7 +170,6 @@ struct AttemptsChunk<'a> {
     owner: &'a UserId,
     now: Timestamp,
     rows: Vec<FirstAttempt<'a>>,
-    returning: bool,
 }
 
 /// A first attempt's values, queued or started as
@@ -209,13 +208,12 @@ impl<'a> AttemptsChunk<'a> {
                 }
             })
             .collect();
-        let returning = made.iter().any(|(_, start)| start.is_some());
-        AttemptsChunk {
-            owner,
-            now,
-            rows,
-            returning,
-        }
+        AttemptsChunk { owner, now, rows }
+    }
+
+    /// Whether the insert returns its rows: only where one started.
+    fn returns_rows(&self) -> bool {
+        self.rows.iter().any(|row| row.started_at.is_some())
     }
 }
 
@@ -246,7 +244,7 @@ impl QueryFragment<Sqlite> for AttemptsChunk<'_> {
                 .bind::<Nullable<BigInt>, _>(&row.started_at)?
                 .close();
         }
-        if self.returning {
+        if self.returns_rows() {
             out.push_sql(" RETURNING ");
             out.push_sql(ATTEMPT_COLUMNS);
         }
