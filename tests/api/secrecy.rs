@@ -117,11 +117,7 @@ async fn the_api_key_never_appears_in_logs_or_pages(backend: TestBackend) {
     ]
     .concat();
     std::fs::write(&config_path, toml).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = crate::server_process::free_port();
     let cli = |args: &[&str]| {
         let mut command = onejob(&config_path, &db);
         command.args(args).env("RUST_LOG", "debug");

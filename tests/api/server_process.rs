@@ -44,13 +44,33 @@ impl Probe {
     }
 }
 
-/// A free port on 127.0.0.1 (bound, then released for the process to take).
+/// A free port on 127.0.0.1, for a process started later to take.
+///
+/// Not one `bind(0)` hands out: that port is released before the process
+/// binds it, and in between the kernel may give it to anything else that
+/// asks for an ephemeral port (an in-process server on port 0, an outgoing
+/// connection), which once left a process unable to listen. Ports come
+/// instead from the range just below the kernel's ephemeral ones, each
+/// once a test run (a counter, started at an offset of this process's id),
+/// and each is bound first to check that it is free.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let ephemeral_start: u32 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768);
+    let span = 12_000.min(ephemeral_start - 1_024);
+    let low = ephemeral_start - span;
+    let offset = std::process::id() % span;
+    for _ in 0..span {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = u16::try_from(low + (offset + n) % span).expect("below the ephemeral range");
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {low}..{ephemeral_start}");
 }
 
 impl ServerProcess {

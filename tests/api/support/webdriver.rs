@@ -12,7 +12,6 @@
 //! a deadline.
 
 use std::io::Write;
-use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -168,11 +167,7 @@ impl Browser {
             );
             return None;
         }
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = crate::server_process::free_port();
         let profile = tempfile::tempdir().unwrap();
         // From here on, a panic drops `processes` and ends them.
         let processes = BrowserProcesses::spawn(port, profile.path());

@@ -229,8 +229,6 @@ pub async fn settled_attempt(
 }
 
 pub fn closed_port_url() -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    drop(listener);
+    let port = crate::server_process::free_port();
     format!("http://127.0.0.1:{port}")
 }
