@@ -5,6 +5,11 @@
 //!
 //! Linux counts CPU time in ticks of 10 ms; over a run of seconds and
 //! thousands of jobs that is fine enough for microseconds per job.
+//!
+//! Beside the servers' CPU, how often their threads went to sleep (their
+//! voluntary context switches): each is a hand-off between threads, a wait
+//! for the disk or for the network, and each wake-up that ends one costs
+//! the kernel's time as well as the thread's.
 
 use std::time::Duration;
 
@@ -18,19 +23,21 @@ const UPSTREAM_THREADS: [&str; 3] = ["bench-upstream", "actix-server", "actix-rt
 #[derive(Clone, Copy, Default)]
 struct Sample {
     servers: Option<Duration>,
+    server_sleeps: Option<u64>,
     own: Option<Duration>,
     upstream: Duration,
     database: Option<Duration>,
 }
 
 impl Sample {
-    fn now(servers: &[u32]) -> Self {
-        let servers = servers
+    fn now(pids: &[u32]) -> Self {
+        let servers = pids
             .iter()
             .map(|pid| cpu_time_of(&pid.to_string()))
             .sum::<Option<Duration>>();
         Self {
             servers,
+            server_sleeps: servers_sleeps(pids),
             own: cpu_time_of("self"),
             upstream: upstream_threads(),
             database: postgres_cpu(),
@@ -48,6 +55,8 @@ pub struct CpuMeter {
 #[derive(Clone, Copy, Default)]
 pub struct CpuSpent {
     pub server: Option<Duration>,
+    /// The servers' threads' voluntary context switches.
+    pub server_sleeps: Option<u64>,
     pub load: Option<Duration>,
     pub upstream: Duration,
     pub database: Option<Duration>,
@@ -66,6 +75,10 @@ impl CpuMeter {
         let upstream = end.upstream.saturating_sub(self.start.upstream);
         CpuSpent {
             server: minus(end.servers, self.start.servers),
+            server_sleeps: end
+                .server_sleeps
+                .zip(self.start.server_sleeps)
+                .map(|(end, start)| end.saturating_sub(start)),
             load: minus(end.own, self.start.own).map(|own| own.saturating_sub(upstream)),
             upstream,
             database: minus(end.database, self.start.database),
@@ -95,7 +108,12 @@ impl CpuSpent {
         };
         let mut parts = Vec::new();
         if self.server.is_some() {
-            parts.push(part("server", self.server));
+            let mut server = part("server", self.server);
+            if let Some(sleeps) = self.server_sleeps {
+                let each = sleeps as f64 / jobs.max(1) as f64;
+                server.push_str(&format!(" (its threads slept {each:.1} times a job)"));
+            }
+            parts.push(server);
         }
         parts.push(part("load generator", self.load));
         if !self.upstream.is_zero() {
@@ -117,6 +135,30 @@ pub fn per_job(spent: Duration, jobs: usize) -> f64 {
 pub fn cpu_time_of(pid: &str) -> Option<Duration> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     stat_times(&stat).map(|(own, _)| own)
+}
+
+/// How many times the threads of processes `pids` have gone to sleep so
+/// far (voluntary context switches, from each thread's `status`). A thread
+/// that ended between two readings takes its count with it: the blocking
+/// threads that come and go do so after seconds idle, not in a busy run.
+fn servers_sleeps(pids: &[u32]) -> Option<u64> {
+    let mut total = 0;
+    for pid in pids {
+        for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+            .ok()?
+            .flatten()
+        {
+            let Ok(status) = std::fs::read_to_string(task.path().join("status")) else {
+                continue;
+            };
+            total += status
+                .lines()
+                .find_map(|line| line.strip_prefix("voluntary_ctxt_switches:"))
+                .and_then(|count| count.trim().parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    Some(total)
 }
 
 /// A `stat` line's own CPU time and its ended children's, in ticks of 10 ms.
