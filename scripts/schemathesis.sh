@@ -65,6 +65,11 @@ for _ in $(seq 1 100); do
 done
 
 started=$(date +%s)
+# One worker: with two, Schemathesis's threads parse Python source at once
+# (Hypothesis describing its filters), and CPython 3.11.7's parser keeps its
+# recursion depth in state the threads share: a run on 2026-12-07 ended in
+# "SystemError: AST constructor recursion depth mismatch", an error of the
+# tool's, not of the server's.
 set +e
 "$st" run "http://127.0.0.1:$port/api/v1/openapi.json" \
   --checks all \
@@ -73,7 +78,7 @@ set +e
   --generation-deterministic \
   --request-timeout 10 \
   --seed 1 \
-  --workers 2 \
+  --workers 1 \
   --no-color \
   "${@:3}"
 status=$?

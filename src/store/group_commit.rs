@@ -3,10 +3,9 @@
 //! Each SQLite commit in `synchronous = FULL` waits for its own flush, and
 //! this process's writers queue for the write lock one at a time (see
 //! [`super::connection::WriterTurn`]). So creations and compare-and-swaps
-//! queue here instead: the first to arrive wakes the store's writer thread
-//! to lead, and its one transaction takes every write waiting behind it,
-//! until the batch holds [`BatchLimits::max_rows`] or has been open
-//! [`BatchLimits::max_wait`].
+//! queue here instead: the first to arrive leads, and its one transaction
+//! takes every write waiting behind it, until the batch holds
+//! [`BatchLimits::max_rows`] or has been open [`BatchLimits::max_wait`].
 //! Each compare-and-swap runs in that transaction, and so do each owner's
 //! creations, as multi-row inserts ([`jobs::create_many_of_one_owner`]). One
 //! commit, one flush, for all of them; each request is answered only after
@@ -175,7 +174,7 @@ impl Waiting {
 #[derive(Default)]
 struct Queue {
     waiting: VecDeque<Waiting>,
-    /// The writer thread is committing batches; newcomers only queue.
+    /// A blocking task is committing batches; newcomers only queue.
     leading: bool,
 }
 
@@ -193,40 +192,6 @@ pub struct GroupCommit {
     queue: Arc<Mutex<Queue>>,
     limits: BatchLimits,
     counts: Arc<BatchCounts>,
-    writer: Arc<Mutex<Option<Writer>>>,
-}
-
-/// The thread of its own that commits a store's batches, woken with the
-/// store to lead for. One thread, not the blocking pool's next free one:
-/// the pool hands its tasks round its threads, and each came to its commit
-/// cold (docs/benchmarks.md, "Where the threads wait"). It ends when the
-/// last handle of its store is dropped.
-struct Writer(std::sync::mpsc::Sender<Store>);
-
-impl Writer {
-    /// Starts the thread for `group`'s queue; `None` if the system would
-    /// not start one.
-    fn start(group: &GroupCommit) -> Option<Self> {
-        let (wake, woken) = std::sync::mpsc::channel::<Store>();
-        // The thread's own handle holds no sender: only the stores do.
-        let group = GroupCommit {
-            writer: Arc::default(),
-            ..group.clone()
-        };
-        // What runs after a commit (an attempt handed to the worker, a
-        // waiter told) may need the runtime that queued the write.
-        let runtime = tokio::runtime::Handle::try_current().ok();
-        std::thread::Builder::new()
-            .name("onejob-writer".into())
-            .spawn(move || {
-                let _runtime = runtime.as_ref().map(tokio::runtime::Handle::enter);
-                for store in woken {
-                    group.lead_through_panics(&store);
-                }
-            })
-            .ok()?;
-        Some(Self(wake))
-    }
 }
 
 impl GroupCommit {
@@ -235,7 +200,6 @@ impl GroupCommit {
             queue: Arc::default(),
             limits,
             counts: Arc::default(),
-            writer: Arc::default(),
         }
     }
 
@@ -309,23 +273,6 @@ impl GroupCommit {
             .queued
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if lead {
-            self.wake_writer(store);
-        }
-    }
-
-    /// Has the writer thread lead for `store`, starting it the first time;
-    /// where no thread runs (the system refused one), a blocking task leads.
-    fn wake_writer(&self, store: &Store) {
-        let mut writer = self
-            .writer
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if writer.is_none() {
-            *writer = Writer::start(self);
-        }
-        let sent = writer.as_ref().map(|w| w.0.send(store.clone()));
-        if !matches!(sent, Some(Ok(()))) {
-            *writer = None;
             let (group, store) = (self.clone(), store.clone());
             tokio::task::spawn_blocking(move || group.lead_through_panics(&store));
         }
@@ -334,7 +281,8 @@ impl GroupCommit {
     /// Leads until no write waits, and again after a batch that panicked:
     /// that batch's writes were answered (cancelled) as it unwound, and
     /// whatever queued meanwhile, while the lead was still taken, is led
-    /// next (given up, it would wait for a leader that never comes).
+    /// next. (Cancelled with it, as it once was, a creation that queued
+    /// behind a panic failed for nothing of its own.)
     fn lead_through_panics(&self, store: &Store) {
         loop {
             let lead = std::panic::AssertUnwindSafe(|| self.lead(store));
@@ -374,7 +322,7 @@ impl GroupCommit {
         queue.waiting.drain(..).collect()
     }
 
-    /// The leader's loop, on the writer thread: batch after batch until no
+    /// The leader's loop, on a blocking thread: batch after batch until no
     /// creation waits.
     fn lead(&self, store: &Store) {
         let Ok(mut conn) = store.conn() else {
