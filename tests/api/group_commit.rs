@@ -966,6 +966,15 @@ async fn a_batch_beside_an_old_key_tells_each_creation_what_it_made(backend: Tes
     assert_eq!(stored, expected, "one job and one attempt a key");
 }
 
+/// The store `config` opens on `db`, opened as the server opens it (on a
+/// blocking thread).
+async fn open_store(db: &TestDb, config: onejob::config::Config) -> Store {
+    let url = db.url.clone();
+    tokio::task::spawn_blocking(move || onejob::startup::open_store(&url, &config).unwrap())
+        .await
+        .unwrap()
+}
+
 /// A leader that gets no pooled connection in time refuses its batch (a
 /// 503) and gives up the lead: the next creation leads and commits. (A
 /// leader that returned still leading left every later creation waiting
@@ -978,12 +987,7 @@ async fn a_leader_without_a_connection_refuses_its_batch_and_the_next_comer_lead
     let mut config = test_config(DEFAULT_TEST_PROVIDERS);
     config.database.pool_size = 1;
     config.database.pool_timeout_ms = 200;
-    let store = {
-        let url = db.url.clone();
-        tokio::task::spawn_blocking(move || onejob::startup::open_store(&url, &config).unwrap())
-            .await
-            .unwrap()
-    };
+    let store = open_store(&db, config).await;
     // The pool's one connection, held by the test while the first
     // creation queues: its leader gets none.
     let (held, owner) = {
@@ -1037,12 +1041,7 @@ async fn a_leader_without_a_connection_refuses_its_batch_and_the_next_comer_lead
 async fn a_batch_that_panics_leaves_the_next_creations_committed(backend: TestBackend) {
     let db = TestDb::create(backend);
     let config = test_config(DEFAULT_TEST_PROVIDERS);
-    let store = {
-        let url = db.url.clone();
-        tokio::task::spawn_blocking(move || onejob::startup::open_store(&url, &config).unwrap())
-            .await
-            .unwrap()
-    };
+    let store = open_store(&db, config).await;
     let owner = {
         let store = store.clone();
         tokio::task::spawn_blocking(move || {
