@@ -1278,12 +1278,12 @@ impl Bench {
                 let overhead = through.p50().saturating_sub(direct.p50());
                 let goal = match (backend, concurrency) {
                     ("sqlite", 1) => Goal::Other(
-                        "p50 overhead ≤ 1 ms",
-                        overhead <= Duration::from_millis(1) && through.errors == 0,
+                        "p50 overhead ≤ 0.6 ms",
+                        overhead <= Duration::from_micros(600) && through.errors == 0,
                     ),
                     ("postgres", 1) => Goal::Other(
-                        "p50 overhead ≤ 2 ms",
-                        overhead <= Duration::from_millis(2) && through.errors == 0,
+                        "p50 overhead ≤ 1.0 ms",
+                        overhead <= Duration::from_millis(1) && through.errors == 0,
                     ),
                     _ => Goal::None,
                 };
