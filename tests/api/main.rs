@@ -59,6 +59,7 @@ mod properties;
 mod qualification;
 mod rate_limits;
 mod readme_walkthrough;
+mod resident_memory;
 mod responses;
 mod retention;
 mod schema_rules;
