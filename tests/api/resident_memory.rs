@@ -5,13 +5,12 @@
 //! itself with `MIMALLOC_ARENA_PURGE_MULT=0` (`src/main.rs`) so that such
 //! a block goes back to the operating system as it is freed.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-use reqwest::StatusCode;
-
 use crate::server_process::ServerProcess;
-use crate::support::harness::{hidden_value, TestBackend, TestDb, DEFAULT_TEST_PROVIDERS};
+use crate::support::harness::{
+    onejob_users_on, FormClient, TestBackend, TestDb, DEFAULT_TEST_PROVIDERS,
+};
 
 const OPTION: &str = "MIMALLOC_ARENA_PURGE_MULT";
 
@@ -36,8 +35,9 @@ async fn a_password_check_leaves_no_memory_resident_in_an_idle_server() {
 
     // Never hashes: its one user has no password. Started with mimalloc's
     // own default for the option, which it keeps.
-    let quiet_db = TestDb::create_empty(TestBackend::Sqlite);
-    add_user(dir.path(), &config, &quiet_db);
+    let quiet_db = TestDb::create(TestBackend::Sqlite);
+    drop(quiet_db.open_store().await);
+    onejob_users_on(&quiet_db, &["add", "alice", "--role", "admin"]);
     let mut quiet = ServerProcess::spawn_on_with_env(
         dir.path(),
         "quiet",
@@ -65,7 +65,9 @@ async fn a_password_check_leaves_no_memory_resident_in_an_idle_server() {
         .unwrap()
         .join("onejob-first-password.txt");
     let password = std::fs::read_to_string(password_file).unwrap();
-    sign_in(&hashing.base, "admin", password.trim()).await;
+    FormClient::at(&hashing.base)
+        .sign_in("admin", password.trim())
+        .await;
     let hashing_kib = settled_rss_kib(hashing.pid).await;
 
     assert!(
@@ -73,41 +75,6 @@ async fn a_password_check_leaves_no_memory_resident_in_an_idle_server() {
         "after two password checks the server holds {hashing_kib} KiB, one that checked none \
          {quiet_kib} KiB"
     );
-}
-
-fn add_user(dir: &Path, config: &Path, db: &TestDb) {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_onejob"))
-        .args([
-            "--create-database",
-            "users",
-            "add",
-            "alice",
-            "--role",
-            "admin",
-        ])
-        .current_dir(dir)
-        .env("ONEJOB_CONFIG", config)
-        .env("DATABASE_URL", db.url.as_str())
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "{output:?}");
-}
-
-async fn sign_in(base: &str, name: &str, password: &str) {
-    let client = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .cookie_store(true)
-        .build()
-        .unwrap();
-    let form = client.get(format!("{base}/login")).send().await.unwrap();
-    let csrf = hidden_value(&form.text().await.unwrap(), "csrf");
-    let response = client
-        .post(format!("{base}/login"))
-        .form(&[("name", name), ("password", password), ("csrf", &csrf)])
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::SEE_OTHER, "signed in");
 }
 
 /// The option's value in the environment process `pid` runs with.

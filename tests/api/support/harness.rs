@@ -770,10 +770,16 @@ pub fn hidden_value(html: &str, name: &str) -> String {
 /// Runs `onejob users <args>` against the app's database, as an operator
 /// would from another process; it must succeed.
 pub fn onejob_users(app: &TestApp, args: &[&str]) -> std::process::Output {
+    onejob_users_on(&app.db, args)
+}
+
+/// Runs `onejob users <args>` against `db` (which must exist); it must
+/// succeed.
+pub fn onejob_users_on(db: &TestDb, args: &[&str]) -> std::process::Output {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_onejob"))
         .arg("users")
         .args(args)
-        .env("DATABASE_URL", app.db.url.as_str())
+        .env("DATABASE_URL", db.url.as_str())
         .output()
         .unwrap();
     assert!(
