@@ -241,6 +241,94 @@ async fn a_pool_whose_sessions_all_died_fails_one_call_not_one_per_connection() 
     );
 }
 
+/// A process opens its pool's connections as the load needs them: one
+/// caller at a time is served by one connection and the spare the pool
+/// keeps ready, with one or two more opened while the first were still
+/// being opened at start, however large the pool; callers at once get as
+/// many as there are of them, up to `pool_size`. Counted by PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_quiet_pool_holds_a_few_connections_and_opens_more_as_callers_come() {
+    if !crate::support::harness::postgres_available() {
+        return;
+    }
+    let mut config = test_config(DEFAULT_TEST_PROVIDERS);
+    config.database.pool_size = 12;
+    let db = crate::support::harness::TestDb::create(TestBackend::Postgres);
+    let (url, settings) = (db.url.clone(), config.clone());
+    let store =
+        tokio::task::spawn_blocking(move || onejob::startup::open_store(&url, &settings).unwrap())
+            .await
+            .unwrap();
+    let sessions = {
+        let url = db.url.as_str().to_owned();
+        move || sessions_settled(&url)
+    };
+    for _ in 0..20 {
+        store
+            .run(|conn| sleep_in_database(conn, 0.0))
+            .await
+            .unwrap();
+    }
+    let quiet = tokio::task::spawn_blocking(sessions.clone()).await.unwrap();
+    let calls = (0..12).map(|_| store.run(|conn| sleep_in_database(conn, 0.3)));
+    let answered = futures_util::future::join_all(calls).await;
+    assert!(answered.iter().all(Result::is_ok), "{answered:?}");
+    let busy = tokio::task::spawn_blocking(sessions).await.unwrap();
+    crate::support::harness::record_figures(
+        "pool_on_demand",
+        &format!(
+            "a pool of 12: {quiet} sessions after 20 calls one at a time, \
+             {busy} after 12 at once"
+        ),
+    );
+    assert!(
+        (1..=4).contains(&quiet),
+        "one caller at a time holds one connection, the spare and at most two more: {quiet}"
+    );
+    assert_eq!(
+        busy, 12,
+        "twelve callers at once were given twelve connections"
+    );
+}
+
+/// `pg_sleep(seconds)` on `conn`.
+fn sleep_in_database(conn: &mut DbConnection, seconds: f64) -> onejob::store::StoreResult<()> {
+    diesel::sql_query(format!("SELECT pg_sleep({seconds})"))
+        .execute(conn)
+        .map(drop)
+        .map_err(onejob::store::StoreError::from)
+}
+
+/// The sessions on `url`'s database besides the one counting them, read
+/// again until the count has held for half a second (a pool opens its
+/// connections in the background).
+fn sessions_settled(url: &str) -> i64 {
+    let mut admin = diesel::PgConnection::establish(url).unwrap();
+    let mut count = || {
+        diesel::sql_query(
+            "SELECT count(*) AS value FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        )
+        .get_result::<Number>(&mut admin)
+        .unwrap()
+        .value
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let (mut last, mut since) = (count(), std::time::Instant::now());
+    while since.elapsed() < std::time::Duration::from_millis(500) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the count never settled"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(25));
+        let now = count();
+        if now != last {
+            (last, since) = (now, std::time::Instant::now());
+        }
+    }
+    last
+}
+
 fn pool_store_conn(
     store: &Store,
 ) -> diesel::r2d2::PooledConnection<onejob::store::DbConnectionManager> {
