@@ -809,6 +809,7 @@ impl Bench {
         // The process's footprint: its start, and its memory idle.
         tokio::time::sleep(Duration::from_millis(500)).await;
         let idle_kib = servers[0].rss_kib().unwrap_or(0);
+        let idle_parts = servers[0].rss_parts();
         let ready_ms = servers[0].ready_after.as_secs_f64() * 1000.0;
         self.create_load(
             &servers,
@@ -844,7 +845,8 @@ impl Bench {
         let server_cpu = spent.server_per_job(run.latencies.len());
         let loaded_kib = servers[0].rss_kib().unwrap_or(0);
         println!(
-            "  footprint: start to /readyz {ready_ms:.0} ms; RSS idle {:.1} MB, after the load {:.1} MB",
+            "  footprint: start to /readyz {ready_ms:.0} ms; RSS idle {:.1} MB ({idle_parts}), \
+             after the load {:.1} MB",
             idle_kib as f64 / 1024.0,
             loaded_kib as f64 / 1024.0
         );
@@ -951,8 +953,9 @@ impl Bench {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let kib = servers[0].rss_kib().unwrap_or(0);
         println!(
-            "  footprint with {many} HTTP workers, after a sign-in: RSS idle {:.1} MB",
-            kib as f64 / 1024.0
+            "  footprint with {many} HTTP workers, after a sign-in: RSS idle {:.1} MB ({})",
+            kib as f64 / 1024.0,
+            servers[0].rss_parts()
         );
         kib
     }

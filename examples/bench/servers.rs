@@ -204,10 +204,32 @@ pub struct Server {
 impl Server {
     /// The process's resident memory now, in KiB (`VmRSS`).
     pub fn rss_kib(&self) -> Option<u64> {
+        self.status_kib("VmRSS:")
+    }
+
+    /// The resident memory's two parts, as a line: anonymous memory
+    /// (`RssAnon`), and pages mapped from files (`RssFile`), mostly the
+    /// program's code. The second depends on how the program's file came
+    /// into the page cache: more when it was just written (built, copied)
+    /// than when it was read back (docs/benchmarks.md, "Connections opened
+    /// as the load needs them").
+    pub fn rss_parts(&self) -> String {
+        let mb = |field| {
+            self.status_kib(field)
+                .map_or(0.0, |kib| kib as f64 / 1024.0)
+        };
+        format!(
+            "anonymous {:.1} MB, from files {:.1} MB",
+            mb("RssAnon:"),
+            mb("RssFile:")
+        )
+    }
+
+    fn status_kib(&self, field: &str) -> Option<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
         status
             .lines()
-            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .find_map(|line| line.strip_prefix(field))
             .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
     }
 
