@@ -319,16 +319,17 @@ impl Suspicion {
     }
 }
 
-/// How many of the pool's connections wait idle, ready: when a request
-/// takes the last one, the pool opens another in the background (up to
-/// `pool_size`). So connections are opened as the load needs them, not
-/// all at start, and one left idle for ten minutes is closed (r2d2's
-/// `idle_timeout`). A quiet process holds two to four connections (the one
-/// in use, the spare, and one or two more if callers came while the first
-/// were being opened at start), not `pool_size`: a SQLite connection is
-/// about 200 KB of schema, statement cache and page cache, a PostgreSQL
-/// one a server process.
-const CONNECTIONS_KEPT_OPEN: u32 = 1;
+/// How many idle connections the pool keeps open for their own sake
+/// (r2d2's `min_idle`, otherwise the pool's size): none. A caller that
+/// finds no idle connection opens one, up to `pool_size`, and one left
+/// idle for ten minutes is closed (r2d2's `idle_timeout`). So a process
+/// holds the connections its load needed in the last ten minutes, not
+/// `pool_size` from its start: a SQLite connection is about 200 KB of
+/// schema, statement cache and page cache, a PostgreSQL one a server
+/// process. A spare kept ready (one) was tried: r2d2 counts a connection
+/// still being opened as none, so each call that came meanwhile, one
+/// after another, opened one more.
+const IDLE_CONNECTIONS_KEPT: u32 = 0;
 
 impl Store {
     /// Builds the pool and checks that one connection can be made, so that a bad
@@ -365,7 +366,7 @@ impl Store {
         let placement = connection::placement_of(&mut manager.establish()?);
         let pool = Pool::builder()
             .max_size(settings.pool_size)
-            .min_idle(Some(CONNECTIONS_KEPT_OPEN.min(settings.pool_size)))
+            .min_idle(Some(IDLE_CONNECTIONS_KEPT))
             .connection_timeout(Duration::from_millis(settings.pool_timeout_ms))
             .test_on_check_out(false)
             .build_unchecked(manager);
