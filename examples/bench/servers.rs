@@ -209,10 +209,9 @@ impl Server {
 
     /// The resident memory's two parts, as a line: anonymous memory
     /// (`RssAnon`), and pages mapped from files (`RssFile`), mostly the
-    /// program's code. The second depends on how the program's file came
-    /// into the page cache: more when it was just written (built, copied)
-    /// than when it was read back (docs/benchmarks.md, "Connections opened
-    /// as the load needs them").
+    /// program's code. The second moves by a megabyte or two with how the
+    /// program's file came into the page cache, just copied or read back
+    /// (docs/benchmarks.md, "Connections opened as the load needs them").
     pub fn rss_parts(&self) -> String {
         let mb = |field| {
             self.status_kib(field)
