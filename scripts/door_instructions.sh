@@ -14,7 +14,8 @@
 #
 # Usage: [DOOR=chat|jobs] [CLIENTS=C] scripts/door_instructions.sh path/to/onejob sqlite|postgres [N]
 # (DOOR_INSTRUCTIONS_KEEP=dir keeps the callgrind files there, for
-# callgrind_annotate)
+# callgrind_annotate; LOG=info counts with the server's own default log
+# filter, whose request spans the default here, warn, leaves out)
 # (PostgreSQL at $ONEJOB_TEST_POSTGRES, default postgres://postgres@127.0.0.1:5432)
 set -euo pipefail
 onejob=$1; backend=$2; n=${3:-200}
@@ -118,7 +119,9 @@ export DOOR_INSTRUCTIONS_KEY=key
 run() { "$onejob" --config "$work/onejob.toml" --database-url "$url" "$@"; }
 run migrate >/dev/null 2>&1
 token=$(run users add caller --role admin 2>/dev/null | tail -n 1)
-RUST_LOG=warn valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/callgrind.out" \
+# The allocator's option set here: unset, onejob runs itself again with it
+# (`exec`), and valgrind would count only the first program.
+MIMALLOC_ARENA_PURGE_MULT=0 RUST_LOG=${LOG:-warn} valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/callgrind.out" \
   "$onejob" --config "$work/onejob.toml" --database-url "$url" serve --bind "127.0.0.1:$port" \
   >"$work/server.log" 2>&1 & pids+=($!)
 server=$!
