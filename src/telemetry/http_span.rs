@@ -1,5 +1,5 @@
-//! Each HTTP request's span: its method, route, request id and status, in
-//! OpenTelemetry's HTTP terms. While tracing is on, a `traceparent` (and
+//! Each HTTP request's span: its method, route and request id, and while
+//! tracing is on its status, in OpenTelemetry's HTTP terms. While tracing is on, a `traceparent` (and
 //! `tracestate`) from the client makes it a child of the client's span;
 //! while it is off, no trace header is read.
 
@@ -38,31 +38,49 @@ impl RootSpanBuilder for HttpSpan {
         let method = request.method().as_str();
         let matched = request.match_pattern();
         let route = matched.as_deref().unwrap_or("default");
-        let request_id = request
-            .extensions()
-            .get::<RequestId>()
-            .map(ToString::to_string)
-            .unwrap_or_default();
-        let span = tracing::info_span!(
-            target: "onejob::http",
-            "HTTP request",
-            http.request.method = method,
-            http.route = route,
-            request_id = %request_id,
-            http.response.status_code = Empty,
-            otel.name = Empty,
-            otel.kind = "server",
-            otel.status_code = Empty,
+        let extensions = request.extensions();
+        let request_id = tracing::field::display(
+            extensions
+                .get::<RequestId>()
+                .map_or(uuid::Uuid::nil(), |id| **id),
         );
-        if super::enabled() {
+        let span = if super::enabled() {
+            let span = tracing::info_span!(
+                target: "onejob::http",
+                "HTTP request",
+                http.request.method = method,
+                http.route = route,
+                request_id = request_id,
+                http.response.status_code = Empty,
+                otel.name = Empty,
+                otel.kind = "server",
+                otel.status_code = Empty,
+            );
             span.record("otel.name", format!("{method} {route}"));
             super::trace::set_parent(&span, client_context(request).as_ref());
-        }
+            span
+        } else {
+            // For the log alone: what names a request in a line logged
+            // within it. The log formats a span's fields as it opens, and
+            // every request opens one; the answer's status is in no line
+            // logged within the request, and `otel.*` speak to a collector.
+            tracing::info_span!(
+                target: "onejob::http",
+                "HTTP request",
+                http.request.method = method,
+                http.route = route,
+                request_id = request_id,
+            )
+        };
+        drop(extensions);
         request.extensions_mut().insert(MatchedRoute(matched));
         span
     }
 
     fn on_request_end<B: MessageBody>(span: Span, outcome: &Result<ServiceResponse<B>, Error>) {
+        if !super::enabled() {
+            return;
+        }
         let status = match outcome {
             Ok(response) => response.status(),
             Err(error) => error.as_response_error().status_code(),

@@ -24,6 +24,7 @@ use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
 use opentelemetry_sdk::Resource;
 use tracing_subscriber::filter::{EnvFilter, LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::registry;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::Layer;
 
@@ -74,50 +75,93 @@ impl Export {
 /// Installs the logger and, when `telemetry` names a collector, the span
 /// export. Called once per process, before anything logs.
 pub fn init(filter: Option<&str>, telemetry: &TelemetryConfig) -> Option<Export> {
-    let mut filter = filter
-        .and_then(|f| EnvFilter::try_new(f).ok())
-        .unwrap_or_else(|| EnvFilter::new("info"));
+    let directives = log_directives(filter);
     let export = telemetry.export.as_ref().and_then(|settings| {
         start_export(settings)
             .map_err(|error| eprintln!("onejob: traces are not exported: {error}"))
             .ok()
     });
-    // The job's own spans are for export, not the log: the logger never
-    // formats them, and while nothing is exported they cost a disabled
-    // call site, nothing more.
-    filter = filter.add_directive(format!("{TRACE_TARGET}=off").parse().expect("a directive"));
-    let logs = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_filter(filter);
-    let traces = export.as_ref().map(|(_, tracer)| {
-        tracing_opentelemetry::layer()
-            .with_tracer(tracer.clone())
-            // No busy/idle clocks, code locations, threads or levels: a
-            // span carries what docs/tracing.md names, and costs no more.
-            .with_tracked_inactivity(false)
-            .with_location(false)
-            .with_threads(false)
-            .with_level(false)
-            .with_filter(
-                Targets::new()
-                    .with_target(HTTP_TARGET, LevelFilter::INFO)
-                    .with_target(TRACE_TARGET, LevelFilter::INFO),
-            )
-    });
-    let installed = tracing_subscriber::registry()
-        .with(logs)
-        .with(traces)
-        .try_init()
-        .is_ok();
-    let (provider, _) = export?;
-    if !installed {
+    let Some((provider, tracer)) = export else {
+        // Only the log: its filter is the subscriber's own, and decides
+        // once per call site. A filter of the log layer alone would be
+        // asked again at every span's entry, exit and close; an
+        // `EnvFilter` would also look each span up in a locked map there.
+        // Spans are many (every request has one), their entries more.
+        // (A process that installed one already, as tests do, keeps it.)
+        let _ = match LogFilter::of(&directives) {
+            LogFilter::Static(targets) => registry().with(*targets).with(log()).try_init(),
+            LogFilter::Dynamic(filter) => registry().with(*filter).with(log()).try_init(),
+        };
+        return None;
+    };
+    let traces = tracing_opentelemetry::layer()
+        .with_tracer(tracer)
+        // No busy/idle clocks, code locations, threads or levels: a span
+        // carries what docs/tracing.md names, and costs no more.
+        .with_tracked_inactivity(false)
+        .with_location(false)
+        .with_threads(false)
+        .with_level(false)
+        .with_filter(
+            Targets::new()
+                .with_target(HTTP_TARGET, LevelFilter::INFO)
+                .with_target(TRACE_TARGET, LevelFilter::INFO),
+        );
+    let logs = log().with_filter(EnvFilter::new(&directives));
+    if registry().with(logs).with(traces).try_init().is_err() {
         return None;
     }
     let _ = TRACING.set(Tracing {
         record_content: telemetry.record_content,
     });
     Some(Export { provider })
+}
+
+/// The log: readable lines on stderr, coloured on a terminal.
+fn log<S>() -> impl Layer<S>
+where
+    S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
+{
+    tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+}
+
+/// The log's directives: `filter` (`RUST_LOG`) if it parses, else `info`;
+/// and the job's own spans off, whatever it says. Those are for export,
+/// not the log: the logger never formats them, and while nothing is
+/// exported they cost a disabled call site, nothing more.
+fn log_directives(filter: Option<&str>) -> String {
+    let given = filter
+        .filter(|f| EnvFilter::try_new(f).is_ok())
+        .unwrap_or("info");
+    let mut directives: Vec<&str> = given
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .collect();
+    let off = format!("{TRACE_TARGET}=off");
+    directives.push(&off);
+    directives.join(",")
+}
+
+/// The log's filter: [`Targets`] where every directive names only a
+/// target and a level, as most do; an [`EnvFilter`] where one names a
+/// span or fields (`target[span{field=value}]=level`), which only it
+/// understands.
+enum LogFilter {
+    Static(Box<Targets>),
+    Dynamic(Box<EnvFilter>),
+}
+
+impl LogFilter {
+    fn of(directives: &str) -> Self {
+        let names_spans_or_fields = directives.contains(['[', '{']);
+        match directives.parse::<Targets>() {
+            Ok(targets) if !names_spans_or_fields => Self::Static(Box::new(targets)),
+            _ => Self::Dynamic(Box::new(EnvFilter::new(directives))),
+        }
+    }
 }
 
 /// The OTLP exporter behind a bounded queue, and the tracer onejob's spans
@@ -162,5 +206,52 @@ fn sampler(choice: SamplerChoice) -> Sampler {
         SamplerChoice::AlwaysOff => Sampler::AlwaysOff,
         SamplerChoice::TraceIdRatio(ratio) => Sampler::TraceIdRatioBased(ratio),
         SamplerChoice::ParentBased(choice) => Sampler::ParentBased(Box::new(root(choice))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tracing::Level;
+
+    #[test]
+    fn the_log_keeps_the_jobs_own_spans_off_whatever_it_is_given() {
+        assert_eq!(log_directives(None), "info,onejob::trace=off");
+        assert_eq!(
+            log_directives(Some("warn,onejob=debug")),
+            "warn,onejob=debug,onejob::trace=off"
+        );
+        // A filter that does not parse is replaced by the default.
+        assert_eq!(
+            log_directives(Some("onejob=loud")),
+            "info,onejob::trace=off"
+        );
+    }
+
+    #[test]
+    fn targets_and_levels_alone_make_a_static_filter_that_decides_as_the_directives_say() {
+        let LogFilter::Static(targets) = LogFilter::of(&log_directives(Some("info,onejob=debug")))
+        else {
+            panic!("targets and levels alone are a static filter");
+        };
+        assert!(targets.would_enable(HTTP_TARGET, &Level::INFO));
+        assert!(targets.would_enable("onejob::app::intake", &Level::DEBUG));
+        assert!(!targets.would_enable("actix_server", &Level::DEBUG));
+        assert!(targets.would_enable("actix_server", &Level::INFO));
+        assert!(!targets.would_enable(TRACE_TARGET, &Level::INFO));
+        assert!(!targets.would_enable(TRACE_TARGET, &Level::ERROR));
+    }
+
+    #[test]
+    fn a_directive_naming_a_span_or_fields_keeps_the_full_filter() {
+        for given in ["info,onejob[run_attempt]=debug", "onejob[{job_id}]=trace"] {
+            assert!(
+                matches!(
+                    LogFilter::of(&log_directives(Some(given))),
+                    LogFilter::Dynamic(_)
+                ),
+                "{given}"
+            );
+        }
     }
 }
