@@ -271,12 +271,12 @@ impl App {
         let params = request
             .params
             .clone()
-            .unwrap_or_else(|| JsonText::parse("{}").expect("an empty object"));
+            .unwrap_or_else(JsonText::empty_object);
         let max_depth = self.config().server.max_json_depth;
         for text in [&request.input, &params] {
             crate::domain::json_depth::check_nesting(text.as_str().as_bytes(), max_depth)?;
         }
-        if !params.value().is_object() {
+        if !params.is_object() {
             return Err(AppError::InvalidBody {
                 detail: "`params` must be a JSON object".into(),
                 field: Some("params".into()),

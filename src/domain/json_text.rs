@@ -38,6 +38,19 @@ impl JsonText {
         &self.0
     }
 
+    /// Whether the document is an object, read from its first character
+    /// (it is one well-formed document): nothing is parsed.
+    pub fn is_object(&self) -> bool {
+        self.0
+            .trim_start_matches([' ', '\t', '\n', '\r'])
+            .starts_with('{')
+    }
+
+    /// An empty object, `{}`.
+    pub fn empty_object() -> Self {
+        Self("{}".to_owned())
+    }
+
     /// The document as a `serde_json::Value` (for templates and checks).
     pub fn value(&self) -> Value {
         serde_json::from_str(&self.0).unwrap_or(Value::Null)
@@ -156,6 +169,24 @@ pub fn check_unique_names(text: &[u8]) -> Result<(), NotUnique> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_object_is_told_from_its_first_character_as_a_parse_would_tell_it() {
+        for text in [
+            "{}",
+            " \n\t\r{\"a\": [1]}",
+            "[{}]",
+            "\"{\"",
+            "null",
+            "12",
+            " [ ] ",
+        ] {
+            let parsed = JsonText::parse(text).expect("well-formed");
+            assert_eq!(parsed.is_object(), parsed.value().is_object(), "{text:?}");
+        }
+        assert!(JsonText::empty_object().is_object());
+        assert_eq!(JsonText::empty_object(), JsonText::parse("{}").unwrap());
+    }
 
     #[test]
     fn a_name_given_twice_in_any_object_is_refused() {
