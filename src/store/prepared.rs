@@ -35,7 +35,7 @@ use diesel::{QueryResult, RunQueryDsl};
 
 /// How a kept statement is found in a connection's cache: by its text, or
 /// by a type naming it.
-pub trait CacheKey {
+pub trait CacheKey: 'static {
     type Id: 'static;
     const BY_TYPE: bool;
 }

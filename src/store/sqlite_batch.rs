@@ -7,7 +7,8 @@
 //! Rows go in chunks of a power of two, so that a connection keeps at most a
 //! few texts prepared. Each chunk's statement is a type of its own
 //! ([`JobsChunk`], [`AttemptsChunk`]) that binds its values straight from
-//! the rows, where a `sql_query` boxed each value bound.
+//! the rows, where a `sql_query` boxed each value bound, and that
+//! diesel's cache finds by a type naming its text ([`ChunkText`]).
 
 use diesel::prelude::*;
 use diesel::query_builder::{AstPass, QueryFragment};
@@ -15,7 +16,7 @@ use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel::sqlite::{Sqlite, SqliteConnection};
 
 use super::connection::SQLITE_NOW_MS;
-use super::prepared::KeepPrepared;
+use super::prepared::{CacheKey, KeepPrepared, Prepared};
 use super::queue::StartNow;
 use super::rows::{Attempt, Job, ATTEMPT_COLUMNS};
 use super::schema::jobs;
@@ -48,9 +49,8 @@ pub(super) fn insert_jobs_and_attempts(
     let mut made: Vec<Creation<'_>> = Vec::with_capacity(batch.len());
     for (from, to) in power_of_two_chunks(batch.len()) {
         let chunk = &batch[from..to];
-        let count = JobsChunk { owner, now, chunk }
-            .keep_prepared()
-            .count_on_sqlite(conn)?;
+        let count =
+            run_kept::<JobsText, _, _>(chunk.len(), JobsChunk { owner, now, chunk }, Count(conn))?;
         match count {
             0 => {}
             all if all == chunk.len() => made.extend_from_slice(chunk),
@@ -96,12 +96,12 @@ fn insert_first_attempts(
     for (from, to) in power_of_two_chunks(made.len()) {
         let chunk = AttemptsChunk::of(owner, &made[from..to], now);
         if chunk.returns_rows() {
-            let rows: Vec<Attempt> = chunk.keep_prepared().load(conn)?;
+            let rows = run_kept::<StartedAttemptsText, _, _>(chunk.rows.len(), chunk, Load(conn))?;
             attempts.extend(rows);
             continue;
         }
         let ids: Vec<AttemptId> = chunk.rows.iter().map(|row| row.id.clone()).collect();
-        chunk.keep_prepared().run_on_sqlite(conn)?;
+        run_kept::<QueuedAttemptsText, _, _>(chunk.rows.len(), chunk, Run(conn))?;
         attempts.extend(made[from..to].iter().zip(ids).map(|((job, _), id)| {
             QueuedAttempt {
                 job_id: &job.id,
@@ -115,6 +115,71 @@ fn insert_first_attempts(
         }));
     }
     Ok(attempts)
+}
+
+/// The statements of a batch, each a text per chunk length: the jobs' insert,
+/// and the first attempts' with (some started) and without (all queued)
+/// their rows returned.
+struct JobsText;
+struct QueuedAttemptsText;
+struct StartedAttemptsText;
+
+/// Names the text of `Kind`'s statement for a chunk of `ROWS` rows, by
+/// which diesel's cache finds it: a run neither writes its text out (some
+/// kilobytes for a long chunk) nor hashes it. The text depends on nothing
+/// else (see each statement's `walk_ast`).
+struct ChunkText<Kind, const ROWS: usize>(std::marker::PhantomData<Kind>);
+
+/// Runs a chunk's statement kept prepared, whichever key it is kept by.
+trait RunKept<Q> {
+    type Out;
+    fn run<K: CacheKey>(self, kept: Prepared<Q, K>) -> Self::Out;
+}
+
+/// Runs `query`, a chunk of `rows` rows, kept prepared under the
+/// [`ChunkText`] of `Kind` at that length; a length no chunk has
+/// (see [`is_chunk_length`]) is kept by its text.
+fn run_kept<Kind: 'static, Q, R: RunKept<Q>>(rows: usize, query: Q, runner: R) -> R::Out {
+    match rows {
+        1 => runner.run(query.keep_prepared_as::<ChunkText<Kind, 1>>()),
+        2 => runner.run(query.keep_prepared_as::<ChunkText<Kind, 2>>()),
+        4 => runner.run(query.keep_prepared_as::<ChunkText<Kind, 4>>()),
+        8 => runner.run(query.keep_prepared_as::<ChunkText<Kind, 8>>()),
+        16 => runner.run(query.keep_prepared_as::<ChunkText<Kind, 16>>()),
+        32 => runner.run(query.keep_prepared_as::<ChunkText<Kind, 32>>()),
+        64 => runner.run(query.keep_prepared_as::<ChunkText<Kind, 64>>()),
+        _ => runner.run(query.keep_prepared()),
+    }
+}
+
+/// Runs the jobs' insert; how many rows it stored.
+struct Count<'c>(&'c mut SqliteConnection);
+
+impl<'a> RunKept<JobsChunk<'a>> for Count<'_> {
+    type Out = QueryResult<usize>;
+    fn run<K: CacheKey>(self, kept: Prepared<JobsChunk<'a>, K>) -> Self::Out {
+        kept.count_on_sqlite(self.0)
+    }
+}
+
+/// Runs the queued attempts' insert.
+struct Run<'c>(&'c mut SqliteConnection);
+
+impl<'a> RunKept<AttemptsChunk<'a>> for Run<'_> {
+    type Out = QueryResult<()>;
+    fn run<K: CacheKey>(self, kept: Prepared<AttemptsChunk<'a>, K>) -> Self::Out {
+        kept.run_on_sqlite(self.0)
+    }
+}
+
+/// Runs the attempts' insert that returns its rows.
+struct Load<'c>(&'c mut SqliteConnection);
+
+impl<'a> RunKept<AttemptsChunk<'a>> for Load<'_> {
+    type Out = QueryResult<Vec<Attempt>>;
+    fn run<K: CacheKey>(self, kept: Prepared<AttemptsChunk<'a>, K>) -> Self::Out {
+        kept.load(self.0)
+    }
 }
 
 /// One chunk of a batch's jobs, each row's values bound in turn.
