@@ -1,7 +1,7 @@
 //! Each HTTP request's span: its method, route and request id, and while
-//! tracing is on its status, in OpenTelemetry's HTTP terms. While tracing is on, a `traceparent` (and
-//! `tracestate`) from the client makes it a child of the client's span;
-//! while it is off, no trace header is read.
+//! tracing is on its status, in OpenTelemetry's HTTP terms. While tracing
+//! is on, a `traceparent` (and `tracestate`) from the client makes it a
+//! child of the client's span; while it is off, no trace header is read.
 
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
