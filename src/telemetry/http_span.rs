@@ -38,9 +38,9 @@ impl RootSpanBuilder for HttpSpan {
         let method = request.method().as_str();
         let matched = request.match_pattern();
         let route = matched.as_deref().unwrap_or("default");
-        let extensions = request.extensions();
         let request_id = tracing::field::display(
-            extensions
+            request
+                .extensions()
                 .get::<RequestId>()
                 .map_or(uuid::Uuid::nil(), |id| **id),
         );
@@ -72,7 +72,6 @@ impl RootSpanBuilder for HttpSpan {
                 request_id = request_id,
             )
         };
-        drop(extensions);
         request.extensions_mut().insert(MatchedRoute(matched));
         span
     }
